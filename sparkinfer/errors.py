@@ -1,0 +1,106 @@
+"""Typed exceptions. Every public rejection raises one of these with the bad
+value quoted and what to do about it."""
+
+from __future__ import annotations
+
+__all__ = [
+    "SparkInferError",
+    "ShapeError",
+    "DTypeError",
+    "DeviceError",
+    "LayoutError",
+    "CapacityError",
+    "CaptureError",
+    "LifecycleError",
+    "StreamAffinityError",
+    "PeerMemoryError",
+    "SetupError",
+    "TeardownError",
+    "RankFailed",
+    "CollectiveError",
+    "CollectiveTimeout",
+    "CollectiveMismatch",
+    "PlanError",
+]
+
+
+class SparkInferError(Exception):
+    """Base class of every error this library raises on purpose."""
+
+
+class ShapeError(SparkInferError, ValueError):
+    """A tensor has the wrong shape or a size that the op cannot divide."""
+
+
+class DTypeError(SparkInferError, TypeError):
+    """A tensor has a dtype the op does not support."""
+
+
+class DeviceError(SparkInferError, ValueError):
+    """A tensor lives on the wrong device for this communicator or plan."""
+
+
+class LayoutError(SparkInferError, ValueError):
+    """A tensor's strides are not a layout the kernel reads."""
+
+
+class CapacityError(SparkInferError, ValueError):
+    """A request exceeds a capacity fixed at setup (staging bytes, max tokens)."""
+
+
+class CaptureError(SparkInferError, RuntimeError):
+    """Something that would allocate, compile or sync was asked during CUDA graph capture."""
+
+
+class LifecycleError(SparkInferError, RuntimeError):
+    """An object was used outside its lifecycle (after close, before prepare, twice)."""
+
+
+class StreamAffinityError(SparkInferError, RuntimeError):
+    """A channel owned by one stream was used from another."""
+
+
+class PeerMemoryError(SparkInferError, RuntimeError):
+    """Allocating, exporting, importing or freeing peer memory failed."""
+
+
+class SetupError(SparkInferError, RuntimeError):
+    """A collective setup step failed on at least one rank (raised on every rank)."""
+
+
+class TeardownError(SparkInferError, RuntimeError):
+    """A phase of coordinated close failed on at least one rank; nothing a peer
+    may still map was freed, and close() can be called again."""
+
+
+class RankFailed(SparkInferError, RuntimeError):
+    """A rank started by the launcher raised or died; carries its traceback."""
+
+    def __init__(self, rank: int, detail: str):
+        super().__init__(f"rank {rank} failed:\n{detail}")
+        self.rank = rank
+        self.detail = detail
+
+
+class CollectiveError(SparkInferError, RuntimeError):
+    """Base of errors reported by the device-side protocol."""
+
+
+class CollectiveTimeout(CollectiveError):
+    """A device-side wait passed its deadline. `peer` is the rank waited on."""
+
+    def __init__(self, message: str, *, rank: int, peer: int, op: str, epoch: int):
+        super().__init__(message)
+        self.rank, self.peer, self.op, self.epoch = rank, peer, op, epoch
+
+
+class CollectiveMismatch(CollectiveError):
+    """Ranks called different collectives (kind or size) at the same sequence number."""
+
+    def __init__(self, message: str, *, rank: int, peer: int, op: str, epoch: int):
+        super().__init__(message)
+        self.rank, self.peer, self.op, self.epoch = rank, peer, op, epoch
+
+
+class PlanError(SparkInferError, ValueError):
+    """Capacities or a spec that no plan can serve."""
