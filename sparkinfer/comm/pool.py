@@ -1,0 +1,340 @@
+"""ChannelPool: which channel a collective uses, on which stream, in which graph.
+
+Rules (DESIGN.md, "ChannelPool"):
+
+- Channels have semantic ids ("eager", "target", "draft", ...) and are created
+  collectively by `prepare`, in sorted id order, so ranks may capture graphs in
+  different orders and still agree on which slab is which.
+- Eager use is stream-affine: the first eager stream to use a channel owns it; a
+  second eager stream raises StreamAffinityError (bind it to another id).
+- `capture(stream, id)` is entered before `torch.cuda.graph`. Inside it, the
+  scope's stream, warm-up calls on it, and nested capture streams that torch or
+  Inductor create resolve to the scope's channel; the nested streams are aliases
+  removed LIFO on exit, so a recycled stream key never reaches a graph's channel.
+- A captured channel is graph-owned: it stays mapped until `close()` or a
+  `rollback()` past its creation.
+- `close()` and `rollback()` tear down in phases with all-rank verdicts: nothing
+  a peer may still map is freed anywhere unless every rank unmapped its imports.
+- Dropping a pool without `close()` warns and keeps the memory until exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Hashable, Iterable
+
+from sparkinfer.comm.channel import ERR_WORDS, Channel, ChannelLayout
+from sparkinfer.comm.memory import make_backend
+from sparkinfer.errors import (
+    CaptureError,
+    LifecycleError,
+    PeerMemoryError,
+    SetupError,
+    StreamAffinityError,
+    TeardownError,
+)
+
+__all__ = ["ChannelPool", "Checkpoint", "EAGER"]
+
+EAGER = "eager"
+_KEPT_UNTIL_EXIT: list = []  # slabs of pools dropped without close(); never freed by GC
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A point in the pool's history that `rollback` returns to."""
+
+    serial: int
+
+
+@dataclass
+class _Scope:
+    stream: Hashable
+    channel: Channel
+    aliases: list = field(default_factory=list)
+
+
+def _stream_key(stream) -> Hashable:
+    if hasattr(stream, "cuda_stream"):
+        return (stream.device_index, stream.cuda_stream)
+    return stream
+
+
+class ChannelPool:
+    """Channels of one communicator group on one device.
+
+    group: a PeerGroup (runtime.TorchGroup, or LocalGroup in tests).
+    device: torch.device of this rank's kernels.
+    capacity: bytes one operation may stage.
+    backend / streams: peer-memory backend and stream oracle (defaults follow the device).
+    """
+
+    def __init__(self, group, device, capacity: int, *, backend=None, streams=None):
+        import torch
+
+        from sparkinfer.runtime.streams import CpuStreams, CudaStreams
+
+        if capacity <= 0:
+            raise SetupError(f"capacity must be a positive number of bytes, got {capacity}")
+        self.group = group
+        self.device = torch.device(device)
+        self.layout = ChannelLayout(group.size, int(capacity))
+        self.backend = backend if backend is not None else make_backend(self.device)
+        if streams is None:
+            streams = CudaStreams(self.device) if self.device.type == "cuda" else CpuStreams()
+        self.streams = streams
+        self._channels: dict[str, Channel] = {}
+        self._bindings: dict[Hashable, str] = {}
+        self._scopes: list[_Scope] = []
+        self._serial = 0
+        self._closed = False
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def channel_ids(self) -> list[str]:
+        return sorted(self._channels)
+
+    def get(self, channel_id: str) -> Channel:
+        self._check_open()
+        try:
+            return self._channels[channel_id]
+        except KeyError:
+            raise LifecycleError(
+                f"channel {channel_id!r} is not prepared (have {self.channel_ids}); call pool.prepare([{channel_id!r}]) on every rank"
+            ) from None
+
+    def scope_depth(self) -> int:
+        return len(self._scopes)
+
+    # ------------------------------------------------------------------ setup
+    def prepare(self, channel_ids: Iterable[str] = ()) -> list[str]:
+        """Create the channels `channel_ids` (and "eager") that do not exist yet.
+
+        Collective: every rank must call it with the same ids. Allocates peer
+        memory; illegal during capture. Returns the ids created, in creation order.
+        """
+        self._check_open()
+        if self.streams.is_capturing():
+            raise CaptureError("prepare() allocates peer memory; call it before torch.cuda.graph, not inside")
+        wanted = sorted(set(channel_ids) | {EAGER})
+        for cid in wanted:
+            if not isinstance(cid, str) or not cid:
+                raise SetupError(f"channel ids are non-empty strings, got {cid!r}")
+        views = self.group.all_gather(wanted)
+        if any(v != wanted for v in views):
+            raise SetupError(f"ranks asked prepare() for different channel ids: {views}; call it with the same ids everywhere")
+        created = []
+        for cid in wanted:
+            if cid not in self._channels:
+                self._create(cid)
+                created.append(cid)
+        return created
+
+    def _create(self, cid: str) -> None:
+        import torch
+
+        layout, group, backend = self.layout, self.group, self.backend
+        slab, err = None, None
+        try:
+            slab = backend.allocate(layout.nbytes)
+        except Exception as e:  # noqa: BLE001 - turned into an all-rank verdict
+            err = f"{type(e).__name__}: {e}"
+        votes = group.all_gather((err, slab.handle if slab else None))
+        failed = [(r, e) for r, (e, _) in enumerate(votes) if e]
+        if failed:
+            if slab is not None:
+                backend.free(slab)
+            raise SetupError(f"prepare({cid!r}): allocation failed on {_fmt(failed)}; no channel was created")
+        peers, err = {}, None
+        try:
+            for r, (_, handle) in enumerate(votes):
+                if r != group.rank:
+                    peers[r] = backend.open(r, handle, layout.nbytes)
+        except Exception as e:  # noqa: BLE001
+            err = f"{type(e).__name__}: {e}"
+        failed = [(r, e) for r, e in enumerate(group.all_gather(err)) if e]
+        if failed:
+            for m in peers.values():
+                with contextlib.suppress(PeerMemoryError):
+                    backend.close(m)
+            group.barrier()  # every rank has unmapped before anyone frees
+            backend.free(slab)
+            raise SetupError(f"prepare({cid!r}): mapping peer slabs failed on {_fmt(failed)}; no channel was created")
+        backend.seal(slab)
+        bases = [slab.ptr if r == group.rank else peers[r].ptr for r in range(group.size)]
+        cuda = self.device.type == "cuda"
+        errors = torch.zeros(ERR_WORDS, dtype=torch.int64, pin_memory=cuda)
+        table = torch.tensor(bases + [errors.data_ptr()], dtype=torch.int64, device=self.device)
+        self._channels[cid] = Channel(cid, group.rank, layout, slab, peers, table, errors, serial=self._serial)
+        self._serial += 1
+
+    # ------------------------------------------------------------------ resolution
+    def bind_stream(self, stream, channel_id: str) -> None:
+        """Give eager stream `stream` its own prepared channel `channel_id`."""
+        ch = self.get(channel_id)
+        key = _stream_key(stream)
+        if ch.owner_stream is not None and ch.owner_stream != key:
+            raise StreamAffinityError(f"channel {channel_id!r} is already owned by stream {ch.owner_stream}; prepare another id")
+        ch.owner_stream = key
+        self._bindings[key] = channel_id
+
+    def channel(self) -> Channel:
+        """The channel a collective launched now on the current stream must use."""
+        self._check_open()
+        key = self.streams.current()
+        for scope in reversed(self._scopes):
+            if key == scope.stream or key in scope.aliases:
+                return scope.channel
+        if self._scopes and self.streams.is_capturing():
+            top = self._scopes[-1]
+            top.aliases.append(key)  # a capture stream torch/Inductor forked inside the scope
+            return top.channel
+        cid = self._bindings.get(key)
+        if cid is not None:
+            return self._channels[cid]
+        if self.streams.is_capturing():
+            raise CaptureError(
+                "collective captured outside pool.capture(): enter pool.capture(stream, channel_id) before torch.cuda.graph"
+            )
+        ch = self._channels.get(EAGER)
+        if ch is None:
+            raise LifecycleError("no channels yet: call pool.prepare() on every rank first")
+        if ch.owner_stream is None:
+            ch.owner_stream = key
+            self._bindings[key] = EAGER
+            return ch
+        raise StreamAffinityError(
+            f"eager channel is owned by stream {ch.owner_stream}, not the current stream {key}: two streams sharing "
+            "flags corrupt each other; prepare another id and pool.bind_stream(stream, id)"
+        )
+
+    @contextlib.contextmanager
+    def capture(self, stream, channel_id: str, *, reuse: bool = False):
+        """Scope for capturing a CUDA graph on `stream` with channel `channel_id`.
+
+        Enter it before `torch.cuda.graph(g, stream=stream)`. A channel captured
+        once is graph-owned; capturing it again raises unless `reuse=True` (then
+        the graphs sharing it must replay in one stream order, never concurrently).
+        """
+        ch = self.get(channel_id)
+        key = _stream_key(stream)
+        if any(s.channel is ch for s in self._scopes):
+            raise CaptureError(f"channel {channel_id!r} is already being captured by an enclosing scope; use another id")
+        if ch.graph_owned and not reuse:
+            raise CaptureError(
+                f"channel {channel_id!r} is owned by an earlier graph that may still replay; use a new id, "
+                "rollback() that capture, or pass reuse=True if the graphs never replay concurrently"
+            )
+        if ch.owner_stream is not None and ch.owner_stream != key:
+            raise StreamAffinityError(f"channel {channel_id!r} is owned by eager stream {ch.owner_stream}; capture another id")
+        scope = _Scope(key, ch)
+        self._scopes.append(scope)
+        try:
+            yield ch
+        finally:
+            if not self._scopes or self._scopes[-1] is not scope:
+                raise LifecycleError("capture scopes must exit in LIFO order")
+            while scope.aliases:
+                scope.aliases.pop()  # LIFO: newest alias first
+            self._scopes.pop()
+            ch.graph_owned = True
+
+    # ------------------------------------------------------------------ teardown
+    def checkpoint(self) -> Checkpoint:
+        """Mark the current set of channels; `rollback` disposes of newer ones."""
+        self._check_open()
+        return Checkpoint(self._serial)
+
+    def rollback(self, checkpoint: Checkpoint) -> list[str]:
+        """Collectively close exactly the channels created after `checkpoint`.
+
+        Ownership changes only after the close succeeded: if any rank fails to
+        unmap, TeardownError is raised on every rank, the channels stay owned,
+        and rollback can be called again. Returns the ids closed.
+        """
+        self._check_open()
+        victims = [ch for ch in self._channels.values() if ch.serial >= checkpoint.serial]
+        if any(s.channel in victims for s in self._scopes):
+            raise CaptureError("rollback() inside the capture scope of a channel it would close; exit the scope first")
+        self._teardown(sorted(victims, key=lambda c: c.serial))
+        for ch in victims:
+            self._forget(ch)
+        return [ch.channel_id for ch in victims]
+
+    def close(self) -> None:
+        """Collective, phased teardown of every channel. Idempotent; if a phase
+        fails on any rank it raises TeardownError everywhere and can be retried."""
+        if self._closed:
+            return
+        if self._scopes:
+            raise CaptureError("close() inside a capture scope; exit every pool.capture() first")
+        chans = sorted(self._channels.values(), key=lambda c: c.serial)
+        self._teardown(chans)
+        for ch in chans:
+            self._forget(ch)
+        self._closed = True
+
+    def _forget(self, ch: Channel) -> None:
+        del self._channels[ch.channel_id]
+        for key in [k for k, cid in self._bindings.items() if cid == ch.channel_id]:
+            del self._bindings[key]
+
+    def _teardown(self, chans: list[Channel]) -> None:
+        if self.streams.is_capturing():
+            raise CaptureError("teardown during graph capture; finish the capture first")
+        err = None
+        try:
+            self.streams.synchronize()
+        except Exception as e:  # noqa: BLE001
+            err = f"synchronize: {type(e).__name__}: {e}"
+        self._verdict(err, "synchronize", "nothing was unmapped or freed")
+        err = None
+        for ch in chans:
+            for m in ch.peers.values():
+                if not m.closed:
+                    try:
+                        self.backend.close(m)
+                    except Exception as e:  # noqa: BLE001
+                        err = err or f"{ch.channel_id}: {type(e).__name__}: {e}"
+        self._verdict(err, "unmap imports", "nothing was freed; call close()/rollback() again")
+        err = None
+        for ch in chans:
+            if not ch.slab.freed:
+                try:
+                    self.backend.free(ch.slab)
+                except Exception as e:  # noqa: BLE001
+                    err = err or f"{ch.channel_id}: {type(e).__name__}: {e}"
+        self._verdict(err, "free exports", "every import is unmapped; call close()/rollback() again to finish")
+        for ch in chans:
+            ch.closed = True
+            ch.table = ch.errors = None
+
+    def _verdict(self, err: str | None, phase: str, consequence: str) -> None:
+        failed = [(r, e) for r, e in enumerate(self.group.all_gather(err)) if e]
+        if failed:
+            raise TeardownError(f"teardown phase '{phase}' failed on {_fmt(failed)}; {consequence}")
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LifecycleError("this ChannelPool is closed; create a new one")
+
+    def __del__(self):
+        chans = getattr(self, "_channels", None)
+        if chans and not self._closed:
+            _KEPT_UNTIL_EXIT.extend(chans.values())
+            warnings.warn(
+                f"ChannelPool dropped without close(): {len(chans)} channel(s) stay mapped until process exit "
+                "(garbage collection never frees collectively); call close() on every rank",
+                ResourceWarning,
+                stacklevel=2,
+            )
+
+
+def _fmt(failed: list[tuple[int, Any]]) -> str:
+    return "; ".join(f"rank {r} ({e})" for r, e in failed)

@@ -1,0 +1,176 @@
+"""Start N ranks and join them; a rank that raises or dies fails the launch
+with that rank's traceback instead of hanging the others.
+
+    results = launch(fn, 2, backend="cpu", args=(payload,))
+
+`fn(world, *args)` runs once per rank in a fresh (spawned) process; `world` is a
+`World` with the rank, the world size, the torch.distributed group and the
+device. CPU ranks use gloo and run Triton kernels through the interpreter
+(TRITON_INTERPRET=1 is set in the child before Triton is imported).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import multiprocessing as mp
+import os
+import queue
+import signal
+import socket
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from sparkinfer.errors import RankFailed, SetupError
+
+__all__ = ["World", "launch", "resolve_backend"]
+
+
+@dataclass(frozen=True)
+class World:
+    """One rank's view of the launched world.
+
+    rank, world_size: this process's global rank and the number of ranks.
+    backend: "cuda" (one GPU per rank, NCCL group) or "cpu" (gloo group).
+    device: torch.device of this rank (cuda:rank or cpu).
+    """
+
+    rank: int
+    world_size: int
+    backend: str
+
+    @property
+    def device(self):
+        import torch
+
+        return torch.device(f"cuda:{self.rank}") if self.backend == "cuda" else torch.device("cpu")
+
+    @property
+    def group(self):
+        """The default torch.distributed process group."""
+        import torch.distributed as dist
+
+        return dist.group.WORLD
+
+
+def resolve_backend(backend: str, world_size: int) -> str:
+    """"auto" picks "cuda" when this host has at least `world_size` GPUs."""
+    if backend not in ("auto", "cpu", "cuda"):
+        raise SetupError(f"backend must be 'auto', 'cpu' or 'cuda', got {backend!r}")
+    if backend != "auto":
+        return backend
+    import torch
+
+    return "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= world_size else "cpu"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _child(fn, rank, world_size, backend, port, args, env, results):
+    os.environ.update(env)
+    if backend == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    try:
+        import torch
+        import torch.distributed as dist
+
+        if backend == "cuda":
+            torch.cuda.set_device(rank)
+        dist.init_process_group(
+            "nccl" if backend == "cuda" else "gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world_size,
+            **({"device_id": torch.device(f"cuda:{rank}")} if backend == "cuda" else {}),
+        )
+        try:
+            out = fn(World(rank, world_size, backend), *args)
+        finally:
+            try:
+                dist.destroy_process_group()
+            except Exception:  # noqa: BLE001 - teardown after a failure must not mask it
+                pass
+        results.put(("ok", rank, out))
+    except BaseException:  # noqa: BLE001 - everything is reported to the parent
+        results.put(("err", rank, traceback.format_exc()))
+        results.close()
+        results.join_thread()  # the traceback must reach the parent before we exit
+        sys.stderr.flush()
+        os._exit(1)
+
+
+def launch(
+    fn: Callable[..., Any],
+    world_size: int,
+    *,
+    backend: str = "auto",
+    args: Sequence[Any] = (),
+    timeout_s: float = 300.0,
+    env: dict | None = None,
+) -> list:
+    """Run `fn(world, *args)` on `world_size` ranks; return their results in rank order.
+
+    Raises RankFailed with the first failing rank's traceback if any rank raises
+    or exits without a result, and RankFailed naming every unfinished rank if the
+    launch outlives `timeout_s` (their Python stacks are dumped to stderr first).
+    Never returns while a rank is still running.
+    """
+    if world_size < 1:
+        raise SetupError(f"world_size must be >= 1, got {world_size}")
+    backend = resolve_backend(backend, world_size)
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = _free_port()
+    procs = [
+        ctx.Process(
+            target=_child,
+            args=(fn, r, world_size, backend, port, tuple(args), dict(env or {}), results),
+            daemon=True,
+        )
+        for r in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    done: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(done) < world_size:
+            try:
+                status, rank, payload = results.get(timeout=0.2)
+            except queue.Empty:
+                for r, p in enumerate(procs):
+                    if r not in done and not p.is_alive():
+                        # give a just-written result a moment to arrive
+                        try:
+                            status, rank, payload = results.get(timeout=2.0)
+                            break
+                        except queue.Empty:
+                            raise RankFailed(r, f"process exited with code {p.exitcode} without a result")
+                else:
+                    if time.monotonic() > deadline:
+                        stuck = [r for r in range(world_size) if r not in done]
+                        for r in stuck:
+                            if procs[r].is_alive():
+                                os.kill(procs[r].pid, signal.SIGUSR1)
+                        time.sleep(1.0)
+                        raise RankFailed(stuck[0], f"ranks {stuck} still running after {timeout_s:.0f} s (stacks dumped to stderr)")
+                    continue
+            if status == "err":
+                raise RankFailed(rank, payload)
+            done[rank] = payload
+    finally:
+        for p in procs:
+            p.join(timeout=5.0 if len(done) == world_size else 0.5)
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5.0)
+        results.close()
+    return [done[r] for r in range(world_size)]
