@@ -1,0 +1,1 @@
+"""All-reduce: one-shot and two-shot Triton kernels, NCCL beyond them."""

@@ -1,0 +1,216 @@
+"""Device-side protocol shared by every comm kernel (only @triton.jit helpers).
+
+Rules that hold on PCIe as well as NVLink: ranks write to peers and poll only
+their own slab; no peer atomics (the only atomics touch local device memory);
+release/acquire at system scope between data and flags; every spin has a
+deadline; an error is recorded in host-visible memory and broadcast to peers as
+an abort word so nobody waits for a deadline that is already known to be missed.
+
+Names: `p_` pointers, `a_` integer addresses, `o_` offsets, `m_` masks.
+"""
+
+from __future__ import annotations
+
+import time
+
+import triton
+import triton.language as tl
+from triton.language.extra import cuda as tlcuda
+
+from sparkinfer.comm.channel import FLAGS_OFF, MAX_BLOCKS, NUM_PHASES
+
+# header words (int64 index into the slab)
+HDR_EPOCH = tl.constexpr(0)
+HDR_ARRIVE = tl.constexpr(1)
+HDR_ABORT = tl.constexpr(2)
+HDR_CLAIM = tl.constexpr(3)
+FLAGS_WORD = tl.constexpr(FLAGS_OFF // 8)
+NPHASE = tl.constexpr(NUM_PHASES)
+NBLK = tl.constexpr(MAX_BLOCKS)
+LOW32 = tl.constexpr(0xFFFFFFFF)
+
+# error codes in the record's word 0 (mirrored in comm/errors_host.py)
+ERR_TIMEOUT = tl.constexpr(1)
+ERR_MISMATCH = tl.constexpr(2)
+
+
+def _host_now_ns():
+    return time.monotonic_ns()
+
+
+_HOST_NOW = tl.constexpr(_host_now_ns)  # interpreter only: a constexpr callable the GPU never sees
+
+
+@triton.jit
+def now_ns(INTERP: tl.constexpr):
+    if INTERP:
+        t = tl.full([], _HOST_NOW(), tl.int64)
+    else:
+        t = tlcuda.globaltimer().to(tl.int64)
+    return t
+
+
+@triton.jit
+def ld_acquire(p, INTERP: tl.constexpr):
+    """Load an int64 word of *local* memory with acquire semantics at system scope."""
+    if INTERP:
+        v = tl.atomic_add(p, 0, sem="acquire", scope="sys")
+    else:
+        v = tl.inline_asm_elementwise(
+            "ld.acquire.sys.global.b64 $0, [$1];", "=l,l", [p], dtype=tl.int64, is_pure=False, pack=1
+        )
+    return v
+
+
+@triton.jit
+def st_release(p, v, INTERP: tl.constexpr):
+    """Store an int64 word (possibly in a peer's memory) with release semantics at
+    system scope. A plain store, not an atomic: peer atomics are not portable."""
+    if INTERP:
+        tl.atomic_xchg(p, v, sem="release", scope="sys")
+    else:
+        tl.inline_asm_elementwise(
+            "fence.acq_rel.sys;\n\tst.release.sys.global.b64 [$1], $2;\n\tmov.u32 $0, 0;",
+            "=r,l,l",
+            [p, v],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
+        )
+
+
+@triton.jit
+def addr_of(table, r):
+    """Base address (int64) of group rank r's slab as mapped in this process."""
+    return tl.multiple_of(tl.load(table + r), 16)
+
+
+@triton.jit
+def as_ptr(a, like):
+    """Integer address -> pointer with the element type of pointer `like`."""
+    return tl.multiple_of(a.to(tl.pointer_type(like.dtype.element_ty)), 16)
+
+
+@triton.jit
+def begin(table, rank, timeout_ns, INTERP: tl.constexpr):
+    """Read this op's epoch. Returns (epoch, deadline_ns)."""
+    p_hdr = tl.load(table + rank).to(tl.pointer_type(tl.int64))
+    epoch = tl.load(p_hdr + HDR_EPOCH)
+    return epoch, now_ns(INTERP) + timeout_ns
+
+
+@triton.jit
+def flag_word(epoch, phase, src, blk, W: tl.constexpr):
+    """Index (int64 words from the slab base) of flag [epoch % 2][phase][src][blk]."""
+    return FLAGS_WORD + (((epoch % 2) * NPHASE + phase) * W + src) * NBLK + blk
+
+
+@triton.jit
+def signal_peers(table, rank, epoch, phase, fp, W: tl.constexpr, INTERP: tl.constexpr):
+    """Tell every peer that this block's phase-`phase` data for `epoch` is in place.
+
+    Call after this block's data stores; the barrier makes every thread's stores
+    part of what the release publishes."""
+    tl.debug_barrier()
+    v = (fp.to(tl.int64) << 32) | ((epoch + 1) & LOW32)
+    blk = tl.program_id(0)
+    for r in tl.static_range(W):
+        if r != rank:
+            p_flag = addr_of(table, r).to(tl.pointer_type(tl.int64))
+            st_release(p_flag + flag_word(epoch, phase, rank, blk, W), v, INTERP)
+
+
+@triton.jit
+def _i64(x):
+    return x + tl.zeros([], tl.int64)
+
+
+@triton.jit
+def _report(table, rank, code, peer, origin, epoch, observed, expect, op, W: tl.constexpr, INTERP: tl.constexpr):
+    """Record this rank's first error in host-visible memory; if it was found
+    here (origin == rank), broadcast an abort word to every rank."""
+    p_hdr = addr_of(table, rank).to(tl.pointer_type(tl.int64))
+    first = tl.atomic_cas(p_hdr + HDR_CLAIM, _i64(0), _i64(1), sem="acq_rel", scope="gpu")  # local atomic
+    if first == 0:
+        p_err = tl.load(table + W).to(tl.pointer_type(tl.int64))
+        tl.store(p_err + 1, _i64(rank))
+        tl.store(p_err + 2, _i64(peer))
+        tl.store(p_err + 3, _i64(op))
+        tl.store(p_err + 4, epoch)
+        tl.store(p_err + 5, observed)
+        tl.store(p_err + 6, expect)
+        tl.store(p_err + 7, _i64(origin))
+        st_release(p_err, _i64(code), INTERP)
+        if origin == rank:
+            abort = (_i64(code) << 32) | (_i64(origin) << 16) | _i64(peer)
+            for r in tl.static_range(W):
+                st_release(addr_of(table, r).to(tl.pointer_type(tl.int64)) + HDR_ABORT, abort, INTERP)
+
+
+@triton.jit
+def wait_peers(table, rank, epoch, phase, fp, deadline, op, W: tl.constexpr, INTERP: tl.constexpr):
+    """Wait until every peer signalled (epoch, phase) for this block.
+
+    Returns 0 when all arrived with the expected fingerprint, else an error code
+    (the error is recorded and broadcast; the caller skips its data phase)."""
+    p_hdr = addr_of(table, rank).to(tl.pointer_type(tl.int64))
+    blk = tl.program_id(0)
+    expect = (fp.to(tl.int64) << 32) | ((epoch + 1) & LOW32)
+    status = tl.zeros([], tl.int32)
+    for r in tl.static_range(W):
+        if (r != rank) & (status == 0):
+            p_flag = p_hdr + flag_word(epoch, phase, r, blk, W)
+            v = ld_acquire(p_flag, INTERP)
+            pending = (v & LOW32) != (expect & LOW32)
+            while pending:
+                v = ld_acquire(p_flag, INTERP)
+                pending = (v & LOW32) != (expect & LOW32)
+                if pending:
+                    ab = ld_acquire(p_hdr + HDR_ABORT, INTERP)
+                    if ab != 0:
+                        status = ((ab >> 32) & 0xFFFF).to(tl.int32)
+                        _report(table, rank, status, (ab & 0xFFFF).to(tl.int32), ((ab >> 16) & 0xFFFF).to(tl.int32),
+                                epoch, v, expect, op, W, INTERP)
+                        pending = False
+                    elif now_ns(INTERP) > deadline:
+                        status = tl.full([], ERR_TIMEOUT, tl.int32)
+                        _report(table, rank, status, r, rank, epoch, v, expect, op, W, INTERP)
+                        pending = False
+            if (status == 0) & (v != expect):
+                status = tl.full([], ERR_MISMATCH, tl.int32)
+                _report(table, rank, status, r, rank, epoch, v, expect, op, W, INTERP)
+    return status
+
+
+@triton.jit
+def finish(table, rank, epoch):
+    """Every block calls this last; the last block to arrive bumps the epoch."""
+    tl.debug_barrier()
+    p_hdr = tl.load(table + rank).to(tl.pointer_type(tl.int64))
+    old = tl.atomic_add(p_hdr + HDR_ARRIVE, 1, sem="acq_rel", scope="gpu")
+    if old == tl.num_programs(0) - 1:
+        tl.store(p_hdr + HDR_ARRIVE, 0)
+        tl.store(p_hdr + HDR_EPOCH, epoch + 1)
+
+
+@triton.jit
+def block_range(n, BLOCK: tl.constexpr):
+    """This block's [lo, hi) share of n elements, in whole BLOCKs."""
+    per = tl.cdiv(tl.cdiv(n, tl.num_programs(0)), BLOCK) * BLOCK
+    lo = tl.program_id(0) * per
+    return lo, tl.minimum(lo + per, n)
+
+
+@triton.jit
+def stage_addr(table, owner, epoch, lane, stage_off, slot_bytes, lane_bytes):
+    """Address of `lane` (W = the gather region) in this epoch's slot of `owner`'s slab."""
+    return addr_of(table, owner) + stage_off + (epoch % 2) * slot_bytes + lane * lane_bytes
+
+
+@triton.jit
+def copy_range(p_src, p_dst, lo, hi, BLOCK: tl.constexpr):
+    """p_dst[lo:hi] = p_src[lo:hi] (elements)."""
+    for start in range(lo, hi, BLOCK):
+        o = tl.multiple_of(start, BLOCK) + tl.arange(0, BLOCK)
+        m = o < hi
+        tl.store(p_dst + o, tl.load(p_src + o, mask=m), mask=m)

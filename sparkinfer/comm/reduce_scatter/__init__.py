@@ -1,0 +1,1 @@
+"""Reduce-scatter: the first half of the two-shot all-reduce kernel."""

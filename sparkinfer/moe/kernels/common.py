@@ -1,0 +1,127 @@
+"""Shared @triton.jit helpers of the MoE GEMM kernels: weight tile decode,
+activation tile load, activation functions, and the routed-row resolution of
+the `micro` and `grouped` families.
+
+Legend: T tokens, K top-k, E experts, BN weight rows per tile, BM routed rows
+per tile, BK reduction elements per step (one prepared pack chunk).
+
+Every GEMM is computed transposed ("swap AB"): acc[BN, BM] = W[BN, BK] @ A^T[BK, BM],
+so the dequantized weight tile is the left operand (it may stay in registers
+for Hopper's wgmma) and a handful of tokens fill the narrow right side.
+
+Prepared weight layout (see `sparkinfer.moe.weights`): the reduction axis is
+cut into chunks of BK elements; bf16 weights are plain row-major, NVFP4 bytes
+hold element j of a chunk in the low nibble and element j + BK/2 in the high
+nibble, so each half-chunk is one contiguous slice of the activations.
+"""
+
+import triton
+import triton.language as tl
+
+# act codes (constexpr ACT)
+ACT_SILU = 0
+ACT_RELU2 = 1
+ACT_SWIGLU_OAI = 2
+
+
+@triton.jit
+def e2m1_to_f32(nib):
+    """E2M1 codes (int32, 0..15) -> fp32 values scaled by 2**-14.
+
+    The 3 magnitude bits go to fp16 bits 11..9 (exponent low bits + top mantissa
+    bit) and the sign to bit 15: as fp16 that is value * 2**-14 exactly, with
+    the E2M1 subnormal 0.5 landing on an fp16 subnormal. Callers fold 2**14
+    into the block scale.
+    """
+    bits = ((nib & 7) << 9) | ((nib & 8) << 12)
+    return bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def e4m3_to_f32(byte):
+    """E4M3 bits (int32, 0..255) -> fp32 values scaled by 2**-8 (exact, subnormals too)."""
+    bits = ((byte & 0x7F) << 7) | ((byte & 0x80) << 8)
+    return bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def weight_halves(w_ptr, s_ptr, gsf, rows, row_mask, k0, stride_w, stride_s,
+                  BN: tl.constexpr, BK: tl.constexpr, NVFP4: tl.constexpr,
+                  INTERPRET: tl.constexpr):
+    """Weight tile of rows `rows` [BN] and reduction elements k0..k0+BK, as two
+    halves [BN, BK/2] in the dot dtype (`dot_operand`): (k0..k0+BK/2, k0+BK/2..k0+BK).
+
+    bf16: w_ptr -> bf16 [N, R] of one expert, stride_w = R.
+    NVFP4: w_ptr -> packed uint8 [N, R/2] (prepared interleave), s_ptr -> E4M3
+    bits [N, R/16], gsf = global scale * 2**22 (undoes the 2**-14 and 2**-8 of
+    the decoders).
+    """
+    HALF: tl.constexpr = BK // 2
+    if NVFP4:
+        G: tl.constexpr = BK // 32  # scale groups per half chunk
+        o_g = tl.arange(0, G)
+        o_j = tl.arange(0, 16)
+        p_b = (w_ptr + rows[:, None, None] * stride_w + k0 // 2 + o_g[None, :, None] * 16
+               + o_j[None, None, :])
+        b_b = tl.load(p_b, mask=row_mask[:, None, None], other=0).to(tl.int32)  # [BN, G, 16]
+        p_s = s_ptr + rows[:, None, None] * stride_s + k0 // 16 + o_g[None, :, None]
+        b_slo = tl.load(p_s, mask=row_mask[:, None, None], other=0).to(tl.int32)  # [BN, G, 1]
+        b_shi = tl.load(p_s + G, mask=row_mask[:, None, None], other=0).to(tl.int32)
+        b_lo = e2m1_to_f32(b_b & 15) * (e4m3_to_f32(b_slo) * gsf)
+        b_hi = e2m1_to_f32(b_b >> 4) * (e4m3_to_f32(b_shi) * gsf)
+        lo = tl.reshape(b_lo, [BN, HALF]).to(tl.bfloat16)
+        hi = tl.reshape(b_hi, [BN, HALF]).to(tl.bfloat16)
+    else:
+        o_k = tl.arange(0, HALF)
+        p_w = w_ptr + rows[:, None] * stride_w + k0 + o_k[None, :]
+        lo = tl.load(p_w, mask=row_mask[:, None], other=0.0).to(tl.bfloat16)
+        hi = tl.load(p_w + HALF, mask=row_mask[:, None], other=0.0).to(tl.bfloat16)
+    return dot_operand(lo, INTERPRET), dot_operand(hi, INTERPRET)
+
+
+@triton.jit
+def dot_operand(x, INTERPRET: tl.constexpr):
+    """bf16 tensor-core operand on the GPU; fp32 under the Triton interpreter,
+    whose bf16 tl.dot is not exact (values are bf16 already, so fp32 loses nothing)."""
+    if INTERPRET:
+        return x.to(tl.float32)
+    else:
+        return x.to(tl.bfloat16)
+
+
+@triton.jit
+def activation(g, u, ACT: tl.constexpr, alpha, limit):
+    """Elementwise activation in fp32. u is ignored for relu2 (not gated)."""
+    if ACT == 0:
+        return g * tl.sigmoid(g) * u
+    elif ACT == 1:
+        r = tl.maximum(g, 0.0)
+        return r * r
+    else:
+        gc = tl.minimum(g, limit)
+        uc = tl.minimum(tl.maximum(u, -limit), limit)
+        return gc * tl.sigmoid(alpha * gc) * (uc + 1.0)
+
+
+@triton.jit
+def micro_rows(ids_ptr, pid_r, T, E: tl.constexpr, K: tl.constexpr, BM: tl.constexpr,
+               KP: tl.constexpr, RP: tl.constexpr):
+    """Routed rows of the `micro` program for route slot pid_r (no sort).
+
+    The program owns expert e = ids[pid_r] when pid_r is the first slot naming
+    e (so each active expert's weights are read once); rows are the T <= BM
+    tokens, row t active when e is among its top-k. Returns (e or -1 when the
+    program has nothing to do, route index t*K + k per row or -1).
+    """
+    o_r = tl.arange(0, RP)
+    b_all = tl.load(ids_ptr + o_r, mask=o_r < T * K, other=-1)
+    e = tl.load(ids_ptr + pid_r)
+    first = tl.min(tl.where(b_all == e, o_r, RP), axis=0)
+    own = (first == pid_r) & (e >= 0) & (e < E)
+    o_t = tl.arange(0, BM)
+    o_k = tl.arange(0, KP)
+    m_tk = (o_t[:, None] < T) & (o_k[None, :] < K)
+    b_ids = tl.load(ids_ptr + o_t[:, None] * K + o_k[None, :], mask=m_tk, other=-1)
+    k_t = tl.max(tl.where(b_ids == e, o_k[None, :], -1), axis=1)  # [BM]
+    route = tl.where((k_t >= 0) & own, o_t * K + k_t, -1)
+    return tl.where(own, e, -1), route

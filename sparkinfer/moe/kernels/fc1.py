@@ -1,0 +1,86 @@
+"""FC1 (+ activation) of the routed experts: one kernel, two families.
+
+Legend: T tokens, K top-k, E experts, H hidden (FC1 reduction), I intermediate,
+S split count along H, R = T*K routes, P padded sorted rows.
+
+MICRO (tiny T, no sort): grid (R, cdiv(I, BN), S). Program (r, n, s) owns the
+expert of route slot r when r is its first slot (`micro_rows`), computes the
+gate/up pre-activations of all T tokens routed to it over its share of H, and
+stores fp32 partials out[s, route, n] (gate) and out[s, route, I + n] (up);
+FC2 sums the S partials in a fixed order and applies the activation.
+
+GROUPED: grid (max_tiles, cdiv(I, BN), 1). Program (m, n) serves the tile of
+BM sorted rows whose expert is tile_expert[m] (-1: idle), applies the
+activation (and the router weight when it comes before FC2) and stores bf16
+out[pos, n].
+"""
+
+import triton
+import triton.language as tl
+
+from sparkinfer.moe.kernels.common import activation, dot_operand, micro_rows, weight_halves
+
+
+@triton.jit
+def moe_fc1_kernel(
+    x_ptr, w_ptr, s_ptr, gs_ptr, ids_ptr, topk_w_ptr, sorted_ptr, tile_e_ptr, out_ptr,
+    T, I, num_chunks, chunks_per_split,
+    stride_x, stride_we, stride_wn, stride_se, stride_sn, stride_os, stride_or,
+    alpha, limit,
+    E: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, RP: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    MICRO: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr, NVFP4: tl.constexpr,
+    WEIGHT_BEFORE: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    i_m = tl.program_id(0)
+    i_n = tl.program_id(1)
+    i_s = tl.program_id(2)
+    if MICRO:
+        e, route = micro_rows(ids_ptr, i_m, T, E, K, BM, KP, RP)
+        o_row = route  # partial rows are indexed by route
+    else:
+        e = tl.load(tile_e_ptr + i_m)
+        o_row = i_m * BM + tl.arange(0, BM)
+        route = tl.load(sorted_ptr + o_row)
+    if e < 0:
+        return
+    m_row = route >= 0
+    tok = tl.where(m_row, route // K, 0)
+    o_n = i_n * BN + tl.arange(0, BN)
+    m_n = o_n < I
+    HALF: tl.constexpr = BK // 2
+    o_k = tl.arange(0, HALF)
+    p_w = w_ptr + e.to(tl.int64) * stride_we
+    p_s = s_ptr + e.to(tl.int64) * stride_se
+    gsf = 1.0
+    if NVFP4:
+        gsf = tl.load(gs_ptr + e) * 4194304.0  # 2**22, see weight_halves
+    b_g = tl.zeros([BN, BM], dtype=tl.float32)
+    b_u = tl.zeros([BN, BM], dtype=tl.float32)
+    c_lo = i_s * chunks_per_split
+    c_hi = tl.minimum(c_lo + chunks_per_split, num_chunks)
+    for c in range(c_lo, c_hi):
+        k0 = c * BK
+        p_x = x_ptr + tok[None, :].to(tl.int64) * stride_x + k0 + o_k[:, None]
+        b_xlo = dot_operand(tl.load(p_x, mask=m_row[None, :], other=0.0), INTERPRET)
+        b_xhi = dot_operand(tl.load(p_x + HALF, mask=m_row[None, :], other=0.0), INTERPRET)
+        w_lo, w_hi = weight_halves(p_w, p_s, gsf, o_n, m_n, k0, stride_wn, stride_sn,
+                                   BN, BK, NVFP4, INTERPRET)
+        b_g = tl.dot(w_lo, b_xlo, b_g)
+        b_g = tl.dot(w_hi, b_xhi, b_g)
+        if GATED:
+            w_lo, w_hi = weight_halves(p_w, p_s, gsf, o_n + I, m_n, k0, stride_wn, stride_sn,
+                                       BN, BK, NVFP4, INTERPRET)
+            b_u = tl.dot(w_lo, b_xlo, b_u)
+            b_u = tl.dot(w_hi, b_xhi, b_u)
+    m_out = m_n[:, None] & m_row[None, :]
+    p_o = out_ptr + i_s * stride_os + o_row[None, :].to(tl.int64) * stride_or + o_n[:, None]
+    if MICRO:
+        tl.store(p_o, b_g, mask=m_out)
+        if GATED:
+            tl.store(p_o + I, b_u, mask=m_out)
+    else:
+        b_h = activation(b_g, b_u, ACT, alpha, limit)
+        if WEIGHT_BEFORE:
+            b_h *= tl.load(topk_w_ptr + route, mask=m_row, other=0.0)[None, :]
+        tl.store(p_o, b_h.to(out_ptr.dtype.element_ty), mask=m_out)

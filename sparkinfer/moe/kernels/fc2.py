@@ -1,0 +1,95 @@
+"""FC2 of the routed experts: one kernel, two families.
+
+Legend: T tokens, K top-k, E experts, H hidden (FC2 output), I intermediate
+(FC2 reduction), S1 / S2 split counts of FC1 / FC2, R = T*K routes.
+
+MICRO: grid (R, cdiv(H, BN), S2). Its activation operand is made on the fly
+from FC1's fp32 partials: sum over the S1 splits in order, activation, router
+weight when it comes before FC2, rounded to bf16 (as GROUPED stores it).
+Stores fp32 partials out[s, route, n].
+
+GROUPED: grid (max_tiles, cdiv(H, BN), 1). Reads the bf16 activations that
+FC1 stored in sorted order and stores out[0, route, n] in the output dtype.
+
+The top-k sum (and the router weight after FC2) happens in `reduce.py`, in a
+fixed order, so no kernel here uses atomics.
+"""
+
+import triton
+import triton.language as tl
+
+from sparkinfer.moe.kernels.common import activation, dot_operand, micro_rows, weight_halves
+
+
+@triton.jit
+def act_half(a_ptr, route, m_row, o_k, k0, I, S1, stride_as, stride_ar, topk_w_ptr, alpha, limit,
+             GATED: tl.constexpr, ACT: tl.constexpr, WEIGHT_BEFORE: tl.constexpr,
+             INTERPRET: tl.constexpr):
+    """Activation tile [len(o_k), BM] for reduction elements k0 + o_k of routes `route`,
+    from FC1 partials a_ptr -> fp32 [S1, R, (2)I]."""
+    p_a = a_ptr + route[None, :].to(tl.int64) * stride_ar + k0 + o_k[:, None]
+    b_g = tl.zeros([o_k.shape[0], route.shape[0]], dtype=tl.float32)
+    b_u = tl.zeros([o_k.shape[0], route.shape[0]], dtype=tl.float32)
+    for s in range(S1):
+        b_g += tl.load(p_a + s * stride_as, mask=m_row[None, :], other=0.0)
+        if GATED:
+            b_u += tl.load(p_a + s * stride_as + I, mask=m_row[None, :], other=0.0)
+    b_h = activation(b_g, b_u, ACT, alpha, limit)
+    if WEIGHT_BEFORE:
+        b_h *= tl.load(topk_w_ptr + route, mask=m_row, other=0.0)[None, :]
+    return dot_operand(b_h.to(tl.bfloat16), INTERPRET)
+
+
+@triton.jit
+def moe_fc2_kernel(
+    a_ptr, w_ptr, s_ptr, gs_ptr, ids_ptr, topk_w_ptr, sorted_ptr, tile_e_ptr, out_ptr,
+    T, H, I, S1, num_chunks, chunks_per_split,
+    stride_as, stride_ar, stride_we, stride_wn, stride_se, stride_sn, stride_os, stride_or,
+    alpha, limit,
+    E: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, RP: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    MICRO: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr, NVFP4: tl.constexpr,
+    WEIGHT_BEFORE: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    i_m = tl.program_id(0)
+    i_n = tl.program_id(1)
+    i_s = tl.program_id(2)
+    if MICRO:
+        e, route = micro_rows(ids_ptr, i_m, T, E, K, BM, KP, RP)
+        o_arow = route
+    else:
+        e = tl.load(tile_e_ptr + i_m)
+        o_arow = i_m * BM + tl.arange(0, BM)
+        route = tl.load(sorted_ptr + o_arow)
+    if e < 0:
+        return
+    m_row = route >= 0
+    o_n = i_n * BN + tl.arange(0, BN)
+    m_n = o_n < H
+    HALF: tl.constexpr = BK // 2
+    o_k = tl.arange(0, HALF)
+    p_w = w_ptr + e.to(tl.int64) * stride_we
+    p_s = s_ptr + e.to(tl.int64) * stride_se
+    gsf = 1.0
+    if NVFP4:
+        gsf = tl.load(gs_ptr + e) * 4194304.0  # 2**22, see weight_halves
+    b_acc = tl.zeros([BN, BM], dtype=tl.float32)
+    c_lo = i_s * chunks_per_split
+    c_hi = tl.minimum(c_lo + chunks_per_split, num_chunks)
+    for c in range(c_lo, c_hi):
+        k0 = c * BK
+        if MICRO:
+            b_alo = act_half(a_ptr, route, m_row, o_k, k0, I, S1, stride_as, stride_ar,
+                             topk_w_ptr, alpha, limit, GATED, ACT, WEIGHT_BEFORE, INTERPRET)
+            b_ahi = act_half(a_ptr, route, m_row, o_k, k0 + HALF, I, S1, stride_as, stride_ar,
+                             topk_w_ptr, alpha, limit, GATED, ACT, WEIGHT_BEFORE, INTERPRET)
+        else:
+            p_a = a_ptr + o_arow[None, :].to(tl.int64) * stride_ar + k0 + o_k[:, None]
+            b_alo = dot_operand(tl.load(p_a, mask=m_row[None, :], other=0.0), INTERPRET)
+            b_ahi = dot_operand(tl.load(p_a + HALF, mask=m_row[None, :], other=0.0), INTERPRET)
+        w_lo, w_hi = weight_halves(p_w, p_s, gsf, o_n, m_n, k0, stride_wn, stride_sn,
+                                   BN, BK, NVFP4, INTERPRET)
+        b_acc = tl.dot(w_lo, b_alo, b_acc)
+        b_acc = tl.dot(w_hi, b_ahi, b_acc)
+    p_o = out_ptr + i_s * stride_os + route[None, :].to(tl.int64) * stride_or + o_n[:, None]
+    tl.store(p_o, b_acc.to(out_ptr.dtype.element_ty), mask=m_n[:, None] & m_row[None, :])

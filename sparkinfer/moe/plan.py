@@ -1,0 +1,131 @@
+"""Execution plans: which kernel family and launch parameters serve each token count.
+
+Legend: T tokens, E experts, K top-k, H hidden, I intermediate per rank,
+R = T*K routes, S split count along a reduction, BM/BN/BK tile sizes.
+
+`plan(caps, spec)` is pure: no device, no allocation, no compilation. It cuts
+1..max_tokens into power-of-two buckets and gives each one a `LaunchConfig`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import triton
+
+from sparkinfer.errors import CapacityError, PlanError
+from sparkinfer.moe.spec import MoECaps, MoESpec
+
+__all__ = ["LaunchConfig", "MoEPlan", "plan", "plan_supports_aux_stream_overlap", "FAMILIES"]
+
+FAMILIES = ("micro", "grouped")
+
+# micro serves every token of a batch in one tile of BM = 16 rows (the
+# smallest tensor-core N), so it stops at 16 tokens. Whether grouped already
+# wins below 16 (sort cost vs. micro's fp32 partial traffic): provisional,
+# not yet measured on the H200.
+MICRO_MAX_TOKENS = 16
+MICRO_BLOCK_M = 16
+# Launch at least this many programs per SM before splitting a reduction:
+# provisional, not yet measured (2 programs per SM hide one program's tail).
+PROGRAMS_PER_SM = 2
+MAX_SPLIT = 8
+# grouped: rows per tile from the mean routes per active expert; provisional,
+# not yet measured.
+GROUPED_BLOCK_M = ((16, 16), (32, 32), (96, 64))  # (mean rows per expert <=, BM)
+GROUPED_BLOCK_M_LARGE = 128
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Kernels and launch parameters for one bucket of token counts.
+
+    family: "micro" or "grouped". block_m: routed rows per tile. block_n1 /
+    block_n2: weight rows per FC1 / FC2 program. split1 / split2: programs per
+    FC1 / FC2 reduction (micro only; grouped uses 1). num_warps, num_stages:
+    Triton launch options of both GEMMs.
+    """
+
+    family: str
+    block_m: int
+    block_n1: int
+    block_n2: int
+    split1: int = 1
+    split2: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+@dataclass(frozen=True)
+class MoEPlan:
+    """caps, spec, chunk (BK, the reduction elements per kernel step, which
+    also fixes the prepared NVFP4 interleave) and buckets: ((max T, config), ...)
+    in increasing T, the last one covering caps.max_tokens."""
+
+    caps: MoECaps
+    spec: MoESpec
+    chunk: int
+    buckets: tuple[tuple[int, LaunchConfig], ...]
+
+    def config_for(self, tokens: int) -> LaunchConfig:
+        """LaunchConfig that serves `tokens` (1..caps.max_tokens). Pure."""
+        if not 1 <= tokens <= self.caps.max_tokens:
+            raise CapacityError(f"MoEPlan: T={tokens} outside 1..max_tokens="
+                                f"{self.caps.max_tokens}; plan with a larger MoECaps.max_tokens")
+        for bound, cfg in self.buckets:
+            if tokens <= bound:
+                return cfg
+        raise AssertionError("buckets cover max_tokens")  # internal invariant
+
+
+def _split(programs: int, chunks: int, num_sms: int) -> int:
+    want = PROGRAMS_PER_SM * num_sms
+    if programs >= want:
+        return 1
+    return max(1, min(MAX_SPLIT, chunks, triton.cdiv(want, programs)))
+
+
+def _config(caps: MoECaps, spec: MoESpec, tokens: int, chunk: int) -> LaunchConfig:
+    routes = tokens * caps.top_k
+    active = min(caps.num_experts, routes)
+    if tokens <= MICRO_MAX_TOKENS:
+        bn = 64
+        s1 = _split(active * triton.cdiv(caps.intermediate, bn), caps.hidden // chunk,
+                    caps.num_sms)
+        s2 = _split(active * triton.cdiv(caps.hidden, bn), caps.intermediate // chunk,
+                    caps.num_sms)
+        return LaunchConfig("micro", MICRO_BLOCK_M, bn, bn, s1, s2, num_warps=4, num_stages=4)
+    mean_rows = routes / active
+    bm = next((b for limit, b in GROUPED_BLOCK_M if mean_rows <= limit), GROUPED_BLOCK_M_LARGE)
+    if bm <= 32:
+        return LaunchConfig("grouped", bm, 64, 64, num_warps=4, num_stages=4)
+    # FC1 loads gate and up tiles per step, so it keeps BN at 64 to fit shared memory.
+    return LaunchConfig("grouped", bm, 64, 128, num_warps=8, num_stages=3)
+
+
+def plan(caps: MoECaps, spec: MoESpec) -> MoEPlan:
+    """Plan every token count 1..caps.max_tokens for `spec`. Pure: no device work.
+
+    Raises PlanError when H or I cannot be cut into chunks of >= 32 elements
+    (the tensor-core step, and NVFP4's 16-element scale groups, need it).
+    """
+    chunk = next((c for c in (128, 64, 32)
+                  if caps.hidden % c == 0 and caps.intermediate % c == 0), None)
+    if chunk is None:
+        raise PlanError(f"plan: H={caps.hidden}, I={caps.intermediate}; both must be multiples "
+                        "of 32 (of 128 for full speed)")
+    bounds = []
+    b = 1
+    while b < caps.max_tokens:
+        bounds.append(b)
+        b *= 2
+    bounds.append(caps.max_tokens)
+    return MoEPlan(caps, spec, chunk, tuple((t, _config(caps, spec, t, chunk)) for t in bounds))
+
+
+def plan_supports_aux_stream_overlap(p: MoEPlan) -> bool:
+    """Whether shared-expert work on an auxiliary stream may overlap this plan's
+    kernels. True: no family in this plan waits at a grid-wide barrier (the
+    `resident` cooperative family, the only one that would, is not built yet),
+    so every launch makes progress whatever else occupies the SMs. Pure."""
+    return all(cfg.family in FAMILIES for _, cfg in p.buckets)

@@ -1,0 +1,71 @@
+"""Top-k routing kernel: softmax top-k, or sigmoid grouped top-k with a
+correction bias (DeepSeek-V3). One program per token.
+
+Legend: T tokens, E experts (EP: next power of 2), K top-k (KP: next power of 2),
+G expert groups of EG experts, TG groups kept.
+
+Selection takes the largest score, ties to the lowest expert id, K times in
+order; outputs are in selection order (descending score).
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _top1(x, o):
+    """(max value, its lowest index) of a 1-D block."""
+    v = tl.max(x, axis=0)
+    i = tl.min(tl.where(x == v, o, x.shape[0]), axis=0)
+    return v, i
+
+
+@triton.jit
+def routing_kernel(logits_ptr, bias_ptr, ids_ptr, w_ptr, stride_l, scale,
+                   E: tl.constexpr, EP: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
+                   SIGMOID: tl.constexpr, G: tl.constexpr, EG: tl.constexpr, TG: tl.constexpr,
+                   RENORM: tl.constexpr):
+    t = tl.program_id(0)
+    o_e = tl.arange(0, EP)
+    m_e = o_e < E
+    b_l = tl.load(logits_ptr + t.to(tl.int64) * stride_l + o_e, mask=m_e,
+                  other=-float("inf")).to(tl.float32)
+    if SIGMOID:
+        b_p = tl.sigmoid(b_l)
+        b_sel = b_p + tl.load(bias_ptr + o_e, mask=m_e, other=0.0)
+        b_sel = tl.where(m_e, b_sel, -float("inf"))
+        if G > 1:
+            o_g = tl.arange(0, G)
+            b_gs = tl.zeros([G], dtype=tl.float32)
+            for g in tl.static_range(G):
+                in_g = (o_e // EG) == g
+                v1, i1 = _top1(tl.where(in_g, b_sel, -float("inf")), o_e)
+                if EG > 1:
+                    v2, i2 = _top1(tl.where(in_g & (o_e != i1), b_sel, -float("inf")), o_e)
+                    v1 += v2
+                b_gs = tl.where(o_g == g, v1, b_gs)
+            keep = o_e < 0
+            for j in tl.static_range(TG):
+                v, gi = _top1(b_gs, o_g)
+                keep = keep | ((o_e // EG) == gi)
+                b_gs = tl.where(o_g == gi, -float("inf"), b_gs)
+            b_sel = tl.where(keep, b_sel, -float("inf"))
+    else:
+        b_max = tl.max(b_l, axis=0)
+        b_x = tl.where(m_e, tl.exp(b_l - b_max), 0.0)
+        b_p = b_x / tl.sum(b_x, axis=0)
+        b_sel = tl.where(m_e, b_p, -float("inf"))
+    o_k = tl.arange(0, KP)
+    b_ids = tl.zeros([KP], dtype=tl.int32)
+    b_w = tl.zeros([KP], dtype=tl.float32)
+    for k in tl.static_range(K):
+        v, i = _top1(b_sel, o_e)
+        b_ids = tl.where(o_k == k, i, b_ids)
+        b_w = tl.where(o_k == k, tl.sum(tl.where(o_e == i, b_p, 0.0), axis=0), b_w)
+        b_sel = tl.where(o_e == i, -float("inf"), b_sel)
+    if RENORM:
+        b_w = b_w / tl.sum(b_w, axis=0)
+    b_w = b_w * scale
+    m_k = o_k < K
+    tl.store(ids_ptr + t * K + o_k, b_ids, mask=m_k)
+    tl.store(w_ptr + t * K + o_k, b_w, mask=m_k)
