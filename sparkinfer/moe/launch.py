@@ -1,0 +1,196 @@
+"""Scratch, bind and run: the stateful half of a MoE plan.
+
+Legend: T tokens, E experts, K top-k, H hidden, I intermediate per rank,
+N1 = 2I (gated) or I, R = T*K routes, P padded sorted rows, S splits.
+
+`scratch_specs(plan)` lists the buffers a plan needs at its largest bucket;
+`bind` checks the call's tensors and makes views (the one allocation it may
+make is `out`, and never during capture); `run` only launches kernels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from sparkinfer import envs
+from sparkinfer.errors import (CapacityError, CaptureError, DeviceError, DTypeError, LayoutError,
+                               ShapeError)
+from sparkinfer.moe.kernels.common import ACT_RELU2, ACT_SILU, ACT_SWIGLU_OAI
+from sparkinfer.moe.plan import MICRO_BLOCK_M, LaunchConfig, MoEPlan
+from sparkinfer.moe.weights import MoEWeights
+
+__all__ = ["ScratchSpec", "MoEBinding", "scratch_specs", "allocate_scratch", "bind",
+           "sort_chunk", "max_tiles"]
+
+_ACT = {"silu": ACT_SILU, "relu2": ACT_RELU2, "swiglu_oai": ACT_SWIGLU_OAI}
+
+
+@dataclass(frozen=True)
+class ScratchSpec:
+    """One scratch buffer: name, shape, dtype."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+def sort_chunk(num_experts: int) -> int:
+    """Routes per counting-sort chunk: keeps the [CH, E] one-hot tile at <= 8192 elements."""
+    return max(16, min(1024, 8192 // triton.next_power_of_2(num_experts)))
+
+
+def max_tiles(routes: int, num_experts: int, block_m: int) -> int:
+    """Upper bound of grouped tiles: every active expert may leave one partial tile."""
+    return triton.cdiv(routes, block_m) + min(num_experts, routes)
+
+
+def scratch_specs(plan: MoEPlan) -> tuple[ScratchSpec, ...]:
+    """Buffers `bind` needs for any T up to caps.max_tokens. Pure."""
+    c = plan.caps
+    k, h, i, e = c.top_k, c.hidden, c.intermediate, c.num_experts
+    n1 = (2 if plan.spec.gated else 1) * i
+    specs = [ScratchSpec("topk_ids", (c.max_tokens, k), torch.int32),
+             ScratchSpec("topk_weights", (c.max_tokens, k), torch.float32)]
+    micro = [(t, cfg) for t, cfg in plan.buckets if cfg.family == "micro"]
+    if micro:
+        rm = min(c.max_tokens, MICRO_BLOCK_M) * k
+        s1 = max(cfg.split1 for _, cfg in micro)
+        s2 = max(cfg.split2 for _, cfg in micro)
+        specs += [ScratchSpec("fc1_partial", (s1, rm, n1), torch.float32),
+                  ScratchSpec("fc2_partial", (s2, rm, h), torch.float32)]
+    grouped = [(t, cfg) for t, cfg in plan.buckets if cfg.family == "grouped"]
+    if grouped:
+        r = c.max_tokens * k
+        tiles = max(max_tiles(t * k, e, cfg.block_m) for t, cfg in grouped)
+        rows = max(max_tiles(t * k, e, cfg.block_m) * cfg.block_m for t, cfg in grouped)
+        nch = triton.cdiv(r, sort_chunk(e))
+        ep = triton.next_power_of_2(e)
+        specs += [ScratchSpec("sort_counts", (nch, ep), torch.int32),
+                  ScratchSpec("sort_base", (nch, ep), torch.int32),
+                  ScratchSpec("tile_expert", (tiles,), torch.int32),
+                  ScratchSpec("sorted_route", (rows,), torch.int32),
+                  ScratchSpec("inter", (rows, i), torch.bfloat16),
+                  ScratchSpec("route_out", (r, h), c.out_dtype)]
+    return tuple(specs)
+
+
+def allocate_scratch(plan: MoEPlan, device) -> dict[str, torch.Tensor]:
+    """Allocate every buffer of `scratch_specs(plan)` on `device`. Allocates; not capture-legal."""
+    return {s.name: torch.empty(s.shape, dtype=s.dtype, device=device) for s in scratch_specs(plan)}
+
+
+@dataclass(frozen=True)
+class MoEBinding:
+    """Everything `run` launches with: plan, config of this T, weights, the
+    call's tensors and the scratch views. Fixed for a captured graph: replays
+    read the same buffers, so refill x / logits / ids in place."""
+
+    plan: MoEPlan
+    config: LaunchConfig
+    weights: MoEWeights
+    tokens: int
+    x: torch.Tensor
+    out: torch.Tensor
+    logits: torch.Tensor | None
+    bias: torch.Tensor | None
+    topk_ids: torch.Tensor
+    topk_weights: torch.Tensor
+    scratch: dict
+    interpret: bool
+
+
+def _capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def _check(t, name, shape, dtype, device):
+    if not isinstance(t, torch.Tensor):
+        raise DTypeError(f"bind: {name} is {type(t).__name__}; expected a tensor")
+    if tuple(t.shape) != tuple(shape):
+        raise ShapeError(f"bind: {name} shape {tuple(t.shape)}; expected {tuple(shape)}")
+    if t.dtype != dtype:
+        raise DTypeError(f"bind: {name} dtype {t.dtype}; expected {dtype}")
+    if t.device != device:
+        raise DeviceError(f"bind: {name} on {t.device}; expected {device} (where x lives)")
+    if not t.is_contiguous():
+        raise LayoutError(f"bind: {name} strides {t.stride()}; pass a contiguous tensor")
+
+
+def _check_weights(plan: MoEPlan, w: MoEWeights, device):
+    c = plan.caps
+    if w.weight_format != plan.spec.weight_format or w.chunk != plan.chunk:
+        raise LayoutError(f"bind: weights prepared as {w.weight_format}/chunk {w.chunk}, plan "
+                          f"wants {plan.spec.weight_format}/chunk {plan.chunk}; call "
+                          "prepare_weights(plan, w1, w2)")
+    n1 = (2 if plan.spec.gated else 1) * c.intermediate
+    per = 2 if w.weight_format == "nvfp4" else 1
+    dt = torch.uint8 if per == 2 else torch.bfloat16
+    _check(w.w1, "weights.w1", (c.num_experts, n1, c.hidden // per), dt, device)
+    _check(w.w2, "weights.w2", (c.num_experts, c.hidden, c.intermediate // per), dt, device)
+
+
+def bind(plan: MoEPlan, scratch: dict, weights: MoEWeights, *, x: torch.Tensor,
+         out: torch.Tensor | None = None, logits: torch.Tensor | None = None,
+         bias: torch.Tensor | None = None, topk_ids: torch.Tensor | None = None,
+         topk_weights: torch.Tensor | None = None) -> MoEBinding:
+    """Check one call's tensors and bind them to the plan's scratch.
+
+    x: bf16 [T, H], T <= max_tokens. out: [T, H] in caps.out_dtype, or None
+    (allocated here, outside capture only: CaptureError during capture).
+    Routing: either logits [T, E] (bf16/fp16/fp32; bias fp32 [E] for
+    "sigmoid_grouped") routed by `run`, or topk_ids int32 [T, K] with
+    topk_weights fp32 [T, K] (ids outside [0, E) add nothing; `check_topk_ids`
+    rejects them eagerly). Makes views only; no host sync.
+    """
+    c = plan.caps
+    if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != c.hidden:
+        raise ShapeError(f"bind: x shape {tuple(getattr(x, 'shape', ()))}; expected [T, "
+                         f"H={c.hidden}]")
+    t, dev = x.shape[0], x.device
+    if not 1 <= t <= c.max_tokens:
+        raise CapacityError(f"bind: T={t} outside 1..max_tokens={c.max_tokens}")
+    _check(x, "x", (t, c.hidden), torch.bfloat16, dev)
+    if out is None:
+        if _capturing(dev):
+            raise CaptureError("bind: out=None during CUDA graph capture would allocate; pass "
+                               "a preallocated out [T, H]")
+        out = torch.empty(t, c.hidden, dtype=c.out_dtype, device=dev)
+    _check(out, "out", (t, c.hidden), c.out_dtype, dev)
+    _check_weights(plan, weights, dev)
+    for s in scratch_specs(plan):
+        if s.name not in scratch:
+            raise ShapeError(f"bind: scratch lacks {s.name!r}; use allocate_scratch(plan, device)")
+        _check(scratch[s.name], f"scratch[{s.name!r}]", s.shape, s.dtype, dev)
+    if (logits is None) == (topk_ids is None):
+        raise ShapeError("bind: pass either logits or topk_ids + topk_weights (exactly one)")
+    k = c.top_k
+    if logits is not None:
+        if logits.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+            raise DTypeError(f"bind: logits dtype {logits.dtype}; use bf16, fp16 or fp32")
+        _check(logits, "logits", (t, c.num_experts), logits.dtype, dev)
+        if bias is not None:
+            _check(bias, "bias", (c.num_experts,), torch.float32, dev)
+        topk_ids, topk_weights = scratch["topk_ids"][:t], scratch["topk_weights"][:t]
+    else:
+        _check(topk_ids, "topk_ids", (t, k), torch.int32, dev)
+        if topk_weights is None:
+            raise ShapeError("bind: topk_ids given without topk_weights")
+        _check(topk_weights, "topk_weights", (t, k), torch.float32, dev)
+    return MoEBinding(plan, plan.config_for(t), weights, t, x, out, logits, bias, topk_ids,
+                      topk_weights, scratch, envs.triton_interpret())
+
+
+def check_topk_ids(topk_ids: torch.Tensor, num_experts: int) -> None:
+    """Raise CapacityError when an id of topk_ids [T, K] is outside [0, E).
+
+    Syncs with the host; not capture-legal (use it while debugging or in eager paths).
+    """
+    if topk_ids.numel() == 0:
+        return
+    lo, hi = int(topk_ids.min()), int(topk_ids.max())
+    if lo < 0 or hi >= num_experts:
+        raise CapacityError(f"topk_ids hold expert ids in [{lo}, {hi}], outside [0, E="
+                            f"{num_experts}); ids must index this layer's experts")

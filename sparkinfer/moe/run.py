@@ -1,0 +1,105 @@
+"""`run(binding)`: launch the kernels of one bound MoE call.
+
+Legend: T tokens, E experts, K top-k, H hidden, I intermediate per rank,
+R = T*K routes, S splits.
+
+micro:   [routing] -> FC1 (fp32 partials) -> FC2 (activation fused in its
+         operand load, fp32 partials) -> weighted top-k sum.
+grouped: [routing] -> sort count -> sort offsets -> sort scatter -> FC1 +
+         activation (bf16, sorted rows) -> FC2 (per route) -> weighted top-k sum.
+"""
+
+from __future__ import annotations
+
+import triton
+
+from sparkinfer.moe.kernels.fc1 import moe_fc1_kernel
+from sparkinfer.moe.kernels.fc2 import moe_fc2_kernel
+from sparkinfer.moe.kernels.reduce import moe_reduce_kernel
+from sparkinfer.moe.kernels.sort import (sort_count_kernel, sort_offsets_kernel,
+                                         sort_scatter_kernel)
+from sparkinfer.moe.launch import _ACT, MoEBinding, max_tiles, sort_chunk
+from sparkinfer.moe.plan import MICRO_BLOCK_M
+from sparkinfer.moe.routing.launch import route
+
+__all__ = ["run"]
+
+REDUCE_BLOCK_H = 256
+
+
+def _gemm_common(b: MoEBinding) -> dict:
+    spec, c = b.plan.spec, b.plan.caps
+    return dict(E=c.num_experts, K=c.top_k, KP=triton.next_power_of_2(c.top_k),
+                RP=triton.next_power_of_2(MICRO_BLOCK_M * c.top_k), BK=b.plan.chunk,
+                GATED=spec.gated, ACT=_ACT[spec.activation],
+                NVFP4=spec.weight_format == "nvfp4",
+                WEIGHT_BEFORE=not spec.router_weight_after_fc2, INTERPRET=b.interpret,
+                num_warps=b.config.num_warps, num_stages=b.config.num_stages)
+
+
+def _sort(b: MoEBinding, routes: int, block_m: int, tiles: int) -> None:
+    c, s = b.plan.caps, b.scratch
+    ch = sort_chunk(c.num_experts)
+    nch = triton.cdiv(routes, ch)
+    ep = triton.next_power_of_2(c.num_experts)
+    ids = b.topk_ids
+    sort_count_kernel[(nch,)](ids, s["sort_counts"], routes, E=c.num_experts, EP=ep, CH=ch)
+    sort_offsets_kernel[(1,)](s["sort_counts"], s["sort_base"], s["tile_expert"],
+                              s["sorted_route"], nch, tiles, E=c.num_experts, EP=ep,
+                              CB=max(1, 8192 // ep), BM=block_m, FILL=1024,
+                              TB=max(1, 8192 // ep), num_warps=8)
+    sort_scatter_kernel[(nch,)](ids, s["sort_base"], s["sorted_route"], routes, E=c.num_experts,
+                                EP=ep, CH=ch)
+
+
+def run(b: MoEBinding) -> None:
+    """Compute b.out [T, H] = MoE(b.x) for the bound call.
+
+    Allocates nothing, never syncs with the host, legal inside CUDA graph
+    capture (all grids come from T and the plan, never from routed data).
+    """
+    spec, c, cfg, s, w = b.plan.spec, b.plan.caps, b.config, b.scratch, b.weights
+    t, h, i = b.tokens, c.hidden, c.intermediate
+    routes = t * c.top_k
+    if b.logits is not None:
+        route(b.logits, spec, (b.topk_ids, b.topk_weights), bias=b.bias)
+    nvfp4 = spec.weight_format == "nvfp4"
+    s1, s2 = (w.s1, w.s2) if nvfp4 else (w.w1, w.w2)
+    g1, g2 = (w.g1, w.g2) if nvfp4 else (w.w1, w.w2)
+    sn1 = (s1.stride(0), s1.stride(1)) if nvfp4 else (0, 0)
+    sn2 = (s2.stride(0), s2.stride(1)) if nvfp4 else (0, 0)
+    chunks1, chunks2 = h // b.plan.chunk, i // b.plan.chunk
+    common = _gemm_common(b)
+    alpha, limit = float(spec.swiglu_alpha), float(spec.swiglu_limit)
+    ids, tw = b.topk_ids, b.topk_weights
+    if cfg.family == "micro":
+        cps1 = triton.cdiv(chunks1, cfg.split1)
+        cps2 = triton.cdiv(chunks2, cfg.split2)
+        sp1, sp2 = triton.cdiv(chunks1, cps1), triton.cdiv(chunks2, cps2)
+        p1, p2 = s["fc1_partial"], s["fc2_partial"]
+        moe_fc1_kernel[(routes, triton.cdiv(i, cfg.block_n1), sp1)](
+            b.x, w.w1, s1, g1, ids, tw, ids, ids, p1, t, i, chunks1, cps1,
+            h, w.w1.stride(0), w.w1.stride(1), *sn1, p1.stride(0), p1.stride(1), alpha, limit,
+            BM=cfg.block_m, BN=cfg.block_n1, MICRO=True, **common)
+        moe_fc2_kernel[(routes, triton.cdiv(h, cfg.block_n2), sp2)](
+            p1, w.w2, s2, g2, ids, tw, ids, ids, p2, t, h, i, sp1, chunks2, cps2,
+            p1.stride(0), p1.stride(1), w.w2.stride(0), w.w2.stride(1), *sn2,
+            p2.stride(0), p2.stride(1), alpha, limit,
+            BM=cfg.block_m, BN=cfg.block_n2, MICRO=True, **common)
+        part, splits, stride_ps = p2, sp2, p2.stride(0)
+    else:
+        tiles = max_tiles(routes, c.num_experts, cfg.block_m)
+        _sort(b, routes, cfg.block_m, tiles)
+        srt, te, inter, ro = s["sorted_route"], s["tile_expert"], s["inter"], s["route_out"]
+        moe_fc1_kernel[(tiles, triton.cdiv(i, cfg.block_n1), 1)](
+            b.x, w.w1, s1, g1, ids, tw, srt, te, inter, t, i, chunks1, chunks1,
+            h, w.w1.stride(0), w.w1.stride(1), *sn1, 0, inter.stride(0), alpha, limit,
+            BM=cfg.block_m, BN=cfg.block_n1, MICRO=False, **common)
+        moe_fc2_kernel[(tiles, triton.cdiv(h, cfg.block_n2), 1)](
+            inter, w.w2, s2, g2, ids, tw, srt, te, ro, t, h, i, 1, chunks2, chunks2,
+            0, inter.stride(0), w.w2.stride(0), w.w2.stride(1), *sn2, 0, ro.stride(0),
+            alpha, limit, BM=cfg.block_m, BN=cfg.block_n2, MICRO=False, **common)
+        part, splits, stride_ps = ro, 1, 0
+    moe_reduce_kernel[(t, triton.cdiv(h, REDUCE_BLOCK_H))](
+        part, ids, tw, b.out, h, splits, stride_ps, part.stride(-2), b.out.stride(0),
+        E=c.num_experts, K=c.top_k, BH=REDUCE_BLOCK_H, WEIGHT_AFTER=spec.router_weight_after_fc2)
