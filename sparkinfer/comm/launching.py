@@ -92,6 +92,22 @@ def check_capacity(nbytes: int, channel, what: str) -> None:
         )
 
 
+def wants_fallback(comm, nbytes: int, what: str) -> bool:
+    """True when this call goes to torch.distributed (NCCL on GPUs): no peer
+    access, or more bytes than the staging capacity outside capture. Over
+    capacity during capture raises CapacityError."""
+    if not comm.caps.peer_access or comm.world_size == 1:
+        return True
+    if nbytes <= comm.caps.capacity:
+        return False
+    if comm.streams.is_capturing():
+        raise CapacityError(
+            f"{what} stages {nbytes} B but the staging capacity is {comm.caps.capacity} B, during graph capture; "
+            "create the Communicator with a larger capacity_bytes (or capture NCCL yourself)"
+        )
+    return True
+
+
 def channel_args(channel) -> tuple:
     """(table, rank) and the layout numbers every comm kernel takes."""
     lay = channel.layout

@@ -11,6 +11,7 @@ from sparkinfer.comm.launching import (
     check_tensor,
     fingerprint,
     launch_kernel,
+    wants_fallback,
 )
 from sparkinfer.errors import ShapeError
 
@@ -39,7 +40,7 @@ def all_gather(comm, x, out=None):
     m = x.numel()
     if m == 0:
         return out
-    if not comm.caps.peer_access:
+    if wants_fallback(comm, W * m * x.element_size(), "all_gather"):
         return comm.fallback_all_gather(x, out)
     ch = comm.pool.channel()
     check_errors(ch)

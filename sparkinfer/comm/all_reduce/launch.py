@@ -11,9 +11,10 @@ from sparkinfer.comm.launching import (
     check_tensor,
     fingerprint,
     launch_kernel,
+    wants_fallback,
 )
 from sparkinfer.comm.topology import ALGORITHMS, select_algorithm
-from sparkinfer.errors import CapacityError, ShapeError
+from sparkinfer.errors import ShapeError
 
 __all__ = ["all_reduce", "twoshot_chunk"]
 
@@ -44,15 +45,11 @@ def all_reduce(comm, x, out=None, *, algorithm: str = "auto"):
         return out
     capturing = comm.streams.is_capturing()
     if algorithm == "auto":
-        algorithm = select_algorithm(comm.caps, nbytes, x.dtype)
+        fallback = wants_fallback(comm, nbytes, "all_reduce")
+        algorithm = "nccl" if fallback else select_algorithm(comm.caps, nbytes, x.dtype)
     elif algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be 'auto' or one of {ALGORITHMS}, got {algorithm!r}")
     if algorithm == "nccl":
-        if capturing and nbytes > comm.caps.capacity:
-            raise CapacityError(
-                f"all_reduce of {nbytes} B exceeds the staging capacity {comm.caps.capacity} B during graph capture; "
-                "create the Communicator with a larger capacity_bytes"
-            )
         return comm.fallback_all_reduce(x, out)
     ch = comm.pool.channel()
     check_errors(ch)

@@ -11,6 +11,7 @@ from sparkinfer.comm.launching import (
     check_tensor,
     fingerprint,
     launch_kernel,
+    wants_fallback,
 )
 from sparkinfer.errors import ShapeError
 
@@ -39,7 +40,7 @@ def reduce_scatter(comm, x, out=None):
     n = x.numel()
     if n == 0:
         return out
-    if not comm.caps.peer_access:
+    if wants_fallback(comm, n * x.element_size(), "reduce_scatter"):
         return comm.fallback_reduce_scatter(x, out)
     ch = comm.pool.channel()
     check_errors(ch)
