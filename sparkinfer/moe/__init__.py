@@ -8,7 +8,7 @@ from sparkinfer.moe.launch import (MoEBinding, ScratchSpec, allocate_scratch, bi
                                    check_topk_ids, scratch_specs)
 from sparkinfer.moe.plan import LaunchConfig, MoEPlan, plan, plan_supports_aux_stream_overlap
 from sparkinfer.moe.reference import moe_reference
-from sparkinfer.moe.run import run
+from sparkinfer.moe.runner import run
 from sparkinfer.moe.spec import MoECaps, MoESpec
 from sparkinfer.moe.weights import MoEWeights, prepare_weights
 

@@ -1,0 +1,104 @@
+"""Compile the MoE kernels a plan launches for the H200 (sm_90) on a CPU machine.
+
+`record_launches(binding)` runs `run` with the kernels replaced by recorders
+(tensors may live on the meta device, so real model shapes cost no memory);
+`compile_sm90(launch)` compiles one recorded launch with Triton's ahead-of-time
+path (ptxas included) and returns the compiled kernel (n_regs, n_spills,
+metadata.shared).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from unittest import mock
+
+import torch
+
+import sparkinfer.moe.runner as moe_run
+
+_PTR = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32",
+        torch.int32: "*i32", torch.uint8: "*u8"}
+KERNELS = ("moe_fc1_kernel", "moe_fc2_kernel", "moe_reduce_kernel", "sort_count_kernel",
+           "sort_offsets_kernel", "sort_scatter_kernel")
+
+
+@dataclass
+class Launch:
+    fn: object
+    grid: tuple
+    args: tuple
+    kwargs: dict
+
+
+class _Recorder:
+    def __init__(self, fn, sink):
+        self.fn, self.sink = fn, sink
+
+    def __getitem__(self, grid):
+        return lambda *a, **k: self.sink.append(Launch(self.fn, grid, a, k))
+
+
+def record_launches(binding) -> list[Launch]:
+    """Launches `run(binding)` would make, in order (nothing executes)."""
+    sink: list[Launch] = []
+    patches = [mock.patch.object(moe_run, n, _Recorder(getattr(moe_run, n), sink))
+               for n in KERNELS]
+    for p in patches:
+        p.start()
+    try:
+        moe_run.run(binding)
+    finally:
+        for p in patches:
+            p.stop()
+    return sink
+
+
+def ptxas_usage(compiled) -> dict:
+    """Registers, spill bytes and shared memory of a compiled kernel, from `ptxas -v`."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(compiled.asm["ptx"])
+    try:
+        res = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", f.name, "-o", os.devnull],
+                             capture_output=True, text=True, timeout=300)
+    finally:
+        os.unlink(f.name)
+    log = res.stderr + res.stdout
+    regs = re.search(r"Used (\d+) registers", log)
+    spill = re.search(r"(\d+) bytes spill stores", log)
+    return {"regs": int(regs.group(1)) if regs else -1,
+            "spill": int(spill.group(1)) if spill else 0,
+            "shared": compiled.metadata.shared}
+
+
+def compile_sm90(launch: Launch):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = launch.fn
+    names = fn.arg_names
+    kw = dict(launch.kwargs)
+    options = {k: kw.pop(k) for k in ("num_warps", "num_stages") if k in kw}
+    sig, consts = {}, {}
+    for name, val in zip(names, launch.args):
+        if isinstance(val, torch.Tensor):
+            sig[name] = _PTR[val.dtype]
+        elif isinstance(val, bool):
+            sig[name] = "i1"
+        elif isinstance(val, int):
+            sig[name] = "i32"
+        else:
+            sig[name] = "fp32"
+    for name in names[len(launch.args):]:
+        sig[name] = "constexpr"
+        consts[name] = kw[name]
+    src = ASTSource(fn=fn, signature=sig, constexprs=consts)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
