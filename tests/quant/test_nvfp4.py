@@ -48,7 +48,7 @@ def test_exactly_representable_values_round_trip():
     grid[8:] *= -1
     grid[8] = 6.0
     w = torch.stack([grid * 2.0 ** j for j in range(-3, 4)])  # [7, 16]
-    q = quantize_nvfp4(w)
+    q = quantize_nvfp4(w, torch.tensor(1.0))  # power-of-two global scale: exact products
     assert torch.equal(dequantize_nvfp4(q), w)
 
 
@@ -95,7 +95,7 @@ REJECT = [
      "does not match"),
     ("gscale-shape", lambda q: (q.packed, q.scales, torch.ones(3)), ShapeError,
      "one per matrix"),
-    ("packed-1d", lambda q: (q.packed[0], q.scales[0], q.global_scale), ShapeError, "need"),
+    ("packed-1d", lambda q: (q.packed[0, 0], q.scales[0, 0], q.global_scale), ShapeError, "need"),
 ]
 
 
