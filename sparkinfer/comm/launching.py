@@ -48,6 +48,8 @@ def check_errors(channel) -> None:
     if code == 0:
         return
     rank, peer, op, epoch, origin = (int(rec[i]) for i in (1, 2, 3, 4, 7))
+    if peer == rank:  # aborted by `origin`, which was waiting on this very rank
+        peer = origin
     name = OP_NAMES.get(op, f"op#{op}")
     via = "" if origin == rank else f" (reported by rank {origin}, which aborted the group)"
     kw = dict(rank=rank, peer=peer, op=name, epoch=epoch)

@@ -109,12 +109,21 @@ def _host_base(mm: mmap.mmap):
 
 
 def _unmap(keep: list, what: str) -> None:
-    mm = keep[0]
-    keep[1] = None  # drop our base tensor so the buffer has no exports left
+    import torch
+
+    mm, base = keep[0], keep[1]
+    if base is not None:
+        # torch.frombuffer views do not pin the mmap: refuse while any tensor
+        # other than our base still points into it (unmapping would leave it dangling)
+        users = torch._C._storage_Use_Count(base.untyped_storage()._cdata)
+        if users > 2:  # our base + the temporary storage handle of this call
+            raise PeerMemoryError(f"cannot unmap {what}: {users - 2} tensor view(s) of it are still alive; drop them and close again")
+    keep[1] = None
     try:
         mm.close()
     except BufferError as e:
-        raise PeerMemoryError(f"cannot unmap {what}: a tensor view of it is still alive ({e}); drop it and close again") from e
+        keep[1] = base
+        raise PeerMemoryError(f"cannot unmap {what}: a buffer export of it is still alive ({e}); drop it and close again") from e
 
 
 class CudaSlabBackend:

@@ -1,0 +1,192 @@
+"""Collectives on CPU ranks (Triton interpreter, shared memory): exact results
+on rank-encoded integer payloads, parity across many ops, timeouts, mismatches."""
+
+import pytest
+import torch
+
+from sparkinfer.errors import CollectiveMismatch, CollectiveTimeout
+from sparkinfer.runtime import launch
+
+CAP = 8192  # bytes: small, so "capacity" and "capacity + 1" are cheap to test
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+
+
+def payload(rank, n, dtype, salt=0):
+    """Small integers: every partial sum is exact in bf16/fp16/fp32."""
+    return ((torch.arange(n) * 5 + rank * 3 + salt) % 11).to(dtype)
+
+
+def expected_sum(world, n, dtype, salt=0):
+    return sum(payload(r, n, torch.float32, salt) for r in range(world)).to(dtype)
+
+
+def _all_ops(world):
+    from sparkinfer.comm import Communicator
+
+    comm = Communicator(capacity_bytes=CAP, timeout_s=20)
+    W, r = world.world_size, world.rank
+    fails, salt = [], 0
+    for dtype in DTYPES:
+        isz = torch.empty(0, dtype=dtype).element_size()
+        limit = CAP // isz
+        for n in (1, 7, 64, 333, limit, limit + 1):
+            for algo in ("oneshot", "twoshot", "auto"):
+                salt += 1
+                if algo != "auto" and n > limit:
+                    continue
+                x = payload(r, n, dtype, salt)
+                out = torch.full_like(x, float("nan"))
+                comm.all_reduce(x, out, algorithm=algo)
+                if not torch.equal(out, expected_sum(W, n, dtype, salt)):
+                    fails.append(("all_reduce", algo, str(dtype), n))
+            m = (n // W) * W
+            if m and m <= limit:
+                x = payload(r, m, dtype, salt)
+                out = torch.full((m // W,), float("nan"), dtype=dtype)
+                comm.reduce_scatter(x, out)
+                if not torch.equal(out, expected_sum(W, m, dtype, salt)[r * (m // W):(r + 1) * (m // W)]):
+                    fails.append(("reduce_scatter", str(dtype), m))
+            k = max(1, n // W)
+            x = payload(r, k, dtype, salt)
+            out = torch.full((W * k,), float("nan"), dtype=dtype)
+            comm.all_gather(x, out)
+            if not torch.equal(out, torch.cat([payload(q, k, dtype, salt) for q in range(W)])):
+                fails.append(("all_gather", str(dtype), k))
+    # in place
+    x = payload(r, 100, torch.float32)
+    comm.all_reduce(x, x)
+    if not torch.equal(x, expected_sum(W, 100, torch.float32)):
+        fails.append(("in-place",))
+    comm.synchronize()
+    comm.close()
+    return fails
+
+
+@pytest.mark.parametrize("world", [2, 3, 4], ids=lambda w: f"{w}ranks")
+def test_every_op_every_dtype_exact(world):
+    assert launch(_all_ops, world, backend="cpu", timeout_s=600) == [[]] * world
+
+
+def _parity(world):
+    """Odd-length sequences of ops with different algorithms and grids keep the
+    device-owned epoch/slot parity aligned: 3 ops per round, 7 rounds."""
+    from sparkinfer.comm import Communicator
+
+    comm = Communicator(capacity_bytes=CAP, timeout_s=20)
+    W, r = world.world_size, world.rank
+    ok = True
+    for rnd in range(7):
+        for i, (n, algo) in enumerate([(5, "oneshot"), (1500, "twoshot"), (900, "oneshot")]):
+            salt = rnd * 3 + i
+            out = comm.all_reduce(payload(r, n, torch.float32, salt), algorithm=algo)
+            ok &= torch.equal(out, expected_sum(W, n, torch.float32, salt))
+    ch = comm.pool.get("eager")
+    epoch = ch.slab.keep[1][:8].view(torch.int64).item()
+    comm.close()
+    return ok, epoch
+
+
+def test_odd_op_parity_and_epoch_count():
+    out = launch(_parity, 2, backend="cpu", timeout_s=300)
+    assert out == [(True, 21)] * 2
+
+
+def _skip(world, victim):
+    from sparkinfer.comm import Communicator
+
+    comm = Communicator(capacity_bytes=CAP, timeout_s=1.5)
+    x = payload(world.rank, 64, torch.float32)
+    comm.all_reduce(x, algorithm="oneshot")  # everyone takes part once
+    result = None
+    if world.rank != victim:
+        try:
+            comm.all_reduce(x, algorithm="oneshot")
+        except CollectiveTimeout as e:
+            result = ("timeout", e.peer, e.op, e.epoch, str(e))
+    comm.close()
+    return result
+
+
+@pytest.mark.parametrize("world,victim", [(2, 1), (3, 2)])
+def test_rank_that_stops_participating_is_named(world, victim):
+    out = launch(_skip, world, backend="cpu", args=(victim,), timeout_s=120)
+    for r, res in enumerate(out):
+        if r == victim:
+            assert res is None
+            continue
+        kind, peer, op, epoch, msg = res
+        assert (kind, peer, op, epoch) == ("timeout", victim, "all_reduce_oneshot", 1)
+        assert f"waiting for rank {victim}" in msg
+
+
+def _mismatch(world, what):
+    from sparkinfer.comm import Communicator
+
+    comm = Communicator(capacity_bytes=CAP, timeout_s=10)
+    r = world.rank
+    try:
+        if what == "size":
+            comm.all_reduce(payload(r, 64 * (r + 1), torch.float32), algorithm="oneshot")
+        else:  # different collectives at the same sequence number
+            if r == 0:
+                comm.all_reduce(payload(r, 64, torch.float32), algorithm="oneshot")
+            else:
+                comm.all_gather(payload(r, 64, torch.float32))
+        res = None
+    except CollectiveMismatch as e:
+        res = (e.peer, str(e))
+    comm.close()
+    return res
+
+
+@pytest.mark.parametrize("what", ["size", "kind"])
+def test_ranks_calling_different_collectives_raise_mismatch(what):
+    out = launch(_mismatch, 2, backend="cpu", args=(what,), timeout_s=120)
+    for r, res in enumerate(out):
+        assert res is not None, f"rank {r} did not detect the mismatch"
+        assert res[0] == 1 - r and "different collective or size" in res[1]
+
+
+def _rejections(world):
+    from sparkinfer.comm import Communicator
+    from sparkinfer.errors import CapacityError, DeviceError, DTypeError, LayoutError, ShapeError
+
+    comm = Communicator(capacity_bytes=CAP, timeout_s=10)
+    x = payload(world.rank, 64, torch.float32)
+    cases = [
+        (DTypeError, "dtype torch.int32; supported: bfloat16, float16, float32", lambda: comm.all_reduce(x.int())),
+        (DTypeError, "must be a torch.Tensor", lambda: comm.all_reduce([1, 2])),
+        (DeviceError, "is on meta, this communicator's device is cpu", lambda: comm.all_reduce(x.to("meta"))),
+        (LayoutError, "not contiguous; pass .contiguous", lambda: comm.all_reduce(x.view(8, 8).t())),
+        (ShapeError, "out must match x", lambda: comm.all_reduce(x, torch.empty(65))),
+        (ShapeError, "splits dim 0 over 2 ranks; x has shape \\(7,\\)", lambda: comm.reduce_scatter(x[:7])),
+        (ShapeError, "out must have shape \\(128,\\)", lambda: comm.all_gather(x, torch.empty(64))),
+        (ShapeError, "0-dimensional", lambda: comm.all_gather(x[0])),
+        (CapacityError, "stages 8196 B but the channel capacity is 8192 B",
+         lambda: comm.all_reduce(payload(0, CAP // 4 + 1, torch.float32), algorithm="oneshot")),
+        (ValueError, "algorithm must be 'auto' or one of", lambda: comm.all_reduce(x, algorithm="ring")),
+    ]
+    seen = []
+    for exc, match, fn in cases:
+        try:
+            fn()
+            seen.append(("no error", match))
+        except exc as e:
+            import re
+
+            seen.append(("ok" if re.search(match, str(e)) else f"wrong message: {e}", match))
+    # over capacity during capture raises instead of falling back
+    comm.pool.prepare(["g"])
+    with comm.pool.capture("gs", "g"):
+        with comm.streams.capture("gs"):
+            try:
+                comm.all_reduce(payload(0, CAP, torch.float32))
+                seen.append(("no error", "capacity in capture"))
+            except CapacityError as e:
+                seen.append(("ok" if "during graph capture" in str(e) else str(e), "capacity in capture"))
+    comm.close()
+    return [s for s in seen if s[0] != "ok"]
+
+
+def test_bad_inputs_raise_typed_errors():
+    assert launch(_rejections, 2, backend="cpu", timeout_s=120) == [[], []]
