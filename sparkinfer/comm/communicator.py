@@ -92,6 +92,10 @@ class Communicator:
         if self.caps.peer_access:
             self.pool.prepare(channel_ids)
         self._configs: dict[int, LaunchConfig] = {}
+        # Benchmarking only (benchmarks/bench_comm.py --sweep-grid): None, a LaunchConfig, or
+        # callable(nbytes) -> LaunchConfig used instead of launch_config(). Set it identically on
+        # every rank (the grid is part of each op's fingerprint) and only between graph captures.
+        self._config_override = None
         self.id = next(_IDS)
         _REGISTRY[self.id] = self
 
@@ -104,6 +108,9 @@ class Communicator:
         return self.group.size
 
     def config_for(self, nbytes: int) -> LaunchConfig:
+        ov = self._config_override
+        if ov is not None:
+            return ov(nbytes) if callable(ov) else ov
         cfg = self._configs.get(nbytes)
         if cfg is None:
             cfg = self._configs[nbytes] = launch_config(self.caps, nbytes)
@@ -127,6 +134,24 @@ class Communicator:
         from sparkinfer.comm.all_gather.launch import all_gather
 
         return all_gather(self, x, out)
+
+    def all_reduce_add_rms_norm(self, x, residual, weight, eps: float = 1e-6, *, out=None, residual_out=None):
+        """(out, residual_out): rmsnorm(all_reduce(x) + residual) (see comm.fused_norm.launch)."""
+        from sparkinfer.comm.fused_norm.launch import all_reduce_add_rms_norm
+
+        return all_reduce_add_rms_norm(self, x, residual, weight, eps, out=out, residual_out=residual_out)
+
+    def dcp_merge(self, out_partial, lse, **kwargs):
+        """Merge per-rank partial attention by log-sum-exp (see comm.dcp.launch.dcp_merge)."""
+        from sparkinfer.comm.dcp.launch import dcp_merge
+
+        return dcp_merge(self, out_partial, lse, **kwargs)
+
+    def all_gather_heads(self, x, out=None):
+        """Every rank's heads [T, H/W, D] -> [T, H, D], bitwise (see comm.dcp.launch)."""
+        from sparkinfer.comm.dcp.launch import all_gather_heads
+
+        return all_gather_heads(self, x, out)
 
     # ------------------------------------------------------------------ fallback (torch.distributed)
     def _need_torch_group(self):

@@ -214,3 +214,29 @@ def copy_range(p_src, p_dst, lo, hi, BLOCK: tl.constexpr):
         o = tl.multiple_of(start, BLOCK) + tl.arange(0, BLOCK)
         m = o < hi
         tl.store(p_dst + o, tl.load(p_src + o, mask=m), mask=m)
+
+
+@triton.jit
+def push_to_peers(p_x, lo, hi, table, rank, epoch, stage_off, slot_bytes, lane_bytes,
+                  W: tl.constexpr, BLOCK: tl.constexpr):
+    """Copy x[lo:hi] into lane[rank] of every peer's slot, at the same element offsets."""
+    for r in tl.static_range(W):
+        if r != rank:
+            p_lane = as_ptr(stage_addr(table, r, epoch, rank, stage_off, slot_bytes, lane_bytes), p_x)
+            copy_range(p_x, p_lane, lo, hi, BLOCK)
+
+
+@triton.jit
+def reduce_lanes(p_x, o, m, table, rank, epoch, stage_off, slot_bytes, lane_bytes, W: tl.constexpr):
+    """fp32 sum over ranks 0..W-1, in rank order, of x[o] (masked lanes read 0):
+    this rank's value from p_x, every peer's from this rank's staging lane. The
+    fixed order makes the sum bitwise identical on every rank."""
+    acc = tl.zeros(o.shape, tl.float32)
+    for r in tl.static_range(W):
+        if r == rank:
+            b = tl.load(p_x + o, mask=m, other=0.0)
+        else:
+            p_lane = as_ptr(stage_addr(table, rank, epoch, r, stage_off, slot_bytes, lane_bytes), p_x)
+            b = tl.load(p_lane + o, mask=m, other=0.0)
+        acc += b.to(tl.float32)
+    return acc

@@ -1,0 +1,1 @@
+"""Fused all-reduce + residual add + RMSNorm (one kernel per rank): launch.py, kernel.py, reference.py."""

@@ -1,0 +1,231 @@
+"""Fused all-reduce + residual + RMSNorm on CPU ranks (Triton interpreter, shared
+memory) against the fp32 reference: awkward shapes, both row paths (one tile,
+two tiles), in place, bitwise equality across ranks, the NCCL composition, and
+every rejection path.
+
+All cases of one world size run inside one launch (the interpreter is slow);
+the parametrized tests below only compare what the ranks returned.
+"""
+
+import dataclasses
+import random
+
+import pytest
+import torch
+
+from sparkinfer.comm.fused_norm.reference import all_reduce_add_rms_norm_reference
+from sparkinfer.errors import (
+    CapacityError,
+    CaptureError,
+    CollectiveMismatch,
+    DeviceError,
+    DTypeError,
+    LayoutError,
+    ShapeError,
+)
+from sparkinfer.runtime import LocalGroup, launch
+
+CAP = 256 << 10  # bytes of staging per lane: [17, 7168] bf16 fits, [20, 7168] does not
+EPS = 1e-5
+SEED = random.randrange(1 << 30)  # fresh inputs every session; printed on failure
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    id: str
+    shape: tuple  # x: [*, H]
+    dtype: torch.dtype
+    w_dtype: torch.dtype = None  # weight dtype (default: x's)
+    inplace: bool = False  # out=x, residual_out=residual
+    poison: bool = True  # pass NaN-filled outputs (else let the op allocate)
+    path: str = "kernel"  # "kernel" | "nccl" (no peer access) | "over_capacity" (eager NCCL)
+
+
+# H = 1024 and 3072 fit one interpreter tile (4096); 7168 takes the two-pass path.
+CASES_2 = [
+    Case("t1_h1024_bf16", (1, 1024), torch.bfloat16),
+    Case("t3_h7168_bf16_two_tiles", (3, 7168), torch.bfloat16),
+    Case("t17_h1024_fp16", (17, 1024), torch.float16),
+    Case("t17_h7168_bf16_at_capacity", (17, 7168), torch.bfloat16),
+    Case("t5_h3072_fp32_inplace", (5, 3072), torch.float32, inplace=True),
+    Case("b2x3_h1024_bf16_fp32_weight_alloc", (2, 3, 1024), torch.bfloat16, torch.float32, poison=False),
+    Case("t3_h1024_bf16_nccl_fallback", (3, 1024), torch.bfloat16, path="nccl"),
+    Case("t20_h7168_bf16_over_capacity", (20, 7168), torch.bfloat16, path="over_capacity"),
+]
+CASES_3 = [
+    Case("t1_h1024_bf16", (1, 1024), torch.bfloat16),
+    Case("t3_h7168_bf16_two_tiles", (3, 7168), torch.bfloat16, inplace=True),
+    Case("t17_h1024_fp16", (17, 1024), torch.float16),
+]
+
+
+def make_inputs(case: Case, world_size: int, seed: int):
+    """Every rank's x, the shared residual and weight: same bits on every process."""
+    g = torch.Generator().manual_seed(seed + sum(map(ord, case.id)))
+    xs = [torch.randn(case.shape, generator=g).to(case.dtype) for _ in range(world_size)]
+    residual = (2 * torch.randn(case.shape, generator=g)).to(case.dtype)
+    weight = (1 + 0.5 * torch.randn(case.shape[-1], generator=g)).to(case.w_dtype or case.dtype)
+    return xs, residual, weight
+
+
+def _run_case(comm, case, rank, world_size, seed):
+    xs, residual, weight = make_inputs(case, world_size, seed)
+    x = xs[rank]
+    saved = comm.caps
+    if case.path == "nccl":
+        comm.caps = dataclasses.replace(saved, peer_access=False)
+    try:
+        if case.inplace:
+            out, res_out = comm.all_reduce_add_rms_norm(x, residual, weight, EPS, out=x, residual_out=residual)
+            assert out is x and res_out is residual
+        elif case.poison:
+            out = torch.full_like(x, float("nan"))
+            res_out = torch.full_like(x, float("nan"))
+            got = comm.all_reduce_add_rms_norm(x, residual, weight, EPS, out=out, residual_out=res_out)
+            assert got[0] is out and got[1] is res_out
+        else:
+            out, res_out = comm.all_reduce_add_rms_norm(x, residual, weight, EPS)
+    finally:
+        comm.caps = saved
+    return out, res_out
+
+
+def pack(t):
+    """A tensor as (numpy bytes, dtype, shape): torch's queue pickling shares file
+    descriptors that die with the rank process."""
+    return t.contiguous().view(torch.uint8).numpy().copy(), t.dtype, tuple(t.shape)
+
+
+def unpack(p):
+    raw, dtype, shape = p
+    return torch.from_numpy(raw).view(dtype).reshape(shape)
+
+
+def _worker(world, cases, seed):
+    from sparkinfer.comm import Communicator
+
+    comm = Communicator(capacity_bytes=CAP, timeout_s=5)
+    W, rank = world.world_size, world.rank
+    results = {c.id: tuple(map(pack, _run_case(comm, c, rank, W, seed))) for c in cases}
+    # Different hidden sizes at the same sequence number are detected, not mixed.
+    x = torch.zeros(2, 1024 * (rank + 1), dtype=torch.bfloat16)
+    w = torch.ones(x.shape[-1], dtype=torch.bfloat16)
+    with pytest.raises(CollectiveMismatch, match="called a different collective or size"):
+        comm.all_reduce_add_rms_norm(x, x.clone(), w, EPS)
+    comm.close()
+    return results
+
+
+@pytest.fixture(scope="module")
+def ranks():
+    return {
+        2: launch(_worker, 2, backend="cpu", args=(CASES_2, SEED), timeout_s=300),
+        3: launch(_worker, 3, backend="cpu", args=(CASES_3, SEED), timeout_s=300),
+    }
+
+
+def assert_close_ulps(actual, ref, ulps: int, what: str):
+    """|actual - ref| <= ulps * eps(dtype) * |ref| (+ a tiny floor): the interpreter
+    truncates fp32 -> bf16 where the GPU and the reference round."""
+    eps = torch.finfo(ref.dtype).eps
+    a, r = actual.float(), ref.float()
+    tol = ulps * eps * r.abs() + ulps * eps * 1e-3
+    bad = ((a - r).abs() > tol) | ~torch.isfinite(a)
+    assert not bad.any(), (
+        f"{what}: {int(bad.sum())} of {bad.numel()} elements off by more than {ulps} ulp (seed {SEED}); "
+        f"first at {bad.nonzero()[0].tolist()}: {a[bad][0].item()} vs {r[bad][0].item()}"
+    )
+
+
+@pytest.mark.parametrize(
+    "world,case", [(2, c) for c in CASES_2] + [(3, c) for c in CASES_3], ids=lambda v: v if isinstance(v, int) else v.id
+)
+def test_matches_fp32_reference_and_ranks_agree_bitwise(ranks, world, case):
+    per_rank = [tuple(map(unpack, res[case.id])) for res in ranks[world]]
+    xs, residual, weight = make_inputs(case, world, SEED)
+    if case.path != "kernel":  # the NCCL composition rounds the sum to x's dtype before the residual add
+        xs = [sum(x.float() for x in xs).to(case.dtype)]
+    ref_out, ref_res = all_reduce_add_rms_norm_reference(xs, residual, weight, EPS)
+    for rank, (out, res_out) in enumerate(per_rank):
+        assert out.shape == ref_out.shape and out.dtype == case.dtype
+        assert_close_ulps(res_out, ref_res, 2, f"rank {rank} residual_out")
+        assert_close_ulps(out, ref_out, 4, f"rank {rank} out")
+    out0, res0 = per_rank[0]
+    for rank, (out, res_out) in enumerate(per_rank[1:], 1):
+        assert torch.equal(out.view(torch.uint8), out0.view(torch.uint8)), f"out of rank {rank} differs from rank 0"
+        assert torch.equal(res_out.view(torch.uint8), res0.view(torch.uint8)), f"residual_out of rank {rank} differs"
+
+
+# ---------------------------------------------------------------- rejections (one rank, in process)
+
+
+@pytest.fixture(scope="module")
+def comm1():
+    from sparkinfer.comm import Communicator
+
+    comm = Communicator(LocalGroup(), device="cpu", capacity_bytes=16 << 10, timeout_s=5, channel_ids=("g",))
+    yield comm
+    comm.close()
+
+
+def _args(shape=(2, 1024), dtype=torch.bfloat16):
+    x = torch.randn(shape).to(dtype)
+    return x, torch.randn(shape).to(dtype), torch.ones(shape[-1], dtype=dtype)
+
+
+def test_single_rank_is_residual_plus_norm(comm1):
+    x, res, w = _args((3, 1024))
+    out, res_out = comm1.all_reduce_add_rms_norm(x, res, w, EPS)
+    ref_out, ref_res = all_reduce_add_rms_norm_reference([x], res, w, EPS)
+    assert_close_ulps(res_out, ref_res, 2, "residual_out")
+    assert_close_ulps(out, ref_out, 4, "out")
+
+
+def test_empty_rows_return_outputs_untouched(comm1):
+    x, res, w = _args((0, 1024))
+    out, res_out = comm1.all_reduce_add_rms_norm(x, res, w, EPS)
+    assert out.shape == res_out.shape == (0, 1024)
+
+
+@pytest.mark.parametrize(
+    "mutate,error,match",
+    [
+        (lambda a: a.update(x=a["x"].int()), DTypeError, r"x has dtype torch.int32"),
+        (lambda a: a.update(x=torch.tensor(1.0), residual=torch.tensor(1.0)), ShapeError, "0-dimensional"),
+        (lambda a: a.update(x=a["x"].to("meta")), DeviceError, "x is on meta"),
+        (lambda a: a.update(x=a["x"].t().contiguous().t()), LayoutError, r"strides \(1, 2\) is not contiguous"),
+        (lambda a: a.update(residual=a["residual"][:1]), ShapeError, r"residual must match x \(\(2, 1024\)"),
+        (lambda a: a.update(residual=a["residual"].half()), ShapeError, "residual must match x"),
+        (lambda a: a.update(weight=a["weight"][:512]), ShapeError, r"weight must have shape \(1024,\).*\(512,\)"),
+        (lambda a: a.update(out=torch.empty(2, 1024)), ShapeError, r"out must match x.*torch.float32"),
+        (lambda a: a.update(residual_out=torch.empty(2, 1000, dtype=torch.bfloat16)), ShapeError, "residual_out must match"),
+        (lambda a: a.update(residual_out=a["out"]), LayoutError, "same memory"),
+        (lambda a: a.update(eps=-1.0), DTypeError, "eps must be a non-negative Python float, got -1.0"),
+        (lambda a: a.update(eps=None), DTypeError, "got None"),
+    ],
+    ids=["int_dtype", "zero_dim", "wrong_device", "not_contiguous", "residual_shape", "residual_dtype",
+         "weight_shape", "out_dtype", "residual_out_shape", "out_is_residual_out", "negative_eps", "eps_none"],
+)
+def test_rejects(comm1, mutate, error, match):
+    x, res, w = _args()
+    a = dict(x=x, residual=res, weight=w, eps=EPS, out=torch.empty_like(x), residual_out=None)
+    mutate(a)
+    with pytest.raises(error, match=match):
+        comm1.all_reduce_add_rms_norm(a["x"], a["residual"], a["weight"], a["eps"], out=a["out"],
+                                      residual_out=a["residual_out"])
+
+
+def test_capture_rejects_unwarmed_config_and_over_capacity(comm1):
+    x, res, w = _args((1, 1536))  # a size no other test has run (nothing compiled for it)
+    big = _args((5, 2048))  # 20 KB > 16 KB capacity
+    with comm1.pool.capture("sA", "g"):
+        with comm1.streams.capture("sA"):
+            with pytest.raises(CaptureError, match="would compile during graph capture"):
+                comm1.all_reduce_add_rms_norm(x, res, w, EPS)
+            with pytest.raises(CapacityError, match="exceeds the staging capacity 16384 B during graph capture"):
+                comm1.all_reduce_add_rms_norm(*big, EPS)
+        with comm1.streams.use("sA"):
+            comm1.all_reduce_add_rms_norm(x, res, w, EPS)  # warm-up inside the scope
+        with comm1.streams.capture("sA"):
+            out, _ = comm1.all_reduce_add_rms_norm(x, res, w, EPS)  # now legal
+    assert torch.isfinite(out.float()).all()
