@@ -102,3 +102,35 @@ def compile_sm90(launch: Launch):
         consts[name] = kw[name]
     src = ASTSource(fn=fn, signature=sig, constexprs=consts)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def compile_plan_launches(shape: dict, fmt: str, tokens: int, max_tokens: int) -> list[dict]:
+    """Compile every launch of one call at real dims (meta tensors); usage rows per kernel."""
+    from sparkinfer.moe import MoECaps, MoESpec, allocate_scratch, bind, plan
+    from tests.moe._util import meta_weights
+
+    caps = MoECaps(max_tokens=max_tokens, **shape)
+    p = plan(caps, MoESpec(weight_format=fmt))
+    h, k = caps.hidden, caps.top_k
+    meta = dict(dtype=torch.bfloat16, device="meta")
+    b = bind(p, allocate_scratch(p, "meta"), meta_weights(p), x=torch.empty(tokens, h, **meta),
+             out=torch.empty(tokens, h, **meta),
+             topk_ids=torch.empty(tokens, k, dtype=torch.int32, device="meta"),
+             topk_weights=torch.empty(tokens, k, device="meta"))
+    rows = []
+    for launch in record_launches(b):
+        compiled = compile_sm90(launch)
+        rows.append(dict(kernel=launch.fn.fn.__name__, family=b.config.family,
+                         grid=list(launch.grid), **ptxas_usage(compiled),
+                         sm90=".target sm_90" in compiled.asm["ptx"]))
+    return rows
+
+
+if __name__ == "__main__":
+    # python -m tests.moe.sm90_compile '<json: [[shape, fmt, tokens, max_tokens], ...]>'
+    # (run without TRITON_INTERPRET: the interpreter's kernels cannot be compiled)
+    import json
+    import sys
+
+    out = [compile_plan_launches(*case) for case in json.loads(sys.argv[1])]
+    print(json.dumps(out))

@@ -1,0 +1,105 @@
+"""Every rejection of prepare_weights and bind, and the capture rule for `out`."""
+
+import pytest
+import torch
+
+import sparkinfer.moe.launch as moe_launch
+from sparkinfer.errors import (CapacityError, CaptureError, DTypeError, LayoutError, ShapeError)
+from sparkinfer.moe import MoECaps, MoESpec, bind, plan, prepare_weights
+from sparkinfer.quant import quantize_nvfp4
+
+from tests.moe._util import random_layer
+
+CAPS = MoECaps(max_tokens=8, num_experts=4, top_k=2, hidden=64, intermediate=32)
+
+
+@pytest.fixture
+def layer():
+    return random_layer(CAPS, MoESpec())
+
+
+def _good(t=3):
+    return dict(x=torch.randn(t, 64).bfloat16(), logits=torch.randn(t, 4))
+
+
+BIND_REJECT = [
+    ("x-dtype", lambda a: a.update(x=a["x"].float()), DTypeError, "x dtype"),
+    ("x-hidden", lambda a: a.update(x=torch.randn(3, 32).bfloat16()), ShapeError, "H=64"),
+    ("x-too-many-tokens", lambda a: a.update(x=torch.randn(9, 64).bfloat16(),
+                                            logits=torch.randn(9, 4)), CapacityError, "T=9"),
+    ("x-strided", lambda a: a.update(x=torch.randn(64, 3).bfloat16().t()), LayoutError, "strides"),
+    ("out-dtype", lambda a: a.update(out=torch.empty(3, 64)), DTypeError, "out dtype"),
+    ("out-shape", lambda a: a.update(out=torch.empty(2, 64, dtype=torch.bfloat16)), ShapeError,
+     "out shape"),
+    ("logits-shape", lambda a: a.update(logits=torch.randn(3, 5)), ShapeError, "logits shape"),
+    ("logits-dtype", lambda a: a.update(logits=torch.randn(3, 4).double()), DTypeError,
+     "logits dtype"),
+    ("logits-and-ids", lambda a: a.update(topk_ids=torch.zeros(3, 2, dtype=torch.int32),
+                                          topk_weights=torch.ones(3, 2)), ShapeError, "exactly one"),
+    ("ids-dtype", lambda a: (a.pop("logits"), a.update(topk_ids=torch.zeros(3, 2),
+                                                       topk_weights=torch.ones(3, 2))),
+     DTypeError, "topk_ids dtype"),
+    ("ids-no-weights", lambda a: (a.pop("logits"), a.update(
+        topk_ids=torch.zeros(3, 2, dtype=torch.int32))), ShapeError, "without topk_weights"),
+    ("ids-shape", lambda a: (a.pop("logits"), a.update(
+        topk_ids=torch.zeros(3, 3, dtype=torch.int32), topk_weights=torch.ones(3, 3))),
+     ShapeError, "topk_ids shape"),
+    ("bias-shape", lambda a: a.update(bias=torch.zeros(5)), ShapeError, "bias shape"),
+]
+
+
+@pytest.mark.parametrize("edit,err,match", [r[1:] for r in BIND_REJECT],
+                         ids=[r[0] for r in BIND_REJECT])
+def test_bind_rejects(layer, edit, err, match):
+    p, w, _, scratch = layer
+    args = _good()
+    edit(args)
+    with pytest.raises(err, match=match):
+        bind(p, scratch, w, **args)
+
+
+def test_bind_rejects_scratch_and_weights_of_another_plan(layer):
+    p, w, src, scratch = layer
+    with pytest.raises(ShapeError, match="scratch lacks 'fc1_partial'"):
+        bind(p, {k: v for k, v in scratch.items() if k != "fc1_partial"}, w, **_good())
+    with pytest.raises(ShapeError, match=r"scratch\['topk_ids'\] shape"):
+        bind(p, dict(scratch, topk_ids=torch.zeros(2, 2, dtype=torch.int32)), w, **_good())
+    p4 = plan(CAPS, MoESpec(weight_format="nvfp4"))
+    with pytest.raises(LayoutError, match="prepare_weights"):
+        bind(p4, scratch, w, **_good())
+
+
+def test_missing_out_allocates_eagerly_but_raises_during_capture(layer, monkeypatch):
+    p, w, _, scratch = layer
+    b = bind(p, scratch, w, **_good())
+    assert b.out.shape == (3, 64) and b.out.dtype == torch.bfloat16
+    monkeypatch.setattr(moe_launch, "_capturing", lambda device: True)
+    with pytest.raises(CaptureError, match="preallocated out"):
+        bind(p, scratch, w, **_good())
+
+
+PREPARE_REJECT = [
+    ("w1-shape", lambda w1, w2: (w1[:, :32], w2), ShapeError, "w1 shape"),
+    ("w2-shape", lambda w1, w2: (w1, w2[:, :32]), ShapeError, "w2 shape"),
+    ("w1-dtype", lambda w1, w2: (w1.to(torch.int32), w2), DTypeError, "bf16/fp16/fp32"),
+    ("nvfp4-for-bf16", lambda w1, w2: (quantize_nvfp4(w1), w2), DTypeError, "w1"),
+]
+
+
+@pytest.mark.parametrize("edit,err,match", [r[1:] for r in PREPARE_REJECT],
+                         ids=[r[0] for r in PREPARE_REJECT])
+def test_prepare_weights_rejects(layer, edit, err, match):
+    p, _, (w1, w2), _ = layer
+    with pytest.raises(err, match=match):
+        prepare_weights(p, *edit(w1, w2))
+
+
+def test_prepare_weights_nvfp4_rejects_dense_and_bad_global_scale():
+    p = plan(CAPS, MoESpec(weight_format="nvfp4"))
+    w1, w2 = torch.randn(4, 64, 64), torch.randn(4, 64, 32)
+    with pytest.raises(DTypeError, match="takes NVFP4Tensor"):
+        prepare_weights(p, w1, quantize_nvfp4(w2))
+    q1 = quantize_nvfp4(w1)
+    bad = type(q1)(q1.packed, q1.scales, q1.global_scale[:2])
+    with pytest.raises(ShapeError, match="global_scale shape"):
+        prepare_weights(p, bad, quantize_nvfp4(w2))

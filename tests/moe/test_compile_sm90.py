@@ -1,0 +1,43 @@
+"""The kernels each family launches compile for the H200 (sm_90) and fit its
+shared memory, at a real model's dims, on a CPU machine (ptxas only, no GPU).
+
+Runs in a subprocess without TRITON_INTERPRET (interpreted kernels cannot be
+compiled), one subprocess for all cases.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("triton.backends.nvidia")
+
+H200_MAX_SHARED = 232448  # bytes of dynamic shared memory per block on sm_90
+QWEN3 = dict(num_experts=128, top_k=8, hidden=2048, intermediate=768)
+CASES = [(fmt, t) for fmt in ("bf16", "nvfp4") for t in (1, 64, 1024)]
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    arg = json.dumps([[QWEN3, fmt, t, 1024] for fmt, t in CASES])
+    res = subprocess.run([sys.executable, "-m", "tests.moe.sm90_compile", arg], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
+    if res.returncode != 0 and "ptxas" in res.stderr and "not found" in res.stderr:
+        pytest.skip("no ptxas in this environment")
+    assert res.returncode == 0, res.stderr[-3000:]
+    return dict(zip(CASES, json.loads(res.stdout.strip().splitlines()[-1])))
+
+
+@pytest.mark.parametrize("fmt,t", CASES, ids=[f"{f}-T{t}" for f, t in CASES])
+def test_qwen3_like_launches_compile_for_sm90(compiled, fmt, t):
+    rows = compiled[(fmt, t)]
+    names = [r["kernel"] for r in rows]
+    assert names[-1] == "moe_reduce_kernel"
+    assert ("sort_count_kernel" in names) == (rows[0]["family"] == "grouped")
+    assert rows[0]["family"] == ("micro" if t <= 16 else "grouped")
+    for r in rows:
+        assert r["sm90"] and r["shared"] <= H200_MAX_SHARED, r

@@ -1,0 +1,85 @@
+"""Planner decisions as a table, scratch specs, and every spec/caps/plan rejection."""
+
+import pytest
+import torch
+
+from sparkinfer.errors import CapacityError, DTypeError, PlanError
+from sparkinfer.moe import (MoECaps, MoESpec, plan, plan_supports_aux_stream_overlap,
+                            scratch_specs)
+
+DSV3 = dict(num_experts=256, top_k=8, hidden=7168, intermediate=2048)
+DSV3_TP8 = dict(num_experts=256, top_k=8, hidden=7168, intermediate=256)
+QWEN3 = dict(num_experts=128, top_k=8, hidden=2048, intermediate=768)
+MIXTRAL = dict(num_experts=8, top_k=2, hidden=4096, intermediate=14336)
+
+DECISIONS = [
+    # id, shape, T, family, block_m, split1, split2
+    ("dsv3-T1", DSV3, 1, "micro", 16, 2, 1),
+    ("dsv3-T16", DSV3, 16, "micro", 16, 1, 1),
+    ("dsv3-T64", DSV3, 64, "grouped", 16, 1, 1),
+    ("dsv3-T1024", DSV3, 1024, "grouped", 32, 1, 1),
+    ("dsv3-T4096", DSV3, 4096, "grouped", 128, 1, 1),
+    ("dsv3tp8-T1", DSV3_TP8, 1, "micro", 16, 8, 1),
+    ("qwen3-T1", QWEN3, 1, "micro", 16, 3, 2),
+    ("qwen3-T256", QWEN3, 256, "grouped", 16, 1, 1),
+    ("qwen3-T4096", QWEN3, 4096, "grouped", 128, 1, 1),
+    ("mixtral-T1", MIXTRAL, 1, "micro", 16, 1, 3),
+    ("mixtral-T8", MIXTRAL, 8, "micro", 16, 1, 1),
+    ("mixtral-T64", MIXTRAL, 64, "grouped", 16, 1, 1),
+    ("mixtral-T256", MIXTRAL, 256, "grouped", 64, 1, 1),
+]
+
+
+@pytest.mark.parametrize("shape,t,family,bm,s1,s2", [d[1:] for d in DECISIONS],
+                         ids=[d[0] for d in DECISIONS])
+def test_plan_decisions(shape, t, family, bm, s1, s2):
+    p = plan(MoECaps(max_tokens=4096, **shape), MoESpec(weight_format="nvfp4"))
+    cfg = p.config_for(t)
+    assert (cfg.family, cfg.block_m, cfg.split1, cfg.split2) == (family, bm, s1, s2)
+    assert p.chunk == 128
+
+
+def test_buckets_cover_every_token_count_in_order():
+    p = plan(MoECaps(max_tokens=100, **QWEN3), MoESpec())
+    bounds = [b for b, _ in p.buckets]
+    assert bounds == sorted(bounds) and bounds[-1] == 100
+    assert [p.config_for(t).family for t in (1, 16, 17, 100)] == ["micro"] * 2 + ["grouped"] * 2
+    assert plan_supports_aux_stream_overlap(p)
+
+
+def test_scratch_specs_follow_the_families_planned():
+    micro_only = plan(MoECaps(max_tokens=8, **QWEN3), MoESpec())
+    names = {s.name for s in scratch_specs(micro_only)}
+    assert names == {"topk_ids", "topk_weights", "fc1_partial", "fc2_partial"}
+    both = plan(MoECaps(max_tokens=64, **QWEN3), MoESpec())
+    specs = {s.name: s for s in scratch_specs(both)}
+    assert specs["route_out"].shape == (64 * 8, 2048)
+    assert specs["inter"].dtype == torch.bfloat16 and specs["inter"].shape[1] == 768
+
+
+def test_small_dims_pick_a_smaller_chunk():
+    assert plan(MoECaps(max_tokens=4, num_experts=4, top_k=2, hidden=64, intermediate=32),
+                MoESpec()).chunk == 32
+
+
+REJECT = [
+    ("spec-format", lambda: MoESpec(weight_format="fp8"), PlanError, "weight_format"),
+    ("spec-activation", lambda: MoESpec(activation="gelu"), PlanError, "activation"),
+    ("spec-order", lambda: MoESpec(gate_up_order="mixed"), PlanError, "gate_up_order"),
+    ("spec-routing", lambda: MoESpec(routing="hash"), PlanError, "routing"),
+    ("spec-groups", lambda: MoESpec(n_group=2, topk_group=3), PlanError, "topk_group"),
+    ("caps-zero", lambda: MoECaps(0, 8, 2, 64, 32), PlanError, "max_tokens=0"),
+    ("caps-topk", lambda: MoECaps(4, 2, 4, 64, 32), PlanError, "top_k=4"),
+    ("caps-rank", lambda: MoECaps(4, 8, 2, 64, 32, tp_rank=2, tp_size=2), PlanError, "tp_rank"),
+    ("caps-dtype", lambda: MoECaps(4, 8, 2, 64, 32, out_dtype=torch.float32), DTypeError,
+     "out_dtype"),
+    ("plan-dims", lambda: plan(MoECaps(4, 8, 2, 48, 32), MoESpec()), PlanError, "multiples of 32"),
+    ("plan-T", lambda: plan(MoECaps(4, 8, 2, 64, 32), MoESpec()).config_for(5), CapacityError,
+     "T=5"),
+]
+
+
+@pytest.mark.parametrize("make,err,match", [r[1:] for r in REJECT], ids=[r[0] for r in REJECT])
+def test_rejections(make, err, match):
+    with pytest.raises(err, match=match):
+        make()
