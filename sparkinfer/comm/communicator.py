@@ -98,6 +98,9 @@ class Communicator:
         self._config_override = None
         self.id = next(_IDS)
         _REGISTRY[self.id] = self
+        from sparkinfer.comm.torch_ops import register_ops
+
+        register_ops()  # torch.ops.sparkinfer.* (first communicator only)
 
     @property
     def rank(self) -> int:
