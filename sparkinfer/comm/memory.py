@@ -141,8 +141,11 @@ class CudaSlabBackend:
     def __init__(self, device_index: int):
         try:
             from cuda.bindings import runtime as cudart
-        except ImportError as e:  # pragma: no cover - GPU machines only
-            raise PeerMemoryError("the CUDA slab backend needs NVIDIA's cuda-bindings: pip install cuda-bindings") from e
+        except ImportError:  # pragma: no cover - GPU machines only; cuda-python < 12.6 layout
+            try:
+                from cuda import cudart
+            except ImportError as e:
+                raise PeerMemoryError("the CUDA slab backend needs NVIDIA's cuda-bindings: pip install cuda-bindings") from e
         self._rt = cudart
         self.device_index = device_index
 
