@@ -32,8 +32,11 @@ def split_gate_up(h1: torch.Tensor, spec: MoESpec) -> tuple[torch.Tensor, torch.
     return (a, b) if spec.gate_up_order == "gate_up" else (b, a)
 
 
-def _dense(w) -> torch.Tensor:
-    return dequantize_nvfp4(w) if isinstance(w, NVFP4Tensor) else w.float()
+def _expert(w, e: int) -> torch.Tensor:
+    """fp32 weights of expert e (dequantizes only that expert: real model sizes fit)."""
+    if isinstance(w, NVFP4Tensor):
+        return dequantize_nvfp4(NVFP4Tensor(w.packed[e], w.scales[e], w.global_scale[e]))
+    return w[e].float()
 
 
 def moe_reference(x: torch.Tensor, weights: tuple, routing: tuple[torch.Tensor, torch.Tensor],
@@ -44,7 +47,7 @@ def moe_reference(x: torch.Tensor, weights: tuple, routing: tuple[torch.Tensor, 
     weights [T, K]). Returns fp32 [T, H]. Ids outside [0, E) add nothing.
     Allocates; syncs with the host (loops over the active experts); not capture-legal.
     """
-    w1, w2 = (_dense(w) for w in weights)
+    w1, w2 = weights
     ids, rw = routing
     xf = x.float()
     e_count = w1.shape[0]
@@ -53,13 +56,13 @@ def moe_reference(x: torch.Tensor, weights: tuple, routing: tuple[torch.Tensor, 
         if not 0 <= e < e_count:
             continue
         t_idx, k_idx = torch.nonzero(ids == e, as_tuple=True)
-        h1 = xf[t_idx] @ w1[e].t()
+        h1 = xf[t_idx] @ _expert(w1, e).t()
         g, u = split_gate_up(h1, spec) if spec.gated else (h1, None)
         a = activation_reference(g, u, spec)
         wr = rw[t_idx, k_idx].float()[:, None]
         if not spec.router_weight_after_fc2:
             a = a * wr
-        h2 = a @ w2[e].t()
+        h2 = a @ _expert(w2, e).t()
         if spec.router_weight_after_fc2:
             h2 = h2 * wr
         out.index_add_(0, t_idx, h2)

@@ -49,8 +49,14 @@ class MoEWeights:
 def interleave_chunks(packed: torch.Tensor, chunk: int) -> torch.Tensor:
     """Stored NVFP4 bytes [..., R/2] -> prepared bytes [..., R/2] (chunk interleave).
 
+    Works one matrix at a time along the leading dim (bounded temporaries).
     Allocates; no host sync.
     """
+    if packed.dim() > 2:
+        out = torch.empty(packed.shape, dtype=torch.uint8, device=packed.device)
+        for e in range(packed.shape[0]):
+            out[e] = interleave_chunks(packed[e], chunk)
+        return out
     codes = unpack_codes(packed)
     codes = codes.reshape(*codes.shape[:-1], -1, chunk)
     half = chunk // 2

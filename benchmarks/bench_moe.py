@@ -1,0 +1,442 @@
+#!/usr/bin/env python3
+"""Fused MoE on one GPU: correctness at real shapes, then time against the HBM floor.
+
+Legend: M (= T) tokens, E experts, K top-k, H hidden, I intermediate per rank.
+
+One run does, in order:
+1. device limits, measured here: copy bandwidth (a large device-to-device
+   copy, bytes read + written) and the bf16 tensor-core rate (8192^3 matmul);
+2. per shape and weight format, correctness of every family the plan uses
+   (router kernel + MoE vs the fp32 reference on the same weights, NVFP4 vs
+   its dequantized weights), eager repeat and CUDA-graph replay bitwise equal
+   to eager;
+3. timing (CUDA graph replay, median) of sparkinfer, `torch._grouped_mm`
+   (bf16, torch sort/gather/scatter around it) and a per-expert torch loop
+   (bf16), with the active experts' weight bytes and the fraction of the HBM
+   floor (those bytes at the measured copy bandwidth). Each graph replays G
+   calls with different routings, so consecutive calls touch different
+   experts and L2 does not serve repeats. Routing is excluded from timing
+   (top-k ids are given).
+
+Writes JSON rows (with GPU, driver, versions, commit, date, command) to --out,
+a PNG beside it, and prints a table. --quick: fewer M values (< ~4 min on an
+H200 with compilation). --dry-run: tiny shapes on CPU through the Triton
+interpreter, to check this script's logic without a GPU.
+
+    python3 benchmarks/bench_moe.py --quick
+    python3 benchmarks/bench_moe.py --shapes dsv3,dsv3_tp8     # full, in two parts
+    python3 benchmarks/bench_moe.py --shapes qwen3,mixtral
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common  # noqa: E402  (imports nothing heavy)
+
+SHAPES = {
+    "dsv3": dict(num_experts=256, top_k=8, hidden=7168, intermediate=2048),
+    "qwen3": dict(num_experts=128, top_k=8, hidden=2048, intermediate=768),
+    "mixtral": dict(num_experts=8, top_k=2, hidden=4096, intermediate=14336),
+    "dsv3_tp8": dict(num_experts=256, top_k=8, hidden=7168, intermediate=256),
+}
+DRY_SHAPES = {"tiny": dict(num_experts=8, top_k=2, hidden=64, intermediate=32)}
+FULL_M = (1, 2, 4, 8, 16, 64, 256, 1024, 4096)
+QUICK_M = (1, 8, 256, 4096)
+DRY_M = (1, 3, 20)
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="M in %s" % (QUICK_M,))
+    ap.add_argument("--dry-run", action="store_true", help="CPU, interpreter, tiny shapes")
+    ap.add_argument("--shapes", default=None, help="comma list of %s" % ",".join(SHAPES))
+    ap.add_argument("--m", default=None, help="comma list of token counts (overrides presets)")
+    ap.add_argument("--formats", default="nvfp4,bf16")
+    ap.add_argument("--no-baselines", action="store_true")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="stop starting timings after this many seconds (default 200 quick, "
+                    "450 full)")
+    ap.add_argument("--out", default="benchmarks/results/moe_h200.json")
+    return ap.parse_args(argv)
+
+
+class Ctx:
+    """Run-wide state: torch modules, device, timing, budget, limits."""
+
+    def __init__(self, args):
+        import torch
+        import triton
+
+        self.torch, self.triton, self.args = torch, triton, args
+        self.cuda = not args.dry_run
+        self.dev = "cuda" if self.cuda else "cpu"
+        self.t0 = time.time()
+        self.budget = args.budget_s or (200.0 if args.quick or args.dry_run else 450.0)
+        self.reps = 3 if args.dry_run else (8 if args.quick else 15)
+
+    def over_budget(self) -> bool:
+        return time.time() - self.t0 > self.budget
+
+    def time_calls(self, calls) -> tuple[float, str]:
+        """Seconds per call of the G callables `calls`, replayed back to back
+        (CUDA graph when it captures, else eager), median of self.reps."""
+        torch = self.torch
+
+        def all_calls():
+            for c in calls:
+                c()
+
+        if not self.cuda:
+            all_calls()
+            return _common.median(_common.time_calls(all_calls, self.reps, cuda=False)) / len(
+                calls), "eager-cpu"
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            all_calls()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        mode = "graph"
+        try:
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                all_calls()
+            fn = g.replay
+        except Exception as exc:  # noqa: BLE001 - fall back, and say so in the row
+            torch.cuda.synchronize()
+            mode, fn = f"eager ({type(exc).__name__})", all_calls
+        fn()
+        torch.cuda.synchronize()
+        ts = _common.time_calls(fn, self.reps, cuda=True)
+        return _common.median(ts) / len(calls), mode
+
+
+def device_limits(ctx) -> dict:
+    torch = ctx.torch
+    n = (2 << 30) if ctx.cuda else (64 << 20)
+    src = torch.empty(n, dtype=torch.uint8, device=ctx.dev)
+    dst = torch.empty_like(src)
+    src.fill_(1)
+    t_copy = _common.median(_common.time_calls(lambda: dst.copy_(src), 10, cuda=ctx.cuda))
+    del src, dst
+    s = 8192 if ctx.cuda else 512
+    a = torch.randn(s, s, dtype=torch.bfloat16, device=ctx.dev)
+    b = torch.randn(s, s, dtype=torch.bfloat16, device=ctx.dev)
+    a @ b
+    t_mm = _common.median(_common.time_calls(lambda: a @ b, 10, cuda=ctx.cuda))
+    return {"copy_gbs": 2 * n / t_copy / 1e9, "bf16_tflops": 2 * s ** 3 / t_mm / 1e12}
+
+
+class Layer:
+    """One shape's random weights: bf16 (also the baselines') and NVFP4 sources."""
+
+    def __init__(self, ctx, name, shape, max_tokens):
+        torch = ctx.torch
+        from sparkinfer.quant import NVFP4Tensor
+
+        self.ctx, self.name, self.shape, self.max_tokens = ctx, name, shape, max_tokens
+        e, h, i = shape["num_experts"], shape["hidden"], shape["intermediate"]
+        self.e, self.k, self.h, self.i = e, shape["top_k"], h, i
+        gen = dict(device=ctx.dev)
+        self.w1 = torch.randn(e, 2 * i, h, dtype=torch.bfloat16, **gen).mul_(h ** -0.5)
+        self.w2 = torch.randn(e, h, i, dtype=torch.bfloat16, **gen).mul_(i ** -0.5)
+
+        def fp4(n, r):  # random codes; E4M3 scales in [0.5, 1.875]; global ~ 1/(3 sqrt(r))
+            packed = torch.randint(0, 256, (e, n, r // 2), dtype=torch.uint8, **gen)
+            scales = torch.randint(0x30, 0x40, (e, n, r // 16), dtype=torch.uint8, **gen)
+            gs = torch.full((e,), 1.0 / (3.0 * math.sqrt(r)), dtype=torch.float32, **gen)
+            return NVFP4Tensor(packed, scales.view(torch.float8_e4m3fn), gs)
+
+        self.q1, self.q2 = fp4(2 * i, h), fp4(h, i)
+        self.dsv3 = e == 256
+
+    def spec(self, fmt):
+        from sparkinfer.moe import MoESpec
+
+        if self.dsv3:  # DeepSeek-V3 routing: 8 groups, keep 4, scale 2.5
+            return MoESpec(weight_format=fmt, routing="sigmoid_grouped", n_group=8,
+                           topk_group=4, routed_scaling_factor=2.5)
+        return MoESpec(weight_format=fmt)
+
+    def build(self, fmt):
+        """(plan, prepared weights, scratch, source weights) for `fmt`."""
+        from sparkinfer.moe import MoECaps, allocate_scratch, plan, prepare_weights
+
+        caps = MoECaps(max_tokens=self.max_tokens, **self.shape)
+        p = plan(caps, self.spec(fmt))
+        src = (self.w1, self.w2) if fmt == "bf16" else (self.q1, self.q2)
+        return p, prepare_weights(p, *src), allocate_scratch(p, self.ctx.dev), src
+
+    def routing(self, m, seed):
+        torch = self.ctx.torch
+        g = torch.Generator(device=self.ctx.dev).manual_seed(seed)
+        ids = torch.rand(m, self.e, generator=g, device=self.ctx.dev).topk(self.k).indices
+        w = torch.rand(m, self.k, generator=g, device=self.ctx.dev) + 0.1
+        return ids.to(torch.int32), w / w.sum(-1, keepdim=True)
+
+
+def check(ctx, layer, fmt, ts) -> list[dict]:
+    """Correctness rows for token counts `ts` (one per family/config the plan uses)."""
+    torch = ctx.torch
+    from sparkinfer.moe import bind, moe_reference, run
+    from sparkinfer.moe.routing import route_reference
+
+    p, w, scratch, src = layer.build(fmt)
+    rows = []
+    for t in ts:
+        spec = p.spec
+        x = torch.randn(t, layer.h, device=ctx.dev).bfloat16()
+        logits = torch.randn(t, layer.e, device=ctx.dev)
+        bias = (torch.randn(layer.e, device=ctx.dev) * 0.1 if spec.routing == "sigmoid_grouped"
+                else None)
+        out = torch.full((t, layer.h), float("nan"), dtype=torch.bfloat16, device=ctx.dev)
+        b = bind(p, scratch, w, x=x, out=out, logits=logits, bias=bias)
+        run(b)
+        eager = out.clone()
+        rid, _ = route_reference(logits, spec, layer.k, bias)
+        ids_match = (b.topk_ids == rid).float().mean().item()
+        ref = moe_reference(x, src, (b.topk_ids, b.topk_weights), spec)
+        cos = torch.nn.functional.cosine_similarity(eager.float().flatten(), ref.flatten(),
+                                                    dim=0).item()
+        out.fill_(float("nan"))
+        run(b)
+        repeat = torch.equal(out, eager)
+        replay = None
+        if ctx.cuda:
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                run(b)
+            out.fill_(float("nan"))
+            g.replay()
+            torch.cuda.synchronize()
+            replay = torch.equal(out, eager)
+            del g
+        ok = cos >= 0.9999 and repeat and replay is not False and ids_match >= 0.999
+        rows.append(dict(kind="check", shape=layer.name, format=fmt, M=t,
+                         family=b.config.family, block_m=b.config.block_m, cosine=cos,
+                         ids_match=ids_match, repeat_bitwise=repeat, replay_bitwise=replay,
+                         ok=ok))
+        print(f"check {layer.name:8s} {fmt:5s} M={t:<5d} {b.config.family:7s} "
+              f"BM={b.config.block_m:<3d} cos={cos:.6f} ids={ids_match:.4f} repeat={repeat} "
+              f"replay={replay} {'OK' if ok else 'FAIL'}", flush=True)
+    return rows
+
+
+def _row(ctx, layer, lim, m, fmt, impl, sec, mode, expert_bytes, active):
+    k, h, i = layer.k, layer.h, layer.i
+    nbytes = active * expert_bytes
+    floor = nbytes / (lim["copy_gbs"] * 1e9)
+    flops = 2.0 * m * k * (2 * i * h + h * i)
+    return dict(kind="time", shape=layer.name, M=m, format=fmt, impl=impl, mode=mode,
+                us=sec * 1e6, active_experts=active, weight_bytes=nbytes,
+                floor_us=floor * 1e6, frac_floor=floor / sec, tflops=flops / sec / 1e12,
+                frac_tc=flops / sec / 1e12 / lim["bf16_tflops"],
+                E=layer.e, K=k, H=h, I=i, copy_gbs=lim["copy_gbs"],
+                tc_tflops=lim["bf16_tflops"])
+
+
+def time_ours(ctx, layer, lim, fmt, ms) -> list[dict]:
+    torch = ctx.torch
+    from sparkinfer.moe import bind, run
+
+    p, w, scratch, _ = layer.build(fmt)
+    rows = []
+    for m in ms:
+        if ctx.over_budget():
+            print(f"budget: skipping {layer.name} {fmt} M={m}", flush=True)
+            continue
+        g_calls = 8 if m <= 64 else 2
+        x = torch.randn(m, layer.h, device=ctx.dev).bfloat16()
+        calls, active = [], 0
+        for s in range(g_calls):
+            ids, tw = layer.routing(m, 1000 * m + s)
+            active += torch.unique(ids).numel() / g_calls
+            out = torch.empty(m, layer.h, dtype=torch.bfloat16, device=ctx.dev)
+            b = bind(p, scratch, w, x=x, out=out, topk_ids=ids, topk_weights=tw)
+            calls.append(lambda b=b: run(b))
+        sec, mode = ctx.time_calls(calls)
+        r = _row(ctx, layer, lim, m, fmt, "sparkinfer", sec, mode, w.expert_bytes(), active)
+        r.update(family=b.config.family, block_m=b.config.block_m, split1=b.config.split1,
+                 split2=b.config.split2)
+        rows.append(r)
+        print(f"time  {layer.name:8s} {fmt:5s} M={m:<5d} sparkinfer {r['family']:7s} "
+              f"{r['us']:9.1f} us  floor {100 * r['frac_floor']:5.1f}%  tc "
+              f"{100 * r['frac_tc']:5.1f}%", flush=True)
+    return rows
+
+
+def _grouped_mm_call(ctx, layer, x, ids, tw, out):
+    torch = ctx.torch
+    e_idx = torch.arange(layer.e, device=ctx.dev)
+    w1t, w2t = layer.w1.transpose(1, 2), layer.w2.transpose(1, 2)
+
+    def call():
+        flat = ids.flatten()
+        order = torch.argsort(flat, stable=True)
+        offs = torch.cumsum((flat[:, None] == e_idx[None, :]).sum(0), 0).to(torch.int32)
+        tok = order // layer.k
+        h1 = torch._grouped_mm(x[tok], w1t, offs=offs)
+        g, u = h1.chunk(2, dim=-1)
+        h2 = torch._grouped_mm(torch.nn.functional.silu(g) * u, w2t, offs=offs)
+        h2 = h2.float() * tw.flatten()[order][:, None]
+        out.zero_()
+        out.index_add_(0, tok, h2)
+
+    return call
+
+
+def _loop_call(ctx, layer, x, ids, tw, out):
+    torch = ctx.torch
+    work = []
+    for e in torch.unique(ids).tolist():  # host-side routing, outside the timed region
+        t_idx, k_idx = torch.nonzero(ids == e, as_tuple=True)
+        work.append((e, t_idx, tw[t_idx, k_idx][:, None]))
+
+    def call():
+        out.zero_()
+        for e, t_idx, wr in work:
+            g, u = (x[t_idx] @ layer.w1[e].t()).chunk(2, dim=-1)
+            h2 = (torch.nn.functional.silu(g) * u) @ layer.w2[e].t()
+            out.index_add_(0, t_idx, h2.float() * wr)
+
+    return call
+
+
+def time_baselines(ctx, layer, lim, ms) -> list[dict]:
+    torch = ctx.torch
+    rows = []
+    ebytes = 3 * layer.h * layer.i * 2
+    for m in ms:
+        for impl, make in (("torch_grouped_mm", _grouped_mm_call), ("torch_loop", _loop_call)):
+            if ctx.over_budget():
+                print(f"budget: skipping {layer.name} {impl} M={m}", flush=True)
+                continue
+            g_calls = 4 if m <= 64 else 1
+            x = torch.randn(m, layer.h, device=ctx.dev).bfloat16()
+            calls, active = [], 0
+            try:
+                for s in range(g_calls):
+                    ids, tw = layer.routing(m, 1000 * m + s)
+                    active += torch.unique(ids).numel() / g_calls
+                    out = torch.empty(m, layer.h, dtype=torch.float32, device=ctx.dev)
+                    calls.append(make(ctx, layer, x, ids.long(), tw, out))
+                sec, mode = ctx.time_calls(calls)
+            except Exception as exc:  # noqa: BLE001 - a missing baseline is a row, not a crash
+                rows.append(dict(kind="time", shape=layer.name, M=m, format="bf16", impl=impl,
+                                 error=f"{type(exc).__name__}: {str(exc)[:300]}"))
+                print(f"time  {layer.name:8s} bf16  M={m:<5d} {impl}: {rows[-1]['error']}",
+                      flush=True)
+                if "CUDA error" in str(exc):
+                    raise
+                continue
+            rows.append(_row(ctx, layer, lim, m, "bf16", impl, sec, mode, ebytes, active))
+            print(f"time  {layer.name:8s} bf16  M={m:<5d} {impl:18s} {sec * 1e6:9.1f} us",
+                  flush=True)
+    return rows
+
+
+def plot(rows, path):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plot", flush=True)
+        return None
+    trows = [r for r in rows if r.get("kind") == "time" and "us" in r]
+    shapes = sorted({r["shape"] for r in trows})
+    if not shapes:
+        return None
+    fig, axes = plt.subplots(1, len(shapes), figsize=(5 * len(shapes), 4), squeeze=False)
+    for ax, shape in zip(axes[0], shapes):
+        sr = [r for r in trows if r["shape"] == shape]
+        for key in sorted({(r["impl"], r["format"]) for r in sr}):
+            pts = sorted((r["M"], r["us"]) for r in sr if (r["impl"], r["format"]) == key)
+            ax.plot(*zip(*pts), marker="o", label=f"{key[0]} {key[1]}")
+        for fmt, style in (("nvfp4", ":"), ("bf16", "--")):
+            pts = sorted((r["M"], r["floor_us"]) for r in sr
+                         if r["impl"] == "sparkinfer" and r["format"] == fmt)
+            if pts:
+                ax.plot(*zip(*pts), linestyle=style, color="gray", label=f"HBM floor {fmt}")
+        ax.set(xscale="log", yscale="log", title=shape, xlabel="M (tokens)", ylabel="us")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def table(rows):
+    t = {(r["shape"], r["M"], r["format"], r["impl"]): r for r in rows
+         if r.get("kind") == "time" and "us" in r}
+    print(f"\n{'shape':9s} {'M':>5s} {'fmt':5s} {'family':7s} {'us':>9s} {'floor%':>6s} "
+          f"{'tc%':>5s} {'gmm_us':>9s} {'x_gmm':>6s} {'loop_us':>9s}")
+    for (shape, m, fmt, impl), r in sorted(t.items()):
+        if impl != "sparkinfer":
+            continue
+        g = t.get((shape, m, "bf16", "torch_grouped_mm"), {}).get("us", float("nan"))
+        lp = t.get((shape, m, "bf16", "torch_loop"), {}).get("us", float("nan"))
+        print(f"{shape:9s} {m:5d} {fmt:5s} {r['family']:7s} {r['us']:9.1f} "
+              f"{100 * r['frac_floor']:6.1f} {100 * r['frac_tc']:5.1f} {g:9.1f} "
+              f"{g / r['us']:6.2f} {lp:9.1f}")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.dry_run:
+        os.environ["TRITON_INTERPRET"] = "1"  # before Triton is imported
+    _common.ensure_repo_on_path()
+    budget = args.budget_s or (200.0 if args.quick or args.dry_run else 450.0)
+    faulthandler.dump_traceback_later(budget + 120, exit=True)  # never hang
+    ctx = Ctx(args)
+    torch = ctx.torch
+    if ctx.cuda and not torch.cuda.is_available():
+        sys.exit("bench_moe: no CUDA device (use --dry-run on CPU)")
+    shapes = DRY_SHAPES if args.dry_run else SHAPES
+    if args.shapes and not args.dry_run:
+        shapes = {s: SHAPES[s] for s in args.shapes.split(",")}
+    ms = DRY_M if args.dry_run else (QUICK_M if args.quick else FULL_M)
+    if args.m:
+        ms = tuple(int(v) for v in args.m.split(","))
+    formats = args.formats.split(",")
+    meta = _common.metadata(sys.argv if argv is None else ["benchmarks/bench_moe.py", *argv])
+    lim = device_limits(ctx)
+    print(f"device: {meta.get('gpu')}  copy {lim['copy_gbs']:.0f} GB/s  bf16 "
+          f"{lim['bf16_tflops']:.0f} TFLOP/s", flush=True)
+    all_rows = [dict(kind="device", **lim)]
+    _common.append_rows(args.out, all_rows[:1], meta)
+    for name, shape in shapes.items():
+        rows = []
+        layer = Layer(ctx, name, shape, max(ms))
+        check_ts = sorted({min(4, max(ms)), min(64, max(ms)), max(ms)})
+        for fmt in formats:
+            rows += check(ctx, layer, fmt, check_ts)
+        for fmt in formats:
+            rows += time_ours(ctx, layer, lim, fmt, ms)
+        if not args.no_baselines:
+            rows += time_baselines(ctx, layer, lim, ms)
+        _common.append_rows(args.out, rows, meta)
+        all_rows += rows
+        del layer
+        if ctx.cuda:
+            torch.cuda.empty_cache()
+    png = plot(all_rows, str(Path(args.out).with_suffix(".png")))
+    table(all_rows)
+    bad = [r for r in all_rows if r.get("kind") == "check" and not r["ok"]]
+    print(f"\nwrote {args.out}" + (f" and {png}" if png else "") +
+          f"; checks failed: {len(bad)}; {time.time() - ctx.t0:.0f} s", flush=True)
+    faulthandler.cancel_dump_traceback_later()
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
