@@ -138,11 +138,11 @@ class Communicator:
 
         return all_gather(self, x, out)
 
-    def all_reduce_add_rms_norm(self, x, residual, weight, eps: float = 1e-6, *, out=None, residual_out=None):
+    def all_reduce_add_rms_norm(self, x, residual, weight, eps: float = 1e-6, **kwargs):
         """(out, residual_out): rmsnorm(all_reduce(x) + residual) (see comm.fused_norm.launch)."""
         from sparkinfer.comm.fused_norm.launch import all_reduce_add_rms_norm
 
-        return all_reduce_add_rms_norm(self, x, residual, weight, eps, out=out, residual_out=residual_out)
+        return all_reduce_add_rms_norm(self, x, residual, weight, eps, **kwargs)
 
     def dcp_merge(self, out_partial, lse, **kwargs):
         """Merge per-rank partial attention by log-sum-exp (see comm.dcp.launch.dcp_merge)."""
@@ -150,11 +150,11 @@ class Communicator:
 
         return dcp_merge(self, out_partial, lse, **kwargs)
 
-    def all_gather_heads(self, x, out=None):
+    def all_gather_heads(self, x, out=None, **kwargs):
         """Every rank's heads [T, H/W, D] -> [T, H, D], bitwise (see comm.dcp.launch)."""
         from sparkinfer.comm.dcp.launch import all_gather_heads
 
-        return all_gather_heads(self, x, out)
+        return all_gather_heads(self, x, out, **kwargs)
 
     # ------------------------------------------------------------------ fallback (torch.distributed)
     def _need_torch_group(self):

@@ -22,9 +22,10 @@ from sparkinfer.comm.launching import (
 from sparkinfer.comm.topology import TopologyCaps, launch_config
 from sparkinfer.errors import CapacityError, DTypeError, LayoutError, ShapeError
 
-__all__ = ["NormConfig", "norm_config", "all_reduce_add_rms_norm"]
+__all__ = ["NormConfig", "norm_config", "all_reduce_add_rms_norm", "ALGORITHMS"]
 
 OP = "all_reduce_add_rms_norm"
+ALGORITHMS = ("auto", "fused", "nccl")
 # Widest hidden tile kept in registers. 8192 bf16 per row at 8 warps is 32
 # elements (four 16-byte vectors) per thread; rows up to H = 8192 take the
 # one-pass path. The interpreter uses 4096 so that CPU tests with H = 7168 run
@@ -80,7 +81,8 @@ def _spec(*vals) -> tuple:
     return tuple(out)
 
 
-def all_reduce_add_rms_norm(comm, x, residual, weight, eps: float = 1e-6, *, out=None, residual_out=None):
+def all_reduce_add_rms_norm(comm, x, residual, weight, eps: float = 1e-6, *, out=None, residual_out=None,
+                            algorithm: str = "auto"):
     """residual_out = all_reduce(x) + residual;  out = rmsnorm(residual_out) * weight.
 
     x, residual: [*, H] bf16/fp16/fp32, contiguous, same dtype. weight: [H] (any of
@@ -91,9 +93,10 @@ def all_reduce_add_rms_norm(comm, x, residual, weight, eps: float = 1e-6, *, out
 
     Returns (out, residual_out). Allocates only the outputs not given. No host
     sync. Legal in CUDA graph capture (inside pool.capture) once the same
-    configuration ran eagerly. Above the staging capacity (eagerly) or without
-    peer access it composes all_reduce + torch norm (NCCL), which rounds the sum
-    to x's dtype before the residual add.
+    configuration ran eagerly. algorithm: "auto" (the fused kernel within the
+    staging capacity; NCCL above it eagerly or without peer access), "fused", or
+    "nccl": all_reduce through torch.distributed + torch norm, which rounds the
+    sum to x's dtype before the residual add and allocates.
     """
     import torch
 
@@ -119,13 +122,16 @@ def all_reduce_add_rms_norm(comm, x, residual, weight, eps: float = 1e-6, *, out
         return out, residual_out
     T, nbytes = n // H, n * x.element_size()
     capturing = comm.streams.is_capturing()
-    if not comm.caps.peer_access or nbytes > comm.caps.capacity:
-        if capturing and comm.caps.peer_access:
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    if algorithm == "nccl" or not comm.caps.peer_access or nbytes > comm.caps.capacity:
+        if algorithm != "nccl" and comm.caps.peer_access and (capturing or algorithm == "fused"):
             raise CapacityError(
-                f"{OP} of {nbytes} B exceeds the staging capacity {comm.caps.capacity} B during graph capture; "
+                f"{OP} of {nbytes} B exceeds the staging capacity {comm.caps.capacity} B "
+                f"{'during graph capture' if capturing else 'with algorithm=fused'}; "
                 "create the Communicator with a larger capacity_bytes"
             )
-        o, r = add_rms_norm(comm.all_reduce(x), residual, weight, float(eps))
+        o, r = add_rms_norm(comm.all_reduce(x, algorithm="nccl"), residual, weight, float(eps))
         residual_out.copy_(r)
         out.copy_(o)
         return out, residual_out

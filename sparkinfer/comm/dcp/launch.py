@@ -1,0 +1,224 @@
+"""Host side of dcp_merge and all_gather_heads: validate, choose tiles, launch
+(or compose all_gather + local merge through torch.distributed).
+
+Symbols: W ranks, T tokens, H heads, D head dim, Hs heads per result (H / W
+when scattering over heads, else H). Rows are (token, head) pairs of D elements.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sparkinfer.comm.channel import MAX_BLOCKS
+from sparkinfer.comm.dcp.kernel import all_gather_heads_kernel, dcp_merge_kernel
+from sparkinfer.comm.dcp.reference import merge_partials
+from sparkinfer.comm.launching import (
+    OP_CODES,
+    channel_args,
+    check_capacity,
+    check_errors,
+    check_tensor,
+    fingerprint,
+    launch_kernel,
+)
+from sparkinfer.comm.topology import TopologyCaps
+from sparkinfer.errors import CapacityError, DTypeError, LayoutError, ShapeError
+
+__all__ = ["RowConfig", "row_config", "dcp_merge", "all_gather_heads"]
+
+ALGORITHMS = ("auto", "kernel", "nccl")
+# Elements per [R, BLOCK_D] tile: 4096 is 16 bf16 (two 16-byte vectors) per
+# thread at 8 warps; the interpreter takes fewer, wider tiles per block.
+TILE_GPU = 4096
+TILE_INTERP = 2048
+
+
+@dataclass(frozen=True)
+class RowConfig:
+    """Launch shape of the row kernels.
+
+    grid: blocks (<= num_sms, <= MAX_BLOCKS; co-resident); rows: R, rows per tile
+    (a power of two); block_d: head-dim tile (next power of two of D); num_warps.
+    """
+
+    grid: int
+    rows: int
+    block_d: int
+    num_warps: int
+
+
+def row_config(caps: TopologyCaps, n_rows: int, head_dim: int) -> RowConfig:
+    """Pure heuristic: tiles of ~TILE elements, one block per tile up to the SM count."""
+    block_d = 1 << max(head_dim - 1, 0).bit_length()
+    tile = TILE_INTERP if caps.interpret else TILE_GPU
+    rows = max(1, tile // block_d)
+    cap = 2 if caps.interpret else min(caps.num_sms, MAX_BLOCKS)
+    grid = max(1, min(-(-n_rows // rows), cap))
+    warps = 1 if caps.interpret else (8 if rows * block_d >= 4096 else 4)
+    return RowConfig(grid, rows, block_d, warps)
+
+
+def _check_dtype_device(name: str, t, dev, dtypes=("bfloat16", "float16", "float32")) -> None:
+    """check_tensor without its contiguity rule (checked on an empty view of t)."""
+    import torch
+
+    check_tensor(name, t.as_strided((0,), (1,)) if isinstance(t, torch.Tensor) else t, dev, dtypes)
+
+
+def _check_rows(name: str, t, dev, dim: int = 3) -> None:
+    """A [T, H, D] tensor whose D axis is contiguous (token- or head-major both fine)."""
+    _check_dtype_device(name, t, dev)
+    if t.dim() != dim:
+        raise ShapeError(f"{name} must be [T, H, D]; got shape {tuple(t.shape)}")
+    if t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise LayoutError(
+            f"{name} has strides {t.stride()}: the head dim D must be contiguous (stride 1); token-major [T, H, D] "
+            "and head-major ([H, T, D].transpose(0, 1)) layouts are both read without copies"
+        )
+
+
+def _check_out(name: str, t, shape: tuple, dtype, dev) -> None:
+    check_tensor(name, t, dev, (str(dtype).removeprefix("torch."),))
+    if tuple(t.shape) != shape:
+        raise ShapeError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
+
+
+def _spec(*vals) -> tuple:
+    """What Triton specializes on: part of the warm-up key (see fused_norm.launch)."""
+    return tuple(v.data_ptr() % 16 == 0 if hasattr(v, "data_ptr") else (v == 1, v % 16 == 0) for v in vals)
+
+
+def _use_kernel(comm, algorithm: str, nbytes: int, op: str) -> bool:
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    if algorithm == "nccl" or not comm.caps.peer_access:
+        return False
+    if nbytes <= comm.caps.capacity:
+        return True
+    if algorithm == "kernel" or comm.streams.is_capturing():
+        raise CapacityError(
+            f"{op} stages {nbytes} B per peer but the staging capacity is {comm.caps.capacity} B; create the "
+            "Communicator with a larger capacity_bytes (or call it eagerly with algorithm='auto' to use NCCL)"
+        )
+    return False
+
+
+def _gather_nccl(comm, t):
+    """[W, *t.shape]: every rank's t through torch.distributed (allocates, copies)."""
+    import torch
+
+    out = torch.empty((comm.world_size * t.shape[0],) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
+    comm.fallback_all_gather(t.contiguous(), out)
+    return out.view((comm.world_size,) + tuple(t.shape))
+
+
+def dcp_merge(comm, out_partial, lse, *, scatter_heads: bool = False, lse_base: str = "e", return_lse: bool = False,
+              out=None, lse_out=None, algorithm: str = "auto"):
+    """Merge partial attention computed on W sequence shards of the KV cache.
+
+    out_partial: [T, H, D] bf16/fp16/fp32, this rank's partial o (D contiguous;
+    any T/H strides). lse: [T, H] fp32, any strides, natural log (lse_base "e")
+    or log2 ("2"); -inf marks an empty shard, whose o may be NaN and is ignored.
+    o = sum_r exp(lse_r - m) o_r / sum_r exp(lse_r - m), m = max_r lse_r, fp32
+    in rank order (bitwise identical on every rank); rows with every shard empty
+    give o = 0, lse = -inf.
+
+    scatter_heads: return only this rank's heads [rank * H / W, (rank + 1) * H / W)
+    (H divisible by W), and receive only those from peers; else every head.
+    Returns out [T, Hs, D] (o's dtype, contiguous), plus lse_out [T, Hs] fp32 if
+    return_lse. Allocates only outputs not given. No host sync. Capture-legal
+    once the configuration ran eagerly. algorithm: "auto" (kernel within the
+    staging capacity, else NCCL eagerly), "kernel", or "nccl" (all_gather +
+    local merge; allocates).
+    """
+    import torch
+
+    dev = comm.device
+    _check_rows("out_partial", out_partial, dev)
+    T, H, D = out_partial.shape
+    _check_dtype_device("lse", lse, dev, ("float32",))
+    if tuple(lse.shape) != (T, H):
+        raise ShapeError(f"lse must be [T, H] = {(T, H)} to match out_partial; got {tuple(lse.shape)}")
+    if lse_base not in ("e", "2"):
+        raise ValueError(f"lse_base must be 'e' (natural log) or '2' (log2), got {lse_base!r}")
+    W = comm.world_size
+    if scatter_heads and H % W:
+        raise ShapeError(f"scatter_heads splits H = {H} heads over {W} ranks; H must be a multiple of {W}")
+    Hs = H // W if scatter_heads else H
+    if out is None:
+        out = torch.empty((T, Hs, D), dtype=out_partial.dtype, device=dev)
+    _check_out("out", out, (T, Hs, D), out_partial.dtype, dev)
+    if lse_out is None and return_lse:
+        lse_out = torch.empty((T, Hs), dtype=torch.float32, device=dev)
+    if lse_out is not None:
+        _check_out("lse_out", lse_out, (T, Hs), torch.float32, dev)
+    result = (out, lse_out) if return_lse else out
+    n_rows = T * Hs
+    if n_rows * D == 0:
+        return result
+    lse_off = -(-n_rows * D * out_partial.element_size() // 16) * 16
+    if not _use_kernel(comm, algorithm, lse_off + 4 * n_rows, "dcp_merge"):
+        o_all, lse_all = _gather_nccl(comm, out_partial), _gather_nccl(comm, lse)
+        if scatter_heads:
+            heads = slice(comm.rank * Hs, (comm.rank + 1) * Hs)
+            o_all, lse_all = o_all[:, :, heads], lse_all[:, :, heads]
+        o, l = merge_partials(o_all, lse_all, lse_base)
+        out.copy_(o)
+        if lse_out is not None:
+            lse_out.copy_(l)
+        return result
+    ch = comm.pool.channel()
+    check_errors(ch)
+    table, rank, stage_off, slot_bytes, lane_bytes = channel_args(ch)
+    cfg = row_config(comm.caps, n_rows, D)
+    op = "dcp_merge"
+    fp = fingerprint(op, T, H, D, str(out_partial.dtype), bool(scatter_heads), cfg.grid)
+    p_lse_out = lse_out if lse_out is not None else out  # never written when RETURN_LSE is False
+    args = (out_partial, out_partial.stride(0), out_partial.stride(1), lse, lse.stride(0), lse.stride(1),
+            out, out.stride(0), out.stride(1), p_lse_out, n_rows, Hs, D, lse_off,
+            table, rank, fp, comm.timeout_ns, stage_off, slot_bytes, lane_bytes)
+    consts = dict(OP=OP_CODES[op], W=W, R=cfg.rows, BLOCK_D=cfg.block_d, SCATTER=bool(scatter_heads),
+                  BASE2=lse_base == "2", RETURN_LSE=lse_out is not None, INTERP=comm.caps.interpret)
+    key = (op, out_partial.dtype, cfg, tuple(consts.items())) + _spec(*args[:14])
+    launch_kernel(dcp_merge_kernel, cfg, key, comm.streams.is_capturing(), args, consts)
+    if comm.caps.interpret:
+        check_errors(ch)  # interpreted kernels are synchronous: report at once
+    return result
+
+
+def all_gather_heads(comm, x, out=None, *, algorithm: str = "auto"):
+    """out[:, r * Hs:(r + 1) * Hs] = rank r's x, bitwise.
+
+    x: [T, Hs, D] any dtype the comm ops take (D contiguous; any T/Hs strides).
+    out: [T, W * Hs, D], x's dtype, contiguous. Allocates out only if not given.
+    No host sync. Capture-legal once the configuration ran eagerly.
+    """
+    import torch
+
+    dev = comm.device
+    _check_rows("x", x, dev)
+    T, Hs, D = x.shape
+    W = comm.world_size
+    if out is None:
+        out = torch.empty((T, W * Hs, D), dtype=x.dtype, device=dev)
+    _check_out("out", out, (T, W * Hs, D), x.dtype, dev)
+    n_rows = T * Hs
+    if n_rows * D == 0:
+        return out
+    if not _use_kernel(comm, algorithm, n_rows * D * x.element_size(), "all_gather_heads"):
+        out.view(T, W, Hs, D).copy_(_gather_nccl(comm, x).transpose(0, 1))
+        return out
+    ch = comm.pool.channel()
+    check_errors(ch)
+    table, rank, stage_off, slot_bytes, lane_bytes = channel_args(ch)
+    cfg = row_config(comm.caps, n_rows, D)
+    op = "all_gather_heads"
+    fp = fingerprint(op, T, Hs, D, str(x.dtype), cfg.grid)
+    args = (x, x.stride(0), x.stride(1), out, out.stride(0), out.stride(1), n_rows, Hs, D,
+            table, rank, fp, comm.timeout_ns, stage_off, slot_bytes, lane_bytes)
+    consts = dict(OP=OP_CODES[op], W=W, R=cfg.rows, BLOCK_D=cfg.block_d, INTERP=comm.caps.interpret)
+    key = (op, x.dtype, cfg) + _spec(*args[:9])
+    launch_kernel(all_gather_heads_kernel, cfg, key, comm.streams.is_capturing(), args, consts)
+    if comm.caps.interpret:
+        check_errors(ch)
+    return out
