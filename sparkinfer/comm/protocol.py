@@ -65,12 +65,15 @@ def ld_acquire(p, INTERP: tl.constexpr):
 @triton.jit
 def st_release(p, v, INTERP: tl.constexpr):
     """Store an int64 word (possibly in a peer's memory) with release semantics at
-    system scope. A plain store, not an atomic: peer atomics are not portable."""
+    system scope, from thread 0 of the block only (callers put a block barrier
+    before it, which makes every thread's earlier stores part of the release).
+    A plain store, not an atomic: peer atomics are not portable over PCIe."""
     if INTERP:
         tl.atomic_xchg(p, v, sem="release", scope="sys")
     else:
         tl.inline_asm_elementwise(
-            "fence.acq_rel.sys;\n\tst.release.sys.global.b64 [$1], $2;\n\tmov.u32 $0, 0;",
+            "{\n\t.reg .pred %p_t0;\n\t.reg .b32 %r_tid;\n\tmov.u32 %r_tid, %tid.x;\n\t"
+            "setp.eq.u32 %p_t0, %r_tid, 0;\n\t@%p_t0 st.release.sys.global.b64 [$1], $2;\n\tmov.u32 $0, 0;\n\t}",
             "=r,l,l",
             [p, v],
             dtype=tl.int32,
