@@ -1,0 +1,384 @@
+"""Collective latency inside CUDA graphs on 2 GPUs: ours beside NCCL and torch SymmetricMemory.
+
+    python3 benchmarks/bench_comm.py --quick          # 8 sizes, about 1-2 minutes
+    python3 benchmarks/bench_comm.py                  # 2 KiB .. 64 MiB, every power of 2
+    python3 benchmarks/bench_comm.py --sweep-grid     # + launch-configuration sweep of our kernels
+    python3 benchmarks/bench_comm.py --dry-run        # 2 CPU ranks, Triton interpreter, tiny sizes
+
+Method. For every (op, implementation, size): check the result once eagerly
+(exact, rank-encoded integer payloads), capture `ops` back-to-back calls on fixed
+buffers into one CUDA graph, replay it `replays` + 1 times with CUDA events around
+each replay, drop the first; per-op latency = median replay time / ops, the larger
+of the two ranks' medians. bf16 throughout. Sizes are bytes of the full tensor:
+all_reduce input, reduce_scatter input, all_gather output.
+
+Implementations. all_reduce: ours oneshot / twoshot / auto (capacity = the largest
+size, so auto never leaves our kernels), NCCL (torch.distributed in the graph),
+torch SymmetricMemory one_shot_all_reduce_out and two_shot_all_reduce_ (recorded as
+unavailable with the error if they fail). reduce_scatter, all_gather: ours vs NCCL.
+
+Reported: latency (us), algorithm bandwidth (size / time), bus bandwidth
+(x 2(W-1)/W for all_reduce, x (W-1)/W otherwise), fraction of the peer-copy
+bandwidth measured in the same run (torch copy of 256 MiB cuda:0 -> cuda:1), ratio
+to NCCL, and the issue-3 targets for auto. JSON rows go to --out, a PNG beside it.
+
+--sweep-grid sets `comm._config_override` (sparkinfer/comm/communicator.py, for
+benchmarks only) to time other grid sizes / per-block byte targets / tiles.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import warnings
+from pathlib import Path
+
+from _common import Collective, Ctx, Graph, append_rows, ensure_repo_on_path, median, metadata, poison, time_calls
+
+KiB, MiB = 1 << 10, 1 << 20
+FULL_SIZES = [2 * KiB << i for i in range(16)]  # 2 KiB .. 64 MiB
+QUICK_SIZES = [2 * KiB, 32 * KiB, 128 * KiB, 512 * KiB, 2 * MiB, 8 * MiB, 32 * MiB, 64 * MiB]
+# issue 3: targets for auto on 2x H200, microseconds, by size (<= 4 us for everything up to 32 KiB)
+TARGET_US = {128 * KiB: 5.0, 512 * KiB: 6.5, 2 * MiB: 10.0, 8 * MiB: 26.0, 32 * MiB: 95.0}
+# --sweep-grid: (name, per-block byte target or None for one block per SM, BLOCK elements, num_warps)
+SWEEP = [("pb8K", 8 * KiB, 2048, 8), ("pb16K", 16 * KiB, 2048, 8), ("pb32K", 32 * KiB, 2048, 8),
+         ("pb64K", 64 * KiB, 2048, 8), ("pb128K", 128 * KiB, 2048, 8), ("maxgrid", None, 2048, 8),
+         ("pb16K_b1024w4", 16 * KiB, 1024, 4), ("pb32K_b1024w4", 32 * KiB, 1024, 4), ("pb32K_b4096w8", 32 * KiB, 4096, 8)]
+SWEEP_SIZES = [8 * KiB, 32 * KiB, 128 * KiB, 512 * KiB, 2 * MiB, 8 * MiB, 32 * MiB]
+
+
+def target_us(size: int) -> float | None:
+    return 4.0 if size <= 32 * KiB else TARGET_US.get(size)
+
+
+def plan(args) -> dict:
+    """Sizes, graph lengths and replays for this run (everything the ranks need)."""
+    if args.dry_run:
+        return {"sizes": [2 * KiB, 8 * KiB], "ops": {}, "ops_default": 2, "replays": 2, "dry": True,
+                "sweep_sizes": [8 * KiB] if args.sweep_grid else [], "sweep": SWEEP[:2]}
+    sizes = QUICK_SIZES if args.quick else FULL_SIZES
+    if args.sizes:
+        sizes = [int(float(s) * KiB) for s in args.sizes.split(",")]
+    # ops per graph: long enough to hide launch gaps, short enough to keep big sizes cheap
+    ops = {s: (20 if args.quick else 50) if s <= 1 * MiB else (20 if s <= 8 * MiB else 10) for s in sizes + SWEEP_SIZES}
+    sweep_sizes = ([32 * KiB, 512 * KiB, 8 * MiB] if args.quick else SWEEP_SIZES) if args.sweep_grid else []
+    return {"sizes": sizes, "ops": ops, "ops_default": 20, "replays": 10 if args.quick else 20, "dry": False,
+            "sweep_sizes": [s for s in sweep_sizes if s <= max(sizes)], "sweep": SWEEP}
+
+
+class Impl:
+    """One implementation of one op at one size, on `coll`'s buffers.
+
+    load(seed) writes the inputs; call() is one op (captured `ops` times);
+    result() is the tensor to compare with coll.expected(seed); reset() makes the
+    buffers safe to reduce repeatedly (in-place implementations)."""
+
+    def __init__(self, name, coll, call, *, load=None, result=None, reset=None, ours=False):
+        self.name, self.coll, self.call, self.ours = name, coll, call, ours
+        self.load = load or (lambda seed: (coll.load(seed), poison(coll.out)))
+        self.result = result or (lambda: coll.out)
+        self.reset = reset or (lambda: None)
+
+
+_SYMM_KEEP: list = []
+
+
+def make_impls(comm, op: str, size: int, symm) -> list:
+    """The implementations of `op` at `size` bytes (bf16)."""
+    import torch
+    import torch.distributed as dist
+
+    bf, n, W = torch.bfloat16, size // 2, comm.world_size
+    if op == "reduce_scatter":
+        c = Collective(comm, "rs", n, bf)
+        return [Impl("ours", c, c.call, ours=True), Impl("nccl", c, lambda: dist.reduce_scatter_tensor(c.out, c.x))]
+    if op == "all_gather":
+        c = Collective(comm, "ag", n // W, bf)
+        return [Impl("ours", c, c.call, ours=True), Impl("nccl", c, lambda: dist.all_gather_into_tensor(c.out, c.x))]
+    out = [Impl(alg, c, c.call, ours=True) for alg in ("oneshot", "twoshot", "auto") for c in [Collective(comm, "ar", n, bf, alg)]]
+    c = Collective(comm, "ar", n, bf)
+    out.append(Impl("nccl", c, lambda: dist.all_reduce(c.out), load=lambda seed: (c.load(seed), c.out.copy_(c.x)),
+                    reset=lambda: c.out.zero_()))
+    if isinstance(symm, str):
+        return out + [symm, symm]  # the reason torch SymmetricMemory is unavailable
+    mod, gname = symm
+    try:
+        buf = mod.empty(n, dtype=bf, device=comm.device)
+        mod.rendezvous(buf, gname)
+        _SYMM_KEEP.append(buf)  # never freed while a peer may still map it
+    except Exception as e:  # noqa: BLE001 - recorded, not fatal
+        return out + [f"rendezvous: {type(e).__name__}: {e}"] * 2
+    ops = torch.ops.symm_mem
+    c1 = Collective(comm, "ar", n, bf)
+    load1 = lambda seed: (c1.load(seed), buf.copy_(c1.x), poison(c1.out))  # noqa: E731
+    out.append(Impl("symm_one_shot", c1, lambda: ops.one_shot_all_reduce_out(buf, "sum", gname, c1.out), load=load1))
+    c2 = Collective(comm, "ar", n, bf)
+    out.append(Impl("symm_two_shot", c2, lambda: ops.two_shot_all_reduce_(buf, "sum", gname),
+                    load=lambda seed: (c2.load(seed), buf.copy_(c2.x)), result=lambda: buf, reset=lambda: buf.zero_()))
+    return out
+
+
+def measure(ctx, impl, ops: int, replays: int, channel: str = "bench") -> dict:
+    """Exact check once eagerly, then the graph timing. Returns row fields."""
+    import torch
+
+    row = {}
+    impl.load(1)
+    impl.call()
+    ctx.sync()
+    want = impl.coll.expected(1)
+    row["correct"] = bool(torch.equal(impl.result(), want))
+    impl.reset()
+    s = ctx.stream()
+    scope = (lambda r: ctx.comm.pool.capture(s, channel, reuse=True)) if impl.ours else None
+    g = Graph(lambda: [impl.call() for _ in range(ops)], s, scope=scope, cpu_streams=ctx.cpu_streams, warmup=1)
+    g.replay()  # upload / first-launch cost stays out of the timings
+    ctx.sync()
+    ts = time_calls(g.replay, replays + 1, cuda=ctx.cuda)[1:]
+    g.release()
+    row["us"] = median(ts) / ops * 1e6
+    row["us_min"] = min(ts) / ops * 1e6
+    return row
+
+
+def _symm_setup(world):
+    """(torch symmetric-memory module, group name), or why it is unavailable."""
+    if world.backend != "cuda":
+        return "unavailable: CPU dry run"
+    try:
+        import torch.distributed as dist
+        import torch.distributed._symmetric_memory as symm_mem
+
+        return symm_mem, dist.group.WORLD.group_name
+    except Exception as e:  # noqa: BLE001
+        return f"unavailable: {type(e).__name__}: {e}"
+
+
+def _bench_rank(world, cfg: dict) -> list:
+    ensure_repo_on_path()
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    import dataclasses
+
+    import torch
+    import torch.distributed as dist
+
+    from sparkinfer.comm import Communicator, launch_config, select_algorithm
+    from sparkinfer.comm.all_reduce.launch import twoshot_chunk
+
+    sizes = cfg["sizes"]
+    comm = Communicator(capacity_bytes=max(sizes + cfg["sweep_sizes"]), timeout_s=10.0, channel_ids=("bench",))
+    ctx, symm, rows = Ctx(world, comm), _symm_setup(world), []
+    t_start = time.perf_counter()
+
+    def run(op, impl, size, ops, extra):
+        row = {"op": op, "size_bytes": size, "dtype": "bfloat16", "ops_per_graph": ops, "replays": cfg["replays"], **extra}
+        if isinstance(impl, str):  # an unavailable implementation: `impl` says why
+            rows.append({**row, "error": impl[:400]})
+            return
+        row["impl"] = impl.name
+        try:
+            row.update(measure(ctx, impl, ops, cfg["replays"]))
+        except Exception as e:  # noqa: BLE001 - symmetric on both ranks; recorded, the run goes on
+            row["error"] = f"{type(e).__name__}: {e}"[:400]
+        rows.append(row)
+
+    for size in sizes:
+        ops = cfg["ops"].get(size, cfg["ops_default"])
+        for op in ("all_reduce", "reduce_scatter", "all_gather"):
+            impls = make_impls(comm, op, size, symm)
+            for i, impl in enumerate(impls):
+                extra = {}
+                if isinstance(impl, str):
+                    extra["impl"] = ("symm_one_shot", "symm_two_shot")[i - 4]
+                elif impl.name == "auto":
+                    extra["algorithm"] = select_algorithm(comm.caps, size, None)
+                run(op, impl, size, ops, extra)
+            del impls
+
+    for size in cfg["sweep_sizes"]:  # launch-configuration sweep of our all_reduce kernels
+        ops = cfg["ops"].get(size, cfg["ops_default"])
+        for name, pb, block, warps in cfg["sweep"]:
+            def override(nbytes, pb=pb, block=block, warps=warps):
+                base = launch_config(comm.caps, nbytes, per_block_bytes=pb or 1)
+                if pb is None:
+                    base = dataclasses.replace(base, grid=min(comm.caps.num_sms, 256))
+                return base if comm.caps.interpret else dataclasses.replace(base, block=block, num_warps=warps)
+
+            for alg in ("oneshot", "twoshot"):
+                comm._config_override = override
+                staged = size if alg == "oneshot" else 2 * twoshot_chunk(size // 2, comm.world_size)
+                cfg_used = override(staged)  # what config_for() returns for this op (bf16)
+                c = Collective(comm, "ar", size // 2, torch.bfloat16, alg)
+                run("all_reduce_sweep", Impl(f"{alg}:{name}", c, c.call, ours=True), size, ops,
+                    {"config": dataclasses.asdict(cfg_used), "algorithm": alg, "sweep": name})
+                comm._config_override = None
+    comm.synchronize()
+    comm.close()
+    dist.barrier()
+    rows.append({"op": "rank_info", "seconds": round(time.perf_counter() - t_start, 1), "num_sms": comm.caps.num_sms,
+                 "capacity": comm.caps.capacity, "link": comm.caps.link})
+    return rows
+
+
+# --------------------------------------------------------------------------- parent side
+def peer_copy_bw(nbytes: int = 256 * MiB, reps: int = 10) -> dict:
+    """GB/s of torch copies cuda:0 -> cuda:1 (one direction) and both directions at once."""
+    import torch
+
+    a0, b1 = torch.empty(nbytes, dtype=torch.uint8, device="cuda:0"), torch.empty(nbytes, dtype=torch.uint8, device="cuda:1")
+    a1, b0 = torch.empty_like(b1), torch.empty_like(a0)
+
+    def timed(fn):
+        fn()
+        for d in (0, 1):
+            torch.cuda.synchronize(d)
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        for d in (0, 1):
+            torch.cuda.synchronize(d)
+        return time.perf_counter() - t0
+
+    uni = nbytes * reps / timed(lambda: b1.copy_(a0, non_blocking=True)) / 1e9
+    bidi = nbytes * reps / timed(lambda: (b1.copy_(a0, non_blocking=True), b0.copy_(a1, non_blocking=True))) / 1e9
+    return {"op": "peer_copy", "bytes": nbytes, "uni_GBps": round(uni, 1), "bidi_per_direction_GBps": round(bidi, 1),
+            "peer_access": torch.cuda.can_device_access_peer(0, 1)}
+
+
+def merge(per_rank: list, world_size: int, peak_GBps: float | None) -> list:
+    """One row per measurement: the slower rank's latency, bandwidths, ratio to NCCL, target."""
+    rows = []
+    for rs in zip(*per_rank):
+        row = dict(rs[0])
+        if "us" in row:
+            row["us_per_rank"] = [round(r.get("us", float("nan")), 3) for r in rs]
+            row["us"] = max(r["us"] for r in rs if "us" in r)
+            row["correct"] = all(r.get("correct", False) for r in rs)
+            algbw = row["size_bytes"] / (row["us"] * 1e-6) / 1e9
+            factor = 2 * (world_size - 1) / world_size if row["op"].startswith("all_reduce") else (world_size - 1) / world_size
+            row.update(algbw_GBps=round(algbw, 2), busbw_GBps=round(algbw * factor, 2))
+            if peak_GBps:
+                row["frac_of_peer_copy"] = round(algbw * factor / peak_GBps, 3)
+        rows.append(row)
+    nccl = {(r["op"], r["size_bytes"]): r["us"] for r in rows if r.get("impl") == "nccl" and "us" in r}
+    for r in rows:
+        ref = nccl.get(("all_reduce" if r["op"] == "all_reduce_sweep" else r["op"], r.get("size_bytes")))
+        if "us" in r and ref:
+            r["ratio_vs_nccl"] = round(r["us"] / ref, 3)
+        if r["op"] == "all_reduce" and r.get("impl") == "auto" and "us" in r:
+            t = target_us(r["size_bytes"])
+            r["target_us"] = t
+            r["meets_target"] = (t is None or r["us"] <= t) and r.get("ratio_vs_nccl", 0) <= 1.0
+    return rows
+
+
+def _fmt_size(b: int) -> str:
+    return f"{b // MiB}M" if b >= MiB else f"{b // KiB}K"
+
+
+def print_tables(rows: list) -> None:
+    def cell(op, impl, size):
+        r = next((r for r in rows if r["op"] == op and r.get("impl") == impl and r.get("size_bytes") == size), None)
+        if r is None or "us" not in r:
+            return "n/a" if r is None else "err"
+        return f"{r['us']:.2f}" + ("" if r.get("correct", True) else "!")
+
+    sizes = sorted({r["size_bytes"] for r in rows if r["op"] == "all_reduce"})
+    impls = ["oneshot", "twoshot", "auto", "nccl", "symm_one_shot", "symm_two_shot"]
+    print("\nall_reduce bf16, us per op in a CUDA graph (max over ranks; ! = wrong result)")
+    print(f"{'size':>6} " + " ".join(f"{i[:13]:>13}" for i in impls) + f" {'auto/nccl':>9} {'auto GB/s':>9} {'target':>7}")
+    for s in sizes:
+        a = next((r for r in rows if r["op"] == "all_reduce" and r.get("impl") == "auto" and r["size_bytes"] == s), {})
+        tgt = a.get("target_us")
+        mark = "" if "meets_target" not in a else (" ok" if a["meets_target"] else " MISS")
+        print(f"{_fmt_size(s):>6} " + " ".join(f"{cell('all_reduce', i, s):>13}" for i in impls)
+              + f" {a.get('ratio_vs_nccl', float('nan')):>9.3f} {a.get('busbw_GBps', float('nan')):>9.1f}"
+              + f" {(str(tgt) if tgt else '-'):>7}{mark}")
+    for op in ("reduce_scatter", "all_gather"):
+        print(f"\n{op} bf16 (size = {'input' if op == 'reduce_scatter' else 'output'} bytes): us ours / nccl, ratio")
+        for s in sizes:
+            r = next((r for r in rows if r["op"] == op and r.get("impl") == "ours" and r["size_bytes"] == s), {})
+            print(f"{_fmt_size(s):>6} {cell(op, 'ours', s):>9} {cell(op, 'nccl', s):>9} {r.get('ratio_vs_nccl', float('nan')):>7.3f}")
+    sweep = [r for r in rows if r["op"] == "all_reduce_sweep" and "us" in r]
+    if sweep:
+        print("\nlaunch-config sweep (all_reduce): best per size and algorithm vs the default (pb32K)")
+        for s in sorted({r["size_bytes"] for r in sweep}):
+            for alg in ("oneshot", "twoshot"):
+                cand = [r for r in sweep if r["size_bytes"] == s and r["algorithm"] == alg]
+                if cand:
+                    best = min(cand, key=lambda r: r["us"])
+                    dflt = next((r for r in cand if r["sweep"] == "pb32K"), best)
+                    print(f"{_fmt_size(s):>6} {alg:>8} best {best['sweep']:<14} {best['us']:8.2f} us "
+                          f"(grid {best['config']['grid']}), default {dflt['us']:8.2f} us")
+
+
+def plot(rows: list, path: Path) -> str:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        return f"no plot ({e})"
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+    for ax, ops in ((axes[0], ("all_reduce",)), (axes[1], ("reduce_scatter", "all_gather"))):
+        for op in ops:
+            for impl in sorted({r["impl"] for r in rows if r["op"] == op and "us" in r}):
+                pts = sorted((r["size_bytes"], r["us"]) for r in rows if r["op"] == op and r.get("impl") == impl and "us" in r)
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3,
+                        label=impl if len(ops) == 1 else f"{op}:{impl}")
+        if ops == ("all_reduce",):
+            tg = sorted((s, target_us(s)) for s in {r["size_bytes"] for r in rows if r["op"] == "all_reduce"} if target_us(s))
+            ax.scatter([t[0] for t in tg], [t[1] for t in tg], marker="_", s=200, c="k", label="issue-3 target (auto)")
+        ax.set(xscale="log", yscale="log", xlabel="bytes", ylabel="us per op (CUDA graph)", title=" / ".join(ops) + " bf16, 2 ranks")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return str(path)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="8 sizes, shorter graphs (about 1-2 minutes)")
+    p.add_argument("--sweep-grid", action="store_true", help="also time other launch configurations of our kernels")
+    p.add_argument("--sizes", default="", help="comma-separated sizes in KiB (overrides the size list)")
+    p.add_argument("--out", default="benchmarks/results/comm_2xh200.json")
+    p.add_argument("--dry-run", "--cpu", dest="dry_run", action="store_true", help="2 CPU ranks, Triton interpreter")
+    p.add_argument("--timeout", type=float, default=540.0, help="launcher backstop, seconds")
+    args = p.parse_args(argv)
+    ensure_repo_on_path()
+    from sparkinfer.runtime import launch
+
+    out = Path("/tmp/sparkinfer_comm_dryrun.json" if args.dry_run and args.out == p.get_default("out") else args.out)
+    cfg, meta = plan(args), metadata()
+    t0 = time.perf_counter()
+    per_rank = launch(_bench_rank, 2, backend="cpu" if args.dry_run else "cuda", args=(cfg,), timeout_s=args.timeout)
+    peer = None
+    if not args.dry_run:
+        try:
+            peer = peer_copy_bw()
+        except Exception as e:  # noqa: BLE001
+            peer = {"op": "peer_copy", "error": f"{type(e).__name__}: {e}"}
+    rows = merge(per_rank, 2, (peer or {}).get("uni_GBps"))
+    rows += [peer] if peer else []
+    for r in rows:
+        r["bench"], r["mode"] = "comm", "dry-run" if args.dry_run else ("quick" if args.quick else "full")
+    append_rows(out, rows, meta)
+    print_tables(rows)
+    if peer:
+        print(f"\npeer copy 256 MiB: {peer}")
+    info = next(r for r in rows if r["op"] == "rank_info")
+    bad = [f"{r['op']}:{r.get('impl')}:{r['size_bytes']}" for r in rows if r.get("correct") is False]
+    errs = [f"{r['op']}:{r.get('impl')}:{r.get('size_bytes')}: {r['error'][:160]}" for r in rows if "error" in r]
+    print(f"\n{meta['gpu']} x2, commit {str(meta.get('commit'))[:10]}, {time.perf_counter() - t0:.0f} s "
+          f"(ranks {info['seconds']} s); wrong results: {bad or 'none'}")
+    for e in sorted(set(errs))[:12]:
+        print(f"  error {e}")
+    print(f"rows appended to {out}; plot: {plot(rows, out.with_suffix('.png'))}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
