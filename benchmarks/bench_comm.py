@@ -29,6 +29,9 @@ benchmarks only) to time other grid sizes / per-block byte targets / tiles.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import os
 import sys
 import time
 import warnings
@@ -85,7 +88,8 @@ _SYMM_KEEP: list = []
 
 
 def make_impls(comm, op: str, size: int, symm) -> list:
-    """The implementations of `op` at `size` bytes (bf16)."""
+    """The implementations of `op` ("all_reduce", "reduce_scatter", "all_gather", or "symm" for
+    torch SymmetricMemory's all_reduce) at `size` bytes (bf16)."""
     import torch
     import torch.distributed as dist
 
@@ -96,20 +100,22 @@ def make_impls(comm, op: str, size: int, symm) -> list:
     if op == "all_gather":
         c = Collective(comm, "ag", n // W, bf)
         return [Impl("ours", c, c.call, ours=True), Impl("nccl", c, lambda: dist.all_gather_into_tensor(c.out, c.x))]
-    out = [Impl(alg, c, c.call, ours=True) for alg in ("oneshot", "twoshot", "auto") for c in [Collective(comm, "ar", n, bf, alg)]]
-    c = Collective(comm, "ar", n, bf)
-    out.append(Impl("nccl", c, lambda: dist.all_reduce(c.out), load=lambda seed: (c.load(seed), c.out.copy_(c.x)),
-                    reset=lambda: c.out.zero_()))
+    if op == "all_reduce":
+        out = [Impl(alg, c, c.call, ours=True) for alg in ("oneshot", "twoshot", "auto") for c in [Collective(comm, "ar", n, bf, alg)]]
+        c = Collective(comm, "ar", n, bf)
+        return out + [Impl("nccl", c, lambda: dist.all_reduce(c.out), load=lambda seed: (c.load(seed), c.out.copy_(c.x)),
+                           reset=lambda: c.out.zero_())]
+    assert op == "symm", op  # torch SymmetricMemory all_reduce; a string says why it is unavailable
     if isinstance(symm, str):
-        return out + [symm, symm]  # the reason torch SymmetricMemory is unavailable
+        return [symm, symm]
     mod, gname = symm
     try:
         buf = mod.empty(n, dtype=bf, device=comm.device)
         mod.rendezvous(buf, gname)
         _SYMM_KEEP.append(buf)  # never freed while a peer may still map it
     except Exception as e:  # noqa: BLE001 - recorded, not fatal
-        return out + [f"rendezvous: {type(e).__name__}: {e}"] * 2
-    ops = torch.ops.symm_mem
+        return [f"rendezvous: {type(e).__name__}: {e}"] * 2
+    ops, out = torch.ops.symm_mem, []
     c1 = Collective(comm, "ar", n, bf)
     load1 = lambda seed: (c1.load(seed), buf.copy_(c1.x), poison(c1.out))  # noqa: E731
     out.append(Impl("symm_one_shot", c1, lambda: ops.one_shot_all_reduce_out(buf, "sum", gname, c1.out), load=load1))
@@ -171,33 +177,23 @@ def _bench_rank(world, cfg: dict) -> list:
     ctx, symm, rows = Ctx(world, comm), _symm_setup(world), []
     t_start = time.perf_counter()
 
+    def emit(row):  # rows also stream to disk: a rank that dies loses only what follows
+        rows.append(row)
+        with open(f"{cfg['partial']}.rank{world.rank}.jsonl", "a") as f:
+            f.write(json.dumps(row, default=str) + "\n")
+
     def run(op, impl, size, ops, extra):
         row = {"op": op, "size_bytes": size, "dtype": "bfloat16", "ops_per_graph": ops, "replays": cfg["replays"], **extra}
         if isinstance(impl, str):  # an unavailable implementation: `impl` says why
-            rows.append({**row, "error": impl[:400]})
-            return
+            return emit({**row, "error": impl[:400]})
         row["impl"] = impl.name
         try:
             row.update(measure(ctx, impl, ops, cfg["replays"]))
         except Exception as e:  # noqa: BLE001 - symmetric on both ranks; recorded, the run goes on
             row["error"] = f"{type(e).__name__}: {e}"[:400]
-        rows.append(row)
+        emit(row)
 
-    for size in sizes:
-        ops = cfg["ops"].get(size, cfg["ops_default"])
-        for op in ("all_reduce", "reduce_scatter", "all_gather"):
-            impls = make_impls(comm, op, size, symm)
-            for i, impl in enumerate(impls):
-                extra = {}
-                if isinstance(impl, str):
-                    extra["impl"] = ("symm_one_shot", "symm_two_shot")[i - 4]
-                elif impl.name == "auto":
-                    extra["algorithm"] = select_algorithm(comm.caps, size, None)
-                run(op, impl, size, ops, extra)
-            del impls
-
-    for size in cfg["sweep_sizes"]:  # launch-configuration sweep of our all_reduce kernels
-        ops = cfg["ops"].get(size, cfg["ops_default"])
+    def sweep(size, ops):  # launch-configuration sweep of our all_reduce kernels
         for name, pb, block, warps in cfg["sweep"]:
             def override(nbytes, pb=pb, block=block, warps=warps):
                 base = launch_config(comm.caps, nbytes, per_block_bytes=pb or 1)
@@ -213,6 +209,20 @@ def _bench_rank(world, cfg: dict) -> list:
                 run("all_reduce_sweep", Impl(f"{alg}:{name}", c, c.call, ours=True), size, ops,
                     {"config": dataclasses.asdict(cfg_used), "algorithm": alg, "sweep": name})
                 comm._config_override = None
+
+    # ours and NCCL first, torch SymmetricMemory last: a crash there cannot take our rows with it
+    for op in ("all_reduce", "reduce_scatter", "all_gather", "sweep", "symm"):
+        for size in cfg["sweep_sizes"] if op == "sweep" else sizes:
+            ops = cfg["ops"].get(size, cfg["ops_default"])
+            if op == "sweep":
+                sweep(size, ops)
+                continue
+            for i, impl in enumerate(make_impls(comm, op, size, symm)):
+                extra = {"impl": ("symm_one_shot", "symm_two_shot")[i]} if op == "symm" else {}
+                if not isinstance(impl, str) and impl.name == "auto":
+                    extra["algorithm"] = select_algorithm(comm.caps, size, None)
+                run("all_reduce" if op == "symm" else op, impl, size, ops, extra)
+
     comm.synchronize()
     comm.close()
     dist.barrier()
@@ -273,6 +283,14 @@ def merge(per_rank: list, world_size: int, peak_GBps: float | None) -> list:
     return rows
 
 
+def _read_partial(path: str) -> list:
+    try:
+        with open(path) as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except (OSError, ValueError):
+        return []
+
+
 def _fmt_size(b: int) -> str:
     return f"{b // MiB}M" if b >= MiB else f"{b // KiB}K"
 
@@ -319,6 +337,7 @@ def plot(rows: list, path: Path) -> str:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import matplotlib.ticker
     except ImportError as e:
         return f"no plot ({e})"
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
@@ -331,7 +350,11 @@ def plot(rows: list, path: Path) -> str:
         if ops == ("all_reduce",):
             tg = sorted((s, target_us(s)) for s in {r["size_bytes"] for r in rows if r["op"] == "all_reduce"} if target_us(s))
             ax.scatter([t[0] for t in tg], [t[1] for t in tg], marker="_", s=200, c="k", label="issue-3 target (auto)")
-        ax.set(xscale="log", yscale="log", xlabel="bytes", ylabel="us per op (CUDA graph)", title=" / ".join(ops) + " bf16, 2 ranks")
+        xs = sorted({r["size_bytes"] for r in rows if r["op"] in ops and "us" in r})
+        ax.set_xscale("log")
+        ax.set_xticks(xs, [_fmt_size(x) for x in xs], rotation=45, fontsize=7)
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+        ax.set(yscale="log", xlabel="bytes", ylabel="us per op (CUDA graph)", title=" / ".join(ops) + " bf16, 2 ranks")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
@@ -349,12 +372,25 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=540.0, help="launcher backstop, seconds")
     args = p.parse_args(argv)
     ensure_repo_on_path()
+    from sparkinfer.errors import RankFailed
     from sparkinfer.runtime import launch
 
     out = Path("/tmp/sparkinfer_comm_dryrun.json" if args.dry_run and args.out == p.get_default("out") else args.out)
     cfg, meta = plan(args), metadata()
     t0 = time.perf_counter()
-    per_rank = launch(_bench_rank, 2, backend="cpu" if args.dry_run else "cuda", args=(cfg,), timeout_s=args.timeout)
+    cfg["partial"] = f"/tmp/sparkinfer_bench_comm_{os.getpid()}"
+    failure = None
+    try:
+        per_rank = launch(_bench_rank, 2, backend="cpu" if args.dry_run else "cuda", args=(cfg,), timeout_s=args.timeout)
+    except RankFailed as e:  # keep what the ranks measured before it
+        failure = f"rank {e.rank}: {e.detail[-3000:]}"
+        per_rank = [_read_partial(f"{cfg['partial']}.rank{r}.jsonl") for r in range(2)]
+        k = min(len(x) for x in per_rank)
+        per_rank = [x[:k] + [{"op": "rank_info", "seconds": None, "error": failure}] for x in per_rank]
+        print(f"RUN FAILED (partial results kept): {failure}", flush=True)
+    for r in range(2):
+        with contextlib.suppress(OSError):
+            os.remove(f"{cfg['partial']}.rank{r}.jsonl")
     peer = None
     if not args.dry_run:
         try:
@@ -377,7 +413,7 @@ def main(argv=None) -> int:
     for e in sorted(set(errs))[:12]:
         print(f"  error {e}")
     print(f"rows appended to {out}; plot: {plot(rows, out.with_suffix('.png'))}")
-    return 1 if bad else 0
+    return 1 if bad or failure else 0
 
 
 if __name__ == "__main__":
