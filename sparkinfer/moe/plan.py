@@ -30,6 +30,17 @@ MICRO_BLOCK_M = 16
 # provisional, not yet measured (2 programs per SM hide one program's tail).
 PROGRAMS_PER_SM = 2
 MAX_SPLIT = 8
+# FC2 of micro pipelines S1 fp32 partials per step (16 KiB each at BK 128), so
+# FC1 splits stop at 4 to keep two stages within shared memory.
+MAX_SPLIT1 = 4
+# Shared memory per program: two programs per SM for the memory-bound shapes,
+# one for the large grouped tiles (the H200 has 227 KiB per SM). SMEM_FIXED is
+# what Triton stages besides the pipelined loads (dequantized operand, epilogue).
+# Budgets checked against ptxas for every benchmark shape
+# (tests/moe/test_compile_sm90.py); their speed is not yet measured.
+SMEM_TWO_PER_SM = 112 * 1024
+SMEM_ONE_PER_SM = 220 * 1024
+SMEM_FIXED = 8 * 1024
 # grouped: rows per tile from the mean routes per active expert; provisional,
 # not yet measured.
 GROUPED_BLOCK_M = ((16, 16), (32, 32), (96, 64))  # (mean rows per expert <=, BM)
@@ -42,8 +53,8 @@ class LaunchConfig:
 
     family: "micro" or "grouped". block_m: routed rows per tile. block_n1 /
     block_n2: weight rows per FC1 / FC2 program. split1 / split2: programs per
-    FC1 / FC2 reduction (micro only; grouped uses 1). num_warps, num_stages:
-    Triton launch options of both GEMMs.
+    FC1 / FC2 reduction (micro only; grouped uses 1). num_warps: both GEMMs.
+    stages1 / stages2: software-pipeline depth of FC1 / FC2 (Triton num_stages).
     """
 
     family: str
@@ -53,7 +64,8 @@ class LaunchConfig:
     split1: int = 1
     split2: int = 1
     num_warps: int = 4
-    num_stages: int = 3
+    stages1: int = 3
+    stages2: int = 3
 
 
 @dataclass(frozen=True)
@@ -78,29 +90,53 @@ class MoEPlan:
         raise AssertionError("buckets cover max_tokens")  # internal invariant
 
 
-def _split(programs: int, chunks: int, num_sms: int) -> int:
+def _split(programs: int, chunks: int, num_sms: int, cap: int) -> int:
     want = PROGRAMS_PER_SM * num_sms
     if programs >= want:
         return 1
-    return max(1, min(MAX_SPLIT, chunks, triton.cdiv(want, programs)))
+    return max(1, min(cap, chunks, triton.cdiv(want, programs)))
+
+
+def _stages(per_stage: int, budget: int) -> int:
+    """Pipeline depth whose shared memory (per_stage bytes a step, plus the
+    dequantized-operand staging) fits `budget`; 2..4."""
+    return max(2, min(4, (budget - SMEM_FIXED) // per_stage))
+
+
+def _weight_bytes(rows: int, chunk: int, nvfp4: bool) -> int:
+    return rows * (chunk // 2 + chunk // 16 if nvfp4 else 2 * chunk)
 
 
 def _config(caps: MoECaps, spec: MoESpec, tokens: int, chunk: int) -> LaunchConfig:
     routes = tokens * caps.top_k
     active = min(caps.num_experts, routes)
+    nvfp4 = spec.weight_format == "nvfp4"
+    halves = 2 if spec.gated else 1  # FC1 weight tiles per step (gate, up)
     if tokens <= MICRO_MAX_TOKENS:
-        bn = 64
+        bn, bm = 64, MICRO_BLOCK_M
         s1 = _split(active * triton.cdiv(caps.intermediate, bn), caps.hidden // chunk,
-                    caps.num_sms)
+                    caps.num_sms, MAX_SPLIT1)
         s2 = _split(active * triton.cdiv(caps.hidden, bn), caps.intermediate // chunk,
-                    caps.num_sms)
-        return LaunchConfig("micro", MICRO_BLOCK_M, bn, bn, s1, s2, num_warps=4, num_stages=4)
+                    caps.num_sms, MAX_SPLIT)
+        fc1 = halves * _weight_bytes(bn, chunk, nvfp4) + chunk * bm * 2
+        # FC2 builds its operand from S1 fp32 partials of gate and up per step
+        fc2 = _weight_bytes(bn, chunk, nvfp4) + s1 * halves * chunk * bm * 4
+        return LaunchConfig("micro", bm, bn, bn, s1, s2, num_warps=4,
+                            stages1=_stages(fc1, SMEM_TWO_PER_SM),
+                            stages2=_stages(fc2, SMEM_TWO_PER_SM))
     mean_rows = routes / active
     bm = next((b for limit, b in GROUPED_BLOCK_M if mean_rows <= limit), GROUPED_BLOCK_M_LARGE)
     if bm <= 32:
-        return LaunchConfig("grouped", bm, 64, 64, num_warps=4, num_stages=4)
-    # FC1 loads gate and up tiles per step, so it keeps BN at 64 to fit shared memory.
-    return LaunchConfig("grouped", bm, 64, 128, num_warps=8, num_stages=3)
+        bn1 = bn2 = 64
+        budget, warps = SMEM_TWO_PER_SM, 4
+    else:
+        # FC1 loads gate and up tiles per step, so it keeps BN at 64.
+        bn1, bn2 = 64, 128
+        budget, warps = SMEM_ONE_PER_SM, 8
+    fc1 = halves * _weight_bytes(bn1, chunk, nvfp4) + chunk * bm * 2
+    fc2 = _weight_bytes(bn2, chunk, nvfp4) + chunk * bm * 2
+    return LaunchConfig("grouped", bm, bn1, bn2, num_warps=warps,
+                        stages1=min(3, _stages(fc1, budget)), stages2=min(3, _stages(fc2, budget)))
 
 
 def plan(caps: MoECaps, spec: MoESpec) -> MoEPlan:

@@ -34,7 +34,7 @@ def _gemm_common(b: MoEBinding) -> dict:
                 GATED=spec.gated, ACT=_ACT[spec.activation],
                 NVFP4=spec.weight_format == "nvfp4",
                 WEIGHT_BEFORE=not spec.router_weight_after_fc2, INTERPRET=b.interpret,
-                num_warps=b.config.num_warps, num_stages=b.config.num_stages)
+                num_warps=b.config.num_warps)
 
 
 def _sort(b: MoEBinding, routes: int, block_m: int, tiles: int) -> None:
@@ -80,12 +80,13 @@ def run(b: MoEBinding) -> None:
         moe_fc1_kernel[(routes, triton.cdiv(i, cfg.block_n1), sp1)](
             b.x, w.w1, s1, g1, ids, tw, ids, ids, p1, t, i, chunks1, cps1,
             h, w.w1.stride(0), w.w1.stride(1), *sn1, p1.stride(0), p1.stride(1), alpha, limit,
-            BM=cfg.block_m, BN=cfg.block_n1, MICRO=True, **common)
+            BM=cfg.block_m, BN=cfg.block_n1, MICRO=True, num_stages=cfg.stages1, **common)
         moe_fc2_kernel[(routes, triton.cdiv(h, cfg.block_n2), sp2)](
-            p1, w.w2, s2, g2, ids, tw, ids, ids, p2, t, h, i, sp1, chunks2, cps2,
+            p1, w.w2, s2, g2, ids, tw, ids, ids, p2, t, h, i, chunks2, cps2,
             p1.stride(0), p1.stride(1), w.w2.stride(0), w.w2.stride(1), *sn2,
             p2.stride(0), p2.stride(1), alpha, limit,
-            BM=cfg.block_m, BN=cfg.block_n2, MICRO=True, **common)
+            BM=cfg.block_m, BN=cfg.block_n2, S1=sp1, MICRO=True, num_stages=cfg.stages2,
+            **common)
         part, splits, stride_ps = p2, sp2, p2.stride(0)
     else:
         tiles = max_tiles(routes, c.num_experts, cfg.block_m)
@@ -94,11 +95,12 @@ def run(b: MoEBinding) -> None:
         moe_fc1_kernel[(tiles, triton.cdiv(i, cfg.block_n1), 1)](
             b.x, w.w1, s1, g1, ids, tw, srt, te, inter, t, i, chunks1, chunks1,
             h, w.w1.stride(0), w.w1.stride(1), *sn1, 0, inter.stride(0), alpha, limit,
-            BM=cfg.block_m, BN=cfg.block_n1, MICRO=False, **common)
+            BM=cfg.block_m, BN=cfg.block_n1, MICRO=False, num_stages=cfg.stages1, **common)
         moe_fc2_kernel[(tiles, triton.cdiv(h, cfg.block_n2), 1)](
-            inter, w.w2, s2, g2, ids, tw, srt, te, ro, t, h, i, 1, chunks2, chunks2,
+            inter, w.w2, s2, g2, ids, tw, srt, te, ro, t, h, i, chunks2, chunks2,
             0, inter.stride(0), w.w2.stride(0), w.w2.stride(1), *sn2, 0, ro.stride(0),
-            alpha, limit, BM=cfg.block_m, BN=cfg.block_n2, MICRO=False, **common)
+            alpha, limit, BM=cfg.block_m, BN=cfg.block_n2, S1=1, MICRO=False,
+            num_stages=cfg.stages2, **common)
         part, splits, stride_ps = ro, 1, 0
     moe_reduce_kernel[(t, triton.cdiv(h, REDUCE_BLOCK_H))](
         part, ids, tw, b.out, h, splits, stride_ps, part.stride(-2), b.out.stride(0),

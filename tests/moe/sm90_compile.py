@@ -87,8 +87,11 @@ def compile_sm90(launch: Launch):
     names = fn.arg_names
     kw = dict(launch.kwargs)
     options = {k: kw.pop(k) for k in ("num_warps", "num_stages") if k in kw}
-    sig, consts = {}, {}
-    for name, val in zip(names, launch.args):
+    sig, consts, attrs = {}, {}, {}
+    for idx, (name, val) in enumerate(zip(names, launch.args)):
+        # the launcher's specialization: 16-aligned pointers and ints divisible by 16
+        if isinstance(val, torch.Tensor) or (type(val) is int and val % 16 == 0):
+            attrs[(idx,)] = [["tt.divisibility", 16]]
         if isinstance(val, torch.Tensor):
             sig[name] = _PTR[val.dtype]
         elif isinstance(val, bool):
@@ -100,7 +103,7 @@ def compile_sm90(launch: Launch):
     for name in names[len(launch.args):]:
         sig[name] = "constexpr"
         consts[name] = kw[name]
-    src = ASTSource(fn=fn, signature=sig, constexprs=consts)
+    src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -24,8 +25,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def compiled():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     arg = json.dumps([[QWEN3, fmt, t, 1024] for fmt, t in CASES])
-    res = subprocess.run([sys.executable, "-m", "tests.moe.sm90_compile", arg], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=600)
+    with tempfile.TemporaryDirectory() as cache:  # private cache: no races with other runs
+        env["TRITON_CACHE_DIR"] = cache
+        res = subprocess.run([sys.executable, "-m", "tests.moe.sm90_compile", arg], cwd=ROOT,
+                             env=env, capture_output=True, text=True, timeout=600)
     if res.returncode != 0 and "ptxas" in res.stderr and "not found" in res.stderr:
         pytest.skip("no ptxas in this environment")
     assert res.returncode == 0, res.stderr[-3000:]

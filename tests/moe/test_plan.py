@@ -19,7 +19,7 @@ DECISIONS = [
     ("dsv3-T64", DSV3, 64, "grouped", 16, 1, 1),
     ("dsv3-T1024", DSV3, 1024, "grouped", 32, 1, 1),
     ("dsv3-T4096", DSV3, 4096, "grouped", 128, 1, 1),
-    ("dsv3tp8-T1", DSV3_TP8, 1, "micro", 16, 8, 1),
+    ("dsv3tp8-T1", DSV3_TP8, 1, "micro", 16, 4, 1),
     ("qwen3-T1", QWEN3, 1, "micro", 16, 3, 2),
     ("qwen3-T256", QWEN3, 256, "grouped", 16, 1, 1),
     ("qwen3-T4096", QWEN3, 4096, "grouped", 128, 1, 1),

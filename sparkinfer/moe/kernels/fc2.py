@@ -22,15 +22,15 @@ from sparkinfer.moe.kernels.common import activation, dot_operand, micro_rows, w
 
 
 @triton.jit
-def act_half(a_ptr, route, m_row, o_k, k0, I, S1, stride_as, stride_ar, topk_w_ptr, alpha, limit,
-             GATED: tl.constexpr, ACT: tl.constexpr, WEIGHT_BEFORE: tl.constexpr,
+def act_half(a_ptr, route, m_row, o_k, k0, I, stride_as, stride_ar, topk_w_ptr, alpha, limit,
+             S1: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr, WEIGHT_BEFORE: tl.constexpr,
              INTERPRET: tl.constexpr):
     """Activation tile [len(o_k), BM] for reduction elements k0 + o_k of routes `route`,
     from FC1 partials a_ptr -> fp32 [S1, R, (2)I]."""
     p_a = a_ptr + route[None, :].to(tl.int64) * stride_ar + k0 + o_k[:, None]
     b_g = tl.zeros([o_k.shape[0], route.shape[0]], dtype=tl.float32)
     b_u = tl.zeros([o_k.shape[0], route.shape[0]], dtype=tl.float32)
-    for s in range(S1):
+    for s in tl.static_range(S1):
         b_g += tl.load(p_a + s * stride_as, mask=m_row[None, :], other=0.0)
         if GATED:
             b_u += tl.load(p_a + s * stride_as + I, mask=m_row[None, :], other=0.0)
@@ -43,11 +43,11 @@ def act_half(a_ptr, route, m_row, o_k, k0, I, S1, stride_as, stride_ar, topk_w_p
 @triton.jit
 def moe_fc2_kernel(
     a_ptr, w_ptr, s_ptr, gs_ptr, ids_ptr, topk_w_ptr, sorted_ptr, tile_e_ptr, out_ptr,
-    T, H, I, S1, num_chunks, chunks_per_split,
+    T, H, I, num_chunks, chunks_per_split,
     stride_as, stride_ar, stride_we, stride_wn, stride_se, stride_sn, stride_os, stride_or,
     alpha, limit,
     E: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, RP: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, S1: tl.constexpr,
     MICRO: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr, NVFP4: tl.constexpr,
     WEIGHT_BEFORE: tl.constexpr, INTERPRET: tl.constexpr,
 ):
@@ -79,10 +79,10 @@ def moe_fc2_kernel(
     for c in range(c_lo, c_hi):
         k0 = c * BK
         if MICRO:
-            b_alo = act_half(a_ptr, route, m_row, o_k, k0, I, S1, stride_as, stride_ar,
-                             topk_w_ptr, alpha, limit, GATED, ACT, WEIGHT_BEFORE, INTERPRET)
-            b_ahi = act_half(a_ptr, route, m_row, o_k, k0 + HALF, I, S1, stride_as, stride_ar,
-                             topk_w_ptr, alpha, limit, GATED, ACT, WEIGHT_BEFORE, INTERPRET)
+            b_alo = act_half(a_ptr, route, m_row, o_k, k0, I, stride_as, stride_ar, topk_w_ptr,
+                             alpha, limit, S1, GATED, ACT, WEIGHT_BEFORE, INTERPRET)
+            b_ahi = act_half(a_ptr, route, m_row, o_k, k0 + HALF, I, stride_as, stride_ar,
+                             topk_w_ptr, alpha, limit, S1, GATED, ACT, WEIGHT_BEFORE, INTERPRET)
         else:
             p_a = a_ptr + o_arow[None, :].to(tl.int64) * stride_ar + k0 + o_k[:, None]
             b_alo = dot_operand(tl.load(p_a, mask=m_row[None, :], other=0.0), INTERPRET)
