@@ -156,7 +156,11 @@ def _symm_setup(world):
         import torch.distributed as dist
         import torch.distributed._symmetric_memory as symm_mem
 
-        return symm_mem, dist.group.WORLD.group_name
+        gname = dist.group.WORLD.group_name
+        with warnings.catch_warnings(), contextlib.suppress(Exception):
+            warnings.simplefilter("ignore")
+            symm_mem.enable_symm_mem_for_group(gname)  # required by older torch, a deprecated no-op later
+        return symm_mem, gname
     except Exception as e:  # noqa: BLE001
         return f"unavailable: {type(e).__name__}: {e}"
 
