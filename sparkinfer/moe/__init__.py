@@ -4,6 +4,7 @@ Legend: T tokens, E experts, K top-k, H hidden, I intermediate per rank.
 Nothing runs at import.
 """
 
+from sparkinfer.moe.layer import MoELayer
 from sparkinfer.moe.launch import (MoEBinding, ScratchSpec, allocate_scratch, bind,
                                    check_topk_ids, scratch_specs)
 from sparkinfer.moe.plan import LaunchConfig, MoEPlan, plan, plan_supports_aux_stream_overlap
@@ -15,4 +16,4 @@ from sparkinfer.moe.weights import MoEWeights, prepare_weights
 __all__ = ["MoESpec", "MoECaps", "LaunchConfig", "MoEPlan", "plan",
            "plan_supports_aux_stream_overlap", "MoEWeights", "prepare_weights", "ScratchSpec",
            "scratch_specs", "allocate_scratch", "MoEBinding", "bind", "run", "check_topk_ids",
-           "moe_reference"]
+           "moe_reference", "MoELayer"]

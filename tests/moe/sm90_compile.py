@@ -40,9 +40,13 @@ class _Recorder:
 
 def record_launches(binding) -> list[Launch]:
     """Launches `run(binding)` would make, in order (nothing executes)."""
+    import sparkinfer.moe.routing.launch as routing_launch
+
     sink: list[Launch] = []
     patches = [mock.patch.object(moe_run, n, _Recorder(getattr(moe_run, n), sink))
                for n in KERNELS]
+    patches.append(mock.patch.object(routing_launch, "routing_kernel",
+                                     _Recorder(routing_launch.routing_kernel, sink)))
     for p in patches:
         p.start()
     try:
@@ -107,19 +111,22 @@ def compile_sm90(launch: Launch):
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
-def compile_plan_launches(shape: dict, fmt: str, tokens: int, max_tokens: int) -> list[dict]:
-    """Compile every launch of one call at real dims (meta tensors); usage rows per kernel."""
+def compile_plan_launches(shape: dict, fmt: str, tokens: int, max_tokens: int,
+                          spec_kw: dict | None = None) -> list[dict]:
+    """Compile every launch of one call (router included) at real dims (meta
+    tensors); usage rows per kernel."""
     from sparkinfer.moe import MoECaps, MoESpec, allocate_scratch, bind, plan
     from tests.moe._util import meta_weights
 
     caps = MoECaps(max_tokens=max_tokens, **shape)
-    p = plan(caps, MoESpec(weight_format=fmt))
-    h, k = caps.hidden, caps.top_k
+    spec = MoESpec(weight_format=fmt, **(spec_kw or {}))
+    p = plan(caps, spec)
+    h, e = caps.hidden, caps.num_experts
     meta = dict(dtype=torch.bfloat16, device="meta")
+    bias = (torch.empty(e, device="meta") if spec.routing == "sigmoid_grouped" else None)
     b = bind(p, allocate_scratch(p, "meta"), meta_weights(p), x=torch.empty(tokens, h, **meta),
-             out=torch.empty(tokens, h, **meta),
-             topk_ids=torch.empty(tokens, k, dtype=torch.int32, device="meta"),
-             topk_weights=torch.empty(tokens, k, device="meta"))
+             out=torch.empty(tokens, h, **meta), logits=torch.empty(tokens, e, device="meta"),
+             bias=bias)
     rows = []
     for launch in record_launches(b):
         compiled = compile_sm90(launch)

@@ -17,14 +17,18 @@ pytest.importorskip("triton.backends.nvidia")
 
 H200_MAX_SHARED = 232448  # bytes of dynamic shared memory per block on sm_90
 QWEN3 = dict(num_experts=128, top_k=8, hidden=2048, intermediate=768)
-CASES = [(fmt, t) for fmt in ("bf16", "nvfp4") for t in (1, 64, 1024)]
+DSV3_TP8 = dict(num_experts=256, top_k=8, hidden=7168, intermediate=256)
+DSV3_ROUTING = dict(routing="sigmoid_grouped", n_group=8, topk_group=4)
+CASES = [("qwen3", fmt, t) for fmt in ("bf16", "nvfp4") for t in (1, 64, 1024)] + [
+    ("dsv3_tp8", "nvfp4", 1), ("dsv3_tp8", "bf16", 4096)]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
 def compiled():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    arg = json.dumps([[QWEN3, fmt, t, 1024] for fmt, t in CASES])
+    arg = json.dumps([[QWEN3, fmt, t, 1024, {}] if name == "qwen3"
+                      else [DSV3_TP8, fmt, t, 4096, DSV3_ROUTING] for name, fmt, t in CASES])
     with tempfile.TemporaryDirectory() as cache:  # private cache: no races with other runs
         env["TRITON_CACHE_DIR"] = cache
         res = subprocess.run([sys.executable, "-m", "tests.moe.sm90_compile", arg], cwd=ROOT,
@@ -35,11 +39,11 @@ def compiled():
     return dict(zip(CASES, json.loads(res.stdout.strip().splitlines()[-1])))
 
 
-@pytest.mark.parametrize("fmt,t", CASES, ids=[f"{f}-T{t}" for f, t in CASES])
-def test_qwen3_like_launches_compile_for_sm90(compiled, fmt, t):
-    rows = compiled[(fmt, t)]
+@pytest.mark.parametrize("name,fmt,t", CASES, ids=[f"{n}-{f}-T{t}" for n, f, t in CASES])
+def test_launches_compile_for_sm90(compiled, name, fmt, t):
+    rows = compiled[(name, fmt, t)]
     names = [r["kernel"] for r in rows]
-    assert names[-1] == "moe_reduce_kernel"
+    assert names[0] == "routing_kernel" and names[-1] == "moe_reduce_kernel"
     assert ("sort_count_kernel" in names) == (rows[0]["family"] == "grouped")
     assert rows[0]["family"] == ("micro" if t <= 16 else "grouped")
     for r in rows:

@@ -99,3 +99,21 @@ def test_tensor_parallel_shards_sum_to_full_layer():
         run(b)
         total += b.out.float()
     assert cosine(total, ref) >= 0.9999
+
+
+def test_moe_layer_wrapper_eager_and_with_out():
+    from sparkinfer.moe import MoELayer
+
+    spec = MoESpec(weight_format="nvfp4", routing="sigmoid_grouped", n_group=2, topk_group=1)
+    caps = MoECaps(max_tokens=8, num_experts=4, top_k=2, hidden=64, intermediate=32)
+    _, _, src, _ = random_layer(caps, spec)
+    bias = torch.randn(4)
+    layer = MoELayer(caps, spec, src, device="cpu", bias=bias)
+    x, logits = torch.randn(2, 64).bfloat16(), torch.randn(2, 4)
+    got = layer(x, logits)
+    ref = moe_reference(x, src, route_reference(logits, spec, 2, bias), spec)
+    assert cosine(got, ref) >= 0.9999
+    out = torch.full((2, 64), float("nan"), dtype=torch.bfloat16)
+    assert layer(x, logits, out=out) is out and torch.equal(out, got)
+    ids, tw = route_reference(logits, spec, 2, bias)
+    assert torch.equal(layer.forward_topk(x, (ids, tw)), got)
