@@ -26,6 +26,7 @@ OP_CODES = {
     "all_reduce_add_rms_norm": 5,
     "dcp_merge": 6,
     "all_gather_heads": 7,
+    "all_reduce_ll": 8,
 }
 OP_NAMES = {v: k for k, v in OP_CODES.items()}
 ERR_TIMEOUT, ERR_MISMATCH = 1, 2

@@ -12,15 +12,20 @@ from sparkinfer.comm.channel import MAX_BLOCKS
 
 __all__ = ["TopologyCaps", "LaunchConfig", "select_algorithm", "launch_config", "ALGORITHMS"]
 
-ALGORITHMS = ("oneshot", "twoshot", "nccl")
+ALGORITHMS = ("ll", "oneshot", "twoshot", "nccl")
 
-# Crossover from one-shot to two-shot, in bytes of the all-reduced tensor, per
-# world size. Provisional (chosen before the first 2x H200 sweep): one-shot
-# moves (W-1)*N bytes per rank over the links, two-shot 2*(W-1)/W*N, so
-# two-shot wins once bandwidth rather than latency dominates. The sweep in
-# benchmarks/bench_comm.py re-measures it; see README "Collectives".
-ONESHOT_MAX_BYTES = {2: 256 << 10, 3: 128 << 10, 4: 128 << 10}
-ONESHOT_MAX_BYTES_DEFAULT = 64 << 10
+# Algorithm crossovers, bytes of the all-reduced tensor, per world size.
+# 2x H200 NV18, bf16, per op in a CUDA graph, best launch shape of each
+# (benchmarks/results/sweep_2xh200_r1.json, 2026-11-29): one-shot 12.6 us vs
+# two-shot 14.9 us at 2 MiB; two-shot 33.3 us vs one-shot 36.3 us at 8 MiB.
+# For 2 ranks both move N bytes per rank over the link, so one-shot keeps
+# winning until its extra local pass shows. Other world sizes: provisional
+# (one-shot moves (W-1)*N per rank, two-shot 2*(W-1)/W*N), not yet measured.
+ONESHOT_MAX_BYTES = {2: 4 << 20, 3: 512 << 10, 4: 256 << 10}
+ONESHOT_MAX_BYTES_DEFAULT = 128 << 10
+# LL (flag in every 8-byte word) for latency-bound sizes; it stages twice the
+# bytes. Provisional until the LL sweep: 64 KiB for every world size.
+LL_MAX_BYTES = 64 << 10
 
 
 @dataclass(frozen=True)
@@ -58,22 +63,35 @@ class LaunchConfig:
 
 
 def select_algorithm(caps: TopologyCaps, nbytes: int, dtype=None) -> str:
-    """Which all-reduce runs for a tensor of `nbytes`: "oneshot", "twoshot" or "nccl"."""
+    """Which all-reduce runs for a tensor of `nbytes`: "ll", "oneshot", "twoshot" or "nccl"."""
     if not caps.peer_access or caps.world_size == 1 or nbytes > caps.capacity:
         return "nccl"
+    if nbytes <= LL_MAX_BYTES and nbytes % 4 == 0 and 2 * nbytes <= caps.capacity:
+        return "ll"
     limit = ONESHOT_MAX_BYTES.get(caps.world_size, ONESHOT_MAX_BYTES_DEFAULT)
     return "oneshot" if nbytes <= limit else "twoshot"
 
 
-def launch_config(caps: TopologyCaps, nbytes: int, per_block_bytes: int = 32 << 10) -> LaunchConfig:
+# Launch shape, measured on 2x H200 (same sweep file): the best grids put about
+# 2 KiB of a rank's stage on each block (32 KiB: 16 blocks, 5.2 us vs 9.3 us
+# with 1 block; 128 KiB: 66 blocks, 5.5 us), capped at one block per SM;
+# 4096-element tiles won from 512 KiB (6.9 vs 7.2 us), 8192 x 16 warps from
+# 8 MiB (two-shot 33.3 vs 33.7 us; 32 MiB: 105 vs 110 us).
+PER_BLOCK_BYTES = 2 << 10
+
+
+def launch_config(caps: TopologyCaps, nbytes: int, per_block_bytes: int = PER_BLOCK_BYTES) -> LaunchConfig:
     """Launch shape for a kernel whose busiest per-rank stage moves `nbytes`.
 
-    Provisional sizing: one block per `per_block_bytes` of work, 8 warps with
-    16-byte vectors (BLOCK = 8 warps * 32 threads * 8 halves = 2048 elements).
-    The interpreter gets small tiles and at most 2 blocks (it runs blocks one
-    after another)."""
+    The grid never exceeds the SM count (one block per SM is always co-resident,
+    which cross-rank waits need) nor MAX_BLOCKS. The interpreter gets small tiles
+    and at most 2 blocks (it runs blocks one after another)."""
     cap = min(caps.num_sms, MAX_BLOCKS)
     grid = max(1, min(cap, -(-nbytes // per_block_bytes)))
     if caps.interpret:
         return LaunchConfig(grid=min(grid, 2), block=256, num_warps=1)
+    if nbytes >= 8 << 20:
+        return LaunchConfig(grid=grid, block=8192, num_warps=16)
+    if nbytes >= 512 << 10:
+        return LaunchConfig(grid=grid, block=4096, num_warps=8)
     return LaunchConfig(grid=grid, block=2048, num_warps=8)

@@ -30,9 +30,9 @@ def _all_ops(world):
         isz = torch.empty(0, dtype=dtype).element_size()
         limit = CAP // isz
         for n in (1, 7, 64, 333, limit, limit + 1):
-            for algo in ("oneshot", "twoshot", "auto"):
+            for algo in ("ll", "oneshot", "twoshot", "auto"):
                 salt += 1
-                if algo != "auto" and n > limit:
+                if algo != "auto" and n > limit or algo == "ll" and 2 * n > limit:
                     continue
                 x = payload(r, n, dtype, salt)
                 out = torch.full_like(x, float("nan"))
@@ -76,7 +76,7 @@ def _parity(world):
     W, r = world.world_size, world.rank
     ok = True
     for rnd in range(7):
-        for i, (n, algo) in enumerate([(5, "oneshot"), (1500, "twoshot"), (900, "oneshot")]):
+        for i, (n, algo) in enumerate([(6, "ll"), (1500, "twoshot"), (900, "oneshot")]):
             salt = rnd * 3 + i
             out = comm.all_reduce(payload(r, n, torch.float32, salt), algorithm=algo)
             ok &= torch.equal(out, expected_sum(W, n, torch.float32, salt))
@@ -91,42 +91,42 @@ def test_odd_op_parity_and_epoch_count():
     assert out == [(True, 21)] * 2
 
 
-def _skip(world, victim):
+def _skip(world, victim, algo):
     from sparkinfer.comm import Communicator
 
     comm = Communicator(capacity_bytes=CAP, timeout_s=1.5)
     x = payload(world.rank, 64, torch.float32)
-    comm.all_reduce(x, algorithm="oneshot")  # everyone takes part once
+    comm.all_reduce(x, algorithm=algo)  # everyone takes part once
     result = None
     if world.rank != victim:
         try:
-            comm.all_reduce(x, algorithm="oneshot")
+            comm.all_reduce(x, algorithm=algo)
         except CollectiveTimeout as e:
             result = ("timeout", e.peer, e.op, e.epoch, str(e))
     comm.close()
     return result
 
 
-@pytest.mark.parametrize("world,victim", [(2, 1), (3, 2)])
-def test_rank_that_stops_participating_is_named(world, victim):
-    out = launch(_skip, world, backend="cpu", args=(victim,), timeout_s=120)
+@pytest.mark.parametrize("world,victim,algo", [(2, 1, "oneshot"), (3, 2, "oneshot"), (2, 1, "ll"), (3, 0, "twoshot")])
+def test_rank_that_stops_participating_is_named(world, victim, algo):
+    out = launch(_skip, world, backend="cpu", args=(victim, algo), timeout_s=120)
     for r, res in enumerate(out):
         if r == victim:
             assert res is None
             continue
         kind, peer, op, epoch, msg = res
-        assert (kind, peer, op, epoch) == ("timeout", victim, "all_reduce_oneshot", 1)
+        assert (kind, peer, op, epoch) == ("timeout", victim, f"all_reduce_{algo}", 1)
         assert f"waiting for rank {victim}" in msg
 
 
-def _mismatch(world, what):
+def _mismatch(world, what, algo="oneshot"):
     from sparkinfer.comm import Communicator
 
     comm = Communicator(capacity_bytes=CAP, timeout_s=10)
     r = world.rank
     try:
         if what == "size":
-            comm.all_reduce(payload(r, 64 * (r + 1), torch.float32), algorithm="oneshot")
+            comm.all_reduce(payload(r, 64 * (r + 1), torch.float32), algorithm=algo)
         else:  # different collectives at the same sequence number
             if r == 0:
                 comm.all_reduce(payload(r, 64, torch.float32), algorithm="oneshot")
@@ -139,9 +139,9 @@ def _mismatch(world, what):
     return res
 
 
-@pytest.mark.parametrize("what", ["size", "kind"])
-def test_ranks_calling_different_collectives_raise_mismatch(what):
-    out = launch(_mismatch, 2, backend="cpu", args=(what,), timeout_s=120)
+@pytest.mark.parametrize("what,algo", [("size", "oneshot"), ("size", "ll"), ("kind", "oneshot")])
+def test_ranks_calling_different_collectives_raise_mismatch(what, algo):
+    out = launch(_mismatch, 2, backend="cpu", args=(what, algo), timeout_s=120)
     for r, res in enumerate(out):
         assert res is not None, f"rank {r} did not detect the mismatch"
         assert res[0] == 1 - r and "different collective or size" in res[1]

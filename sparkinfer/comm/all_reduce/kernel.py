@@ -11,6 +11,7 @@ Slab staging (per epoch slot): lanes[W] (lane r written by rank r), gather regio
 import triton
 import triton.language as tl
 
+from sparkinfer.comm.ll import ll_flag, ll_pack, ll_wait_tile, pack_out, unpack_add
 from sparkinfer.comm.protocol import (
     as_ptr,
     begin,
@@ -104,4 +105,48 @@ def twoshot_all_reduce_kernel(
                 for c in tl.static_range(W):
                     if c != rank:
                         copy_range(p_g + c * chunk, p_out + c * chunk, lo, tl.minimum(hi, n - c * chunk), BLOCK)
+    finish(table, rank, epoch)
+
+
+@triton.jit
+def oneshot_ll_all_reduce_kernel(
+    p_x, p_out, nwords, table, rank, fp, timeout_ns, stage_off, slot_bytes, lane_bytes,
+    OP: tl.constexpr, W: tl.constexpr, BLOCK: tl.constexpr, HALF: tl.constexpr, INTERP: tl.constexpr,
+):
+    """One-shot all-reduce over the LL transport, for latency-bound sizes.
+
+    x is moved as int32 words (nwords = bytes / 4); each travels to every peer
+    inside an int64 word with its flag, so there is no separate flag round trip.
+    Reduction in rank order with fp32 accumulation, as in the plain one-shot."""
+    DT: tl.constexpr = p_x.dtype.element_ty
+    epoch, deadline = begin(table, rank, timeout_ns, INTERP)
+    flag = ll_flag(epoch, fp)
+    p_x32 = p_x.to(tl.pointer_type(tl.int32), bitcast=True)
+    p_out32 = p_out.to(tl.pointer_type(tl.int32), bitcast=True)
+    lo, hi = block_range(nwords, BLOCK)
+    for start in range(lo, hi, BLOCK):
+        o = tl.multiple_of(start, BLOCK) + tl.arange(0, BLOCK)
+        m = o < hi
+        w = ll_pack(tl.load(p_x32 + o, mask=m), flag)
+        for r in tl.static_range(W):
+            if r != rank:
+                p_lane = as_ptr(stage_addr(table, r, epoch, rank, stage_off, slot_bytes, lane_bytes), table)
+                tl.store(p_lane + o, w, mask=m)
+    status = tl.zeros([], tl.int32)
+    for start in range(lo, hi, BLOCK):
+        o = tl.multiple_of(start, BLOCK) + tl.arange(0, BLOCK)
+        m = o < hi
+        acc_lo = tl.zeros([BLOCK], tl.float32)
+        acc_hi = tl.zeros([BLOCK], tl.float32)
+        for r in tl.static_range(W):
+            if r == rank:
+                d = tl.load(p_x32 + o, mask=m, other=0)
+            else:
+                p_lane = as_ptr(stage_addr(table, rank, epoch, r, stage_off, slot_bytes, lane_bytes), table)
+                v, st = ll_wait_tile(p_lane, o, m, flag, table, rank, r, epoch, deadline, OP, W, INTERP)
+                status = tl.maximum(status, st)
+                d = (v & 0xFFFFFFFF).to(tl.int32)
+            acc_lo, acc_hi = unpack_add(acc_lo, acc_hi, d, HALF, DT)
+        if status == 0:
+            tl.store(p_out32 + o, pack_out(acc_lo, acc_hi, HALF, DT), mask=m)
     finish(table, rank, epoch)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from sparkinfer.comm.all_reduce.kernel import oneshot_all_reduce_kernel, twoshot_all_reduce_kernel
+from sparkinfer.comm.all_reduce.kernel import (
+    oneshot_all_reduce_kernel,
+    oneshot_ll_all_reduce_kernel,
+    twoshot_all_reduce_kernel,
+)
 from sparkinfer.comm.launching import (
     OP_CODES,
     channel_args,
@@ -51,12 +55,23 @@ def all_reduce(comm, x, out=None, *, algorithm: str = "auto"):
         raise ValueError(f"algorithm must be 'auto' or one of {ALGORITHMS}, got {algorithm!r}")
     if algorithm == "nccl":
         return comm.fallback_all_reduce(x, out)
+    if algorithm == "ll" and nbytes % 4:
+        algorithm = "oneshot"  # LL moves 4-byte words; odd 16-bit counts take the plain one-shot
     ch = comm.pool.channel()
     check_errors(ch)
     check_capacity(nbytes, ch, "all_reduce")
     table, rank, stage_off, slot_bytes, lane_bytes = channel_args(ch)
     W = comm.world_size
-    if algorithm == "oneshot":
+    if algorithm == "ll":
+        check_capacity(2 * nbytes, ch, "all_reduce (LL transport, 2 bytes staged per byte)")
+        nwords = nbytes // 4
+        cfg = comm.config_for(2 * nbytes)
+        op = "all_reduce_ll"
+        fp = fingerprint(op, n, str(x.dtype), cfg.grid)
+        args = (x, out, nwords, table, rank, fp, comm.timeout_ns, stage_off, slot_bytes, lane_bytes)
+        kernel = oneshot_ll_all_reduce_kernel
+        consts = dict(OP=OP_CODES[op], W=W, BLOCK=cfg.block, HALF=x.element_size() == 2, INTERP=comm.caps.interpret)
+    elif algorithm == "oneshot":
         cfg = comm.config_for(nbytes)
         op = "all_reduce_oneshot"
         fp = fingerprint(op, n, str(x.dtype), cfg.grid)
