@@ -35,11 +35,11 @@ def ll_wait_tile(p_lane, o, m, flag, table, rank, peer, epoch, deadline, op,
     status 0: all arrived; else the error code (recorded, peers aborted)."""
     p_hdr = addr_of(table, rank).to(tl.pointer_type(tl.int64))
     v = tl.load(p_lane + o, mask=m, other=0, volatile=True)
-    ready = tl.min(tl.where(m, (v >> 32) == flag, 1).to(tl.int32), axis=0)
+    ready = tl.min(tl.where(m, ((v >> 32) & LOW32) == flag, 1).to(tl.int32), axis=0)
     status = tl.zeros([], tl.int32)
     while ready == 0:
         v = tl.load(p_lane + o, mask=m, other=0, volatile=True)
-        got = tl.where(m, v >> 32, flag)
+        got = tl.where(m, (v >> 32) & LOW32, flag)  # the shift sign-extends: mask it
         ready = tl.min((got == flag).to(tl.int32), axis=0)
         if ready == 0:
             same_seq = ((got >> 16) & 0xFFFF) == ((flag >> 16) & 0xFFFF)

@@ -190,3 +190,26 @@ def _rejections(world):
 
 def test_bad_inputs_raise_typed_errors():
     assert launch(_rejections, 2, backend="cpu", timeout_s=120) == [[], []]
+
+
+def _wrap(world, start):
+    """Sequence numbers wrap (16 bits in LL flags, 32 in barrier flags): start
+    the device epoch just below each wrap point and keep going."""
+    from sparkinfer.comm import Communicator
+
+    comm = Communicator(capacity_bytes=CAP, timeout_s=20)
+    ch = comm.pool.get("eager")
+    ch.slab.keep[1][:8].view(torch.int64).fill_(start)  # header word 0: the epoch
+    W, r = world.world_size, world.rank
+    ok = True
+    for i in range(6):
+        for algo in ("ll", "oneshot", "twoshot"):
+            out = comm.all_reduce(payload(r, 40, torch.bfloat16, i), algorithm=algo)
+            ok &= torch.equal(out, expected_sum(W, 40, torch.bfloat16, i))
+    comm.close()
+    return ok
+
+
+@pytest.mark.parametrize("start", [(1 << 15) - 3, (1 << 16) - 4, (1 << 32) - 5], ids=["ll-sign-bit", "ll-wrap", "flag-wrap"])
+def test_sequence_numbers_wrap(start):
+    assert launch(_wrap, 2, backend="cpu", args=(start,), timeout_s=300) == [True, True]
