@@ -6,7 +6,7 @@
 
 Sections (each in fresh rank processes under a launcher timeout: a hang or a sticky
 CUDA error fails that section only):
-  smoke      all_reduce (oneshot/twoshot/nccl/auto), reduce_scatter, all_gather; bf16/fp16/fp32;
+  smoke      all_reduce (every algorithm, auto), reduce_scatter, all_gather; bf16/fp16/fp32;
              1 element .. capacity, capacity + 1 (auto -> NCCL, explicit algorithms raise).
   graph      every op: eager -> capture -> replay -> new inputs -> replay -> eager -> replay; a
              graph of 3 collectives replayed 101 times (parity); eager on its channel (handoff).
@@ -15,10 +15,9 @@ CUDA error fails that section only):
              and op mismatches -> CollectiveMismatch.
   lifecycle  200 cycles of create / eager / capture / replay / throwaway + rollback / close:
              free device memory and IPC mappings return to their starting values.
-
-Every result is exact (rank-encoded integer payloads, outputs poisoned with NaN
-before each run). Prints PASS/FAIL per section and appends JSON rows to --out.
-Exit status 0 when every selected section passed.
+  guard      (only with --only) capture a size whose launch key was warmed by another size.
+Results are exact (integer payloads, outputs poisoned with NaN before each run). Prints
+PASS/FAIL per section, appends JSON rows to --out; exit status 0 when all passed.
 """
 
 from __future__ import annotations
@@ -29,25 +28,21 @@ import sys
 import time
 import warnings
 
-from _common import Collective, Ctx, append_rows, ensure_repo_on_path, metadata, poison, read_epoch, step
+from _common import Collective, Ctx, Graph, append_rows, ensure_repo_on_path, metadata, poison, read_epoch, step
 
 SECTIONS = ("smoke", "graph", "replay10k", "timeout", "lifecycle")
+EXTRA = ("guard",)  # run only when named in --only
 # launcher backstops, seconds (first runs include Triton compiles; the sum stays under 10 minutes)
-TIMEOUTS = {"smoke": 200, "graph": 120, "replay10k": 120, "timeout": 90, "lifecycle": 180}
+TIMEOUTS = {"smoke": 200, "graph": 120, "replay10k": 120, "timeout": 90, "lifecycle": 180, "guard": 90}
 
 
 def options(dry: bool) -> dict:
     """Per-section sizes; the dry run shrinks everything to what the interpreter does in seconds."""
-    return {
-        "dry": dry,
-        "smoke_cap": 4096 if dry else 1 << 20,
-        "smoke_sizes": [1, 2, 3, 17, 64, 1000] if dry else [1, 2, 3, 8, 15, 16, 17, 63, 64, 65, 255, 1000, 2048, 2049, 4097, 65539],
-        "smoke_dtypes": ["bfloat16", "float16", "float32"],
-        "graph_cap": 1 << 14 if dry else 1 << 21,
-        "parity_replays": 5 if dry else 101,
-        "replays": 20 if dry else 10_000,
-        "cycles": 3 if dry else 200,
-    }
+    return {"dry": dry, "smoke_cap": 4096 if dry else 1 << 20, "smoke_dtypes": ["bfloat16", "float16", "float32"],
+            "smoke_sizes": [1, 2, 3, 17, 64, 1000] if dry else [1, 2, 3, 8, 15, 16, 17, 63, 64, 65, 255, 1000, 2048,
+                                                                 2049, 4097, 65539],
+            "graph_cap": 1 << 14 if dry else 1 << 21, "parity_replays": 5 if dry else 101,
+            "replays": 20 if dry else 10_000, "cycles": 3 if dry else 200}
 
 
 def _comm(opt, cap, **kw):
@@ -61,6 +56,7 @@ def sec_smoke(world, opt) -> dict:
     import torch
 
     from sparkinfer.comm import select_algorithm
+    from sparkinfer.comm.topology import ALGORITHMS
     from sparkinfer.errors import CapacityError
 
     cap = opt["smoke_cap"]
@@ -81,9 +77,11 @@ def sec_smoke(world, opt) -> dict:
         cap_el = cap // dtype.itemsize
         sizes = opt["smoke_sizes"] if di == 0 else opt["smoke_sizes"][::3]
         sizes = sorted({n for n in sizes if n <= cap_el} | {cap_el - 1, cap_el})
-        for alg in ("oneshot", "twoshot", "nccl", "auto"):
+        for alg in ALGORITHMS + ("auto",):
             for n in sizes:
-                expect(Collective(comm, "ar", n, dtype, alg), "ar")
+                staged = n * dtype.itemsize * (2 if alg == "ll" and n * dtype.itemsize % 4 == 0 else 1)
+                if staged <= cap:  # LL stages 2 bytes per byte
+                    expect(Collective(comm, "ar", n, dtype, alg), "ar")
         for n in sorted({W * max(1, n // W) for n in sizes}):
             expect(Collective(comm, "rs", n, dtype), "rs")
         for m in sorted({max(1, n // W) for n in sizes}):
@@ -94,7 +92,7 @@ def sec_smoke(world, opt) -> dict:
         if picked != "nccl":
             fails.append(f"auto at capacity+1 ({dname}) picked {picked}, not nccl")
         expect(c, "ar-over-capacity")
-        for alg in ("oneshot", "twoshot"):
+        for alg in [a for a in ALGORITHMS if a != "nccl"]:
             try:
                 Collective(comm, "ar", cap_el + 1, dtype, alg).call()
                 fails.append(f"{alg} at capacity+1 ({dname}) did not raise CapacityError")
@@ -114,6 +112,7 @@ def sec_smoke(world, opt) -> dict:
 
 # --------------------------------------------------------------------------- b. graph
 GRAPH_CASES = (  # (channel id, kind, elements, algorithm)
+    ("ar_ll", "ar", 10_000, "ll"),
     ("ar_oneshot", "ar", 10_000, "oneshot"),
     ("ar_twoshot", "ar", 300_001, "twoshot"),
     ("ar_nccl", "ar", 10_000, "nccl"),
@@ -152,7 +151,7 @@ def sec_graph(world, opt) -> dict:
 
     # a graph with an odd number of collectives: slot parity must alternate on every replay
     n1, n2, n3 = (max(2, int(v * scale)) for v in (1_000, 100_001, 777))
-    odd = [Collective(comm, "ar", n1, torch.bfloat16, "oneshot"), Collective(comm, "ar", n2, torch.bfloat16, "twoshot"),
+    odd = [Collective(comm, "ar", n1, torch.bfloat16, "ll"), Collective(comm, "ar", n2, torch.bfloat16, "twoshot"),
            Collective(comm, "ag", n3, torch.bfloat16)]
     run_all = lambda: [c.call() for c in odd]  # noqa: E731
     before = len(fails)
@@ -308,6 +307,7 @@ class CountingBackend:
     def __init__(self, inner):
         self.inner, self.name, self.device_type = inner, inner.name, inner.device_type
         self.slabs = self.mappings = self.allocated = self.opened = 0
+        self.seal = inner.seal
 
     def allocate(self, nbytes):
         s = self.inner.allocate(nbytes)
@@ -318,9 +318,6 @@ class CountingBackend:
         m = self.inner.open(peer, handle, nbytes)
         self.mappings, self.opened = self.mappings + 1, self.opened + 1
         return m
-
-    def seal(self, slab):
-        return self.inner.seal(slab)
 
     def close(self, mapping):
         self.inner.close(mapping)  # counted only once it succeeded
@@ -392,6 +389,48 @@ def sec_lifecycle(world, opt) -> dict:
     return {"ok": not fails, **out, "failures": fails[:20]}
 
 
+# --------------------------------------------------------------------------- guard (extra)
+def sec_guard(world, opt) -> dict:
+    """Capture a size that never ran but shares a warmed size's launch key (op, dtype,
+    config, n % 16 == 0). Triton also specializes the `fp` argument on fp % 16 == 0,
+    so the cold size may need a compile during capture. By design: CaptureError."""
+    import torch
+
+    from sparkinfer.comm.launching import fingerprint
+    from sparkinfer.errors import CaptureError
+
+    comm = _comm(opt, 1 << 16, channel_ids=("guard",))
+    ctx, fails, bf = Ctx(world, comm), [], torch.bfloat16
+    fp16 = lambda n: fingerprint("all_reduce_oneshot", n, str(bf), comm.config_for(2 * n).grid) % 16 == 0  # noqa: E731
+    n0 = 4096  # find a size with n0's launch key (same config, n % 16 == 0) but the other fp % 16
+    n1 = next((n for n in range(n0 - 16, 16, -16) if comm.config_for(2 * n) == comm.config_for(2 * n0)
+               and fp16(n) != fp16(n0)), None)
+    if n1 is None:
+        return {"ok": True, "capture": "no size pair found; nothing to test", "failures": []}
+    warm, cold = Collective(comm, "ar", n0, bf, "oneshot"), Collective(comm, "ar", n1, bf, "oneshot")
+    out = {"fp_div16": {n0: fp16(n0), n1: fp16(n1)}, "config": str(comm.config_for(2 * n0))}
+    step(ctx, [warm], 1, warm.call, "warm eager", fails)
+    s = ctx.stream()
+    ctx.eager_on_channel(s, "guard", warm.call)
+    try:
+        g = Graph(cold.call, s, scope=lambda r: comm.pool.capture(s, "guard", reuse=True), cpu_streams=ctx.cpu_streams,
+                  warmup=0)
+        out["capture"] = "captured without a warm-up of this size"
+        step(ctx, [cold], 2, g.replay, "cold replay", fails)
+        g.release()
+    except CaptureError as e:
+        out["capture"] = f"CaptureError (guard works): {e}"[:300]
+    except Exception as e:  # noqa: BLE001 - the evidence
+        out["capture"] = f"{type(e).__name__}: {e}"[:600]
+        fails.append(f"capture of an un-warmed specialization failed untyped: {out['capture']}")
+    try:
+        comm.synchronize()
+        comm.close()
+    except Exception as e:  # noqa: BLE001
+        fails.append(f"teardown after the guard case: {type(e).__name__}: {e}")
+    return {"ok": not fails, **out, "failures": fails}
+
+
 # --------------------------------------------------------------------------- driver
 def _worker(world, section: str, opt: dict) -> dict:
     ensure_repo_on_path()
@@ -409,21 +448,22 @@ def _summary(section: str, res: dict) -> str:
         "replay10k": ("replays", "us_per_replay_pair", "epochs"),
         "timeout": ("timeout_seconds", "timeout_error", "size_mismatch_is_mismatch", "op_mismatch_is_mismatch"),
         "lifecycle": ("cycles", "leak_bytes_after_first_cycle", "mappings_opened", "open_after_close_max"),
+        "guard": ("fp_div16", "capture"),
     }[section]
     return "; ".join(f"{k}={res[k]}" for k in keys if k in res)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}")
+    p.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS + EXTRA)}")
     p.add_argument("--out", default="benchmarks/results/gpu_checks_2xh200.json")
     p.add_argument("--dry-run", action="store_true", help="2 CPU ranks with the Triton interpreter, tiny sizes")
     p.add_argument("--timeout-scale", type=float, default=1.0, help="multiply every section's launcher backstop")
     args = p.parse_args(argv)
     sections = [s.strip() for s in args.only.split(",") if s.strip()]
-    unknown = [s for s in sections if s not in SECTIONS]
+    unknown = [s for s in sections if s not in SECTIONS + EXTRA]
     if unknown:
-        p.error(f"unknown sections {unknown}; choose from {SECTIONS}")
+        p.error(f"unknown sections {unknown}; choose from {SECTIONS + EXTRA}")
     ensure_repo_on_path()
     from sparkinfer.errors import RankFailed
     from sparkinfer.runtime import launch
