@@ -60,6 +60,7 @@ def scratch_specs(plan: MoEPlan) -> tuple[ScratchSpec, ...]:
         s1 = max(cfg.split1 for _, cfg in micro)
         s2 = max(cfg.split2 for _, cfg in micro)
         specs += [ScratchSpec("fc1_partial", (s1, rm, n1), torch.float32),
+                  ScratchSpec("fc1_act", (rm, i), torch.bfloat16),
                   ScratchSpec("fc2_partial", (s2, rm, h), torch.float32)]
     grouped = [(t, cfg) for t, cfg in plan.buckets if cfg.family == "grouped"]
     if grouped:

@@ -3,8 +3,8 @@
 Legend: T tokens, E experts, K top-k, H hidden, I intermediate per rank,
 R = T*K routes, S splits.
 
-micro:   [routing] -> FC1 (fp32 partials) -> FC2 (activation fused in its
-         operand load, fp32 partials) -> weighted top-k sum.
+micro:   [routing] -> FC1 (+ activation, bf16; or fp32 partials when split)
+         -> FC2 (fp32 partials) -> weighted top-k sum.
 grouped: [routing] -> sort count -> sort offsets -> sort scatter -> FC1 +
          activation (bf16, sorted rows) -> FC2 (per route) -> weighted top-k sum.
 """
@@ -76,17 +76,23 @@ def run(b: MoEBinding) -> None:
         cps1 = triton.cdiv(chunks1, cfg.split1)
         cps2 = triton.cdiv(chunks2, cfg.split2)
         sp1, sp2 = triton.cdiv(chunks1, cps1), triton.cdiv(chunks2, cps2)
-        p1, p2 = s["fc1_partial"], s["fc2_partial"]
+        # one FC1 split: FC1 applies the activation and stores bf16 rows (a quarter
+        # of the bytes every FC2 program would read as fp32 gate/up partials)
+        split = sp1 > 1
+        p1 = s["fc1_partial"] if split else s["fc1_act"]
+        p2 = s["fc2_partial"]
+        p1s = (p1.stride(0), p1.stride(1)) if split else (0, p1.stride(0))
         moe_fc1_kernel[(routes, triton.cdiv(i, cfg.block_n1), sp1)](
             b.x, w.w1, s1, g1, ids, tw, ids, ids, p1, t, i, chunks1, cps1,
-            h, w.w1.stride(0), w.w1.stride(1), *sn1, p1.stride(0), p1.stride(1), alpha, limit,
-            BM=cfg.block_m, BN=cfg.block_n1, MICRO=True, num_stages=cfg.stages1, **common)
+            h, w.w1.stride(0), w.w1.stride(1), *sn1, *p1s, alpha, limit,
+            BM=cfg.block_m, BN=cfg.block_n1, MICRO=True, PARTIALS=split,
+            num_stages=cfg.stages1, **common)
         moe_fc2_kernel[(routes, triton.cdiv(h, cfg.block_n2), sp2)](
             p1, w.w2, s2, g2, ids, tw, ids, ids, p2, t, h, i, chunks2, cps2,
-            p1.stride(0), p1.stride(1), w.w2.stride(0), w.w2.stride(1), *sn2,
+            *p1s, w.w2.stride(0), w.w2.stride(1), *sn2,
             p2.stride(0), p2.stride(1), alpha, limit,
-            BM=cfg.block_m, BN=cfg.block_n2, S1=sp1, MICRO=True, num_stages=cfg.stages2,
-            **common)
+            BM=cfg.block_m, BN=cfg.block_n2, S1=sp1, MICRO=True, PARTIALS=split,
+            num_stages=cfg.stages2, **common)
         part, splits, stride_ps = p2, sp2, p2.stride(0)
     else:
         tiles = max_tiles(routes, c.num_experts, cfg.block_m)
@@ -95,12 +101,13 @@ def run(b: MoEBinding) -> None:
         moe_fc1_kernel[(tiles, triton.cdiv(i, cfg.block_n1), 1)](
             b.x, w.w1, s1, g1, ids, tw, srt, te, inter, t, i, chunks1, chunks1,
             h, w.w1.stride(0), w.w1.stride(1), *sn1, 0, inter.stride(0), alpha, limit,
-            BM=cfg.block_m, BN=cfg.block_n1, MICRO=False, num_stages=cfg.stages1, **common)
+            BM=cfg.block_m, BN=cfg.block_n1, MICRO=False, PARTIALS=False,
+            num_stages=cfg.stages1, **common)
         moe_fc2_kernel[(tiles, triton.cdiv(h, cfg.block_n2), 1)](
             inter, w.w2, s2, g2, ids, tw, srt, te, ro, t, h, i, chunks2, chunks2,
             0, inter.stride(0), w.w2.stride(0), w.w2.stride(1), *sn2, 0, ro.stride(0),
             alpha, limit, BM=cfg.block_m, BN=cfg.block_n2, S1=1, MICRO=False,
-            num_stages=cfg.stages2, **common)
+            PARTIALS=False, num_stages=cfg.stages2, **common)
         part, splits, stride_ps = ro, 1, 0
     moe_reduce_kernel[(t, triton.cdiv(h, REDUCE_BLOCK_H))](
         part, ids, tw, b.out, h, splits, stride_ps, part.stride(-2), b.out.stride(0),

@@ -32,8 +32,9 @@ CASES = [
 ]
 
 
-def _run_case(spec, t, e, k, max_tokens=32):
-    caps = MoECaps(max_tokens=max_tokens, num_experts=e, top_k=k, hidden=64, intermediate=32)
+def _run_case(spec, t, e, k, max_tokens=32, num_sms=132):
+    caps = MoECaps(max_tokens=max_tokens, num_experts=e, top_k=k, hidden=64, intermediate=32,
+                   num_sms=num_sms)
     p, w, src, scratch = random_layer(caps, spec)
     x = torch.randn(t, 64).bfloat16()
     logits = torch.randn(t, e)
@@ -51,6 +52,20 @@ def test_layer_matches_reference(kw, t, e, k):
     b, ref = _run_case(spec, t, e, k)
     assert b.config.family == ("micro" if t <= 16 else "grouped")
     assert torch.isfinite(b.out.float()).all()
+    assert cosine(b.out, ref) >= 0.9999
+
+
+SPLITS = [  # id, format, T, num_sms: 132 SMs split tiny micro GEMMs, 1 SM does not
+    ("bf16-split", "bf16", 2, 132), ("bf16-unsplit", "bf16", 2, 1),
+    ("nvfp4-split", "nvfp4", 5, 132), ("nvfp4-unsplit", "nvfp4", 5, 1),
+]
+
+
+@pytest.mark.parametrize("fmt,t,sms", [c[1:] for c in SPLITS], ids=[c[0] for c in SPLITS])
+def test_micro_with_and_without_reduction_splits(fmt, t, sms):
+    spec = MoESpec(weight_format=fmt, router_weight_after_fc2=False, activation="swiglu_oai")
+    b, ref = _run_case(spec, t, 8, 2, num_sms=sms)
+    assert (b.config.split1 > 1) == (sms > 1)  # FC2's I = 32 is one chunk: never split
     assert cosine(b.out, ref) >= 0.9999
 
 

@@ -50,7 +50,7 @@ def test_buckets_cover_every_token_count_in_order():
 def test_scratch_specs_follow_the_families_planned():
     micro_only = plan(MoECaps(max_tokens=8, **QWEN3), MoESpec())
     names = {s.name for s in scratch_specs(micro_only)}
-    assert names == {"topk_ids", "topk_weights", "fc1_partial", "fc2_partial"}
+    assert names == {"topk_ids", "topk_weights", "fc1_partial", "fc1_act", "fc2_partial"}
     both = plan(MoECaps(max_tokens=64, **QWEN3), MoESpec())
     specs = {s.name: s for s in scratch_specs(both)}
     assert specs["route_out"].shape == (64 * 8, 2048)

@@ -4,10 +4,11 @@ Legend: T tokens, K top-k, E experts, H hidden (FC1 reduction), I intermediate,
 S split count along H, R = T*K routes, P padded sorted rows.
 
 MICRO (tiny T, no sort): grid (R, cdiv(I, BN), S). Program (r, n, s) owns the
-expert of route slot r when r is its first slot (`micro_rows`), computes the
-gate/up pre-activations of all T tokens routed to it over its share of H, and
-stores fp32 partials out[s, route, n] (gate) and out[s, route, I + n] (up);
-FC2 sums the S partials in a fixed order and applies the activation.
+expert of route slot r when r is its first slot (`micro_rows`) and computes
+the gate/up pre-activations of all T tokens routed to it over its share of H.
+With S > 1 (PARTIALS) it stores fp32 partials out[s, route, n] (gate) and
+out[s, route, I + n] (up), and FC2 sums the S partials in a fixed order and
+applies the activation; with S == 1 it stores the bf16 activation out[route, n].
 
 GROUPED: grid (max_tiles, cdiv(I, BN), 1). Program (m, n) serves the tile of
 BM sorted rows whose expert is tile_expert[m] (-1: idle), applies the
@@ -29,8 +30,8 @@ def moe_fc1_kernel(
     alpha, limit,
     E: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, RP: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    MICRO: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr, NVFP4: tl.constexpr,
-    WEIGHT_BEFORE: tl.constexpr, INTERPRET: tl.constexpr,
+    MICRO: tl.constexpr, PARTIALS: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr,
+    NVFP4: tl.constexpr, WEIGHT_BEFORE: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     i_m = tl.program_id(0)
     i_n = tl.program_id(1)
@@ -75,7 +76,7 @@ def moe_fc1_kernel(
             b_u = tl.dot(w_hi, b_xhi, b_u)
     m_out = m_n[:, None] & m_row[None, :]
     p_o = out_ptr + i_s * stride_os + o_row[None, :].to(tl.int64) * stride_or + o_n[:, None]
-    if MICRO:
+    if PARTIALS:
         tl.store(p_o, b_g, mask=m_out)
         if GATED:
             tl.store(p_o + I, b_u, mask=m_out)

@@ -3,10 +3,11 @@
 Legend: T tokens, K top-k, E experts, H hidden (FC2 output), I intermediate
 (FC2 reduction), S1 / S2 split counts of FC1 / FC2, R = T*K routes.
 
-MICRO: grid (R, cdiv(H, BN), S2). Its activation operand is made on the fly
-from FC1's fp32 partials: sum over the S1 splits in order, activation, router
-weight when it comes before FC2, rounded to bf16 (as GROUPED stores it).
-Stores fp32 partials out[s, route, n].
+MICRO: grid (R, cdiv(H, BN), S2). With PARTIALS (FC1 split S1 > 1) its
+activation operand is made on the fly from FC1's fp32 partials: sum over the
+S1 splits in order, activation, router weight when it comes before FC2,
+rounded to bf16 (as FC1 stores it otherwise); without, it reads FC1's bf16
+activation rows by route. Stores fp32 partials out[s, route, n].
 
 GROUPED: grid (max_tiles, cdiv(H, BN), 1). Reads the bf16 activations that
 FC1 stored in sorted order and stores out[0, route, n] in the output dtype.
@@ -48,8 +49,8 @@ def moe_fc2_kernel(
     alpha, limit,
     E: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, RP: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, S1: tl.constexpr,
-    MICRO: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr, NVFP4: tl.constexpr,
-    WEIGHT_BEFORE: tl.constexpr, INTERPRET: tl.constexpr,
+    MICRO: tl.constexpr, PARTIALS: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr,
+    NVFP4: tl.constexpr, WEIGHT_BEFORE: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     i_m = tl.program_id(0)
     i_n = tl.program_id(1)
@@ -78,7 +79,7 @@ def moe_fc2_kernel(
     c_hi = tl.minimum(c_lo + chunks_per_split, num_chunks)
     for c in range(c_lo, c_hi):
         k0 = c * BK
-        if MICRO:
+        if PARTIALS:
             b_alo = act_half(a_ptr, route, m_row, o_k, k0, I, stride_as, stride_ar, topk_w_ptr,
                              alpha, limit, S1, GATED, ACT, WEIGHT_BEFORE, INTERPRET)
             b_ahi = act_half(a_ptr, route, m_row, o_k, k0 + HALF, I, stride_as, stride_ar,
