@@ -187,6 +187,8 @@ class Graph:
         if self.graph is not None:
             self.graph.replay()
             return
+        if self.cpu_streams is None:
+            raise RuntimeError("this Graph was released")
         with self.scope(True), self.cpu_streams.use(self.stream):
             self.fn()
 
@@ -372,10 +374,13 @@ def read_epoch(channel) -> int | None:
 
         if channel.slab.keep is not None:  # host slab
             return ctypes.c_int64.from_address(channel.slab.ptr).value
-        from cuda.bindings import runtime as rt
+        try:
+            from cuda.bindings import runtime as rt
+        except ImportError:  # older cuda-python
+            from cuda import cudart as rt
 
         buf = torch.zeros(1, dtype=torch.int64)
-        rt.cudaMemcpy(buf.data_ptr(), channel.slab.ptr, 8, rt.cudaMemcpyKind.cudaMemcpyDeviceToHost)
-        return int(buf[0])
+        err = rt.cudaMemcpy(buf.data_ptr(), channel.slab.ptr, 8, rt.cudaMemcpyKind.cudaMemcpyDeviceToHost)[0]
+        return int(buf[0]) if int(err) == 0 else None
     except Exception:  # noqa: BLE001
         return None

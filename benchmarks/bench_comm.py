@@ -12,8 +12,8 @@ each replay, drop the first; per-op latency = median replay time / ops, the larg
 of the two ranks' medians. bf16 throughout. Sizes are bytes of the full tensor:
 all_reduce input, reduce_scatter input, all_gather output.
 
-Implementations. all_reduce: ours oneshot / twoshot / auto (capacity = the largest
-size, so auto never leaves our kernels), NCCL (torch.distributed in the graph),
+Implementations. all_reduce: ours ll (up to 4 MiB) / oneshot / twoshot / auto (capacity =
+the largest size, so auto never leaves our kernels), NCCL (torch.distributed in the graph),
 torch SymmetricMemory one_shot_all_reduce_out and two_shot_all_reduce_ (recorded as
 unavailable with the error if they fail). reduce_scatter, all_gather: ours vs NCCL.
 
@@ -23,7 +23,8 @@ bandwidth measured in the same run (torch copy of 256 MiB cuda:0 -> cuda:1), rat
 to NCCL, and the issue-3 targets for auto. JSON rows go to --out, a PNG beside it.
 
 --sweep-grid sets `comm._config_override` (sparkinfer/comm/communicator.py, for
-benchmarks only) to time other grid sizes / per-block byte targets / tiles.
+benchmarks only) to time other per-block byte targets / grids / tiles than
+topology.launch_config picks, for ll (<= 512 KiB), oneshot and twoshot.
 """
 
 from __future__ import annotations
@@ -44,11 +45,13 @@ FULL_SIZES = [2 * KiB << i for i in range(16)]  # 2 KiB .. 64 MiB
 QUICK_SIZES = [2 * KiB, 32 * KiB, 128 * KiB, 512 * KiB, 2 * MiB, 8 * MiB, 32 * MiB, 64 * MiB]
 # issue 3: targets for auto on 2x H200, microseconds, by size (<= 4 us for everything up to 32 KiB)
 TARGET_US = {128 * KiB: 5.0, 512 * KiB: 6.5, 2 * MiB: 10.0, 8 * MiB: 26.0, 32 * MiB: 95.0}
-# --sweep-grid: (name, per-block byte target or None for one block per SM, BLOCK elements, num_warps)
-SWEEP = [("pb8K", 8 * KiB, 2048, 8), ("pb16K", 16 * KiB, 2048, 8), ("pb32K", 32 * KiB, 2048, 8),
-         ("pb64K", 64 * KiB, 2048, 8), ("pb128K", 128 * KiB, 2048, 8), ("maxgrid", None, 2048, 8),
-         ("pb16K_b1024w4", 16 * KiB, 1024, 4), ("pb32K_b1024w4", 32 * KiB, 1024, 4), ("pb32K_b4096w8", 32 * KiB, 4096, 8)]
+# --sweep-grid, around topology.launch_config's defaults: (name, per-block byte target (None: the
+# default, "max": one block per SM), BLOCK elements and num_warps (None: the default tile))
+SWEEP = [("default", None, None, None), ("pb1K", 1 * KiB, None, None), ("pb4K", 4 * KiB, None, None),
+         ("pb8K", 8 * KiB, None, None), ("pb32K", 32 * KiB, None, None), ("maxgrid", "max", None, None),
+         ("b2048w8", None, 2048, 8), ("b4096w8", None, 4096, 8), ("b4096w4", None, 4096, 4), ("b8192w16", None, 8192, 16)]
 SWEEP_SIZES = [8 * KiB, 32 * KiB, 128 * KiB, 512 * KiB, 2 * MiB, 8 * MiB, 32 * MiB]
+LL_MAX_BENCH = 4 * MiB  # LL stages 2 bytes per byte and is meant for small sizes: timed up to here
 
 
 def target_us(size: int) -> float | None:
@@ -59,7 +62,7 @@ def plan(args) -> dict:
     """Sizes, graph lengths and replays for this run (everything the ranks need)."""
     if args.dry_run:
         return {"sizes": [2 * KiB, 8 * KiB], "ops": {}, "ops_default": 2, "replays": 2, "dry": True,
-                "sweep_sizes": [8 * KiB] if args.sweep_grid else [], "sweep": SWEEP[:2]}
+                "sweep_sizes": [8 * KiB] if args.sweep_grid else [], "sweep": SWEEP[:3]}
     sizes = QUICK_SIZES if args.quick else FULL_SIZES
     if args.sizes:
         sizes = [int(float(s) * KiB) for s in args.sizes.split(",")]
@@ -101,7 +104,10 @@ def make_impls(comm, op: str, size: int, symm) -> list:
         c = Collective(comm, "ag", n // W, bf)
         return [Impl("ours", c, c.call, ours=True), Impl("nccl", c, lambda: dist.all_gather_into_tensor(c.out, c.x))]
     if op == "all_reduce":
-        out = [Impl(alg, c, c.call, ours=True) for alg in ("oneshot", "twoshot", "auto") for c in [Collective(comm, "ar", n, bf, alg)]]
+        from sparkinfer.comm.topology import ALGORITHMS
+
+        algs = [a for a in ALGORITHMS if a != "nccl" and (a != "ll" or size <= LL_MAX_BENCH)] + ["auto"]
+        out = [Impl(alg, c, c.call, ours=True) for alg in algs for c in [Collective(comm, "ar", n, bf, alg)]]
         c = Collective(comm, "ar", n, bf)
         return out + [Impl("nccl", c, lambda: dist.all_reduce(c.out), load=lambda seed: (c.load(seed), c.out.copy_(c.x)),
                            reset=lambda: c.out.zero_())]
@@ -175,9 +181,11 @@ def _bench_rank(world, cfg: dict) -> list:
 
     from sparkinfer.comm import Communicator, launch_config, select_algorithm
     from sparkinfer.comm.all_reduce.launch import twoshot_chunk
+    from sparkinfer.comm.channel import MAX_BLOCKS
 
     sizes = cfg["sizes"]
-    comm = Communicator(capacity_bytes=max(sizes + cfg["sweep_sizes"]), timeout_s=10.0, channel_ids=("bench",))
+    cap = max(sizes + cfg["sweep_sizes"] + [2 * s for s in sizes + cfg["sweep_sizes"] if s <= LL_MAX_BENCH])
+    comm = Communicator(capacity_bytes=cap, timeout_s=10.0, channel_ids=("bench",))
     ctx, symm, rows = Ctx(world, comm), _symm_setup(world), []
     t_start = time.perf_counter()
 
@@ -200,14 +208,16 @@ def _bench_rank(world, cfg: dict) -> list:
     def sweep(size, ops):  # launch-configuration sweep of our all_reduce kernels
         for name, pb, block, warps in cfg["sweep"]:
             def override(nbytes, pb=pb, block=block, warps=warps):
-                base = launch_config(comm.caps, nbytes, per_block_bytes=pb or 1)
-                if pb is None:
-                    base = dataclasses.replace(base, grid=min(comm.caps.num_sms, 256))
-                return base if comm.caps.interpret else dataclasses.replace(base, block=block, num_warps=warps)
+                base = launch_config(comm.caps, nbytes, **({} if pb is None else {"per_block_bytes": 1 if pb == "max" else pb}))
+                if pb == "max":
+                    base = dataclasses.replace(base, grid=min(comm.caps.num_sms, MAX_BLOCKS))
+                if block is None or comm.caps.interpret:
+                    return base
+                return dataclasses.replace(base, block=block, num_warps=warps)
 
-            for alg in ("oneshot", "twoshot"):
+            for alg in ("ll", "oneshot", "twoshot") if size <= 512 * KiB else ("oneshot", "twoshot"):
                 comm._config_override = override
-                staged = size if alg == "oneshot" else 2 * twoshot_chunk(size // 2, comm.world_size)
+                staged = {"ll": 2 * size, "oneshot": size, "twoshot": 2 * twoshot_chunk(size // 2, comm.world_size)}[alg]
                 cfg_used = override(staged)  # what config_for() returns for this op (bf16)
                 c = Collective(comm, "ar", size // 2, torch.bfloat16, alg)
                 run("all_reduce_sweep", Impl(f"{alg}:{name}", c, c.call, ours=True), size, ops,
@@ -307,7 +317,7 @@ def print_tables(rows: list) -> None:
         return f"{r['us']:.2f}" + ("" if r.get("correct", True) else "!")
 
     sizes = sorted({r["size_bytes"] for r in rows if r["op"] == "all_reduce"})
-    impls = ["oneshot", "twoshot", "auto", "nccl", "symm_one_shot", "symm_two_shot"]
+    impls = ["ll", "oneshot", "twoshot", "auto", "nccl", "symm_one_shot", "symm_two_shot"]
     print("\nall_reduce bf16, us per op in a CUDA graph (max over ranks; ! = wrong result)")
     print(f"{'size':>6} " + " ".join(f"{i[:13]:>13}" for i in impls) + f" {'auto/nccl':>9} {'auto GB/s':>9} {'target':>7}")
     for s in sizes:
@@ -324,15 +334,16 @@ def print_tables(rows: list) -> None:
             print(f"{_fmt_size(s):>6} {cell(op, 'ours', s):>9} {cell(op, 'nccl', s):>9} {r.get('ratio_vs_nccl', float('nan')):>7.3f}")
     sweep = [r for r in rows if r["op"] == "all_reduce_sweep" and "us" in r]
     if sweep:
-        print("\nlaunch-config sweep (all_reduce): best per size and algorithm vs the default (pb32K)")
+        print("\nlaunch-config sweep (all_reduce): best per size and algorithm vs topology.launch_config's default")
         for s in sorted({r["size_bytes"] for r in sweep}):
-            for alg in ("oneshot", "twoshot"):
+            for alg in ("ll", "oneshot", "twoshot"):
                 cand = [r for r in sweep if r["size_bytes"] == s and r["algorithm"] == alg]
                 if cand:
                     best = min(cand, key=lambda r: r["us"])
-                    dflt = next((r for r in cand if r["sweep"] == "pb32K"), best)
-                    print(f"{_fmt_size(s):>6} {alg:>8} best {best['sweep']:<14} {best['us']:8.2f} us "
-                          f"(grid {best['config']['grid']}), default {dflt['us']:8.2f} us")
+                    dflt = next((r for r in cand if r["sweep"] == "default"), best)
+                    c = best["config"]
+                    print(f"{_fmt_size(s):>6} {alg:>8} best {best['sweep']:<9} {best['us']:8.2f} us (grid {c['grid']} "
+                          f"b{c['block']} w{c['num_warps']}), default {dflt['us']:8.2f} us (grid {dflt['config']['grid']})")
 
 
 def plot(rows: list, path: Path) -> str:
