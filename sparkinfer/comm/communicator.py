@@ -19,7 +19,7 @@ import weakref
 from sparkinfer import envs
 from sparkinfer.comm.launching import check_errors
 from sparkinfer.comm.pool import ChannelPool
-from sparkinfer.comm.topology import LaunchConfig, TopologyCaps, launch_config
+from sparkinfer.comm.topology import LaunchConfig, TopologyCaps, launch_config, ll_launch_config
 from sparkinfer.errors import LifecycleError, SetupError
 
 __all__ = ["Communicator", "get_communicator"]
@@ -117,6 +117,16 @@ class Communicator:
         cfg = self._configs.get(nbytes)
         if cfg is None:
             cfg = self._configs[nbytes] = launch_config(self.caps, nbytes)
+        return cfg
+
+    def ll_config_for(self, nbytes: int) -> LaunchConfig:
+        """Launch shape of the LL one-shot for a tensor of `nbytes` (block in int32 words)."""
+        ov = self._config_override
+        if ov is not None:
+            return ov(nbytes) if callable(ov) else ov
+        cfg = self._configs.get(-nbytes)
+        if cfg is None:
+            cfg = self._configs[-nbytes] = ll_launch_config(self.caps, nbytes)
         return cfg
 
     # ------------------------------------------------------------------ ops

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from sparkinfer.comm.channel import MAX_BLOCKS
 
-__all__ = ["TopologyCaps", "LaunchConfig", "select_algorithm", "launch_config", "ALGORITHMS"]
+__all__ = ["TopologyCaps", "LaunchConfig", "select_algorithm", "launch_config", "ll_launch_config", "ALGORITHMS"]
 
 ALGORITHMS = ("ll", "oneshot", "twoshot", "nccl")
 
@@ -24,8 +24,10 @@ ALGORITHMS = ("ll", "oneshot", "twoshot", "nccl")
 ONESHOT_MAX_BYTES = {2: 4 << 20, 3: 512 << 10, 4: 256 << 10}
 ONESHOT_MAX_BYTES_DEFAULT = 128 << 10
 # LL (flag in every 8-byte word) for latency-bound sizes; it stages twice the
-# bytes. Provisional until the LL sweep: 64 KiB for every world size.
-LL_MAX_BYTES = 64 << 10
+# bytes. 2x H200 (benchmarks/results/sweep_2xh200_r2.json): LL 3.74 / 4.27 /
+# 4.91 us vs one-shot 4.71 / 5.03 / 6.12 us at 2 / 32 / 128 KiB; tied at 512 KiB
+# (7.43 vs 7.41). Other world sizes: provisional, same limit.
+LL_MAX_BYTES = 256 << 10
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,18 @@ def select_algorithm(caps: TopologyCaps, nbytes: int, dtype=None) -> str:
 # 4096-element tiles won from 512 KiB (6.9 vs 7.2 us), 8192 x 16 warps from
 # 8 MiB (two-shot 33.3 vs 33.7 us; 32 MiB: 105 vs 110 us).
 PER_BLOCK_BYTES = 2 << 10
+
+
+def ll_launch_config(caps: TopologyCaps, nbytes: int) -> LaunchConfig:
+    """Launch shape of the LL one-shot for a tensor of `nbytes` (block in int32 words).
+
+    2x H200 sweep r2: 512-word tiles with 4 warps and about 4 KiB of LL words per
+    block won at 32 KiB (16-132 blocks, 4.3 us vs 4.6 us with 1024-word tiles)
+    and 128 KiB (66 blocks, 4.9 us vs 5.3 us); 1024-word tiles at 512 KiB."""
+    base = launch_config(caps, 2 * nbytes, 4 << 10)
+    if caps.interpret:
+        return base
+    return LaunchConfig(grid=base.grid, block=512 if nbytes <= (128 << 10) else 1024, num_warps=4)
 
 
 def launch_config(caps: TopologyCaps, nbytes: int, per_block_bytes: int = PER_BLOCK_BYTES) -> LaunchConfig:

@@ -13,17 +13,18 @@ H200x2 = TopologyCaps(world_size=2, peer_access=True, link="nvlink", num_sms=132
     [
         (H200x2, 2 << 10, "ll"),
         (H200x2, (2 << 10) + 2, "oneshot"),
-        (H200x2, 256 << 10, "oneshot"),
+        (H200x2, 256 << 10, "ll"),
+        (H200x2, (256 << 10) + 4, "oneshot"),
         (H200x2, (4 << 20) + 4, "twoshot"),
         (H200x2, 32 << 20, "twoshot"),
         (H200x2, (64 << 20) + 2, "nccl"),
-        (TopologyCaps(8, True, "nvlink", 132, 64 << 20), 256 << 10, "twoshot"),
+        (TopologyCaps(8, True, "nvlink", 132, 64 << 20), 512 << 10, "twoshot"),
         (TopologyCaps(16, True, "pcie", 132, 64 << 20), 64 << 10, "ll"),
-        (TopologyCaps(2, True, "nvlink", 132, 96 << 10), 64 << 10, "oneshot"),
+        (TopologyCaps(2, True, "nvlink", 132, 96 << 10), 64 << 10, "oneshot"),  # LL needs 2x staging
         (TopologyCaps(4, False, "none", 132, 64 << 20), 2 << 10, "nccl"),
         (TopologyCaps(1, True, "nvlink", 132, 64 << 20), 2 << 10, "nccl"),
     ],
-    ids=["2r-2KiB", "2r-2KiB-odd", "2r-256KiB", "2r-4MiB+", "2r-32MiB", "2r-over-cap", "8r-256KiB", "16r-64KiB", "ll-over-cap", "no-peer", "1r"],
+    ids=["2r-2KiB", "2r-2KiB-odd", "2r-256KiB", "2r-256KiB+", "2r-4MiB+", "2r-32MiB", "2r-over-cap", "8r-512KiB", "16r-64KiB", "ll-over-cap", "no-peer", "1r"],
 )
 def test_select_algorithm(caps, nbytes, algo):
     assert select_algorithm(caps, nbytes) == algo

@@ -65,7 +65,7 @@ def all_reduce(comm, x, out=None, *, algorithm: str = "auto"):
     if algorithm == "ll":
         check_capacity(2 * nbytes, ch, "all_reduce (LL transport, 2 bytes staged per byte)")
         nwords = nbytes // 4
-        cfg = comm.config_for(2 * nbytes)
+        cfg = comm.ll_config_for(nbytes)
         op = "all_reduce_ll"
         fp = fingerprint(op, n, str(x.dtype), cfg.grid)
         args = (x, out, nwords, table, rank, fp, comm.timeout_ns, stage_off, slot_bytes, lane_bytes)
