@@ -10,7 +10,8 @@
 - Exact collective payloads: `payload()`, `payload_sum()`, `Collective`: small integers, so a
   sum over ranks is exact in bf16/fp16/fp32 and results compare with torch.equal.
 - Comm rank plumbing: `Ctx` (streams, capture scopes, sync on CUDA or CPU ranks),
-  `step()` (load, poison, run, compare), `read_epoch()`.
+  `step()` (load, poison, run, compare), `read_epoch()`, `CountingBackend` (live slabs
+  and peer mappings), `free_device_bytes()` (cudaMemGetInfo after emptying torch's cache).
 
 Nothing here imports torch, Triton or sparkinfer at import time: scripts are
 re-imported by every spawned rank, and CPU ranks must set TRITON_INTERPRET
@@ -32,6 +33,7 @@ from pathlib import Path
 __all__ = [
     "REPO_ROOT", "ensure_repo_on_path", "gpu_info", "versions", "git_commit", "metadata",
     "append_rows", "median", "Graph", "time_calls", "payload", "payload_sum", "poison", "Collective", "Ctx", "step", "read_epoch",
+    "CountingBackend", "free_device_bytes",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -384,3 +386,44 @@ def read_epoch(channel) -> int | None:
         return int(buf[0]) if int(err) == 0 else None
     except Exception:  # noqa: BLE001
         return None
+
+
+class CountingBackend:
+    """A slab backend that counts live slabs and open peer mappings (IPC imports on CUDA)."""
+
+    def __init__(self, inner):
+        self.inner, self.name, self.device_type = inner, inner.name, inner.device_type
+        self.slabs = self.mappings = self.allocated = self.opened = 0
+        self.seal = inner.seal
+
+    def allocate(self, nbytes):
+        s = self.inner.allocate(nbytes)
+        self.slabs, self.allocated = self.slabs + 1, self.allocated + 1
+        return s
+
+    def open(self, peer, handle, nbytes):
+        m = self.inner.open(peer, handle, nbytes)
+        self.mappings, self.opened = self.mappings + 1, self.opened + 1
+        return m
+
+    def close(self, mapping):
+        self.inner.close(mapping)  # counted only once it succeeded
+        self.mappings -= 1
+
+    def free(self, slab):
+        self.inner.free(slab)
+        self.slabs -= 1
+
+
+def free_device_bytes(cuda: bool) -> int | None:
+    """Free device memory (cudaMemGetInfo: slabs live outside torch's allocator)."""
+    if not cuda:
+        return None
+    import gc
+
+    import torch
+
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return int(torch.cuda.mem_get_info()[0])
