@@ -258,44 +258,48 @@ def _expect_error(comm, call, kinds) -> tuple:
 
 def sec_timeout(world, opt) -> dict:
     import torch
+    import torch.distributed as dist
 
     from sparkinfer.errors import CollectiveError, CollectiveMismatch, CollectiveTimeout
 
-    rank, fails, out = world.rank, [], {}
-    tmo = 2.0
-    # 1. rank 1 skips one all_reduce
-    comm = _comm(opt, 1 << 16, timeout_s=tmo)
-    c = Collective(comm, "ar", 1024, torch.bfloat16, "oneshot")
-    step(Ctx(world, comm), [c], 1, c.call, "timeout warm-up", fails)
-    comm.synchronize()
-    if rank == 0:
-        err, secs = _expect_error(comm, c.call, CollectiveError)
-        out["timeout_seconds"] = round(secs, 3)
-        out["timeout_error"] = f"{type(err).__name__}: {err}" if err else None
-        if not isinstance(err, CollectiveTimeout) or err.peer != 1:
-            fails.append(f"rank 0 expected CollectiveTimeout naming peer 1, got {out['timeout_error']}")
-        elif not tmo * 0.5 <= secs <= tmo + 8:
-            fails.append(f"timeout raised after {secs:.2f} s, expected about {tmo} s")
-        try:  # the channel stays broken: later calls raise at once instead of mixing data
-            c.call()
-            fails.append("a call after the timeout did not raise")
-        except CollectiveError:
-            out["sticky_after_timeout"] = True
-    else:
-        err, _ = _expect_error(comm, lambda: None, CollectiveError)
-        out["skipper_error"] = f"{type(err).__name__}: {err}" if err else None
-    comm.close()
-    # 2. size mismatch (N vs 2N) and 3. op mismatch (all_reduce vs all_gather), fresh communicators
-    for case in ("size", "op"):
+    rank, fails, out, tmo, bf = world.rank, [], {}, 2.0, torch.bfloat16
+    # 1. rank 1 skips one all_reduce, for each of our algorithms (fresh communicator each)
+    for alg in ("ll", "oneshot", "twoshot"):
         comm = _comm(opt, 1 << 16, timeout_s=tmo)
-        if case == "size":
-            c = Collective(comm, "ar", 2048 * (1 + rank), torch.bfloat16, "oneshot")
+        c = Collective(comm, "ar", 1024, bf, alg)
+        step(Ctx(world, comm), [c], 1, c.call, f"{alg} warm-up", fails)
+        comm.synchronize()
+        if rank == 0:
+            err, secs = _expect_error(comm, c.call, CollectiveError)
+            out[f"timeout_{alg}"] = f"{secs:.2f}s {type(err).__name__} peer={getattr(err, 'peer', None)}"
+            out[f"timeout_{alg}_message"] = str(err)[:300] if err else None
+            if not isinstance(err, CollectiveTimeout) or err.peer != 1:
+                fails.append(f"{alg}: rank 0 expected CollectiveTimeout naming peer 1, got {out[f'timeout_{alg}']}")
+            elif not tmo * 0.5 <= secs <= tmo + 8:
+                fails.append(f"{alg}: timeout raised after {secs:.2f} s, expected about {tmo} s")
+            try:  # the channel stays broken: later calls raise at once instead of mixing data
+                c.call()
+                fails.append(f"{alg}: a call after the timeout did not raise")
+            except CollectiveError:
+                pass
         else:
-            c = Collective(comm, "ar", 2048, torch.bfloat16, "oneshot") if rank == 0 else Collective(comm, "ag", 1024, torch.bfloat16)
+            err, _ = _expect_error(comm, lambda: None, CollectiveError)
+            out[f"skipper_{alg}"] = f"{type(err).__name__}: {err}"[:200] if err else None
+        comm.close()
+    # 2. size mismatch (N vs 2N; LL and one-shot) and op mismatch (all_reduce vs all_gather)
+    for case in ("size_ll", "size_oneshot", "op"):
+        comm = _comm(opt, 1 << 16, timeout_s=tmo)
+        if case.startswith("size"):
+            c = Collective(comm, "ar", 2048 * (1 + rank), bf, case.split("_")[1])
+        else:
+            c = Collective(comm, "ar", 2048, bf, "oneshot") if rank == 0 else Collective(comm, "ag", 1024, bf)
         err, secs = _expect_error(comm, c.call, CollectiveError)
-        out[f"{case}_mismatch"] = f"{type(err).__name__}: {err}" if err else None
-        out[f"{case}_mismatch_is_mismatch"] = isinstance(err, CollectiveMismatch)
-        out[f"{case}_mismatch_seconds"] = round(secs, 3)
+        out[f"{case}_mismatch"] = f"{secs:.2f} s: {type(err).__name__}: {err}"[:300] if err else f"{secs:.2f} s: none"
+        seen = [None, None]
+        dist.all_gather_object(seen, isinstance(err, CollectiveMismatch))
+        out[f"{case}_mismatch_ranks"] = [r for r, m in enumerate(seen) if m]
+        if not any(seen):
+            fails.append(f"{case} mismatch: no rank raised CollectiveMismatch (this rank: {out[f'{case}_mismatch']})")
         comm.close()
     return {"ok": not fails, **out, "failures": fails}
 
@@ -407,7 +411,8 @@ def _summary(section: str, res: dict) -> str:
         "smoke": ("checks", "rs_ag_over_capacity"),
         "graph": ("per_op",),
         "replay10k": ("replays", "us_per_replay_pair", "epochs"),
-        "timeout": ("timeout_seconds", "timeout_error", "size_mismatch_is_mismatch", "op_mismatch_is_mismatch"),
+        "timeout": ("timeout_ll", "timeout_oneshot", "timeout_twoshot", "size_ll_mismatch_ranks",
+                    "size_oneshot_mismatch_ranks", "op_mismatch_ranks"),
         "lifecycle": ("cycles", "leak_bytes_after_first_cycle", "mappings_opened", "open_after_close_max"),
         "guard": ("fp_div16", "capture"),
     }[section]
