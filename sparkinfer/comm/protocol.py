@@ -156,8 +156,14 @@ def wait_peers(table, rank, epoch, phase, fp, deadline, op, W: tl.constexpr, INT
 
     Returns 0 when all arrived with the expected fingerprint, else an error code
     (the error is recorded and broadcast; the caller skips its data phase)."""
+    return wait_peers_at(table, rank, epoch, phase, fp, deadline, op, tl.program_id(0), W, INTERP)
+
+
+@triton.jit
+def wait_peers_at(table, rank, epoch, phase, fp, deadline, op, blk, W: tl.constexpr, INTERP: tl.constexpr):
+    """wait_peers for the flags of block `blk` (a kernel whose blocks read data
+    that other blocks pushed waits on those blocks' flags)."""
     p_hdr = addr_of(table, rank).to(tl.pointer_type(tl.int64))
-    blk = tl.program_id(0)
     expect = (fp.to(tl.int64) << 32) | ((epoch + 1) & LOW32)
     status = tl.zeros([], tl.int32)
     for r in tl.static_range(W):
@@ -243,3 +249,32 @@ def reduce_lanes(p_x, o, m, table, rank, epoch, stage_off, slot_bytes, lane_byte
             b = tl.load(p_lane + o, mask=m, other=0.0)
         acc += b.to(tl.float32)
     return acc
+
+
+@triton.jit
+def publish_local(p_slot, value, tag, INTERP: tl.constexpr):
+    """Post an fp32 `value` for other blocks of this grid: slot = [tag int64, value].
+    The tag (fingerprint << 32 | epoch + 1, as in flags) is released after the value."""
+    tl.store((p_slot + 1).to(tl.pointer_type(tl.float32)), value)
+    tl.debug_barrier()
+    st_release(p_slot, tag, INTERP)
+
+
+@triton.jit
+def wait_local(table, rank, p_slot, tag, deadline, epoch, op, W: tl.constexpr, INTERP: tl.constexpr):
+    """Wait (bounded) until another block of this grid posted `tag` at p_slot; returns
+    (value, status). The grid is co-resident, so only a broken launch times out; a
+    timeout is recorded like a peer's (naming this rank)."""
+    p_hdr = addr_of(table, rank).to(tl.pointer_type(tl.int64))
+    v = ld_acquire(p_slot, INTERP)
+    status = tl.zeros([], tl.int32)
+    while (v != tag) & (status == 0):
+        v = ld_acquire(p_slot, INTERP)
+        if v != tag:
+            ab = ld_acquire(p_hdr + HDR_ABORT, INTERP)
+            if ab != 0:  # a block that would post skipped its work: the group aborted
+                status = ((ab >> 32) & 0xFFFF).to(tl.int32)
+            elif now_ns(INTERP) > deadline:
+                status = tl.full([], ERR_TIMEOUT, tl.int32)
+                _report(table, rank, status, rank, rank, epoch, v, tag, op, W, INTERP)
+    return tl.load((p_slot + 1).to(tl.pointer_type(tl.float32))), status

@@ -13,7 +13,9 @@ import random
 import pytest
 import torch
 
+from sparkinfer.comm.dcp.launch import row_config
 from sparkinfer.comm.dcp.reference import dcp_merge_reference
+from sparkinfer.comm.topology import TopologyCaps
 from sparkinfer.errors import (
     CapacityError,
     CaptureError,
@@ -279,6 +281,19 @@ def test_merge_rejects(comm1, change, error, match):
 def test_all_gather_heads_rejects(comm1, x, out, error, match):
     with pytest.raises(error, match=match):
         comm1.all_gather_heads(x, out)
+
+
+@pytest.mark.parametrize("interpret", [False, True], ids=["h200", "interpreter"])
+def test_row_config_tiles_are_powers_of_two_on_co_resident_blocks(interpret):
+    caps = TopologyCaps(2, True, "host" if interpret else "nvlink", 132, 64 << 20, interpret=interpret)
+    for n_rows in (1, 3, 8, 16, 100, 1024, 8192, 32768):
+        for D, isz in ((64, 2), (80, 4), (128, 2), (512, 2)):
+            c = row_config(caps, n_rows, D, isz)
+            assert 1 <= c.grid <= (2 if interpret else 132) and c.grid <= -(-n_rows // c.rows), (n_rows, D, c)
+            assert c.rows & (c.rows - 1) == 0 and c.block_d >= D and c.block_d & (c.block_d - 1) == 0
+            assert c.rows * c.block_d <= 4096
+            if not interpret and n_rows * D * isz >= 4096:
+                assert c.grid >= 2, (n_rows, D, c)  # ~2 KiB per block: small merges still spread out
 
 
 def test_capture_rejects_unwarmed_config_and_over_capacity(comm1):

@@ -13,7 +13,9 @@ import random
 import pytest
 import torch
 
+from sparkinfer.comm.fused_norm.launch import norm_config
 from sparkinfer.comm.fused_norm.reference import all_reduce_add_rms_norm_reference
+from sparkinfer.comm.topology import TopologyCaps
 from sparkinfer.errors import (
     CapacityError,
     CaptureError,
@@ -213,6 +215,36 @@ def test_rejects(comm1, mutate, error, match):
     with pytest.raises(error, match=match):
         comm1.all_reduce_add_rms_norm(a["x"], a["residual"], a["weight"], a["eps"], out=a["out"],
                                       residual_out=a["residual_out"])
+
+
+def test_rejects_rows_not_16_byte_aligned_and_bad_algorithms(comm1):
+    x, res, w = _args((2, 1028))  # 2056 B rows
+    with pytest.raises(ShapeError, match="hidden size 1028 x 2 B is not a multiple of 16 bytes; pad H to a multiple of 8"):
+        comm1.all_reduce_add_rms_norm(x, res, w, EPS)
+    x, res, w = _args((2, 1024))
+    with pytest.raises(ValueError, match=r"algorithm must be one of \('auto', 'fused', 'nccl'\), got 'ring'"):
+        comm1.all_reduce_add_rms_norm(x, res, w, EPS, algorithm="ring")
+    big = _args((5, 2048))  # 20 KB > 16 KB capacity
+    with pytest.raises(CapacityError, match="exceeds the staging capacity 16384 B with algorithm=fused"):
+        comm1.all_reduce_add_rms_norm(*big, EPS, algorithm="fused")
+
+
+@pytest.mark.parametrize("interpret", [False, True], ids=["h200", "interpreter"])
+def test_norm_config_covers_every_piece_once_on_co_resident_blocks(interpret):
+    caps = TopologyCaps(2, True, "host" if interpret else "nvlink", 132, 64 << 20, interpret=interpret)
+    for T in (1, 2, 3, 5, 8, 17, 64, 100, 133, 256, 1000):
+        for H, isz in ((1024, 2), (2048, 2), (4096, 2), (5120, 2), (7168, 2), (8192, 2), (16384, 2), (3072, 4)):
+            c = norm_config(caps, T, H, isz)
+            pieces = T * c.pieces
+            assert 1 <= c.grid <= (2 if interpret else 132), (T, H, c)
+            assert (c.grid - 1) * c.per < pieces <= c.grid * c.per, (T, H, c)  # no empty block, none left out
+            assert c.chunk % 64 == 0 and (c.pieces - 1) * c.chunk < H <= c.pieces * c.chunk, (T, H, c)
+            assert c.block_c & (c.block_c - 1) == 0 and c.block_h & (c.block_h - 1) == 0
+            assert c.one_pass == (c.pieces == 1 and H <= c.block_h)
+            if interpret:  # blocks run one after another there: a row never spans two blocks
+                assert c.per % c.pieces == 0, (T, H, c)
+            elif T * H * isz <= 132 * 2048:
+                assert c.grid >= min(132, T * H * isz // 2048 // 2), (T, H, c)  # small T still spreads out
 
 
 def test_capture_rejects_unwarmed_config_and_over_capacity(comm1):

@@ -27,9 +27,12 @@ from sparkinfer.errors import CapacityError, DTypeError, LayoutError, ShapeError
 __all__ = ["RowConfig", "row_config", "dcp_merge", "all_gather_heads"]
 
 ALGORITHMS = ("auto", "kernel", "nccl")
-# Elements per [R, BLOCK_D] tile: 4096 is 16 bf16 (two 16-byte vectors) per
-# thread at 8 warps; the interpreter takes fewer, wider tiles per block.
-TILE_GPU = 4096
+# Rows per block: at least ~2 KiB of a rank's stage per block (the 2x H200
+# all-reduce sweep, topology.PER_BLOCK_BYTES: 32 KiB on 16 blocks 5.2 us, on 1
+# block 9.3 us), more once every SM has a block; tiles of at most 4096 elements.
+# The interpreter takes fewer, wider tiles (it runs blocks one after another).
+MIN_BLOCK_BYTES = 2 << 10
+TILE_MAX = 4096
 TILE_INTERP = 2048
 
 
@@ -47,15 +50,20 @@ class RowConfig:
     num_warps: int
 
 
-def row_config(caps: TopologyCaps, n_rows: int, head_dim: int) -> RowConfig:
-    """Pure heuristic: tiles of ~TILE elements, one block per tile up to the SM count."""
+def row_config(caps: TopologyCaps, n_rows: int, head_dim: int, itemsize: int = 2) -> RowConfig:
+    """Pure heuristic: R rows per tile so a block stages >= MIN_BLOCK_BYTES (or its
+    1/num_sms share), one tile per block up to the SM count, 16-byte vectors."""
     block_d = 1 << max(head_dim - 1, 0).bit_length()
-    tile = TILE_INTERP if caps.interpret else TILE_GPU
-    rows = max(1, tile // block_d)
-    cap = 2 if caps.interpret else min(caps.num_sms, MAX_BLOCKS)
-    grid = max(1, min(-(-n_rows // rows), cap))
-    warps = 1 if caps.interpret else (8 if rows * block_d >= 4096 else 4)
-    return RowConfig(grid, rows, block_d, warps)
+    if caps.interpret:
+        rows = max(1, TILE_INTERP // block_d)
+        return RowConfig(max(1, min(-(-n_rows // rows), 2)), rows, block_d, 1)
+    g_max = min(caps.num_sms, MAX_BLOCKS)
+    row_bytes = max(1, head_dim * itemsize)
+    want = max(MIN_BLOCK_BYTES, n_rows * row_bytes // g_max) // row_bytes
+    rows = min(1 << max(want.bit_length() - 1, 0), max(1, TILE_MAX // block_d))
+    # one 16-byte vector per thread (ptxas -v, sm_90: R = 32, D = 128 bf16 spills at 8 warps, not at 16)
+    warps = min(16, max(4, rows * block_d * itemsize // 512))
+    return RowConfig(max(1, min(-(-n_rows // rows), g_max)), rows, block_d, warps)
 
 
 def _check_dtype_device(name: str, t, dev, dtypes=("bfloat16", "float16", "float32")) -> None:
@@ -170,7 +178,7 @@ def dcp_merge(comm, out_partial, lse, *, scatter_heads: bool = False, lse_base: 
     ch = comm.pool.channel()
     check_errors(ch)
     table, rank, stage_off, slot_bytes, lane_bytes = channel_args(ch)
-    cfg = row_config(comm.caps, n_rows, D)
+    cfg = row_config(comm.caps, n_rows, D, out_partial.element_size())
     op = "dcp_merge"
     fp = fingerprint(op, T, H, D, str(out_partial.dtype), bool(scatter_heads), cfg.grid)
     p_lse_out = lse_out if lse_out is not None else out  # never written when RETURN_LSE is False
@@ -211,7 +219,7 @@ def all_gather_heads(comm, x, out=None, *, algorithm: str = "auto"):
     ch = comm.pool.channel()
     check_errors(ch)
     table, rank, stage_off, slot_bytes, lane_bytes = channel_args(ch)
-    cfg = row_config(comm.caps, n_rows, D)
+    cfg = row_config(comm.caps, n_rows, D, x.element_size())
     op = "all_gather_heads"
     fp = fingerprint(op, T, Hs, D, str(x.dtype), cfg.grid)
     args = (x, x.stride(0), x.stride(1), out, out.stride(0), out.stride(1), n_rows, Hs, D,

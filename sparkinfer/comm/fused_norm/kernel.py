@@ -1,37 +1,57 @@
 """Fused all-reduce + residual add + RMSNorm kernel.
 
-Symbols: T rows (tokens), H hidden size, W ranks.
+Symbols: T rows (tokens), H hidden size, W ranks, S pieces per row.
 
-One-shot shape: every block owns whole rows. It pushes its rows of x into
-lane[rank] of every peer, signals, waits for the peers' rows, then per row sums
-the W copies in rank order (fp32), adds the residual, rounds to the storage
-dtype (residual_out), and normalizes that rounded row. Every rank runs the same
-arithmetic on the same bits, so every rank holds bitwise the same outputs.
+Work is cut into pieces: piece p = row * S + c covers hidden elements
+[c * CH, min((c + 1) * CH, H)) of row p // S; block b owns pieces
+[b * per, (b + 1) * per). Small T splits rows (S > 1) so that enough blocks
+push at once (about 2 KiB of stage per block is what the link rewards); large
+T gives S = 1 and several rows per block.
 
-A row that fits one tile (NUM_TILES == 1) stays in registers: one pass over
-HBM. A longer row takes two passes: the first writes residual_out and sums the
-squares, the second re-reads this block's own residual_out row (just written,
-still in L2) and writes out.
+1. Every block pushes its pieces of x into lane[rank] of every peer, signals,
+   and waits for the peers' flags of the same block (they pushed the same pieces).
+2. Per piece: sum the W lanes in rank order (fp32), add the residual, round to
+   the storage dtype -> residual_out; post the piece's sum of squares (fp32) in
+   this rank's gather region, tagged like a flag.
+3. Per piece: wait for the S partial sums of its row (posted by sibling blocks,
+   co-resident), add them in piece order, then out = residual_out * rstd * w
+   (residual_out re-read from L2).
+A piece only ever reads and writes its own elements, so out = x and
+residual_out = residual (in place) are safe; every rank and every block of a
+row adds the same bits in the same order, so all ranks agree bitwise.
+
+ONE_PASS (S = 1 and the row fits one tile) keeps the row in registers instead:
+one pass over HBM, no posting.
 """
 
 import triton
 import triton.language as tl
 
-from sparkinfer.comm.protocol import begin, block_range, finish, push_to_peers, reduce_lanes, signal_peers, wait_peers
+from sparkinfer.comm.protocol import (
+    LOW32,
+    as_ptr,
+    begin,
+    finish,
+    publish_local,
+    push_to_peers,
+    reduce_lanes,
+    signal_peers,
+    stage_addr,
+    wait_local,
+    wait_peers,
+)
 
 
 @triton.jit
-def _residual_tile(p_x, p_res, p_res_out, o, m, table, rank, epoch, stage_off, slot_bytes, lane_bytes,
-                   W: tl.constexpr):
-    """residual_out[o] = round(sum over ranks of x[o] + residual[o]); returns it as fp32."""
+def _residual_tile(p_x, p_res, o, m, table, rank, epoch, stage_off, slot_bytes, lane_bytes, W: tl.constexpr):
+    """residual_out values at o: round(sum over ranks of x + residual), as fp32 (masked lanes 0)."""
     acc = reduce_lanes(p_x, o, m, table, rank, epoch, stage_off, slot_bytes, lane_bytes, W)
-    b_r = (acc + tl.load(p_res + o, mask=m, other=0.0).to(tl.float32)).to(p_res_out.dtype.element_ty)
-    tl.store(p_res_out + o, b_r, mask=m)
+    b_r = (acc + tl.load(p_res + o, mask=m, other=0.0).to(tl.float32)).to(p_res.dtype.element_ty)
     return b_r.to(tl.float32)
 
 
 @triton.jit
-def _norm_tile(b_r, rstd, p_w, p_out, o_h, o, m):
+def _out_tile(b_r, rstd, p_w, p_out, o_h, o, m):
     """out[o] = r * rstd * weight[o_h]."""
     b_w = tl.load(p_w + o_h, mask=m, other=0.0).to(tl.float32)
     tl.store(p_out + o, (b_r * rstd * b_w).to(p_out.dtype.element_ty), mask=m)
@@ -39,41 +59,65 @@ def _norm_tile(b_r, rstd, p_w, p_out, o_h, o, m):
 
 @triton.jit
 def all_reduce_add_rms_norm_kernel(
-    p_x, p_res, p_w, p_out, p_res_out, n_rows, H, eps,
+    p_x, p_res, p_w, p_out, p_res_out, n_rows, H, S, CH, per, eps,
     table, rank, fp, timeout_ns, stage_off, slot_bytes, lane_bytes,
-    OP: tl.constexpr, W: tl.constexpr, BLOCK: tl.constexpr, BLOCK_H: tl.constexpr,
-    NUM_TILES: tl.constexpr, INTERP: tl.constexpr,
+    OP: tl.constexpr, W: tl.constexpr, BLOCK: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
+    ONE_PASS: tl.constexpr, INTERP: tl.constexpr,
 ):
     """x, residual, out, residual_out: [T, H] contiguous; weight: [H].
 
     residual_out = sum over ranks of x + residual;  out = rmsnorm(residual_out) * weight.
+    S pieces of CH elements per row; `per` pieces per block; BLOCK_H: row tile
+    (ONE_PASS), BLOCK_C: piece tile.
     """
     epoch, deadline = begin(table, rank, timeout_ns, INTERP)
-    row_lo, row_hi = block_range(n_rows, 1)
-    push_to_peers(p_x, row_lo * H, row_hi * H, table, rank, epoch, stage_off, slot_bytes, lane_bytes, W, BLOCK)
+    p_lo = tl.program_id(0) * per
+    p_hi = tl.minimum(p_lo + per, n_rows * S)
+    for p in range(p_lo, p_hi):
+        lo = (p // S) * H + (p % S) * CH
+        push_to_peers(p_x, lo, lo + tl.minimum(CH, H - (p % S) * CH), table, rank, epoch,
+                      stage_off, slot_bytes, lane_bytes, W, BLOCK)
     signal_peers(table, rank, epoch, 0, fp, W, INTERP)
     status = wait_peers(table, rank, epoch, 0, fp, deadline, OP, W, INTERP)
     if status == 0:
-        o_h = tl.arange(0, BLOCK_H)
-        for row in range(row_lo, row_hi):
-            base = row * H
-            if NUM_TILES == 1:
-                m = o_h < H
-                b_r = _residual_tile(p_x, p_res, p_res_out, base + o_h, m, table, rank, epoch,
-                                     stage_off, slot_bytes, lane_bytes, W)
+        if ONE_PASS:
+            o_h = tl.arange(0, BLOCK_H)
+            m = o_h < H
+            for row in range(p_lo, p_hi):
+                o = row * H + o_h
+                b_r = _residual_tile(p_x, p_res, o, m, table, rank, epoch, stage_off, slot_bytes, lane_bytes, W)
+                tl.store(p_res_out + o, b_r.to(p_res_out.dtype.element_ty), mask=m)
                 rstd = tl.math.rsqrt(tl.sum(b_r * b_r, axis=0) / H + eps)
-                _norm_tile(b_r, rstd, p_w, p_out, o_h, base + o_h, m)
-            else:
-                ss = tl.zeros([BLOCK_H], tl.float32)
-                for k in tl.static_range(NUM_TILES):
-                    m = k * BLOCK_H + o_h < H
-                    b_r = _residual_tile(p_x, p_res, p_res_out, base + k * BLOCK_H + o_h, m, table, rank, epoch,
-                                         stage_off, slot_bytes, lane_bytes, W)
+                _out_tile(b_r, rstd, p_w, p_out, o_h, o, m)
+        else:
+            tag = (fp.to(tl.int64) << 32) | ((epoch + 1) & LOW32)
+            p_post = as_ptr(stage_addr(table, rank, epoch, W, stage_off, slot_bytes, lane_bytes), table)
+            o_c = tl.arange(0, BLOCK_C)
+            for p in range(p_lo, p_hi):
+                c_lo = (p // S) * H + (p % S) * CH
+                c_hi = c_lo + tl.minimum(CH, H - (p % S) * CH)
+                ss = tl.zeros([BLOCK_C], tl.float32)
+                for k in range(c_lo, c_hi, BLOCK_C):
+                    m = k + o_c < c_hi
+                    b_r = _residual_tile(p_x, p_res, k + o_c, m, table, rank, epoch, stage_off, slot_bytes,
+                                         lane_bytes, W)
+                    tl.store(p_res_out + k + o_c, b_r.to(p_res_out.dtype.element_ty), mask=m)
                     ss += b_r * b_r
-                rstd = tl.math.rsqrt(tl.sum(ss, axis=0) / H + eps)
-                for k in tl.static_range(NUM_TILES):
-                    o = base + k * BLOCK_H + o_h
-                    m = k * BLOCK_H + o_h < H
-                    b_r = tl.load(p_res_out + o, mask=m, other=0.0).to(tl.float32)
-                    _norm_tile(b_r, rstd, p_w, p_out, k * BLOCK_H + o_h, o, m)
+                publish_local(p_post + 2 * p, tl.sum(ss, axis=0), tag, INTERP)
+            tl.debug_barrier()
+            for p in range(p_lo, p_hi):
+                row = p // S
+                total = tl.zeros([], tl.float32)
+                for c in range(0, S):
+                    if status == 0:
+                        part, status = wait_local(table, rank, p_post + 2 * (row * S + c), tag, deadline, epoch,
+                                                  OP, W, INTERP)
+                        total += part
+                rstd = tl.math.rsqrt(total / H + eps)
+                c_lo = row * H + (p % S) * CH
+                c_hi = c_lo + tl.minimum(CH, H - (p % S) * CH)
+                for k in range(c_lo, c_hi, BLOCK_C):
+                    m = k + o_c < c_hi
+                    b_r = tl.load(p_res_out + k + o_c, mask=m, other=0.0).to(tl.float32)
+                    _out_tile(b_r, rstd, p_w, p_out, k + o_c - row * H, k + o_c, m)
     finish(table, rank, epoch)

@@ -27,40 +27,68 @@ __all__ = ["NormConfig", "norm_config", "all_reduce_add_rms_norm", "ALGORITHMS"]
 OP = "all_reduce_add_rms_norm"
 ALGORITHMS = ("auto", "fused", "nccl")
 # Widest hidden tile kept in registers. 8192 bf16 per row at 8 warps is 32
-# elements (four 16-byte vectors) per thread; rows up to H = 8192 take the
-# one-pass path. The interpreter uses 4096 so that CPU tests with H = 7168 run
-# the two-pass path too.
+# elements (four 16-byte vectors) per thread; rows up to H = 8192 fit one tile.
+# The interpreter uses 4096 so that CPU tests with H = 7168 take two tiles.
 MAX_TILE_GPU = 8192
 MAX_TILE_INTERP = 4096
+# Smallest piece of a row one block pushes. The 2x H200 all-reduce sweep
+# (topology.PER_BLOCK_BYTES: 32 KiB on 16 blocks 5.2 us, on 1 block 9.3 us)
+# put ~2 KiB of stage per block; small T splits rows down to that. The
+# interpreter splits rows above 4 KiB (one block keeps every piece of a row
+# there: its blocks run one after another, so none may wait on a later one).
+MIN_PIECE_BYTES_GPU = 2 << 10
+MIN_PIECE_BYTES_INTERP = 4 << 10
+PIECE_ALIGN = 64  # elements: piece starts stay 16-byte aligned
 
 
 @dataclass(frozen=True)
 class NormConfig:
-    """Launch shape of the fused kernel.
+    """Launch shape of the fused kernel (see kernel.py for pieces).
 
-    grid: blocks, each owning whole rows (<= T, <= num_sms, <= MAX_BLOCKS).
-    block: elements per tile of the push phase (copy of the block's rows to peers).
-    block_h: hidden-dim tile (a power of two); num_tiles: tiles per row (1 = one pass).
-    num_warps: warps per block.
+    grid: blocks (<= num_sms, <= MAX_BLOCKS: co-resident). block: elements per
+    push tile. pieces: S, pieces per row; chunk: CH, elements per piece (a
+    multiple of PIECE_ALIGN); per: pieces per block. block_h: row tile, block_c:
+    piece tile (powers of two). one_pass: S = 1 and a row fits block_h.
     """
 
     grid: int
     block: int
+    pieces: int
+    chunk: int
+    per: int
     block_h: int
-    num_tiles: int
+    block_c: int
+    one_pass: bool
     num_warps: int
 
 
-def norm_config(caps: TopologyCaps, rows: int, hidden: int) -> NormConfig:
-    """Pure heuristic: one block per row up to the SM count (a row is 2..32 KB at
-    decode hidden sizes, enough work for one block), hidden tile = next power of
-    two of H up to the register cap."""
+def _pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def norm_config(caps: TopologyCaps, rows: int, hidden: int, itemsize: int = 2) -> NormConfig:
+    """Pure heuristic: split rows into pieces of >= MIN_PIECE_BYTES while there
+    are fewer rows than blocks, then spread the pieces over <= num_sms blocks."""
+    interp = caps.interpret
+    g_max = 2 if interp else min(caps.num_sms, MAX_BLOCKS)
+    s = max(1, hidden * itemsize // (MIN_PIECE_BYTES_INTERP if interp else MIN_PIECE_BYTES_GPU))
+    if not interp:
+        s = min(s, max(1, g_max // rows))
+    chunk = -(-(-(-hidden // s)) // PIECE_ALIGN) * PIECE_ALIGN
+    s = -(-hidden // chunk)
+    if interp:  # whole rows per block
+        per = s * -(-rows // min(rows, g_max))
+    else:
+        per = -(-rows * s // g_max)
+    grid = -(-rows * s // per)
+    block_h = min(_pow2(hidden), MAX_TILE_INTERP if interp else MAX_TILE_GPU)
+    block_c = min(_pow2(chunk), block_h)
+    one_pass = s == 1 and hidden <= block_h
     base = launch_config(caps, 0)
-    cap = min(caps.num_sms, MAX_BLOCKS, 2 if caps.interpret else MAX_BLOCKS)
-    max_tile = MAX_TILE_INTERP if caps.interpret else MAX_TILE_GPU
-    block_h = min(1 << max(hidden - 1, 0).bit_length(), max_tile)
-    warps = base.num_warps if caps.interpret else (8 if block_h >= 4096 else 4)
-    return NormConfig(max(1, min(rows, cap)), base.block, block_h, -(-hidden // block_h), warps)
+    # one 16-byte vector per thread on the main tile (4..16 warps): ptxas -v for sm_90,
+    # bf16: a 1024-wide piece tile at 8 warps loads 8-byte vectors, an 8192-wide one spills
+    warps = base.num_warps if interp else min(16, max(4, (block_h if one_pass else block_c) * itemsize // 512))
+    return NormConfig(grid, base.block, s, chunk, per, block_h, block_c, one_pass, warps)
 
 
 def _check_like(name: str, t, x, device) -> None:
@@ -120,6 +148,9 @@ def all_reduce_add_rms_norm(comm, x, residual, weight, eps: float = 1e-6, *, out
     n = x.numel()
     if n == 0:
         return out, residual_out
+    if H * x.element_size() % 16:
+        raise ShapeError(f"hidden size {H} x {x.element_size()} B is not a multiple of 16 bytes; pad H to a multiple of "
+                         f"{16 // x.element_size()} (rows are moved in 16-byte vectors)")
     T, nbytes = n // H, n * x.element_size()
     capturing = comm.streams.is_capturing()
     if algorithm not in ALGORITHMS:
@@ -139,13 +170,13 @@ def all_reduce_add_rms_norm(comm, x, residual, weight, eps: float = 1e-6, *, out
     check_errors(ch)
     check_capacity(nbytes, ch, OP)
     table, rank, stage_off, slot_bytes, lane_bytes = channel_args(ch)
-    cfg = norm_config(comm.caps, T, H)
-    fp = fingerprint(OP, T, H, str(x.dtype), cfg.grid)
-    args = (x, residual, weight, out, residual_out, T, H, float(eps),
+    cfg = norm_config(comm.caps, T, H, x.element_size())
+    fp = fingerprint(OP, T, H, str(x.dtype), cfg.grid, cfg.pieces, cfg.per)
+    args = (x, residual, weight, out, residual_out, T, H, cfg.pieces, cfg.chunk, cfg.per, float(eps),
             table, rank, fp, comm.timeout_ns, stage_off, slot_bytes, lane_bytes)
-    consts = dict(OP=OP_CODES[OP], W=comm.world_size, BLOCK=cfg.block, BLOCK_H=cfg.block_h,
-                  NUM_TILES=cfg.num_tiles, INTERP=comm.caps.interpret)
-    key = (OP, x.dtype, weight.dtype, cfg) + _spec(x, residual, weight, out, residual_out, T, H)
+    consts = dict(OP=OP_CODES[OP], W=comm.world_size, BLOCK=cfg.block, BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c,
+                  ONE_PASS=cfg.one_pass, INTERP=comm.caps.interpret)
+    key = (OP, x.dtype, weight.dtype, cfg) + _spec(*args[:10])
     launch_kernel(all_reduce_add_rms_norm_kernel, cfg, key, capturing, args, consts)
     if comm.caps.interpret:
         check_errors(ch)  # interpreted kernels are synchronous: report at once
