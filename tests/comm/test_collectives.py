@@ -23,7 +23,7 @@ def expected_sum(world, n, dtype, salt=0):
 def _all_ops(world):
     from sparkinfer.comm import Communicator
 
-    comm = Communicator(capacity_bytes=CAP, timeout_s=20)
+    comm = Communicator(capacity_bytes=CAP, timeout_s=90)
     W, r = world.world_size, world.rank
     fails, salt = [], 0
     for dtype in DTYPES:
@@ -72,7 +72,7 @@ def _parity(world):
     device-owned epoch/slot parity aligned: 3 ops per round, 7 rounds."""
     from sparkinfer.comm import Communicator
 
-    comm = Communicator(capacity_bytes=CAP, timeout_s=20)
+    comm = Communicator(capacity_bytes=CAP, timeout_s=90)
     W, r = world.world_size, world.rank
     ok = True
     for rnd in range(7):
@@ -122,7 +122,7 @@ def test_rank_that_stops_participating_is_named(world, victim, algo):
 def _mismatch(world, what, algo="oneshot"):
     from sparkinfer.comm import Communicator
 
-    comm = Communicator(capacity_bytes=CAP, timeout_s=10)
+    comm = Communicator(capacity_bytes=CAP, timeout_s=90)
     r = world.rank
     try:
         if what == "size":
@@ -151,7 +151,7 @@ def _rejections(world):
     from sparkinfer.comm import Communicator
     from sparkinfer.errors import CapacityError, DeviceError, DTypeError, LayoutError, ShapeError
 
-    comm = Communicator(capacity_bytes=CAP, timeout_s=10)
+    comm = Communicator(capacity_bytes=CAP, timeout_s=90)
     x = payload(world.rank, 64, torch.float32)
     cases = [
         (DTypeError, "dtype torch.int32; supported: bfloat16, float16, float32", lambda: comm.all_reduce(x.int())),
@@ -197,7 +197,7 @@ def _wrap(world, start):
     the device epoch just below each wrap point and keep going."""
     from sparkinfer.comm import Communicator
 
-    comm = Communicator(capacity_bytes=CAP, timeout_s=20)
+    comm = Communicator(capacity_bytes=CAP, timeout_s=90)
     ch = comm.pool.get("eager")
     ch.slab.keep[1][:8].view(torch.int64).fill_(start)  # header word 0: the epoch
     W, r = world.world_size, world.rank
