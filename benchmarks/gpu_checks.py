@@ -10,7 +10,8 @@ CUDA error fails that section only):
              1 element .. capacity, capacity + 1 (auto -> NCCL, explicit algorithms raise).
   graph      every op: eager -> capture -> replay -> new inputs -> replay -> eager -> replay; a
              graph of 3 collectives replayed 101 times (parity); eager on its channel (handoff).
-  replay10k  10,000 interleaved replays of two 3-collective graphs on two streams and channels.
+  replay10k  22,000 (>= 10,000) interleaved replays of two 3-collective graphs on two streams and
+             channels: 66,003 ops per channel, past the LL flag's 16-bit sequence wrap.
   timeout    rank 1 skips an all_reduce -> CollectiveTimeout naming rank 1 (timeout_s=2); size
              and op mismatches -> CollectiveMismatch.
   lifecycle  200 cycles of create / eager / capture / replay / throwaway + rollback / close:
@@ -42,7 +43,7 @@ def options(dry: bool) -> dict:
             "smoke_sizes": [1, 2, 3, 17, 64, 1000] if dry else [1, 2, 3, 8, 15, 16, 17, 63, 64, 65, 255, 1000, 2048,
                                                                  2049, 4097, 65539],
             "graph_cap": 1 << 14 if dry else 1 << 21, "parity_replays": 5 if dry else 101,
-            "replays": 20 if dry else 10_000, "cycles": 3 if dry else 200}
+            "replays": 20 if dry else 22_000, "cycles": 3 if dry else 200}
 
 
 def _comm(opt, cap, **kw):
