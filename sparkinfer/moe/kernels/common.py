@@ -44,8 +44,67 @@ def e4m3_to_f32(byte):
     return bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
 
 
+# E2M1 -> bf16 for 8 values per 32-bit word (4 prepared bytes, each holding one
+# value of the first half-chunk in its low nibble and one of the second in its
+# high nibble), times bf16 block scales. prmt is an 8-entry byte table lookup:
+# the 3 magnitude bits of 4 nibbles select the high and the low byte of the
+# bf16 encodings of 0, .5, 1, 1.5, 2, 3, 4, 6; two more prmt interleave those
+# bytes into bf16 pairs; the nibble sign bits are moved to bits 15 / 31 with
+# prmt + lop3 (a | (b & c), LUT 0xF8). e2m1 * e4m3 has <= 6 significant bits,
+# so mul.rn.bf16x2 by the (exact) bf16 scale is exact. $0,$1: low-nibble
+# values (elements 0,1 | 2,3); $2,$3: high-nibble values; $4: the 4 bytes;
+# $5..$8 / $9..$12: per element, a 32-bit (scale, scale) bf16 pair of its low /
+# high value (no assumption on which elements Triton packs together).
+# tests/moe/test_dequant_asm.py emulates this text bit for bit.
+E2M1_BF16_ASM = tl.constexpr("""
+{
+.reg .b32 th0, th1, tl0, tl1, sel, h, l, t, w4, m, sa, sb;
+mov.b32 th0, 0x3F3F3F00;
+mov.b32 th1, 0x40404040;
+mov.b32 tl0, 0xC0800000;
+mov.b32 tl1, 0xC0804000;
+mov.b32 m, 0x80008000;
+shl.b32 w4, $4, 4;
+and.b32 sel, $4, 0x7777;
+prmt.b32 h, th0, th1, sel;
+prmt.b32 l, tl0, tl1, sel;
+prmt.b32 $0, l, h, 0x6240;
+prmt.b32 $2, l, h, 0x7351;
+prmt.b32 t, w4, w4, 0x1100;
+lop3.b32 $0, $0, t, m, 0xF8;
+prmt.b32 t, $4, $4, 0x1100;
+lop3.b32 $2, $2, t, m, 0xF8;
+shr.b32 sel, $4, 16;
+and.b32 sel, sel, 0x7777;
+prmt.b32 h, th0, th1, sel;
+prmt.b32 l, tl0, tl1, sel;
+prmt.b32 $1, l, h, 0x6240;
+prmt.b32 $3, l, h, 0x7351;
+prmt.b32 t, w4, w4, 0x3322;
+lop3.b32 $1, $1, t, m, 0xF8;
+prmt.b32 t, $4, $4, 0x3322;
+lop3.b32 $3, $3, t, m, 0xF8;
+prmt.b32 sa, $5, $6, 0x7610;
+prmt.b32 sb, $7, $8, 0x7610;
+mul.rn.bf16x2 $0, $0, sa;
+mul.rn.bf16x2 $1, $1, sb;
+prmt.b32 sa, $9, $10, 0x7610;
+prmt.b32 sb, $11, $12, 0x7610;
+mul.rn.bf16x2 $2, $2, sa;
+mul.rn.bf16x2 $3, $3, sb;
+}
+""")
+
+
 @triton.jit
-def weight_halves(w_ptr, s_ptr, gsf, rows, row_mask, k0, stride_w, stride_s,
+def bf16_pair(x):
+    """fp32 x (exactly representable in bf16) -> int32 holding (bf16(x), bf16(x))."""
+    b = x.to(tl.bfloat16).to(tl.uint16, bitcast=True).to(tl.int32)
+    return b | (b << 16)
+
+
+@triton.jit
+def weight_halves(w_ptr, s_ptr, rows, row_mask, k0, stride_w, stride_s,
                   BN: tl.constexpr, BK: tl.constexpr, NVFP4: tl.constexpr,
                   INTERPRET: tl.constexpr):
     """Weight tile of rows `rows` [BN] and reduction elements k0..k0+BK, as two
@@ -53,8 +112,10 @@ def weight_halves(w_ptr, s_ptr, gsf, rows, row_mask, k0, stride_w, stride_s,
 
     bf16: w_ptr -> bf16 [N, R] of one expert, stride_w = R.
     NVFP4: w_ptr -> packed uint8 [N, R/2] (prepared interleave), s_ptr -> E4M3
-    bits [N, R/16], gsf = global scale * 2**22 (undoes the 2**-14 and 2**-8 of
-    the decoders).
+    bits [N, R/16]. Returns e2m1 * e4m3 exactly (bf16 holds the product); the
+    caller multiplies its fp32 accumulator by the expert's global scale.
+    On the GPU the decode is `E2M1_BF16_ASM`; the interpreter (which cannot
+    run PTX) uses the same math in fp32 arithmetic; both are exact.
     """
     HALF: tl.constexpr = BK // 2
     if NVFP4:
@@ -63,14 +124,24 @@ def weight_halves(w_ptr, s_ptr, gsf, rows, row_mask, k0, stride_w, stride_s,
         o_j = tl.arange(0, 16)
         p_b = (w_ptr + rows[:, None, None] * stride_w + k0 // 2 + o_g[None, :, None] * 16
                + o_j[None, None, :])
-        b_b = tl.load(p_b, mask=row_mask[:, None, None], other=0).to(tl.int32)  # [BN, G, 16]
+        b_b = tl.load(p_b, mask=row_mask[:, None, None], other=0)  # [BN, G, 16] uint8
         p_s = s_ptr + rows[:, None, None] * stride_s + k0 // 16 + o_g[None, :, None]
         b_slo = tl.load(p_s, mask=row_mask[:, None, None], other=0).to(tl.int32)  # [BN, G, 1]
         b_shi = tl.load(p_s + G, mask=row_mask[:, None, None], other=0).to(tl.int32)
-        b_lo = e2m1_to_f32(b_b & 15) * (e4m3_to_f32(b_slo) * gsf)
-        b_hi = e2m1_to_f32(b_b >> 4) * (e4m3_to_f32(b_shi) * gsf)
-        lo = tl.reshape(b_lo, [BN, HALF]).to(tl.bfloat16)
-        hi = tl.reshape(b_hi, [BN, HALF]).to(tl.bfloat16)
+        if INTERPRET:
+            b_i = b_b.to(tl.int32)
+            b_lo = e2m1_to_f32(b_i & 15) * (e4m3_to_f32(b_slo) * 4194304.0)  # 2**22
+            b_hi = e2m1_to_f32(b_i >> 4) * (e4m3_to_f32(b_shi) * 4194304.0)
+            b_lo = b_lo.to(tl.bfloat16)
+            b_hi = b_hi.to(tl.bfloat16)
+        else:
+            s_lo = tl.broadcast_to(bf16_pair(e4m3_to_f32(b_slo) * 256.0), [BN, G, 16])
+            s_hi = tl.broadcast_to(bf16_pair(e4m3_to_f32(b_shi) * 256.0), [BN, G, 16])
+            b_lo, b_hi = tl.inline_asm_elementwise(
+                E2M1_BF16_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r", [b_b, s_lo, s_hi],
+                dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+        lo = tl.reshape(b_lo, [BN, HALF])
+        hi = tl.reshape(b_hi, [BN, HALF])
     else:
         o_k = tl.arange(0, HALF)
         p_w = w_ptr + rows[:, None] * stride_w + k0 + o_k[None, :]

@@ -53,9 +53,6 @@ def moe_fc1_kernel(
     o_k = tl.arange(0, HALF)
     p_w = w_ptr + e.to(tl.int64) * stride_we
     p_s = s_ptr + e.to(tl.int64) * stride_se
-    gsf = 1.0
-    if NVFP4:
-        gsf = tl.load(gs_ptr + e) * 4194304.0  # 2**22, see weight_halves
     b_g = tl.zeros([BN, BM], dtype=tl.float32)
     b_u = tl.zeros([BN, BM], dtype=tl.float32)
     c_lo = i_s * chunks_per_split
@@ -65,15 +62,19 @@ def moe_fc1_kernel(
         p_x = x_ptr + tok[None, :].to(tl.int64) * stride_x + k0 + o_k[:, None]
         b_xlo = dot_operand(tl.load(p_x, mask=m_row[None, :], other=0.0), INTERPRET)
         b_xhi = dot_operand(tl.load(p_x + HALF, mask=m_row[None, :], other=0.0), INTERPRET)
-        w_lo, w_hi = weight_halves(p_w, p_s, gsf, o_n, m_n, k0, stride_wn, stride_sn,
+        w_lo, w_hi = weight_halves(p_w, p_s, o_n, m_n, k0, stride_wn, stride_sn,
                                    BN, BK, NVFP4, INTERPRET)
         b_g = tl.dot(w_lo, b_xlo, b_g)
         b_g = tl.dot(w_hi, b_xhi, b_g)
         if GATED:
-            w_lo, w_hi = weight_halves(p_w, p_s, gsf, o_n + I, m_n, k0, stride_wn, stride_sn,
+            w_lo, w_hi = weight_halves(p_w, p_s, o_n + I, m_n, k0, stride_wn, stride_sn,
                                        BN, BK, NVFP4, INTERPRET)
             b_u = tl.dot(w_lo, b_xlo, b_u)
             b_u = tl.dot(w_hi, b_xhi, b_u)
+    if NVFP4:  # the expert's global scale, once per output instead of once per weight
+        b_gs = tl.load(gs_ptr + e)
+        b_g *= b_gs
+        b_u *= b_gs
     m_out = m_n[:, None] & m_row[None, :]
     p_o = out_ptr + i_s * stride_os + o_row[None, :].to(tl.int64) * stride_or + o_n[:, None]
     if PARTIALS:

@@ -71,9 +71,6 @@ def moe_fc2_kernel(
     o_k = tl.arange(0, HALF)
     p_w = w_ptr + e.to(tl.int64) * stride_we
     p_s = s_ptr + e.to(tl.int64) * stride_se
-    gsf = 1.0
-    if NVFP4:
-        gsf = tl.load(gs_ptr + e) * 4194304.0  # 2**22, see weight_halves
     b_acc = tl.zeros([BN, BM], dtype=tl.float32)
     c_lo = i_s * chunks_per_split
     c_hi = tl.minimum(c_lo + chunks_per_split, num_chunks)
@@ -88,9 +85,11 @@ def moe_fc2_kernel(
             p_a = a_ptr + o_arow[None, :].to(tl.int64) * stride_ar + k0 + o_k[:, None]
             b_alo = dot_operand(tl.load(p_a, mask=m_row[None, :], other=0.0), INTERPRET)
             b_ahi = dot_operand(tl.load(p_a + HALF, mask=m_row[None, :], other=0.0), INTERPRET)
-        w_lo, w_hi = weight_halves(p_w, p_s, gsf, o_n, m_n, k0, stride_wn, stride_sn,
+        w_lo, w_hi = weight_halves(p_w, p_s, o_n, m_n, k0, stride_wn, stride_sn,
                                    BN, BK, NVFP4, INTERPRET)
         b_acc = tl.dot(w_lo, b_alo, b_acc)
         b_acc = tl.dot(w_hi, b_ahi, b_acc)
+    if NVFP4:  # the expert's global scale, once per output instead of once per weight
+        b_acc *= tl.load(gs_ptr + e)
     p_o = out_ptr + i_s * stride_os + route[None, :].to(tl.int64) * stride_or + o_n[:, None]
     tl.store(p_o, b_acc.to(out_ptr.dtype.element_ty), mask=m_n[:, None] & m_row[None, :])
