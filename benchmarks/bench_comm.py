@@ -24,7 +24,7 @@ to NCCL, and the issue-3 targets for auto. JSON rows go to --out, a PNG beside i
 
 --sweep-grid sets `comm._config_override` (sparkinfer/comm/communicator.py, for
 benchmarks only) to time other per-block byte targets / grids / tiles than
-topology.launch_config picks, for ll (<= 512 KiB), oneshot and twoshot.
+topology.launch_config / ll_launch_config pick, for ll (<= 512 KiB), oneshot and twoshot.
 """
 
 from __future__ import annotations
@@ -45,11 +45,12 @@ FULL_SIZES = [2 * KiB << i for i in range(16)]  # 2 KiB .. 64 MiB
 QUICK_SIZES = [2 * KiB, 32 * KiB, 128 * KiB, 512 * KiB, 2 * MiB, 8 * MiB, 32 * MiB, 64 * MiB]
 # issue 3: targets for auto on 2x H200, microseconds, by size (<= 4 us for everything up to 32 KiB)
 TARGET_US = {128 * KiB: 5.0, 512 * KiB: 6.5, 2 * MiB: 10.0, 8 * MiB: 26.0, 32 * MiB: 95.0}
-# --sweep-grid, around topology.launch_config's defaults: (name, per-block byte target (None: the
-# default, "max": one block per SM), BLOCK elements and num_warps (None: the default tile))
-SWEEP = [("default", None, None, None), ("pb1K", 1 * KiB, None, None), ("pb4K", 4 * KiB, None, None),
-         ("pb8K", 8 * KiB, None, None), ("pb32K", 32 * KiB, None, None), ("maxgrid", "max", None, None),
-         ("b2048w8", None, 2048, 8), ("b4096w8", None, 4096, 8), ("b4096w4", None, 4096, 4), ("b8192w16", None, 8192, 16)]
+# --sweep-grid, around topology's defaults: grid variants (per-block byte target of the staged
+# bytes; None: the default grid, "max": one block per SM) with the default tile, then tile
+# variants (BLOCK, num_warps; LL tiles count int32 words) with the default grid
+SWEEP_GRIDS = [("default", None), ("pb1K", 1 * KiB), ("pb2K", 2 * KiB), ("pb4K", 4 * KiB), ("pb8K", 8 * KiB),
+               ("pb32K", 32 * KiB), ("maxgrid", "max")]
+SWEEP_TILES = {"ll": [(512, 4), (1024, 4), (1024, 8), (2048, 8)], "std": [(2048, 8), (4096, 8), (4096, 4), (8192, 16)]}
 SWEEP_SIZES = [8 * KiB, 32 * KiB, 128 * KiB, 512 * KiB, 2 * MiB, 8 * MiB, 32 * MiB]
 LL_MAX_BENCH = 4 * MiB  # LL stages 2 bytes per byte and is meant for small sizes: timed up to here
 
@@ -62,7 +63,7 @@ def plan(args) -> dict:
     """Sizes, graph lengths and replays for this run (everything the ranks need)."""
     if args.dry_run:
         return {"sizes": [2 * KiB, 8 * KiB], "ops": {}, "ops_default": 2, "replays": 2, "dry": True,
-                "sweep_sizes": [8 * KiB] if args.sweep_grid else [], "sweep": SWEEP[:3]}
+                "sweep_sizes": [8 * KiB] if args.sweep_grid else [], "sweep_grids": SWEEP_GRIDS[:3], "sweep_tiles": 1}
     sizes = QUICK_SIZES if args.quick else FULL_SIZES
     if args.sizes:
         sizes = [int(float(s) * KiB) for s in args.sizes.split(",")]
@@ -70,7 +71,7 @@ def plan(args) -> dict:
     ops = {s: (20 if args.quick else 50) if s <= 1 * MiB else (20 if s <= 8 * MiB else 10) for s in sizes + SWEEP_SIZES}
     sweep_sizes = ([32 * KiB, 512 * KiB, 8 * MiB] if args.quick else SWEEP_SIZES) if args.sweep_grid else []
     return {"sizes": sizes, "ops": ops, "ops_default": 20, "replays": 10 if args.quick else 20, "dry": False,
-            "sweep_sizes": [s for s in sweep_sizes if s <= max(sizes)], "sweep": SWEEP}
+            "sweep_sizes": [s for s in sweep_sizes if s <= max(sizes)], "sweep_grids": SWEEP_GRIDS, "sweep_tiles": 4}
 
 
 class Impl:
@@ -180,6 +181,7 @@ def _bench_rank(world, cfg: dict) -> list:
     import torch.distributed as dist
 
     from sparkinfer.comm import Communicator, launch_config, select_algorithm
+    from sparkinfer.comm.topology import ll_launch_config
     from sparkinfer.comm.all_reduce.launch import twoshot_chunk
     from sparkinfer.comm.channel import MAX_BLOCKS
 
@@ -205,23 +207,29 @@ def _bench_rank(world, cfg: dict) -> list:
             row["error"] = f"{type(e).__name__}: {e}"[:400]
         emit(row)
 
-    def sweep(size, ops):  # launch-configuration sweep of our all_reduce kernels
-        for name, pb, block, warps in cfg["sweep"]:
-            def override(nbytes, pb=pb, block=block, warps=warps):
-                base = launch_config(comm.caps, nbytes, **({} if pb is None else {"per_block_bytes": 1 if pb == "max" else pb}))
-                if pb == "max":
-                    base = dataclasses.replace(base, grid=min(comm.caps.num_sms, MAX_BLOCKS))
-                if block is None or comm.caps.interpret:
-                    return base
-                return dataclasses.replace(base, block=block, num_warps=warps)
+    def shape(alg, nbytes, pb, tile):
+        """The launch config of one sweep point, built on topology's default for `alg`."""
+        if alg == "ll":
+            base, staged = ll_launch_config(comm.caps, nbytes), 2 * nbytes
+        else:
+            base, staged = launch_config(comm.caps, nbytes), nbytes
+        most = min(comm.caps.num_sms, MAX_BLOCKS)
+        grid = base.grid if pb is None else most if pb == "max" else max(1, min(most, -(-staged // pb)))
+        if comm.caps.interpret:
+            return dataclasses.replace(base, grid=min(grid, 2))
+        return dataclasses.replace(base, grid=grid, **({} if tile is None else {"block": tile[0], "num_warps": tile[1]}))
 
-            for alg in ("ll", "oneshot", "twoshot") if size <= 512 * KiB else ("oneshot", "twoshot"):
-                comm._config_override = override
-                staged = {"ll": 2 * size, "oneshot": size, "twoshot": 2 * twoshot_chunk(size // 2, comm.world_size)}[alg]
-                cfg_used = override(staged)  # what config_for() returns for this op (bf16)
+    def sweep(size, ops):  # launch-configuration sweep of our all_reduce kernels
+        for alg in ("ll", "oneshot", "twoshot") if size <= 512 * KiB else ("oneshot", "twoshot"):
+            tiles = SWEEP_TILES["ll" if alg == "ll" else "std"][:cfg["sweep_tiles"]]
+            points = [(name, pb, None) for name, pb in cfg["sweep_grids"]] + [(f"b{b}w{w}", None, (b, w)) for b, w in tiles]
+            # the byte count each algorithm asks config_for / ll_config_for about (bf16)
+            asked = 2 * twoshot_chunk(size // 2, comm.world_size) if alg == "twoshot" else size
+            for name, pb, tile in points:
+                comm._config_override = lambda nbytes, alg=alg, pb=pb, tile=tile: shape(alg, nbytes, pb, tile)
                 c = Collective(comm, "ar", size // 2, torch.bfloat16, alg)
                 run("all_reduce_sweep", Impl(f"{alg}:{name}", c, c.call, ours=True), size, ops,
-                    {"config": dataclasses.asdict(cfg_used), "algorithm": alg, "sweep": name})
+                    {"config": dataclasses.asdict(shape(alg, asked, pb, tile)), "algorithm": alg, "sweep": name})
                 comm._config_override = None
 
     # ours and NCCL first, torch SymmetricMemory last: a crash there cannot take our rows with it
@@ -334,7 +342,7 @@ def print_tables(rows: list) -> None:
             print(f"{_fmt_size(s):>6} {cell(op, 'ours', s):>9} {cell(op, 'nccl', s):>9} {r.get('ratio_vs_nccl', float('nan')):>7.3f}")
     sweep = [r for r in rows if r["op"] == "all_reduce_sweep" and "us" in r]
     if sweep:
-        print("\nlaunch-config sweep (all_reduce): best per size and algorithm vs topology.launch_config's default")
+        print("\nlaunch-config sweep (all_reduce): best per size and algorithm vs topology's default")
         for s in sorted({r["size_bytes"] for r in sweep}):
             for alg in ("ll", "oneshot", "twoshot"):
                 cand = [r for r in sweep if r["size_bytes"] == s and r["algorithm"] == alg]
