@@ -126,6 +126,28 @@ def _run_gather(comm, spec, rank, W, seed):
     return pack(x), pack(out)
 
 
+def _torch_ops(comm, rank, W, seed):
+    """torch.ops.sparkinfer.dcp_merge / all_gather_heads eagerly and under torch.compile
+    give the bits of the direct calls."""
+    from sparkinfer.comm.dcp.ops import register
+
+    register()
+    case = Case("ops", 3, 2 * W, 64, torch.bfloat16, empty="mixed")
+    os_, lses = make_inputs(case, W, seed)
+    o, lse = os_[rank], lses[rank]
+    want = (*comm.dcp_merge(o, lse, scatter_heads=True, return_lse=True), comm.all_gather_heads(o))
+
+    def block(o, lse):
+        out, lse_out = torch.ops.sparkinfer.dcp_merge(o, lse, comm.id, True, "e")
+        return out, lse_out, torch.ops.sparkinfer.all_gather_heads(o, comm.id)
+
+    same = lambda got: all(torch.equal(g.view(torch.uint8), w.view(torch.uint8)) for g, w in zip(got, want))  # noqa: E731
+    checks = {"eager": same(block(o, lse))}
+    if W == 2:  # compiling is slow on CPU ranks: once is enough
+        checks["compiled"] = same(torch.compile(block, backend="aot_eager", fullgraph=True)(o, lse))
+    return checks
+
+
 def _worker(world, seed):
     from sparkinfer.comm import Communicator
 
@@ -134,6 +156,7 @@ def _worker(world, seed):
     cases = CASES_2 if W == 2 else CASES_3
     merged = {c.id: _run_case(comm, c, rank, W, seed) for c in cases}
     gathered = [_run_gather(comm, spec, rank, W, seed) for spec in GATHERS]
+    merged["torch_ops"] = _torch_ops(comm, rank, W, seed)
     o, lse = torch.zeros(2, W + 1, 64), torch.zeros(2, W + 1)
     with pytest.raises(ShapeError, match=f"splits H = {W + 1} heads over {W} ranks"):
         comm.dcp_merge(o, lse, scatter_heads=True)
@@ -196,6 +219,12 @@ def test_merge_matches_fp32_reference(ranks, world, case):
         for rank, (o, lse) in enumerate(outs[1:], 1):
             assert torch.equal(o.view(torch.uint8), outs[0][0].view(torch.uint8)), f"rank {rank} o differs from rank 0"
             assert torch.equal(lse.view(torch.uint8), outs[0][1].view(torch.uint8)), f"rank {rank} lse differs"
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_torch_ops_eager_and_compiled_match_the_direct_calls(ranks, world):
+    for rank, (merged, _) in enumerate(ranks[world]):
+        assert all(merged["torch_ops"].values()), f"rank {rank}: {merged['torch_ops']}"
 
 
 @pytest.mark.parametrize("world", [2, 3])

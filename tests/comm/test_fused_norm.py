@@ -103,12 +103,40 @@ def unpack(p):
     return torch.from_numpy(raw).view(dtype).reshape(shape)
 
 
+def _torch_ops(comm, rank, W, seed):
+    """torch.ops.sparkinfer.all_reduce_add_rms_norm(_) eagerly and under torch.compile
+    give the bits of the direct call."""
+    from sparkinfer.comm.fused_norm.ops import register
+
+    register()
+    xs, residual, weight = make_inputs(Case("ops", (3, 1024), torch.bfloat16), W, seed)
+    x = xs[rank]
+    want = comm.all_reduce_add_rms_norm(x, residual, weight, EPS)
+
+    def block(x, residual):
+        out, res_out = torch.ops.sparkinfer.all_reduce_add_rms_norm(x, residual, weight, EPS, comm.id, "auto")
+        return out * 1, res_out
+
+    def block_(x, residual):
+        x, residual = x.clone(), residual.clone()
+        torch.ops.sparkinfer.all_reduce_add_rms_norm_(x, residual, weight, EPS, comm.id, "auto")
+        return x, residual
+
+    same = lambda got: all(torch.equal(g.view(torch.uint8), w.view(torch.uint8)) for g, w in zip(got, want))  # noqa: E731
+    checks = {"eager": same(block(x, residual)), "in_place": same(block_(x, residual))}
+    if W == 2:  # compiling is slow on CPU ranks: once is enough
+        checks["compiled"] = same(torch.compile(block, backend="aot_eager", fullgraph=True)(x, residual))
+        checks["compiled_in_place"] = same(torch.compile(block_, backend="aot_eager", fullgraph=True)(x, residual))
+    return checks
+
+
 def _worker(world, cases, seed):
     from sparkinfer.comm import Communicator
 
     comm = Communicator(capacity_bytes=CAP, timeout_s=5)
     W, rank = world.world_size, world.rank
     results = {c.id: tuple(map(pack, _run_case(comm, c, rank, W, seed))) for c in cases}
+    results["torch_ops"] = _torch_ops(comm, rank, W, seed)
     # Different hidden sizes at the same sequence number are detected, not mixed.
     x = torch.zeros(2, 1024 * (rank + 1), dtype=torch.bfloat16)
     w = torch.ones(x.shape[-1], dtype=torch.bfloat16)
@@ -156,6 +184,12 @@ def test_matches_fp32_reference_and_ranks_agree_bitwise(ranks, world, case):
     for rank, (out, res_out) in enumerate(per_rank[1:], 1):
         assert torch.equal(out.view(torch.uint8), out0.view(torch.uint8)), f"out of rank {rank} differs from rank 0"
         assert torch.equal(res_out.view(torch.uint8), res0.view(torch.uint8)), f"residual_out of rank {rank} differs"
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_torch_ops_eager_and_compiled_match_the_direct_call(ranks, world):
+    for rank, res in enumerate(ranks[world]):
+        assert all(res["torch_ops"].values()), f"rank {rank}: {res['torch_ops']}"
 
 
 # ---------------------------------------------------------------- rejections (one rank, in process)
