@@ -78,6 +78,9 @@ class MoECaps:
     hidden H, intermediate I (per rank: the full size divided by tp_size).
     tp_rank / tp_size: this rank's shard of I. out_dtype: bf16 or fp16.
     deterministic: bitwise repeatable outputs (fixed-order top-k sum, no atomics).
+        Every kernel family is atomic-free and fixed-order today, so both values
+        give the same, repeatable bits; a faster atomic path for False would be
+        added only where measured faster.
     num_sms: streaming multiprocessors of the target GPU (132 on an H200); the
     planner splits work to fill them.
     """
