@@ -49,7 +49,7 @@ SHAPES = {
 }
 DRY_SHAPES = {"tiny": dict(num_experts=8, top_k=2, hidden=64, intermediate=32)}
 FULL_M = (1, 2, 4, 8, 16, 64, 256, 1024, 4096)
-QUICK_M = (1, 8, 256, 4096)
+QUICK_M = (1, 8, 64, 4096)
 DRY_M = (1, 3, 20)
 
 
@@ -396,7 +396,7 @@ def main(argv=None):
         os.environ["TRITON_INTERPRET"] = "1"  # before Triton is imported
     _common.ensure_repo_on_path()
     budget = args.budget_s or (200.0 if args.quick or args.dry_run else 450.0)
-    faulthandler.dump_traceback_later(budget + 120, exit=True)  # never hang
+    faulthandler.dump_traceback_later(budget + 180, exit=True)  # never hang
     ctx = Ctx(args)
     torch = ctx.torch
     if ctx.cuda and not torch.cuda.is_available():
