@@ -253,11 +253,12 @@ def reduce_lanes(p_x, o, m, table, rank, epoch, stage_off, slot_bytes, lane_byte
 
 @triton.jit
 def publish_local(p_slot, value, tag, INTERP: tl.constexpr):
-    """Post an fp32 `value` for other blocks of this grid: slot = [tag int64, value].
-    The tag (fingerprint << 32 | epoch + 1, as in flags) is released after the value."""
+    """Post an fp32 `value` for other blocks of this grid: slot = [tag int64, value] in
+    this rank's own slab. The tag (fingerprint << 32 | epoch + 1, as in flags) is
+    released after the value, at gpu scope (a local atomic: no peer ever reads it)."""
     tl.store((p_slot + 1).to(tl.pointer_type(tl.float32)), value)
     tl.debug_barrier()
-    st_release(p_slot, tag, INTERP)
+    tl.atomic_xchg(p_slot, tag, sem="release", scope="gpu")  # local word, same device: gpu scope suffices
 
 
 @triton.jit
@@ -266,10 +267,10 @@ def wait_local(table, rank, p_slot, tag, deadline, epoch, op, W: tl.constexpr, I
     (value, status). The grid is co-resident, so only a broken launch times out; a
     timeout is recorded like a peer's (naming this rank)."""
     p_hdr = addr_of(table, rank).to(tl.pointer_type(tl.int64))
-    v = ld_acquire(p_slot, INTERP)
+    v = tl.atomic_add(p_slot, 0, sem="acquire", scope="gpu")
     status = tl.zeros([], tl.int32)
     while (v != tag) & (status == 0):
-        v = ld_acquire(p_slot, INTERP)
+        v = tl.atomic_add(p_slot, 0, sem="acquire", scope="gpu")
         if v != tag:
             ab = ld_acquire(p_hdr + HDR_ABORT, INTERP)
             if ab != 0:  # a block that would post skipped its work: the group aborted
