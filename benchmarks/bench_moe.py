@@ -210,9 +210,9 @@ def check(ctx, layer, fmt, ts) -> list[dict]:
         b = bind(p, scratch, w, x=x, out=out, logits=logits, bias=bias)
         run(b)
         eager = out.clone()
-        rid, _ = route_reference(logits, spec, layer.k, bias)
+        rid, _ = route_reference(logits, spec, layer.k, bias=bias)
         ids_match = (b.topk_ids == rid).float().mean().item()
-        ref = moe_reference(x, src, (b.topk_ids, b.topk_weights), spec)
+        ref = moe_reference(x, src, (b.topk_ids, b.topk_weights), spec=spec)
         cos = torch.nn.functional.cosine_similarity(eager.float().flatten(), ref.flatten(),
                                                     dim=0).item()
         out.fill_(float("nan"))

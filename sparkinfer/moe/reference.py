@@ -39,7 +39,7 @@ def _expert(w, e: int) -> torch.Tensor:
     return w[e].float()
 
 
-def moe_reference(x: torch.Tensor, weights: tuple, routing: tuple[torch.Tensor, torch.Tensor],
+def moe_reference(x: torch.Tensor, weights: tuple, routing: tuple[torch.Tensor, torch.Tensor], *,
                   spec: MoESpec) -> torch.Tensor:
     """x [T, H]; weights = (w1 [E, N1, H], w2 [E, H, I]) dense or `NVFP4Tensor`
     (dequantized: the reference of an NVFP4 layer is its dequantized weights),

@@ -42,7 +42,7 @@ def _run_case(spec, t, e, k, max_tokens=32, num_sms=132):
     out = torch.full((t, 64), float("nan"), dtype=torch.bfloat16)
     b = bind(p, scratch, w, x=x, out=out, logits=logits, bias=bias)
     run(b)
-    ref = moe_reference(x, src, route_reference(logits, spec, k, bias), spec)
+    ref = moe_reference(x, src, route_reference(logits, spec, k, bias=bias), spec=spec)
     return b, ref
 
 
@@ -92,7 +92,7 @@ def test_out_of_range_ids_contribute_nothing_and_are_rejected_eagerly():
         tw = torch.rand(t, 2)
         out = torch.full((t, 64), float("nan"), dtype=torch.bfloat16)
         run(bind(p, scratch, w, x=x, out=out, topk_ids=ids, topk_weights=tw))
-        ref = moe_reference(x, src, (ids, tw), spec)
+        ref = moe_reference(x, src, (ids, tw), spec=spec)
         assert cosine(out, ref) >= 0.9999
         with pytest.raises(CapacityError, match=r"outside \[0, E=4\)"):
             check_topk_ids(ids, 4)
@@ -104,7 +104,7 @@ def test_tensor_parallel_shards_sum_to_full_layer():
     p, w, src, scratch = random_layer(full, spec)
     x = torch.randn(3, 64).bfloat16()
     logits = torch.randn(3, 4)
-    ref = moe_reference(x, src, route_reference(logits, spec, 2), spec)
+    ref = moe_reference(x, src, route_reference(logits, spec, 2), spec=spec)
     total = torch.zeros(3, 64)
     for rank in range(2):
         caps = MoECaps(max_tokens=8, num_experts=4, top_k=2, hidden=64, intermediate=32,
@@ -126,9 +126,9 @@ def test_moe_layer_wrapper_eager_and_with_out():
     layer = MoELayer(caps, spec, src, device="cpu", bias=bias)
     x, logits = torch.randn(2, 64).bfloat16(), torch.randn(2, 4)
     got = layer(x, logits)
-    ref = moe_reference(x, src, route_reference(logits, spec, 2, bias), spec)
+    ref = moe_reference(x, src, route_reference(logits, spec, 2, bias=bias), spec=spec)
     assert cosine(got, ref) >= 0.9999
     out = torch.full((2, 64), float("nan"), dtype=torch.bfloat16)
     assert layer(x, logits, out=out) is out and torch.equal(out, got)
-    ids, tw = route_reference(logits, spec, 2, bias)
+    ids, tw = route_reference(logits, spec, 2, bias=bias)
     assert torch.equal(layer.forward_topk(x, (ids, tw)), got)

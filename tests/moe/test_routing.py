@@ -27,7 +27,7 @@ def test_routing_matches_reference(spec, e, k, dtype):
     ids = torch.full((t, k), -7, dtype=torch.int32)
     w = torch.full((t, k), float("nan"))
     route(logits, spec, (ids, w), bias=bias)
-    rid, rw = route_reference(logits, spec, k, bias)
+    rid, rw = route_reference(logits, spec, k, bias=bias)
     assert torch.equal(ids, rid)
     torch.testing.assert_close(w, rw, rtol=1e-5, atol=1e-6)
 

@@ -10,7 +10,7 @@ import torch
 from sparkinfer.moe.spec import MoESpec
 
 
-def route_reference(logits: torch.Tensor, spec: MoESpec, top_k: int,
+def route_reference(logits: torch.Tensor, spec: MoESpec, top_k: int, *,
                     bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [T, E] -> (ids [T, K] int32, weights [T, K] fp32), descending by selection score.
 
