@@ -26,6 +26,7 @@ interpreter, to check this script's logic without a GPU.
     python3 benchmarks/bench_moe.py --quick
     python3 benchmarks/bench_moe.py --shapes dsv3,dsv3_tp8     # full, in two parts
     python3 benchmarks/bench_moe.py --shapes qwen3,mixtral
+    python3 benchmarks/bench_moe.py --sweep --shapes dsv3 --m 4,8,16,32,64,256 --no-baselines
 """
 
 from __future__ import annotations
@@ -61,6 +62,9 @@ def parse_args(argv=None):
     ap.add_argument("--m", default=None, help="comma list of token counts (overrides presets)")
     ap.add_argument("--formats", default="nvfp4,bf16")
     ap.add_argument("--no-baselines", action="store_true")
+    ap.add_argument("--sweep", action="store_true",
+                    help="also time forced variants (micro, grouped BM 16..128) at each M: the "
+                    "measurements the planner thresholds need")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="stop starting timings after this many seconds (default 200 quick, "
                     "450 full)")
@@ -253,16 +257,41 @@ def _row(ctx, layer, lim, m, fmt, impl, sec, mode, expert_bytes, active):
                 tc_tflops=lim["bf16_tflops"])
 
 
+def sweep_variants(p, m):
+    """(name, plan forced to one config) for the planner's choice at M and the
+    alternatives around its thresholds: micro up to 16 tokens, grouped BM 16..128."""
+    import dataclasses
+
+    from sparkinfer.moe import LaunchConfig
+
+    chosen = p.config_for(m)
+    out = [("planned", p)]
+    cands = [LaunchConfig("grouped", bm, 64, 64 if bm <= 32 else 128,
+                          num_warps=4 if bm <= 32 else 8, stages1=3, stages2=3)
+             for bm in (16, 32, 64, 128)]
+    if m <= 16:
+        cands.append(p.config_for(min(m, 16)))
+    for cfg in cands:
+        if cfg == chosen or (cfg.family == "grouped" and cfg.block_m > 4 * max(16, m)):
+            continue
+        name = f"{cfg.family}-bm{cfg.block_m}"
+        out.append((name, dataclasses.replace(p, buckets=((p.caps.max_tokens, cfg),))))
+    return out
+
+
 def time_ours(ctx, layer, lim, fmt, ms) -> list[dict]:
     torch = ctx.torch
-    from sparkinfer.moe import bind, run
+    from sparkinfer.moe import allocate_scratch, bind, run
 
-    p, w, scratch, _ = layer.build(fmt)
+    p0, w, _, _ = layer.build(fmt)
     rows = []
-    for m in ms:
+    jobs = [(m, name, fp) for m in ms
+            for name, fp in (sweep_variants(p0, m) if ctx.args.sweep else [("planned", p0)])]
+    for m, variant, p in jobs:
         if ctx.over_budget():
-            print(f"budget: skipping {layer.name} {fmt} M={m}", flush=True)
+            print(f"budget: skipping {layer.name} {fmt} M={m} {variant}", flush=True)
             continue
+        scratch = allocate_scratch(p, ctx.dev)
         g_calls = ctx.calls_per_graph(m)
         x = torch.randn(m, layer.h, device=ctx.dev).bfloat16()
         calls, active = [], 0
@@ -273,11 +302,13 @@ def time_ours(ctx, layer, lim, fmt, ms) -> list[dict]:
             b = bind(p, scratch, w, x=x, out=out, topk_ids=ids, topk_weights=tw)
             calls.append(lambda b=b: run(b))
         sec, mode = ctx.time_calls(calls)
-        r = _row(ctx, layer, lim, m, fmt, "sparkinfer", sec, mode, w.expert_bytes(), active)
+        impl = "sparkinfer" if variant == "planned" else f"sparkinfer:{variant}"
+        r = _row(ctx, layer, lim, m, fmt, impl, sec, mode, w.expert_bytes(), active)
         r.update(family=b.config.family, block_m=b.config.block_m, split1=b.config.split1,
-                 split2=b.config.split2)
+                 split2=b.config.split2, stages1=b.config.stages1, stages2=b.config.stages2)
         rows.append(r)
-        print(f"time  {layer.name:8s} {fmt:5s} M={m:<5d} sparkinfer {r['family']:7s} "
+        del scratch, calls
+        print(f"time  {layer.name:8s} {fmt:5s} M={m:<5d} {impl:24s} {r['family']:7s} "
               f"{r['us']:9.1f} us  floor {100 * r['frac_floor']:5.1f}%  tc "
               f"{100 * r['frac_tc']:5.1f}%", flush=True)
     return rows
