@@ -143,8 +143,9 @@ def bind(plan: MoEPlan, scratch: dict, weights: MoEWeights, *, x: torch.Tensor,
     (allocated here, outside capture only: CaptureError during capture).
     Routing: either logits [T, E] (bf16/fp16/fp32; bias fp32 [E] for
     "sigmoid_grouped") routed by `run`, or topk_ids int32 [T, K] with
-    topk_weights fp32 [T, K] (ids outside [0, E) add nothing; `check_topk_ids`
-    rejects them eagerly). Makes views only; no host sync.
+    topk_weights fp32 [T, K] (ids outside [0, E) add nothing; a token's K ids
+    must be distinct; `check_topk_ids` checks both eagerly). Makes views only;
+    no host sync.
     """
     c = plan.caps
     if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != c.hidden:
@@ -185,7 +186,8 @@ def bind(plan: MoEPlan, scratch: dict, weights: MoEWeights, *, x: torch.Tensor,
 
 
 def check_topk_ids(topk_ids: torch.Tensor, num_experts: int) -> None:
-    """Raise CapacityError when an id of topk_ids [T, K] is outside [0, E).
+    """Raise CapacityError when an id of topk_ids [T, K] is outside [0, E), and
+    ShapeError when a token names one expert twice.
 
     Syncs with the host; not capture-legal (use it while debugging or in eager paths).
     """
@@ -195,3 +197,9 @@ def check_topk_ids(topk_ids: torch.Tensor, num_experts: int) -> None:
     if lo < 0 or hi >= num_experts:
         raise CapacityError(f"topk_ids hold expert ids in [{lo}, {hi}], outside [0, E="
                             f"{num_experts}); ids must index this layer's experts")
+    srt = topk_ids.sort(dim=-1).values
+    dup = (srt[:, 1:] == srt[:, :-1]).any(dim=-1)
+    if bool(dup.any()):
+        t = int(dup.nonzero()[0, 0])
+        raise ShapeError(f"topk_ids row {t} names an expert twice: {topk_ids[t].tolist()}; "
+                         "each token's K experts must be distinct")

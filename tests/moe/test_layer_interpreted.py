@@ -7,7 +7,7 @@ NVFP4 layers are compared with the reference on their dequantized weights.
 import pytest
 import torch
 
-from sparkinfer.errors import CapacityError
+from sparkinfer.errors import CapacityError, ShapeError
 from sparkinfer.moe import (MoECaps, MoESpec, allocate_scratch, bind, check_topk_ids,
                             moe_reference, plan, prepare_weights, run)
 from sparkinfer.moe.routing import route_reference
@@ -96,6 +96,9 @@ def test_out_of_range_ids_contribute_nothing_and_are_rejected_eagerly():
         assert cosine(out, ref) >= 0.9999
         with pytest.raises(CapacityError, match=r"outside \[0, E=4\)"):
             check_topk_ids(ids, 4)
+    check_topk_ids(torch.tensor([[0, 3], [2, 1]], dtype=torch.int32), 4)
+    with pytest.raises(ShapeError, match="row 1 names an expert twice"):
+        check_topk_ids(torch.tensor([[0, 3], [2, 2]], dtype=torch.int32), 4)
 
 
 def test_tensor_parallel_shards_sum_to_full_layer():
