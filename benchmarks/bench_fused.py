@@ -6,9 +6,11 @@ Legend: T tokens, H hidden (fused norm) or heads (dcp), D head dim, W = 2 ranks.
 One run, in 2 rank processes (sparkinfer.runtime.launch, backend "cuda"):
 1. p2p copy bandwidth GPU 0 -> GPU 1 (one 256 MiB copy, rank 0): the link limit
    that `frac_p2p` divides by.
-2. fused norm, per (H, T), impls: `fused` (ours, one kernel), `ar_auto` and
-   `ar_oneshot` (our bare all-reduce of the same tensor: the target's yardstick),
-   `ar+torch` (our all-reduce, torch add + F.rms_norm), `nccl+torch`.
+2. fused norm, per (H, T), impls: `fused` (ours, one kernel, algorithm "auto":
+   the LL kernel where all_reduce picks LL), `fused_flag` (the flag-based kernel),
+   `ar_auto` and `ar_oneshot` (our bare all-reduce of the same tensor: the
+   target's yardstick), `ar+torch` (our all-reduce, torch add + F.rms_norm),
+   `nccl+torch`.
 3. dcp_merge, per (H, D, T, scatter), impls: `dcp_kernel` (ours) and `dcp_nccl`
    (all_gather through NCCL + torch merge).
 Every config is first checked (outputs poisoned with NaN): eager vs the fp32
@@ -44,7 +46,7 @@ import _common  # noqa: E402  (imports nothing heavy)
 EPS = 1e-6
 TARGET_NORM_RATIO = 1.15
 TARGET_DCP_SPEEDUP, TARGET_DCP_MAX_T = 2.0, 64
-NORM_IMPLS = ("fused", "ar_auto", "ar_oneshot", "ar+torch", "nccl+torch")
+NORM_IMPLS = ("fused", "fused_flag", "ar_auto", "ar_oneshot", "ar+torch", "nccl+torch")
 DCP_IMPLS = ("dcp_kernel", "dcp_nccl")
 PRESETS = {  # fused (H, T) and dcp ((H, D), T) sweeps, graph size N, replays, budget
     "full": dict(hidden=(4096, 7168), norm_t=(1, 2, 4, 8, 16, 32, 64, 128, 256),
@@ -210,7 +212,7 @@ def bench_norm(b, H: int, T: int) -> list[dict]:
 
     x, res = (torch.empty(T, H, dtype=torch.bfloat16, device=dev) for _ in range(2))
     w = torch.empty(H, dtype=torch.bfloat16, device=dev)
-    bufs = {k: torch.empty(T, H, dtype=torch.bfloat16, device=dev) for k in ("o", "r", "s1", "s2", "s3", "s4")}
+    bufs = {k: torch.empty(T, H, dtype=torch.bfloat16, device=dev) for k in ("o", "r", "o2", "r2", "s1", "s2", "s3", "s4")}
     state = {}
 
     def load(seed):
@@ -228,6 +230,8 @@ def bench_norm(b, H: int, T: int) -> list[dict]:
 
     impls = {
         "fused": lambda: comm.all_reduce_add_rms_norm(x, res, w, EPS, out=bufs["o"], residual_out=bufs["r"]),
+        "fused_flag": lambda: comm.all_reduce_add_rms_norm(x, res, w, EPS, out=bufs["o2"], residual_out=bufs["r2"],
+                                                           algorithm="fused"),
         "ar_auto": lambda: (comm.all_reduce(x, bufs["s1"]),),
         "ar_oneshot": lambda: (comm.all_reduce(x, bufs["s2"], algorithm="oneshot"),),
         "ar+torch": lambda: torch_norm(comm.all_reduce(x, bufs["s3"])),
@@ -235,19 +239,22 @@ def bench_norm(b, H: int, T: int) -> list[dict]:
     }
 
     def reference(name):
-        return state["norm"] if name in ("fused", "ar+torch", "nccl+torch") else (state["sum"],)
+        return (state["sum"],) if name.startswith("ar_") else state["norm"]
 
-    tol = {"fused": 4, "ar_auto": 2, "ar_oneshot": 2, "ar+torch": 16, "nccl+torch": 16,
-           "bitwise": ("fused", "ar_auto", "ar_oneshot")}
+    tol = {"fused": 4, "fused_flag": 4, "ar_auto": 2, "ar_oneshot": 2, "ar+torch": 16, "nccl+torch": 16,
+           "bitwise": ("fused", "fused_flag", "ar_auto", "ar_oneshot")}
     from sparkinfer.comm.topology import select_algorithm
 
     nbytes = T * H * 2
     base = dict(op="fused_norm", H=H, T=T, dtype="bfloat16", nbytes=nbytes,
                 ar_auto_algorithm=select_algorithm(comm.caps, nbytes))
     rows = run_config(b, base, impls, load, reference, tol)
-    for r in rows:  # bytes this rank writes to its peer
-        twoshot = r["impl"] == "nccl+torch" or (r["impl"] in ("ar_auto", "ar+torch") and base["ar_auto_algorithm"] != "oneshot")
-        r["link_bytes"] = nbytes * (W - 1) // (W if twoshot else 1) * (2 if twoshot else 1)
+    per_alg = {"ll": 2 * (W - 1), "oneshot": W - 1, "twoshot": 2 * (W - 1) / W, "nccl": 2 * (W - 1) / W}
+    auto = base["ar_auto_algorithm"]
+    alg = {"fused": "ll" if auto == "ll" else "oneshot", "fused_flag": "oneshot", "ar_oneshot": "oneshot",
+           "ar_auto": auto, "ar+torch": auto, "nccl+torch": "nccl"}
+    for r in rows:  # bytes this rank writes to its peers (LL words carry 4 payload bytes in 8)
+        r["link_bytes"] = int(nbytes * per_alg[alg[r["impl"]]])
     return rows
 
 
@@ -340,6 +347,7 @@ def summarize(rows) -> list[dict]:
             ratio = us["fused"] / us["ar_auto"]
             out.append(dict(kind="summary", op=op, H=H, T=T, fused_over_ar_auto=ratio,
                             fused_over_ar_oneshot=us["fused"] / us.get("ar_oneshot", float("nan")),
+                            fused_flag_over_ar_oneshot=us.get("fused_flag", float("nan")) / us.get("ar_oneshot", float("nan")),
                             speedup_vs_nccl_torch=us.get("nccl+torch", float("nan")) / us["fused"],
                             speedup_vs_ar_torch=us.get("ar+torch", float("nan")) / us["fused"],
                             target=f"<= {TARGET_NORM_RATIO}", meets_target=ratio <= TARGET_NORM_RATIO))
@@ -364,7 +372,7 @@ def table(rows):
             continue
         if r["op"] == "fused_norm":
             print(f"fused_norm H={r['H']:<5} T={r['T']:<4} fused/ar_auto={r['fused_over_ar_auto']:5.2f} "
-                  f"fused/ar_oneshot={r['fused_over_ar_oneshot']:5.2f} vs nccl+torch x{r['speedup_vs_nccl_torch']:5.2f} "
+                  f"fused/ar_oneshot={r['fused_over_ar_oneshot']:5.2f} flag/oneshot={r['fused_flag_over_ar_oneshot']:5.2f} vs nccl+torch x{r['speedup_vs_nccl_torch']:5.2f} "
                   f"vs ar+torch x{r['speedup_vs_ar_torch']:5.2f} {'MEETS' if r['meets_target'] else 'MISSES'} {r['target']}")
         else:
             v = {True: "MEETS", False: "MISSES", None: "-"}[r["meets_target"]]
@@ -384,7 +392,7 @@ def plot(rows, path):
     fig, axes = plt.subplots(1, 3, figsize=(17, 4.5))
     norm = [r for r in rows if r.get("op") == "fused_norm" and "us" in r]
     for H in sorted({r["H"] for r in norm}):
-        for impl, style in zip(NORM_IMPLS, ("-o", "--", ":", "-.", "-s")):
+        for impl, style in zip(NORM_IMPLS, ("-o", "-^", "--", ":", "-.", "-s")):
             pts = sorted((r["T"], r["us"]) for r in norm if r["H"] == H and r["impl"] == impl)
             if pts:
                 axes[0].plot(*zip(*pts), style, label=f"{impl} H={H}")
