@@ -62,6 +62,9 @@ def parse_args(argv=None):
     ap.add_argument("--m", default=None, help="comma list of token counts (overrides presets)")
     ap.add_argument("--formats", default="nvfp4,bf16")
     ap.add_argument("--no-baselines", action="store_true")
+    ap.add_argument("--nvfp4-decode", choices=("ptx", "arith"), default="ptx",
+                    help="NVFP4 weight decode (falls back to arith by itself if ptx fails a "
+                    "check)")
     ap.add_argument("--sweep", action="store_true",
                     help="also time forced variants (micro, grouped BM 16..128) at each M: the "
                     "measurements the planner thresholds need")
@@ -148,6 +151,14 @@ def device_limits(ctx) -> dict:
     return {"copy_gbs": 2 * n / t_copy / 1e9, "bf16_tflops": 2 * s ** 3 / t_mm / 1e12}
 
 
+def with_decode(p, decode):
+    """Plan `p` with every bucket's NVFP4 decode set to `decode` ("ptx" | "arith")."""
+    import dataclasses
+
+    return dataclasses.replace(p, buckets=tuple((t, dataclasses.replace(c, decode=decode))
+                                                for t, c in p.buckets))
+
+
 class Layer:
     """One shape's random weights: bf16 (also the baselines') and NVFP4 sources."""
 
@@ -179,12 +190,13 @@ class Layer:
                            topk_group=4, routed_scaling_factor=2.5)
         return MoESpec(weight_format=fmt)
 
-    def build(self, fmt):
-        """(plan, prepared weights, scratch, source weights) for `fmt`."""
+    def build(self, fmt, decode="ptx"):
+        """(plan, prepared weights, scratch, source weights) for `fmt`, with the
+        NVFP4 decode forced to `decode`."""
         from sparkinfer.moe import MoECaps, allocate_scratch, plan, prepare_weights
 
         caps = MoECaps(max_tokens=self.max_tokens, **self.shape)
-        p = plan(caps, self.spec(fmt))
+        p = with_decode(plan(caps, self.spec(fmt)), decode)
         src = (self.w1, self.w2) if fmt == "bf16" else (self.q1, self.q2)
         return p, prepare_weights(p, *src), allocate_scratch(p, self.ctx.dev), src
 
@@ -196,13 +208,13 @@ class Layer:
         return ids.to(torch.int32), w / w.sum(-1, keepdim=True)
 
 
-def check(ctx, layer, fmt, ts) -> list[dict]:
+def check(ctx, layer, fmt, ts, decode) -> list[dict]:
     """Correctness rows for token counts `ts` (one per family/config the plan uses)."""
     torch = ctx.torch
     from sparkinfer.moe import bind, moe_reference, run
     from sparkinfer.moe.routing import route_reference
 
-    p, w, scratch, src = layer.build(fmt)
+    p, w, scratch, src = layer.build(fmt, decode)
     rows = []
     for t in ts:
         spec = p.spec
@@ -234,11 +246,12 @@ def check(ctx, layer, fmt, ts) -> list[dict]:
             replay = torch.equal(out, eager)
             del g
         ok = cos >= 0.9999 and repeat and replay is not False and ids_match >= 0.999
-        rows.append(dict(kind="check", shape=layer.name, format=fmt, M=t,
+        rows.append(dict(kind="check", shape=layer.name, format=fmt, M=t, decode=decode,
                          family=b.config.family, block_m=b.config.block_m, cosine=cos,
                          ids_match=ids_match, repeat_bitwise=repeat, replay_bitwise=replay,
                          ok=ok))
-        print(f"check {layer.name:8s} {fmt:5s} M={t:<5d} {b.config.family:7s} "
+        label = decode if fmt == "nvfp4" else "-"
+        print(f"check {layer.name:8s} {fmt:5s} {label:5s} M={t:<5d} {b.config.family:7s} "
               f"BM={b.config.block_m:<3d} cos={cos:.6f} ids={ids_match:.4f} repeat={repeat} "
               f"replay={replay} {'OK' if ok else 'FAIL'}", flush=True)
     return rows
@@ -257,7 +270,7 @@ def _row(ctx, layer, lim, m, fmt, impl, sec, mode, expert_bytes, active):
                 tc_tflops=lim["bf16_tflops"])
 
 
-def sweep_variants(p, m):
+def sweep_variants(p, m, fmt):
     """(name, plan forced to one config) for the planner's choice at M and the
     alternatives around its thresholds: micro up to 16 tokens, grouped BM 16..128."""
     import dataclasses
@@ -267,10 +280,12 @@ def sweep_variants(p, m):
     chosen = p.config_for(m)
     out = [("planned", p)]
     cands = [LaunchConfig("grouped", bm, 64, 64 if bm <= 32 else 128,
-                          num_warps=4 if bm <= 32 else 8, stages1=3, stages2=3)
-             for bm in (16, 32, 64, 128)]
+                          num_warps=4 if bm <= 32 else 8, stages1=3, stages2=3,
+                          decode=chosen.decode) for bm in (16, 32, 64, 128)]
     if m <= 16:
         cands.append(p.config_for(min(m, 16)))
+    if fmt == "nvfp4":
+        out.append(("arith-decode", with_decode(p, "arith")))
     for cfg in cands:
         if cfg == chosen or (cfg.family == "grouped" and cfg.block_m > 4 * max(16, m)):
             continue
@@ -279,14 +294,14 @@ def sweep_variants(p, m):
     return out
 
 
-def time_ours(ctx, layer, lim, fmt, ms) -> list[dict]:
+def time_ours(ctx, layer, lim, fmt, ms, decode) -> list[dict]:
     torch = ctx.torch
     from sparkinfer.moe import allocate_scratch, bind, run
 
-    p0, w, _, _ = layer.build(fmt)
+    p0, w, _, _ = layer.build(fmt, decode)
     rows = []
-    jobs = [(m, name, fp) for m in ms
-            for name, fp in (sweep_variants(p0, m) if ctx.args.sweep else [("planned", p0)])]
+    jobs = [(m, name, fp) for m in ms for name, fp in
+            (sweep_variants(p0, m, fmt) if ctx.args.sweep else [("planned", p0)])]
     for m, variant, p in jobs:
         if ctx.over_budget():
             print(f"budget: skipping {layer.name} {fmt} M={m} {variant}", flush=True)
@@ -305,7 +320,8 @@ def time_ours(ctx, layer, lim, fmt, ms) -> list[dict]:
         impl = "sparkinfer" if variant == "planned" else f"sparkinfer:{variant}"
         r = _row(ctx, layer, lim, m, fmt, impl, sec, mode, w.expert_bytes(), active)
         r.update(family=b.config.family, block_m=b.config.block_m, split1=b.config.split1,
-                 split2=b.config.split2, stages1=b.config.stages1, stages2=b.config.stages2)
+                 split2=b.config.split2, stages1=b.config.stages1, stages2=b.config.stages2,
+                 decode=b.config.decode if fmt == "nvfp4" else None)
         rows.append(r)
         del scratch, calls
         print(f"time  {layer.name:8s} {fmt:5s} M={m:<5d} {impl:24s} {r['family']:7s} "
@@ -458,10 +474,18 @@ def main(argv=None):
         rows = []
         layer = Layer(ctx, name, shape, max(ms))
         check_ts = sorted({min(4, max(ms)), min(64, max(ms)), max(ms)})
+        decode = {}
         for fmt in formats:
-            rows += check(ctx, layer, fmt, check_ts)
+            decode[fmt] = args.nvfp4_decode
+            got = check(ctx, layer, fmt, check_ts, decode[fmt])
+            rows += got
+            if fmt == "nvfp4" and decode[fmt] == "ptx" and not all(r["ok"] for r in got):
+                print("!! NVFP4 PTX decode failed a check; re-checking with the arithmetic "
+                      "decode, which then serves the timings (rows say decode=arith)", flush=True)
+                decode[fmt] = "arith"
+                rows += check(ctx, layer, fmt, check_ts, "arith")
         for fmt in formats:
-            rows += time_ours(ctx, layer, lim, fmt, ms)
+            rows += time_ours(ctx, layer, lim, fmt, ms, decode[fmt])
         if not args.no_baselines:
             rows += time_baselines(ctx, layer, lim, ms)
         _common.append_rows(args.out, rows, meta)

@@ -55,6 +55,8 @@ class LaunchConfig:
     block_n2: weight rows per FC1 / FC2 program. split1 / split2: programs per
     FC1 / FC2 reduction (micro only; grouped uses 1). num_warps: both GEMMs.
     stages1 / stages2: software-pipeline depth of FC1 / FC2 (Triton num_stages).
+    decode: NVFP4 weight decode on the GPU, "ptx" (byte-table lookup in inline
+    PTX, ~3 instructions per value) or "arith" (fp32 arithmetic, ~9); same bits.
     """
 
     family: str
@@ -66,6 +68,7 @@ class LaunchConfig:
     num_warps: int = 4
     stages1: int = 3
     stages2: int = 3
+    decode: str = "ptx"
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,8 @@ def _gemm_common(b: MoEBinding) -> dict:
                 RP=triton.next_power_of_2(MICRO_BLOCK_M * c.top_k), BK=b.plan.chunk,
                 GATED=spec.gated, ACT=_ACT[spec.activation],
                 NVFP4=spec.weight_format == "nvfp4",
-                WEIGHT_BEFORE=not spec.router_weight_after_fc2, INTERPRET=b.interpret,
+                WEIGHT_BEFORE=not spec.router_weight_after_fc2,
+                PTX_DECODE=b.config.decode == "ptx", INTERPRET=b.interpret,
                 num_warps=b.config.num_warps)
 
 

@@ -9,6 +9,7 @@ metadata.shared).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from unittest import mock
 
@@ -112,7 +113,7 @@ def compile_sm90(launch: Launch):
 
 
 def compile_plan_launches(shape: dict, fmt: str, tokens: int, max_tokens: int,
-                          spec_kw: dict | None = None) -> list[dict]:
+                          spec_kw: dict | None = None, decode: str = "ptx") -> list[dict]:
     """Compile every launch of one call (router included) at real dims (meta
     tensors); usage rows per kernel."""
     from sparkinfer.moe import MoECaps, MoESpec, allocate_scratch, bind, plan
@@ -121,6 +122,8 @@ def compile_plan_launches(shape: dict, fmt: str, tokens: int, max_tokens: int,
     caps = MoECaps(max_tokens=max_tokens, **shape)
     spec = MoESpec(weight_format=fmt, **(spec_kw or {}))
     p = plan(caps, spec)
+    p = dataclasses.replace(p, buckets=tuple((t, dataclasses.replace(c, decode=decode))
+                                             for t, c in p.buckets))
     h, e = caps.hidden, caps.num_experts
     meta = dict(dtype=torch.bfloat16, device="meta")
     bias = (torch.empty(e, device="meta") if spec.routing == "sigmoid_grouped" else None)

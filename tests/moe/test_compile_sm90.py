@@ -20,15 +20,16 @@ QWEN3 = dict(num_experts=128, top_k=8, hidden=2048, intermediate=768)
 DSV3_TP8 = dict(num_experts=256, top_k=8, hidden=7168, intermediate=256)
 DSV3_ROUTING = dict(routing="sigmoid_grouped", n_group=8, topk_group=4)
 CASES = [("qwen3", fmt, t) for fmt in ("bf16", "nvfp4") for t in (1, 64, 1024)] + [
-    ("dsv3_tp8", "nvfp4", 1), ("dsv3_tp8", "bf16", 4096)]
+    ("dsv3_tp8", "nvfp4", 1), ("dsv3_tp8", "bf16", 4096), ("qwen3-arith", "nvfp4", 64)]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
 def compiled():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    arg = json.dumps([[QWEN3, fmt, t, 1024, {}] if name == "qwen3"
-                      else [DSV3_TP8, fmt, t, 4096, DSV3_ROUTING] for name, fmt, t in CASES])
+    arg = json.dumps([[QWEN3, fmt, t, 1024, {}, "arith" if "arith" in name else "ptx"]
+                      if name.startswith("qwen3") else [DSV3_TP8, fmt, t, 4096, DSV3_ROUTING]
+                      for name, fmt, t in CASES])
     with tempfile.TemporaryDirectory() as cache:  # private cache: no races with other runs
         env["TRITON_CACHE_DIR"] = cache
         res = subprocess.run([sys.executable, "-m", "tests.moe.sm90_compile", arg], cwd=ROOT,

@@ -106,7 +106,7 @@ def bf16_pair(x):
 @triton.jit
 def weight_halves(w_ptr, s_ptr, rows, row_mask, k0, stride_w, stride_s,
                   BN: tl.constexpr, BK: tl.constexpr, NVFP4: tl.constexpr,
-                  INTERPRET: tl.constexpr):
+                  PTX_DECODE: tl.constexpr, INTERPRET: tl.constexpr):
     """Weight tile of rows `rows` [BN] and reduction elements k0..k0+BK, as two
     halves [BN, BK/2] in the dot dtype (`dot_operand`): (k0..k0+BK/2, k0+BK/2..k0+BK).
 
@@ -114,8 +114,9 @@ def weight_halves(w_ptr, s_ptr, rows, row_mask, k0, stride_w, stride_s,
     NVFP4: w_ptr -> packed uint8 [N, R/2] (prepared interleave), s_ptr -> E4M3
     bits [N, R/16]. Returns e2m1 * e4m3 exactly (bf16 holds the product); the
     caller multiplies its fp32 accumulator by the expert's global scale.
-    On the GPU the decode is `E2M1_BF16_ASM`; the interpreter (which cannot
-    run PTX) uses the same math in fp32 arithmetic; both are exact.
+    PTX_DECODE selects `E2M1_BF16_ASM` on the GPU; otherwise (and always under
+    the interpreter, which cannot run PTX) the same math runs as fp32
+    arithmetic. Both are exact, so both give the same bits.
     """
     HALF: tl.constexpr = BK // 2
     if NVFP4:
@@ -128,7 +129,7 @@ def weight_halves(w_ptr, s_ptr, rows, row_mask, k0, stride_w, stride_s,
         p_s = s_ptr + rows[:, None, None] * stride_s + k0 // 16 + o_g[None, :, None]
         b_slo = tl.load(p_s, mask=row_mask[:, None, None], other=0).to(tl.int32)  # [BN, G, 1]
         b_shi = tl.load(p_s + G, mask=row_mask[:, None, None], other=0).to(tl.int32)
-        if INTERPRET:
+        if INTERPRET or not PTX_DECODE:
             b_i = b_b.to(tl.int32)
             b_lo = e2m1_to_f32(b_i & 15) * (e4m3_to_f32(b_slo) * 4194304.0)  # 2**22
             b_hi = e2m1_to_f32(b_i >> 4) * (e4m3_to_f32(b_shi) * 4194304.0)

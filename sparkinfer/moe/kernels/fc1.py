@@ -31,7 +31,8 @@ def moe_fc1_kernel(
     E: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, RP: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     MICRO: tl.constexpr, PARTIALS: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr,
-    NVFP4: tl.constexpr, WEIGHT_BEFORE: tl.constexpr, INTERPRET: tl.constexpr,
+    NVFP4: tl.constexpr, WEIGHT_BEFORE: tl.constexpr, PTX_DECODE: tl.constexpr,
+    INTERPRET: tl.constexpr,
 ):
     i_m = tl.program_id(0)
     i_n = tl.program_id(1)
@@ -63,12 +64,12 @@ def moe_fc1_kernel(
         b_xlo = dot_operand(tl.load(p_x, mask=m_row[None, :], other=0.0), INTERPRET)
         b_xhi = dot_operand(tl.load(p_x + HALF, mask=m_row[None, :], other=0.0), INTERPRET)
         w_lo, w_hi = weight_halves(p_w, p_s, o_n, m_n, k0, stride_wn, stride_sn,
-                                   BN, BK, NVFP4, INTERPRET)
+                                   BN, BK, NVFP4, PTX_DECODE, INTERPRET)
         b_g = tl.dot(w_lo, b_xlo, b_g)
         b_g = tl.dot(w_hi, b_xhi, b_g)
         if GATED:
             w_lo, w_hi = weight_halves(p_w, p_s, o_n + I, m_n, k0, stride_wn, stride_sn,
-                                       BN, BK, NVFP4, INTERPRET)
+                                       BN, BK, NVFP4, PTX_DECODE, INTERPRET)
             b_u = tl.dot(w_lo, b_xlo, b_u)
             b_u = tl.dot(w_hi, b_xhi, b_u)
     if NVFP4:  # the expert's global scale, once per output instead of once per weight

@@ -50,7 +50,8 @@ def moe_fc2_kernel(
     E: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, RP: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, S1: tl.constexpr,
     MICRO: tl.constexpr, PARTIALS: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr,
-    NVFP4: tl.constexpr, WEIGHT_BEFORE: tl.constexpr, INTERPRET: tl.constexpr,
+    NVFP4: tl.constexpr, WEIGHT_BEFORE: tl.constexpr, PTX_DECODE: tl.constexpr,
+    INTERPRET: tl.constexpr,
 ):
     i_m = tl.program_id(0)
     i_n = tl.program_id(1)
@@ -86,7 +87,7 @@ def moe_fc2_kernel(
             b_alo = dot_operand(tl.load(p_a, mask=m_row[None, :], other=0.0), INTERPRET)
             b_ahi = dot_operand(tl.load(p_a + HALF, mask=m_row[None, :], other=0.0), INTERPRET)
         w_lo, w_hi = weight_halves(p_w, p_s, o_n, m_n, k0, stride_wn, stride_sn,
-                                   BN, BK, NVFP4, INTERPRET)
+                                   BN, BK, NVFP4, PTX_DECODE, INTERPRET)
         b_acc = tl.dot(w_lo, b_alo, b_acc)
         b_acc = tl.dot(w_hi, b_ahi, b_acc)
     if NVFP4:  # the expert's global scale, once per output instead of once per weight
