@@ -70,7 +70,7 @@ def parse_args(argv=None):
                     "measurements the planner thresholds need")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="stop starting timings after this many seconds (default 200 quick, "
-                    "450 full)")
+                    "400 full)")
     ap.add_argument("--out", default="benchmarks/results/moe_h200.json")
     return ap.parse_args(argv)
 
@@ -86,7 +86,7 @@ class Ctx:
         self.cuda = not args.dry_run
         self.dev = "cuda" if self.cuda else "cpu"
         self.t0 = time.time()
-        self.budget = args.budget_s or (200.0 if args.quick or args.dry_run else 450.0)
+        self.budget = args.budget_s or (200.0 if args.quick or args.dry_run else 400.0)
         self.reps = 2 if args.dry_run else (8 if args.quick else 15)
 
     def calls_per_graph(self, m: int, baseline: bool = False) -> int:
@@ -451,7 +451,7 @@ def main(argv=None):
     if args.dry_run:
         os.environ["TRITON_INTERPRET"] = "1"  # before Triton is imported
     _common.ensure_repo_on_path()
-    budget = args.budget_s or (200.0 if args.quick or args.dry_run else 450.0)
+    budget = args.budget_s or (200.0 if args.quick or args.dry_run else 400.0)
     faulthandler.dump_traceback_later(budget + 180, exit=True)  # never hang
     ctx = Ctx(args)
     torch = ctx.torch
