@@ -9,6 +9,10 @@ Slab layout (identical on every rank; offsets in bytes):
     stage_off    slot 0: lanes[W] of lane_bytes (lane r is written by rank r),
                  then one gather region of lane_bytes
     + slot_bytes slot 1: the same
+    ll_off       LL region, 2 slots x lanes[W] of ll_lane_bytes: only the LL
+                 transport writes here, and every word is zeroed by its reader
+                 once consumed, so a word is either fresh or 0 (never stale data
+                 or another op's raw bytes that could pass for a flag)
 
 An operation at epoch e uses flag parity e % 2 and staging slot e % 2; both are
 chosen on the device from the epoch word, never on the host (a host choice would
@@ -26,13 +30,14 @@ from typing import Any
 
 from sparkinfer.comm.memory import LocalSlab, PeerMapping
 
-__all__ = ["ChannelLayout", "Channel", "MAX_BLOCKS", "ERR_WORDS"]
+__all__ = ["ChannelLayout", "Channel", "MAX_BLOCKS", "ERR_WORDS", "LL_MAX_PAYLOAD"]
 
 MAX_BLOCKS = 256  # the largest grid any comm kernel launches (flags are per block)
 HEADER_BYTES = 512
 FLAGS_OFF = HEADER_BYTES
 NUM_PHASES = 2
-ERR_WORDS = 8  # [code, rank, peer, op, epoch, observed, expected, spare]
+ERR_WORDS = 8  # [code, rank, peer, op, epoch, observed, expected, origin]
+LL_MAX_PAYLOAD = 1 << 20  # largest tensor the LL transport may carry (bytes)
 _ALIGN = 4096
 
 
@@ -67,8 +72,21 @@ class ChannelLayout:
         return (self.world_size + 1) * self.lane_bytes
 
     @property
-    def nbytes(self) -> int:
+    def ll_lane_bytes(self) -> int:
+        """LL words of one rank: 8 bytes per 4 payload bytes, up to LL_MAX_PAYLOAD."""
+        return _round_up(2 * max(min(self.capacity, LL_MAX_PAYLOAD), 4), _ALIGN)
+
+    @property
+    def ll_off(self) -> int:
         return self.stage_off + 2 * self.slot_bytes
+
+    @property
+    def ll_slot_bytes(self) -> int:
+        return self.world_size * self.ll_lane_bytes
+
+    @property
+    def nbytes(self) -> int:
+        return self.ll_off + 2 * self.ll_slot_bytes
 
 
 @dataclass(eq=False)

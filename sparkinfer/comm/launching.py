@@ -117,17 +117,38 @@ def channel_args(channel) -> tuple:
     return channel.table, channel.rank, lay.stage_off, lay.slot_bytes, lay.lane_bytes
 
 
+def ll_channel_args(channel) -> tuple:
+    """Like channel_args, with the LL region's offsets (see channel.py)."""
+    lay = channel.layout
+    return channel.table, channel.rank, lay.ll_off, lay.ll_slot_bytes, lay.ll_lane_bytes
+
+
 _warmed: set = set()
 
 
+def _spec(a):
+    """What Triton 3.x specializes a launch on, for one argument: tensors by
+    dtype and 16-byte alignment; ints by ==1, divisibility by 16 and i32/i64 range."""
+    if hasattr(a, "data_ptr"):
+        return (str(a.dtype), a.data_ptr() % 16 == 0)
+    if isinstance(a, bool):
+        return ("b", a)
+    if isinstance(a, int):
+        return ("i", a == 1, a % 16 == 0, -(1 << 31) <= a < (1 << 31))
+    return (type(a).__name__,)
+
+
 def launch_kernel(kernel, cfg, key: tuple, capturing: bool, args: tuple, consts: dict) -> None:
-    """Launch `kernel` on grid cfg.grid. During capture only configurations that
-    already ran once (and so are compiled) may launch: compiling inside a capture
-    is refused with CaptureError instead."""
-    if capturing and key not in _warmed:
+    """Launch `kernel` on grid cfg.grid. During capture only specializations that
+    already ran once in this process (and so are compiled) may launch: compiling
+    inside a capture is refused with CaptureError instead. `key` names the op;
+    the specialization is derived from the arguments the way Triton does."""
+    spec = (kernel.fn.__name__ if hasattr(kernel, "fn") else str(kernel), key[0], cfg,
+            tuple(sorted(consts.items())), tuple(_spec(a) for a in args))
+    if capturing and spec not in _warmed:
         raise CaptureError(
-            f"{key[0]} with this dtype/size class has not run yet on this process, so it would compile during graph "
-            "capture; run the same call once eagerly (a warm-up) before capturing"
+            f"{key[0]} with this dtype/size/alignment class has not run yet in this process, so it would compile "
+            "during graph capture; run the same call once eagerly (a warm-up) before capturing"
         )
     kernel[(cfg.grid,)](*args, num_warps=cfg.num_warps, **consts)
-    _warmed.add(key)
+    _warmed.add(spec)

@@ -2,9 +2,12 @@
 payload and a 4-byte flag, so data and readiness arrive together and the
 receiver needs no release/acquire round trip (NCCL's LL idea).
 
-Flag word (high 32 bits of each int64): (sequence & 0xFFFF) << 16 | (fingerprint & 0xFFFF).
-Words left in a slot by the op two epochs earlier carry sequence - 2, so they
-never pass for fresh data. Only @triton.jit helpers live here.
+Flag word (high 32 bits of each int64): 1 << 31 | (sequence & 0x7FFF) << 16 |
+(fingerprint & 0xFFFF); never 0. LL words live in their own region (channel.py)
+and the reader zeroes every word it consumed, so a word in the region is either
+0 or the current op's: stale or foreign bytes can never pass for a flag. The
+sequence bits only tell apart a peer's next op, which lands in the other slot.
+Only @triton.jit helpers live here.
 """
 
 import triton
@@ -18,7 +21,7 @@ LOW32 = tl.constexpr(0xFFFFFFFF)
 @triton.jit
 def ll_flag(epoch, fp):
     """The 32-bit LL flag of operation (epoch, fingerprint), as int64."""
-    return (((epoch + 1) & 0xFFFF) << 16) | (fp.to(tl.int64) & 0xFFFF)
+    return (1 << 31) | (((epoch + 1) & 0x7FFF) << 16) | (fp.to(tl.int64) & 0xFFFF)
 
 
 @triton.jit
@@ -42,8 +45,7 @@ def ll_wait_tile(p_lane, o, m, flag, table, rank, peer, epoch, deadline, op,
         got = tl.where(m, (v >> 32) & LOW32, flag)  # the shift sign-extends: mask it
         ready = tl.min((got == flag).to(tl.int32), axis=0)
         if ready == 0:
-            same_seq = ((got >> 16) & 0xFFFF) == ((flag >> 16) & 0xFFFF)
-            wrong = tl.max((same_seq & (got != flag)).to(tl.int32), axis=0)
+            wrong = tl.max(((got != 0) & (got != flag)).to(tl.int32), axis=0)
             ab = ld_acquire(p_hdr + HDR_ABORT, INTERP)
             if wrong != 0:
                 status = tl.full([], ERR_MISMATCH, tl.int32)

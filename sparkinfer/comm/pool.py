@@ -54,6 +54,7 @@ class _Scope:
     stream: Hashable
     channel: Channel
     aliases: list = field(default_factory=list)
+    captured: bool = False  # a collective resolved this channel while capturing
 
 
 def _stream_key(stream) -> Hashable:
@@ -188,17 +189,20 @@ class ChannelPool:
         """The channel a collective launched now on the current stream must use."""
         self._check_open()
         key = self.streams.current()
+        capturing = self.streams.is_capturing()
         for scope in reversed(self._scopes):
             if key == scope.stream or key in scope.aliases:
+                scope.captured |= capturing
                 return scope.channel
-        if self._scopes and self.streams.is_capturing():
+        if self._scopes and capturing:
             top = self._scopes[-1]
             top.aliases.append(key)  # a capture stream torch/Inductor forked inside the scope
+            top.captured = True
             return top.channel
         cid = self._bindings.get(key)
         if cid is not None:
             return self._channels[cid]
-        if self.streams.is_capturing():
+        if capturing:
             raise CaptureError(
                 "collective captured outside pool.capture(): enter pool.capture(stream, channel_id) before torch.cuda.graph"
             )
@@ -218,8 +222,8 @@ class ChannelPool:
     def capture(self, stream, channel_id: str, *, reuse: bool = False):
         """Scope for capturing a CUDA graph on `stream` with channel `channel_id`.
 
-        Enter it before `torch.cuda.graph(g, stream=stream)`. A channel captured
-        once is graph-owned; capturing it again raises unless `reuse=True` (then
+        Enter it before `torch.cuda.graph(g, stream=stream)`. A channel that a
+        collective used while capturing inside the scope is graph-owned; capturing it again raises unless `reuse=True` (then
         the graphs sharing it must replay in one stream order, never concurrently).
         """
         ch = self.get(channel_id)
@@ -243,7 +247,7 @@ class ChannelPool:
             while scope.aliases:
                 scope.aliases.pop()  # LIFO: newest alias first
             self._scopes.pop()
-            ch.graph_owned = True
+            ch.graph_owned |= scope.captured  # a warm-up-only scope leaves the channel free
 
     # ------------------------------------------------------------------ teardown
     def checkpoint(self) -> Checkpoint:

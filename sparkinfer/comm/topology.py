@@ -68,7 +68,7 @@ def select_algorithm(caps: TopologyCaps, nbytes: int, dtype=None) -> str:
     """Which all-reduce runs for a tensor of `nbytes`: "ll", "oneshot", "twoshot" or "nccl"."""
     if not caps.peer_access or caps.world_size == 1 or nbytes > caps.capacity:
         return "nccl"
-    if nbytes <= LL_MAX_BYTES and nbytes % 4 == 0 and 2 * nbytes <= caps.capacity:
+    if nbytes <= min(LL_MAX_BYTES, caps.capacity) and nbytes % 4 == 0:
         return "ll"
     limit = ONESHOT_MAX_BYTES.get(caps.world_size, ONESHOT_MAX_BYTES_DEFAULT)
     return "oneshot" if nbytes <= limit else "twoshot"

@@ -213,3 +213,32 @@ def _wrap(world, start):
 @pytest.mark.parametrize("start", [(1 << 15) - 3, (1 << 16) - 4, (1 << 32) - 5], ids=["ll-sign-bit", "ll-wrap", "flag-wrap"])
 def test_sequence_numbers_wrap(start):
     assert launch(_wrap, 2, backend="cpu", args=(start,), timeout_s=300) == [True, True]
+
+
+def _ll_region_stays_clean(world):
+    """The LL region holds only fresh LL words: other ops never write it and
+    readers zero what they consumed, so between ops it reads all zeros (a raw
+    payload left there could otherwise pass for a flag)."""
+    import torch.distributed as dist
+
+    from sparkinfer.comm import Communicator
+
+    comm = Communicator(capacity_bytes=CAP, timeout_s=90)
+    ch = comm.pool.get("eager")
+    lay = ch.layout
+    region = ch.slab.keep[1][lay.ll_off:lay.ll_off + 2 * lay.ll_slot_bytes]
+    W, r = world.world_size, world.rank
+    dirty, wrong = 0, 0
+    for i, algo in enumerate(["ll", "oneshot", "twoshot", "ll", "ll", "oneshot", "ll"]):
+        x = payload(r, 600, torch.bfloat16, i)
+        wrong += not torch.equal(comm.all_reduce(x, algorithm=algo), expected_sum(W, 600, torch.bfloat16, i))
+        dist.barrier()
+        dirty += int(region.count_nonzero())
+        dist.barrier()
+    del region
+    comm.close()
+    return dirty, wrong
+
+
+def test_ll_region_holds_only_fresh_words():
+    assert launch(_ll_region_stays_clean, 2, backend="cpu", timeout_s=300) == [(0, 0)] * 2

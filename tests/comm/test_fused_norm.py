@@ -41,23 +41,28 @@ class Case:
     inplace: bool = False  # out=x, residual_out=residual
     poison: bool = True  # pass NaN-filled outputs (else let the op allocate)
     path: str = "kernel"  # "kernel" | "nccl" (no peer access) | "over_capacity" (eager NCCL)
+    algorithm: str = "auto"  # "auto" picks the LL kernel at these sizes; "fused" = flag-based kernel
 
 
-# H = 1024 and 3072 fit one interpreter tile (4096); 7168 takes the two-pass path.
+# Interpreter configs (fused_norm.launch.norm_config): rows of <= 4 KiB are one
+# piece (H = 1024 bf16/fp16: the one-pass path of the flag kernel); longer rows
+# split into pieces (H = 7168 bf16: 3 pieces; H = 3072 fp32: 3 pieces).
 CASES_2 = [
-    Case("t1_h1024_bf16", (1, 1024), torch.bfloat16),
-    Case("t3_h7168_bf16_two_tiles", (3, 7168), torch.bfloat16),
-    Case("t17_h1024_fp16", (17, 1024), torch.float16),
-    Case("t17_h7168_bf16_at_capacity", (17, 7168), torch.bfloat16),
-    Case("t5_h3072_fp32_inplace", (5, 3072), torch.float32, inplace=True),
-    Case("b2x3_h1024_bf16_fp32_weight_alloc", (2, 3, 1024), torch.bfloat16, torch.float32, poison=False),
+    Case("t1_h1024_bf16_ll", (1, 1024), torch.bfloat16),
+    Case("t3_h7168_bf16_3_pieces", (3, 7168), torch.bfloat16, algorithm="fused"),
+    Case("t3_h7168_bf16_3_pieces_ll", (3, 7168), torch.bfloat16),
+    Case("t17_h1024_fp16_one_pass", (17, 1024), torch.float16, algorithm="fused"),
+    Case("t17_h7168_bf16_at_capacity", (17, 7168), torch.bfloat16, algorithm="fused"),
+    Case("t5_h3072_fp32_inplace_ll", (5, 3072), torch.float32, inplace=True),
+    Case("t5_h3072_fp32_inplace", (5, 3072), torch.float32, inplace=True, algorithm="fused"),
+    Case("b2x3_h1024_bf16_fp32_weight_alloc_ll", (2, 3, 1024), torch.bfloat16, torch.float32, poison=False),
     Case("t3_h1024_bf16_nccl_fallback", (3, 1024), torch.bfloat16, path="nccl"),
     Case("t20_h7168_bf16_over_capacity", (20, 7168), torch.bfloat16, path="over_capacity"),
 ]
 CASES_3 = [
-    Case("t1_h1024_bf16", (1, 1024), torch.bfloat16),
-    Case("t3_h7168_bf16_two_tiles", (3, 7168), torch.bfloat16, inplace=True),
-    Case("t17_h1024_fp16", (17, 1024), torch.float16),
+    Case("t1_h1024_bf16_ll", (1, 1024), torch.bfloat16),
+    Case("t3_h7168_bf16_3_pieces_inplace", (3, 7168), torch.bfloat16, inplace=True, algorithm="fused"),
+    Case("t17_h1024_fp16_ll", (17, 1024), torch.float16, algorithm="fused_ll"),
 ]
 
 
@@ -73,20 +78,20 @@ def make_inputs(case: Case, world_size: int, seed: int):
 def _run_case(comm, case, rank, world_size, seed):
     xs, residual, weight = make_inputs(case, world_size, seed)
     x = xs[rank]
-    saved = comm.caps
+    saved, kw = comm.caps, dict(algorithm=case.algorithm)
     if case.path == "nccl":
         comm.caps = dataclasses.replace(saved, peer_access=False)
     try:
         if case.inplace:
-            out, res_out = comm.all_reduce_add_rms_norm(x, residual, weight, EPS, out=x, residual_out=residual)
+            out, res_out = comm.all_reduce_add_rms_norm(x, residual, weight, EPS, out=x, residual_out=residual, **kw)
             assert out is x and res_out is residual
         elif case.poison:
             out = torch.full_like(x, float("nan"))
             res_out = torch.full_like(x, float("nan"))
-            got = comm.all_reduce_add_rms_norm(x, residual, weight, EPS, out=out, residual_out=res_out)
+            got = comm.all_reduce_add_rms_norm(x, residual, weight, EPS, out=out, residual_out=res_out, **kw)
             assert got[0] is out and got[1] is res_out
         else:
-            out, res_out = comm.all_reduce_add_rms_norm(x, residual, weight, EPS)
+            out, res_out = comm.all_reduce_add_rms_norm(x, residual, weight, EPS, **kw)
     finally:
         comm.caps = saved
     return out, res_out
@@ -256,7 +261,7 @@ def test_rejects_rows_not_16_byte_aligned_and_bad_algorithms(comm1):
     with pytest.raises(ShapeError, match="hidden size 1028 x 2 B is not a multiple of 16 bytes; pad H to a multiple of 8"):
         comm1.all_reduce_add_rms_norm(x, res, w, EPS)
     x, res, w = _args((2, 1024))
-    with pytest.raises(ValueError, match=r"algorithm must be one of \('auto', 'fused', 'nccl'\), got 'ring'"):
+    with pytest.raises(ValueError, match=r"algorithm must be one of \('auto', 'fused', 'fused_ll', 'nccl'\), got 'ring'"):
         comm1.all_reduce_add_rms_norm(x, res, w, EPS, algorithm="ring")
     big = _args((5, 2048))  # 20 KB > 16 KB capacity
     with pytest.raises(CapacityError, match="exceeds the staging capacity 16384 B with algorithm=fused"):

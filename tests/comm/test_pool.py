@@ -88,6 +88,7 @@ def test_capture_errors():
             with pool.capture("s2", "target"):
                 pass
         with streams.capture("s"):
+            pool.channel()  # a collective captured into the graph
             with pytest.raises(CaptureError, match="prepare\\(\\) allocates peer memory"):
                 pool.prepare(["late"])
     with pytest.raises(CaptureError, match="owned by an earlier graph"):
@@ -105,13 +106,27 @@ def test_capture_errors():
     pool.close()
 
 
+def test_warm_up_only_scope_leaves_the_channel_free():
+    pool, streams, _ = make_pool()
+    pool.prepare(["target"])
+    with pool.capture("s", "target"):
+        with streams.use("s"):
+            pool.channel()  # warm-up, nothing captured
+    assert not pool.get("target").graph_owned
+    with pool.capture("s", "target"):  # so capturing it is no re-capture
+        with streams.capture("s"):
+            pool.channel()
+    assert pool.get("target").graph_owned
+    pool.close()
+
+
 def test_rollback_closes_exactly_post_checkpoint_channels():
-    pool, _, be = make_pool()
+    pool, streams, be = make_pool()
     pool.prepare(["target"])
     cp = pool.checkpoint()
     pool.prepare(["try1", "try2"])
-    with pool.capture("s", "try1"):
-        pass
+    with pool.capture("s", "try1"), streams.capture("s"):
+        pool.channel()
     keep = {id(pool.get(c).slab) for c in ("eager", "target")}
     assert sorted(pool.rollback(cp)) == ["try1", "try2"]
     assert pool.channel_ids == ["eager", "target"]

@@ -25,6 +25,7 @@ class PoolMachine(RuleBasedStateMachine):
         self.scopes: list[tuple[str, str, contextlib.ExitStack]] = []  # (stream, id, stack)
         self.checkpoints = []
         self.closed = False
+        self.captured: set = set()  # scope indexes in which a collective was captured
 
     @precondition(lambda self: not self.closed)
     @rule(ids=st.lists(IDS, max_size=3))
@@ -75,6 +76,9 @@ class PoolMachine(RuleBasedStateMachine):
     def capture_use(self, stream):
         with self.streams.capture(stream):
             ch = self.pool.channel()
+        for i, sc in enumerate(self.pool._scopes):
+            if sc.channel is ch:
+                self.captured.add(i)
         owners = [cid for s, cid, _ in self.scopes if s == stream]
         aliased = [sc.channel.channel_id for sc in self.pool._scopes if stream in sc.aliases]
         assert ch.channel_id in owners + aliased
@@ -83,8 +87,11 @@ class PoolMachine(RuleBasedStateMachine):
     @rule()
     def exit_capture(self):
         stream, cid, stack = self.scopes.pop()
+        was_owned = self.pool.get(cid).graph_owned
         stack.close()
-        assert self.pool.get(cid).graph_owned
+        captured = len(self.scopes) in self.captured
+        self.captured.discard(len(self.scopes))
+        assert self.pool.get(cid).graph_owned == (was_owned or captured)
 
     @precondition(lambda self: not self.closed)
     @rule()

@@ -20,11 +20,10 @@ H200x2 = TopologyCaps(world_size=2, peer_access=True, link="nvlink", num_sms=132
         (H200x2, (64 << 20) + 2, "nccl"),
         (TopologyCaps(8, True, "nvlink", 132, 64 << 20), 512 << 10, "twoshot"),
         (TopologyCaps(16, True, "pcie", 132, 64 << 20), 64 << 10, "ll"),
-        (TopologyCaps(2, True, "nvlink", 132, 96 << 10), 64 << 10, "oneshot"),  # LL needs 2x staging
         (TopologyCaps(4, False, "none", 132, 64 << 20), 2 << 10, "nccl"),
         (TopologyCaps(1, True, "nvlink", 132, 64 << 20), 2 << 10, "nccl"),
     ],
-    ids=["2r-2KiB", "2r-2KiB-odd", "2r-256KiB", "2r-256KiB+", "2r-4MiB+", "2r-32MiB", "2r-over-cap", "8r-512KiB", "16r-64KiB", "ll-over-cap", "no-peer", "1r"],
+    ids=["2r-2KiB", "2r-2KiB-odd", "2r-256KiB", "2r-256KiB+", "2r-4MiB+", "2r-32MiB", "2r-over-cap", "8r-512KiB", "16r-64KiB", "no-peer", "1r"],
 )
 def test_select_algorithm(caps, nbytes, algo):
     assert select_algorithm(caps, nbytes) == algo
@@ -47,4 +46,6 @@ def test_interpreter_launches_are_small():
 def test_layout_is_aligned_and_grows_with_world(world):
     lay = ChannelLayout(world, 1000)
     assert lay.lane_bytes == 4096 and lay.stage_off % 4096 == 0
-    assert lay.nbytes == lay.stage_off + 2 * (world + 1) * 4096
+    assert lay.ll_off == lay.stage_off + 2 * (world + 1) * 4096  # staging: 2 slots of W lanes + gather
+    assert lay.ll_lane_bytes == 4096  # LL words: 2 x 1000 B, page-rounded
+    assert lay.nbytes == lay.ll_off + 2 * world * 4096

@@ -117,6 +117,7 @@ def oneshot_ll_all_reduce_kernel(
 
     x is moved as int32 words (nwords = bytes / 4); each travels to every peer
     inside an int64 word with its flag, so there is no separate flag round trip.
+    stage_off/slot_bytes/lane_bytes here describe the LL region (ll_channel_args).
     Reduction in rank order with fp32 accumulation, as in the plain one-shot."""
     DT: tl.constexpr = p_x.dtype.element_ty
     epoch, deadline = begin(table, rank, timeout_ns, INTERP)
@@ -146,6 +147,7 @@ def oneshot_ll_all_reduce_kernel(
                 v, st = ll_wait_tile(p_lane, o, m, flag, table, rank, r, epoch, deadline, OP, W, INTERP)
                 status = tl.maximum(status, st)
                 d = (v & 0xFFFFFFFF).to(tl.int32)
+                tl.store(p_lane + o, tl.zeros_like(v), mask=m)  # consumed: 0 can never pass for a flag
             acc_lo, acc_hi = unpack_add(acc_lo, acc_hi, d, HALF, DT)
         if status == 0:
             tl.store(p_out32 + o, pack_out(acc_lo, acc_hi, HALF, DT), mask=m)

@@ -15,10 +15,11 @@ from sparkinfer.comm.launching import (
     check_tensor,
     fingerprint,
     launch_kernel,
+    ll_channel_args,
     wants_fallback,
 )
 from sparkinfer.comm.topology import ALGORITHMS, select_algorithm
-from sparkinfer.errors import ShapeError
+from sparkinfer.errors import CapacityError, ShapeError
 
 __all__ = ["all_reduce", "twoshot_chunk"]
 
@@ -63,7 +64,12 @@ def all_reduce(comm, x, out=None, *, algorithm: str = "auto"):
     table, rank, stage_off, slot_bytes, lane_bytes = channel_args(ch)
     W = comm.world_size
     if algorithm == "ll":
-        check_capacity(2 * nbytes, ch, "all_reduce (LL transport, 2 bytes staged per byte)")
+        if 2 * nbytes > ch.layout.ll_lane_bytes:
+            raise CapacityError(
+                f"all_reduce with algorithm='ll' carries at most {ch.layout.ll_lane_bytes // 2} B on this channel, "
+                f"got {nbytes} B; use algorithm='auto' or 'oneshot'"
+            )
+        table, rank, stage_off, slot_bytes, lane_bytes = ll_channel_args(ch)
         nwords = nbytes // 4
         cfg = comm.ll_config_for(nbytes)
         op = "all_reduce_ll"

@@ -22,11 +22,17 @@ row adds the same bits in the same order, so all ranks agree bitwise.
 
 ONE_PASS (S = 1 and the row fits one tile) keeps the row in registers instead:
 one pass over HBM, no posting.
+
+The LL kernel does the same over the LL transport (ll.py) for latency-bound
+sizes: pieces travel as int32 words inside int64 words carrying their flag, so
+step 1 has no separate flag round trip; values are handled as (lo, hi) halves
+of int32 words.
 """
 
 import triton
 import triton.language as tl
 
+from sparkinfer.comm.ll import ll_flag, ll_pack, ll_wait_tile, pack_out, unpack_add
 from sparkinfer.comm.protocol import (
     LOW32,
     as_ptr,
@@ -120,4 +126,92 @@ def all_reduce_add_rms_norm_kernel(
                     m = k + o_c < c_hi
                     b_r = tl.load(p_res_out + k + o_c, mask=m, other=0.0).to(tl.float32)
                     _out_tile(b_r, rstd, p_w, p_out, k + o_c - row * H, k + o_c, m)
+    finish(table, rank, epoch)
+
+
+@triton.jit
+def _piece_words(p, S, CH, H, EPW: tl.constexpr):
+    """[lo, hi) in int32 words of piece p (EPW elements per word)."""
+    e_lo = (p // S) * H + (p % S) * CH
+    return e_lo // EPW, (e_lo + tl.minimum(CH, H - (p % S) * CH)) // EPW
+
+
+@triton.jit
+def all_reduce_add_rms_norm_ll_kernel(
+    p_x, p_res, p_w, p_out, p_res_out, n_rows, H, S, CH, per, eps,
+    table, rank, fp, timeout_ns, stage_off, slot_bytes, lane_bytes, ll_off, ll_slot_bytes, ll_lane_bytes,
+    OP: tl.constexpr, W: tl.constexpr, BLOCK_W: tl.constexpr, HALF: tl.constexpr, EPW: tl.constexpr,
+    INTERP: tl.constexpr,
+):
+    """all_reduce_add_rms_norm_kernel over the LL transport (same pieces, same math;
+    partial sums of squares are taken over (lo, hi) halves). BLOCK_W: tile in
+    int32 words; HALF: 16-bit dtype (EPW = 2 elements per word), else fp32."""
+    DT: tl.constexpr = p_x.dtype.element_ty
+    epoch, deadline = begin(table, rank, timeout_ns, INTERP)
+    flag = ll_flag(epoch, fp)
+    p_x32 = p_x.to(tl.pointer_type(tl.int32), bitcast=True)
+    p_res32 = p_res.to(tl.pointer_type(tl.int32), bitcast=True)
+    p_res_out32 = p_res_out.to(tl.pointer_type(tl.int32), bitcast=True)
+    p_out32 = p_out.to(tl.pointer_type(tl.int32), bitcast=True)
+    p_lo = tl.program_id(0) * per
+    p_hi = tl.minimum(p_lo + per, n_rows * S)
+    o_w = tl.arange(0, BLOCK_W)
+    for p in range(p_lo, p_hi):
+        w_lo, w_hi = _piece_words(p, S, CH, H, EPW)
+        for k in range(w_lo, w_hi, BLOCK_W):
+            m = k + o_w < w_hi
+            w = ll_pack(tl.load(p_x32 + k + o_w, mask=m), flag)
+            for r in tl.static_range(W):
+                if r != rank:
+                    p_lane = as_ptr(stage_addr(table, r, epoch, rank, ll_off, ll_slot_bytes, ll_lane_bytes), table)
+                    tl.store(p_lane + k + o_w, w, mask=m)
+    status = tl.zeros([], tl.int32)
+    tag = (fp.to(tl.int64) << 32) | ((epoch + 1) & LOW32)
+    p_post = as_ptr(stage_addr(table, rank, epoch, W, stage_off, slot_bytes, lane_bytes), table)
+    for p in range(p_lo, p_hi):
+        w_lo, w_hi = _piece_words(p, S, CH, H, EPW)
+        ss = tl.zeros([BLOCK_W], tl.float32)
+        for k in range(w_lo, w_hi, BLOCK_W):
+            o = k + o_w
+            m = o < w_hi
+            acc_lo = tl.zeros([BLOCK_W], tl.float32)
+            acc_hi = tl.zeros([BLOCK_W], tl.float32)
+            for r in tl.static_range(W):
+                if r == rank:
+                    d = tl.load(p_x32 + o, mask=m, other=0)
+                else:
+                    p_lane = as_ptr(stage_addr(table, rank, epoch, r, ll_off, ll_slot_bytes, ll_lane_bytes), table)
+                    v, st = ll_wait_tile(p_lane, o, m, flag, table, rank, r, epoch, deadline, OP, W, INTERP)
+                    status = tl.maximum(status, st)
+                    d = (v & LOW32).to(tl.int32)
+                    tl.store(p_lane + o, tl.zeros_like(v), mask=m)  # consumed: 0 never passes for a flag
+                acc_lo, acc_hi = unpack_add(acc_lo, acc_hi, d, HALF, DT)
+            acc_lo, acc_hi = unpack_add(acc_lo, acc_hi, tl.load(p_res32 + o, mask=m, other=0), HALF, DT)
+            r_lo = acc_lo.to(DT).to(tl.float32)
+            r_hi = acc_hi.to(DT).to(tl.float32)
+            if status == 0:
+                tl.store(p_res_out32 + o, pack_out(r_lo, r_hi, HALF, DT), mask=m)
+            ss += r_lo * r_lo + r_hi * r_hi
+        if status == 0:
+            publish_local(p_post + 2 * p, tl.sum(ss, axis=0), tag, INTERP)
+    tl.debug_barrier()
+    for p in range(p_lo, p_hi):
+        row = p // S
+        total = tl.zeros([], tl.float32)
+        for c in range(0, S):
+            if status == 0:
+                part, status = wait_local(table, rank, p_post + 2 * (row * S + c), tag, deadline, epoch, OP, W, INTERP)
+                total += part
+        rstd = tl.math.rsqrt(total / H + eps)
+        w_lo, w_hi = _piece_words(p, S, CH, H, EPW)
+        for k in range(w_lo, w_hi, BLOCK_W):
+            o = k + o_w
+            m = o < w_hi
+            zero = tl.zeros([BLOCK_W], tl.float32)
+            r_lo, r_hi = unpack_add(zero, zero, tl.load(p_res_out32 + o, mask=m, other=0), HALF, DT)
+            o_e = o * EPW - row * H  # element of the row held by the low half
+            b_lo = r_lo * rstd * tl.load(p_w + o_e, mask=m, other=0.0).to(tl.float32)
+            b_hi = r_hi * rstd * tl.load(p_w + o_e + 1, mask=m & HALF, other=0.0).to(tl.float32)
+            if status == 0:
+                tl.store(p_out32 + o, pack_out(b_lo, b_hi, HALF, DT), mask=m)
     finish(table, rank, epoch)

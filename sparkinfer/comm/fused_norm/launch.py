@@ -8,7 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sparkinfer.comm.channel import MAX_BLOCKS
-from sparkinfer.comm.fused_norm.kernel import all_reduce_add_rms_norm_kernel
+from dataclasses import replace
+
+from sparkinfer.comm.fused_norm.kernel import all_reduce_add_rms_norm_kernel, all_reduce_add_rms_norm_ll_kernel
 from sparkinfer.comm.fused_norm.reference import add_rms_norm
 from sparkinfer.comm.launching import (
     OP_CODES,
@@ -18,14 +20,15 @@ from sparkinfer.comm.launching import (
     check_tensor,
     fingerprint,
     launch_kernel,
+    ll_channel_args,
 )
-from sparkinfer.comm.topology import TopologyCaps, launch_config
+from sparkinfer.comm.topology import TopologyCaps, launch_config, select_algorithm
 from sparkinfer.errors import CapacityError, DTypeError, LayoutError, ShapeError
 
 __all__ = ["NormConfig", "norm_config", "all_reduce_add_rms_norm", "ALGORITHMS"]
 
 OP = "all_reduce_add_rms_norm"
-ALGORITHMS = ("auto", "fused", "nccl")
+ALGORITHMS = ("auto", "fused", "fused_ll", "nccl")
 # Widest hidden tile kept in registers. 8192 bf16 per row at 8 warps is 32
 # elements (four 16-byte vectors) per thread; rows up to H = 8192 fit one tile.
 # The interpreter uses 4096 so that CPU tests with H = 7168 take two tiles.
@@ -49,6 +52,7 @@ class NormConfig:
     push tile. pieces: S, pieces per row; chunk: CH, elements per piece (a
     multiple of PIECE_ALIGN); per: pieces per block. block_h: row tile, block_c:
     piece tile (powers of two). one_pass: S = 1 and a row fits block_h.
+    block_w: the LL kernel's tile in int32 words (a piece's words, at most 1024).
     """
 
     grid: int
@@ -60,6 +64,7 @@ class NormConfig:
     block_c: int
     one_pass: bool
     num_warps: int
+    block_w: int
 
 
 def _pow2(n: int) -> int:
@@ -88,7 +93,8 @@ def norm_config(caps: TopologyCaps, rows: int, hidden: int, itemsize: int = 2) -
     # one 16-byte vector per thread on the main tile (4..16 warps): ptxas -v for sm_90,
     # bf16: a 1024-wide piece tile at 8 warps loads 8-byte vectors, an 8192-wide one spills
     warps = base.num_warps if interp else min(16, max(4, (block_h if one_pass else block_c) * itemsize // 512))
-    return NormConfig(grid, base.block, s, chunk, per, block_h, block_c, one_pass, warps)
+    block_w = min(_pow2(chunk * itemsize // 4), 1024)
+    return NormConfig(grid, base.block, s, chunk, per, block_h, block_c, one_pass, warps, block_w)
 
 
 def _check_like(name: str, t, x, device) -> None:
@@ -121,10 +127,11 @@ def all_reduce_add_rms_norm(comm, x, residual, weight, eps: float = 1e-6, *, out
 
     Returns (out, residual_out). Allocates only the outputs not given. No host
     sync. Legal in CUDA graph capture (inside pool.capture) once the same
-    configuration ran eagerly. algorithm: "auto" (the fused kernel within the
-    staging capacity; NCCL above it eagerly or without peer access), "fused", or
-    "nccl": all_reduce through torch.distributed + torch norm, which rounds the
-    sum to x's dtype before the residual add and allocates.
+    configuration ran eagerly. algorithm: "auto" (the fused kernel over the LL
+    transport where all_reduce would pick LL, else the flag-based one, within the
+    staging capacity; NCCL above it eagerly or without peer access), "fused",
+    "fused_ll", or "nccl": all_reduce through torch.distributed + torch norm, which
+    rounds the sum to x's dtype before the residual add and allocates.
     """
     import torch
 
@@ -156,10 +163,10 @@ def all_reduce_add_rms_norm(comm, x, residual, weight, eps: float = 1e-6, *, out
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
     if algorithm == "nccl" or not comm.caps.peer_access or nbytes > comm.caps.capacity:
-        if algorithm != "nccl" and comm.caps.peer_access and (capturing or algorithm == "fused"):
+        if algorithm != "nccl" and comm.caps.peer_access and (capturing or algorithm != "auto"):
             raise CapacityError(
                 f"{OP} of {nbytes} B exceeds the staging capacity {comm.caps.capacity} B "
-                f"{'during graph capture' if capturing else 'with algorithm=fused'}; "
+                f"{'during graph capture' if capturing else f'with algorithm={algorithm}'}; "
                 "create the Communicator with a larger capacity_bytes"
             )
         o, r = add_rms_norm(comm.all_reduce(x, algorithm="nccl"), residual, weight, float(eps))
@@ -170,14 +177,30 @@ def all_reduce_add_rms_norm(comm, x, residual, weight, eps: float = 1e-6, *, out
     check_errors(ch)
     check_capacity(nbytes, ch, OP)
     table, rank, stage_off, slot_bytes, lane_bytes = channel_args(ch)
+    ll = algorithm == "fused_ll" or (algorithm == "auto" and select_algorithm(comm.caps, nbytes, x.dtype) == "ll")
+    if ll and 2 * nbytes > ch.layout.ll_lane_bytes:
+        if algorithm == "fused_ll":
+            raise CapacityError(f"{OP} with algorithm='fused_ll' carries at most {ch.layout.ll_lane_bytes // 2} B on "
+                                f"this channel, got {nbytes} B; use algorithm='auto' or 'fused'")
+        ll = False
     cfg = norm_config(comm.caps, T, H, x.element_size())
-    fp = fingerprint(OP, T, H, str(x.dtype), cfg.grid, cfg.pieces, cfg.per)
+    fp = fingerprint(OP, T, H, str(x.dtype), cfg.grid, cfg.pieces, cfg.per, ll)
     args = (x, residual, weight, out, residual_out, T, H, cfg.pieces, cfg.chunk, cfg.per, float(eps),
             table, rank, fp, comm.timeout_ns, stage_off, slot_bytes, lane_bytes)
-    consts = dict(OP=OP_CODES[OP], W=comm.world_size, BLOCK=cfg.block, BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c,
-                  ONE_PASS=cfg.one_pass, INTERP=comm.caps.interpret)
-    key = (OP, x.dtype, weight.dtype, cfg) + _spec(*args[:10])
-    launch_kernel(all_reduce_add_rms_norm_kernel, cfg, key, capturing, args, consts)
+    if ll:
+        # 2x H200 LL sweep (topology.ll_launch_config): 512-word tiles at 4 warps won
+        cfg = replace(cfg, num_warps=cfg.num_warps if comm.caps.interpret else 4)
+        args += ll_channel_args(ch)[2:]
+        kernel = all_reduce_add_rms_norm_ll_kernel
+        half = x.element_size() == 2
+        consts = dict(OP=OP_CODES[OP], W=comm.world_size, BLOCK_W=cfg.block_w, HALF=half, EPW=2 if half else 1,
+                      INTERP=comm.caps.interpret)
+    else:
+        kernel = all_reduce_add_rms_norm_kernel
+        consts = dict(OP=OP_CODES[OP], W=comm.world_size, BLOCK=cfg.block, BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c,
+                      ONE_PASS=cfg.one_pass, INTERP=comm.caps.interpret)
+    key = (OP, ll, x.dtype, weight.dtype, cfg) + _spec(*args[:10])
+    launch_kernel(kernel, cfg, key, capturing, args, consts)
     if comm.caps.interpret:
         check_errors(ch)  # interpreted kernels are synchronous: report at once
     return out, residual_out
