@@ -151,14 +151,6 @@ def device_limits(ctx) -> dict:
     return {"copy_gbs": 2 * n / t_copy / 1e9, "bf16_tflops": 2 * s ** 3 / t_mm / 1e12}
 
 
-def with_decode(p, decode):
-    """Plan `p` with every bucket's NVFP4 decode set to `decode` ("ptx" | "arith")."""
-    import dataclasses
-
-    return dataclasses.replace(p, buckets=tuple((t, dataclasses.replace(c, decode=decode))
-                                                for t, c in p.buckets))
-
-
 class Layer:
     """One shape's random weights: bf16 (also the baselines') and NVFP4 sources."""
 
@@ -196,7 +188,7 @@ class Layer:
         from sparkinfer.moe import MoECaps, allocate_scratch, plan, prepare_weights
 
         caps = MoECaps(max_tokens=self.max_tokens, **self.shape)
-        p = with_decode(plan(caps, self.spec(fmt)), decode)
+        p = plan(caps, self.spec(fmt)).with_changes(decode=decode)
         src = (self.w1, self.w2) if fmt == "bf16" else (self.q1, self.q2)
         return p, prepare_weights(p, *src), allocate_scratch(p, self.ctx.dev), src
 
@@ -273,8 +265,6 @@ def _row(ctx, layer, lim, m, fmt, impl, sec, mode, expert_bytes, active):
 def sweep_variants(p, m, fmt):
     """(name, plan forced to one config) for the planner's choice at M and the
     alternatives around its thresholds: micro up to 16 tokens, grouped BM 16..128."""
-    import dataclasses
-
     from sparkinfer.moe import LaunchConfig
 
     chosen = p.config_for(m)
@@ -285,12 +275,12 @@ def sweep_variants(p, m, fmt):
     if m <= 16:
         cands.append(p.config_for(min(m, 16)))
     if fmt == "nvfp4":
-        out.append(("arith-decode", with_decode(p, "arith")))
+        out.append(("arith-decode", p.with_changes(decode="arith")))
     for cfg in cands:
         if cfg == chosen or (cfg.family == "grouped" and cfg.block_m > 4 * max(16, m)):
             continue
         name = f"{cfg.family}-bm{cfg.block_m}"
-        out.append((name, dataclasses.replace(p, buckets=((p.caps.max_tokens, cfg),))))
+        out.append((name, p.forced(cfg)))
     return out
 
 

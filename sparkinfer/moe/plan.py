@@ -9,6 +9,7 @@ R = T*K routes, S split count along a reduction, BM/BN/BK tile sizes.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import triton
@@ -91,6 +92,17 @@ class MoEPlan:
             if tokens <= bound:
                 return cfg
         raise AssertionError("buckets cover max_tokens")  # internal invariant
+
+    def with_changes(self, **changes) -> "MoEPlan":
+        """This plan with `changes` (LaunchConfig fields) applied to every bucket,
+        e.g. decode="arith". Pure; for tuning and benchmarks."""
+        return dataclasses.replace(self, buckets=tuple(
+            (t, dataclasses.replace(c, **changes)) for t, c in self.buckets))
+
+    def forced(self, config: LaunchConfig) -> "MoEPlan":
+        """This plan serving every token count with `config` (benchmarks compare
+        the planner's choice with alternatives this way). Pure."""
+        return dataclasses.replace(self, buckets=((self.caps.max_tokens, config),))
 
 
 def _split(programs: int, chunks: int, num_sms: int, cap: int) -> int:

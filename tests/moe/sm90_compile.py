@@ -9,7 +9,6 @@ metadata.shared).
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from unittest import mock
 
@@ -121,9 +120,7 @@ def compile_plan_launches(shape: dict, fmt: str, tokens: int, max_tokens: int,
 
     caps = MoECaps(max_tokens=max_tokens, **shape)
     spec = MoESpec(weight_format=fmt, **(spec_kw or {}))
-    p = plan(caps, spec)
-    p = dataclasses.replace(p, buckets=tuple((t, dataclasses.replace(c, decode=decode))
-                                             for t, c in p.buckets))
+    p = plan(caps, spec).with_changes(decode=decode)
     h, e = caps.hidden, caps.num_experts
     meta = dict(dtype=torch.bfloat16, device="meta")
     bias = (torch.empty(e, device="meta") if spec.routing == "sigmoid_grouped" else None)

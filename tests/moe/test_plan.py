@@ -83,3 +83,11 @@ REJECT = [
 def test_rejections(make, err, match):
     with pytest.raises(err, match=match):
         make()
+
+
+def test_with_changes_and_forced_configs():
+    p = plan(MoECaps(max_tokens=64, **QWEN3), MoESpec(weight_format="nvfp4"))
+    assert {c.decode for _, c in p.with_changes(decode="arith").buckets} == {"arith"}
+    cfg = p.config_for(64)
+    forced = p.forced(cfg)
+    assert forced.config_for(1) == cfg and forced.buckets == ((64, cfg),)
