@@ -399,7 +399,7 @@ def plot(rows, path):
     except ImportError:
         print("matplotlib not installed: no plot", flush=True)
         return None
-    trows = [r for r in rows if r.get("kind") == "time" and "us" in r]
+    trows = [r for r in rows if r.get("kind") == "time" and "us" in r and ":" not in r["impl"]]
     shapes = sorted({r["shape"] for r in trows})
     if not shapes:
         return None
