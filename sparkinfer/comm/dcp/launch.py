@@ -91,11 +91,6 @@ def _check_out(name: str, t, shape: tuple, dtype, dev) -> None:
         raise ShapeError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
 
 
-def _spec(*vals) -> tuple:
-    """What Triton specializes on: part of the warm-up key (see fused_norm.launch)."""
-    return tuple(v.data_ptr() % 16 == 0 if hasattr(v, "data_ptr") else (v == 1, v % 16 == 0) for v in vals)
-
-
 def _use_kernel(comm, algorithm: str, nbytes: int, op: str) -> bool:
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
@@ -187,8 +182,7 @@ def dcp_merge(comm, out_partial, lse, *, scatter_heads: bool = False, lse_base: 
             table, rank, fp, comm.timeout_ns, stage_off, slot_bytes, lane_bytes)
     consts = dict(OP=OP_CODES[op], W=W, R=cfg.rows, BLOCK_D=cfg.block_d, SCATTER=bool(scatter_heads),
                   BASE2=lse_base == "2", RETURN_LSE=lse_out is not None, INTERP=comm.caps.interpret)
-    key = (op, out_partial.dtype, cfg, tuple(consts.items())) + _spec(*args[:14])
-    launch_kernel(dcp_merge_kernel, cfg, key, comm.streams.is_capturing(), args, consts)
+    launch_kernel(dcp_merge_kernel, cfg, (op,), comm.streams.is_capturing(), args, consts)
     if comm.caps.interpret:
         check_errors(ch)  # interpreted kernels are synchronous: report at once
     return result
@@ -225,8 +219,7 @@ def all_gather_heads(comm, x, out=None, *, algorithm: str = "auto"):
     args = (x, x.stride(0), x.stride(1), out, out.stride(0), out.stride(1), n_rows, Hs, D,
             table, rank, fp, comm.timeout_ns, stage_off, slot_bytes, lane_bytes)
     consts = dict(OP=OP_CODES[op], W=W, R=cfg.rows, BLOCK_D=cfg.block_d, INTERP=comm.caps.interpret)
-    key = (op, x.dtype, cfg) + _spec(*args[:9])
-    launch_kernel(all_gather_heads_kernel, cfg, key, comm.streams.is_capturing(), args, consts)
+    launch_kernel(all_gather_heads_kernel, cfg, (op,), comm.streams.is_capturing(), args, consts)
     if comm.caps.interpret:
         check_errors(ch)
     return out
