@@ -3,20 +3,16 @@
 
 Legend: M (= T) tokens, E experts, K top-k, H hidden, I intermediate per rank.
 
-One run does, in order:
-1. device limits, measured here: copy bandwidth (a large device-to-device
-   copy, bytes read + written) and the bf16 tensor-core rate (8192^3 matmul);
-2. per shape and weight format, correctness of every family the plan uses
-   (router kernel + MoE vs the fp32 reference on the same weights, NVFP4 vs
-   its dequantized weights), eager repeat and CUDA-graph replay bitwise equal
-   to eager;
-3. timing (CUDA graph replay, median) of sparkinfer, `torch._grouped_mm`
-   (bf16, torch sort/gather/scatter around it) and a per-expert torch loop
-   (bf16), with the active experts' weight bytes and the fraction of the HBM
-   floor (those bytes at the measured copy bandwidth). Each graph replays G
-   calls with different routings, so consecutive calls touch different
-   experts and L2 does not serve repeats. Routing is excluded from timing
-   (top-k ids are given).
+One run: 1. device limits measured here: copy bandwidth (large device-to-device
+copy, bytes read + written) and the bf16 tensor-core rate (8192^3 matmul);
+2. per shape and format, correctness of every family the plan uses (router +
+MoE vs the fp32 reference, NVFP4 vs its dequantized weights), eager repeat and
+CUDA-graph replay bitwise equal to eager; 3. timing (CUDA graph, median) of
+sparkinfer, `torch._grouped_mm` (bf16, with torch sort/gather/scatter) and a
+per-expert torch loop (bf16), with the active experts' weight bytes and the
+fraction of the HBM floor (those bytes at the measured copy bandwidth). A graph
+replays G calls with different routings, so L2 rarely serves a repeat.
+Routing is not timed (top-k ids are given).
 
 Writes JSON rows (with GPU, driver, versions, commit, date, command) to --out,
 a PNG beside it, and prints a table. --quick: fewer M values (< ~4 min on an
@@ -262,6 +258,15 @@ def _row(ctx, layer, lim, m, fmt, impl, sec, mode, expert_bytes, active):
                 tc_tflops=lim["bf16_tflops"])
 
 
+def _error_row(layer, m, fmt, impl, exc) -> dict:
+    """A timing that failed, as a row; a CUDA error poisons the context, so it re-raises."""
+    err = f"{type(exc).__name__}: {str(exc)[:300]}"
+    print(f"time  {layer.name:8s} {fmt:5s} M={m:<5d} {impl}: {err}", flush=True)
+    if "CUDA error" in str(exc):
+        raise exc
+    return dict(kind="time", shape=layer.name, M=m, format=fmt, impl=impl, error=err)
+
+
 def sweep_variants(p, m, fmt):
     """(name, plan forced to one config) for the planner's choice at M and the
     alternatives around its thresholds: micro up to 16 tokens, grouped BM 16..128."""
@@ -306,8 +311,12 @@ def time_ours(ctx, layer, lim, fmt, ms, decode) -> list[dict]:
             out = torch.empty(m, layer.h, dtype=torch.bfloat16, device=ctx.dev)
             b = bind(p, scratch, w, x=x, out=out, topk_ids=ids, topk_weights=tw)
             calls.append(lambda b=b: run(b))
-        sec, mode = ctx.time_calls(calls)
         impl = "sparkinfer" if variant == "planned" else f"sparkinfer:{variant}"
+        try:
+            sec, mode = ctx.time_calls(calls)
+        except Exception as exc:  # noqa: BLE001 - e.g. a sweep variant out of resources
+            rows.append(_error_row(layer, m, fmt, impl, exc))
+            continue
         r = _row(ctx, layer, lim, m, fmt, impl, sec, mode, w.expert_bytes(), active)
         r.update(family=b.config.family, block_m=b.config.block_m, split1=b.config.split1,
                  split2=b.config.split2, stages1=b.config.stages1, stages2=b.config.stages2,
@@ -377,12 +386,7 @@ def time_baselines(ctx, layer, lim, ms) -> list[dict]:
                     calls.append(make(ctx, layer, x, ids.long(), tw, out))
                 sec, mode = ctx.time_calls(calls)
             except Exception as exc:  # noqa: BLE001 - a missing baseline is a row, not a crash
-                rows.append(dict(kind="time", shape=layer.name, M=m, format="bf16", impl=impl,
-                                 error=f"{type(exc).__name__}: {str(exc)[:300]}"))
-                print(f"time  {layer.name:8s} bf16  M={m:<5d} {impl}: {rows[-1]['error']}",
-                      flush=True)
-                if "CUDA error" in str(exc):
-                    raise
+                rows.append(_error_row(layer, m, "bf16", impl, exc))
                 continue
             rows.append(_row(ctx, layer, lim, m, "bf16", impl, sec, mode, ebytes, active))
             print(f"time  {layer.name:8s} bf16  M={m:<5d} {impl:18s} {sec * 1e6:9.1f} us",
@@ -441,9 +445,8 @@ def main(argv=None):
     if args.dry_run:
         os.environ["TRITON_INTERPRET"] = "1"  # before Triton is imported
     _common.ensure_repo_on_path()
-    budget = args.budget_s or (200.0 if args.quick or args.dry_run else 400.0)
-    faulthandler.dump_traceback_later(budget + 180, exit=True)  # never hang
     ctx = Ctx(args)
+    faulthandler.dump_traceback_later(ctx.budget + 180, exit=True)  # never hang
     torch = ctx.torch
     if ctx.cuda and not torch.cuda.is_available():
         sys.exit("bench_moe: no CUDA device (use --dry-run on CPU)")
