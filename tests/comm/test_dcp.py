@@ -26,6 +26,7 @@ from sparkinfer.errors import (
     ShapeError,
 )
 from sparkinfer.runtime import LocalGroup, launch
+from tests.comm.test_fused_norm import GRAPH_BACKENDS, Captured
 
 CAP = 64 << 10  # staging bytes per lane: [17, 12, 128] bf16 + lse fits, [40, 8, 128] does not
 SEED = random.randrange(1 << 30)
@@ -234,6 +235,82 @@ def test_all_gather_heads_is_bitwise(ranks, world):
         expect = torch.cat(xs, dim=1).view(torch.uint8)
         for rank, (_, gathered) in enumerate(ranks[world]):
             assert torch.equal(unpack(gathered[i][1]).view(torch.uint8), expect), f"gather {spec} on rank {rank}"
+
+
+# ---------------------------------------------------------------- eager -> capture -> replay -> new inputs -> replay
+
+GRAPH_CASES = [  # three ops in one graph (an odd count)
+    Case("g_t3_h6_d64_mixed", 3, 6, 64, torch.bfloat16, empty="mixed"),
+    Case("g_t2_h4_d128_scatter_head_major", 2, 4, 128, torch.bfloat16, True, head_major=True, empty="one_shard"),
+]
+
+
+def _graph_worker(world, seed):
+    from sparkinfer.comm import Communicator
+
+    comm = Communicator(capacity_bytes=CAP, timeout_s=10, channel_ids=("g",))
+    W, rank, dev = world.world_size, world.rank, comm.device
+    bufs = []
+    for c in GRAPH_CASES:
+        os_, lses = make_inputs(c, W, seed)
+        o = torch.empty_strided(os_[rank].shape, os_[rank].stride(), dtype=c.dtype, device=dev)
+        lse = torch.empty_strided(lses[rank].shape, lses[rank].stride(), dtype=torch.float32, device=dev)
+        hs = c.H // W if c.scatter else c.H
+        bufs.append((c, o, lse, torch.empty(c.T, hs, c.D, dtype=c.dtype, device=dev), torch.empty(c.T, hs, device=dev)))
+    gathered = torch.empty(3, W * 4, 64, dtype=torch.bfloat16, device=dev)
+
+    def load(s):
+        for c, o, lse, out, lse_out in bufs:
+            os_, lses = make_inputs(c, W, s)
+            o.copy_(os_[rank])
+            lse.copy_(lses[rank])
+            out.fill_(NAN)
+            lse_out.fill_(NAN)
+        gathered.fill_(NAN)
+
+    def run():
+        for c, o, lse, out, lse_out in bufs:
+            comm.dcp_merge(o, lse, scatter_heads=c.scatter, lse_base=c.base, out=out, lse_out=lse_out)
+        comm.all_gather_heads(bufs[0][1][:, :4], gathered)
+
+    def results():
+        return [(pack(out.cpu()), pack(lse_out.cpu())) for _, _, _, out, lse_out in bufs] + [pack(gathered.cpu())]
+
+    steps = {}
+    load(seed)
+    run()
+    steps["eager"] = results()
+    load(seed)
+    g = Captured(comm, run, "g")
+    load(seed)
+    g.replay()
+    steps["replay"] = results()
+    load(seed + 1)
+    g.replay()
+    steps["replay_new_inputs"] = results()
+    del g
+    comm.close()
+    return steps
+
+
+@pytest.mark.parametrize("backend", GRAPH_BACKENDS)
+def test_eager_capture_replay_new_inputs_replay(backend):
+    steps = launch(_graph_worker, 2, backend=backend, args=(SEED,), timeout_s=300)
+    for rank, st in enumerate(steps):
+        for a, b in zip(st["eager"][:-1], st["replay"][:-1]):
+            assert all(torch.equal(unpack(x).view(torch.uint8), unpack(y).view(torch.uint8)) for x, y in zip(a, b))
+        assert torch.equal(unpack(st["eager"][-1]).view(torch.uint8), unpack(st["replay"][-1]).view(torch.uint8))
+        for i, c in enumerate(GRAPH_CASES):
+            for seed, key in ((SEED, "eager"), (SEED + 1, "replay_new_inputs")):
+                os_, lses = make_inputs(c, 2, seed)
+                ref_o, ref_lse = dcp_merge_reference(os_, lses, c.base)
+                heads = slice(rank * c.H // 2, (rank + 1) * c.H // 2) if c.scatter else slice(None)
+                o, lse = map(unpack, st[key][i])
+                assert_close_ulps(o, ref_o[:, heads], f"rank {rank} {c.id} {key} o")
+                assert_lse_close(lse, ref_lse[:, heads], f"rank {rank} {c.id} {key} lse")
+        os_, _ = make_inputs(GRAPH_CASES[0], 2, SEED + 1)
+        want = torch.cat([x[:, :4] for x in os_], dim=1)
+        assert torch.equal(unpack(st["replay_new_inputs"][-1]).view(torch.uint8), want.view(torch.uint8))
 
 
 # ---------------------------------------------------------------- one rank, in process

@@ -8,6 +8,7 @@ the parametrized tests below only compare what the ranks returned.
 """
 
 import dataclasses
+import os
 import random
 
 import pytest
@@ -195,6 +196,123 @@ def test_matches_fp32_reference_and_ranks_agree_bitwise(ranks, world, case):
 def test_torch_ops_eager_and_compiled_match_the_direct_call(ranks, world):
     for rank, res in enumerate(ranks[world]):
         assert all(res["torch_ops"].values()), f"rank {rank}: {res['torch_ops']}"
+
+
+# ---------------------------------------------------------------- eager -> capture -> replay -> new inputs -> replay
+
+
+class Captured:
+    """`fn` captured once inside comm.pool.capture(stream, channel_id) after an eager
+    warm-up on that stream, then replayed. CPU ranks stand in: "capture" runs fn with
+    the stream marked capturing (so capture-only rules apply), a replay re-runs it."""
+
+    def __init__(self, comm, fn, channel_id: str):
+        import torch
+
+        self.comm, self.fn, self.cid, self.cuda = comm, fn, channel_id, comm.device.type == "cuda"
+        self.stream = torch.cuda.Stream() if self.cuda else f"{channel_id}_stream"
+        with comm.pool.capture(self.stream, channel_id):
+            if self.cuda:
+                self.stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(self.stream):
+                    fn()
+                self.stream.synchronize()
+                self.graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(self.graph, stream=self.stream):
+                    fn()
+            else:
+                with comm.streams.use(self.stream):
+                    fn()
+                with comm.streams.capture(self.stream):
+                    fn()
+
+    def replay(self):
+        import torch
+
+        if self.cuda:
+            self.graph.replay()
+            torch.cuda.synchronize()
+        else:
+            with self.comm.pool.capture(self.stream, self.cid, reuse=True), self.comm.streams.use(self.stream):
+                self.fn()
+
+
+GRAPH_CASES = [  # three ops in one graph (an odd count): LL, flag with pieces, flag in place
+    Case("g_t1_h7168_ll", (1, 7168), torch.bfloat16),
+    Case("g_t3_h7168_flag", (3, 7168), torch.bfloat16, algorithm="fused"),
+    Case("g_t2_h1024_flag_inplace", (2, 1024), torch.bfloat16, inplace=True, algorithm="fused"),
+]
+
+
+def _graph_worker(world, seed):
+    from sparkinfer.comm import Communicator
+
+    comm = Communicator(capacity_bytes=CAP, timeout_s=10, channel_ids=("g",))
+    W, rank, dev = world.world_size, world.rank, comm.device
+    bufs = []
+    for c in GRAPH_CASES:
+        x = torch.empty(c.shape, dtype=c.dtype, device=dev)
+        res, w = torch.empty_like(x), torch.empty(c.shape[-1], dtype=c.dtype, device=dev)
+        o, r = (x, res) if c.inplace else (torch.empty_like(x), torch.empty_like(x))
+        bufs.append((c, x, res, w, o, r))
+
+    def load(s):
+        for c, x, res, w, o, r in bufs:
+            xs, residual, weight = make_inputs(c, W, s)
+            x.copy_(xs[rank])
+            res.copy_(residual)
+            w.copy_(weight)
+            if not c.inplace:
+                o.fill_(float("nan"))
+                r.fill_(float("nan"))
+
+    def run():
+        for c, x, res, w, o, r in bufs:
+            comm.all_reduce_add_rms_norm(x, res, w, EPS, out=o, residual_out=r, algorithm=c.algorithm)
+
+    def results():
+        return [(pack(o.cpu()), pack(r.cpu())) for c, x, res, w, o, r in bufs]
+
+    steps = {}
+    load(seed)
+    run()
+    steps["eager"] = results()
+    load(seed)
+    g = Captured(comm, run, "g")
+    load(seed)
+    g.replay()
+    steps["replay"] = results()
+    load(seed + 1)
+    g.replay()
+    steps["replay_new_inputs"] = results()
+    del g
+    comm.close()
+    return steps
+
+
+GRAPH_BACKENDS = [
+    pytest.param("cpu", id="cpu_ranks"),
+    pytest.param("cuda", id="2gpus", marks=[pytest.mark.gpu2, pytest.mark.skipif(
+        not torch.cuda.is_available() or torch.cuda.device_count() < 2 or os.environ.get("TRITON_INTERPRET") == "1",
+        reason="needs 2 GPUs with compiled kernels (TRITON_INTERPRET unset)")]),
+]
+
+
+@pytest.mark.parametrize("backend", GRAPH_BACKENDS)
+def test_eager_capture_replay_new_inputs_replay(backend):
+    steps = launch(_graph_worker, 2, backend=backend, args=(SEED,), timeout_s=300)
+    for rank, st in enumerate(steps):
+        for i, c in enumerate(GRAPH_CASES):
+            eager, replay = [tuple(map(unpack, st[k][i])) for k in ("eager", "replay")]
+            assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(eager, replay)), (
+                f"rank {rank} {c.id}: replay differs from eager")
+            for seed, key in ((SEED, "eager"), (SEED + 1, "replay_new_inputs")):
+                out, res_out = map(unpack, st[key][i])
+                ref_out, ref_res = all_reduce_add_rms_norm_reference(*make_inputs(c, 2, seed), EPS)
+                assert_close_ulps(res_out, ref_res, 2, f"rank {rank} {c.id} {key} residual_out")
+                assert_close_ulps(out, ref_out, 4, f"rank {rank} {c.id} {key} out")
+        assert all(torch.equal(unpack(a[0]).view(torch.uint8), unpack(b[0]).view(torch.uint8))
+                   for a, b in zip(st["replay_new_inputs"], steps[0]["replay_new_inputs"])), f"rank {rank} differs"
 
 
 # ---------------------------------------------------------------- rejections (one rank, in process)
