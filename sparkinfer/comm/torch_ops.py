@@ -3,6 +3,7 @@
     torch.ops.sparkinfer.all_reduce(x, comm.id, "auto")
     torch.ops.sparkinfer.reduce_scatter(x, comm.id)
     torch.ops.sparkinfer.all_gather(x, comm.id)
+    torch.ops.sparkinfer.all_reduce_add_rms_norm(...), dcp_merge(...), all_gather_heads(...)
 
 The communicator is named by its integer id (ops take no Python objects).
 Registration happens on the first Communicator, never at import.
@@ -49,4 +50,9 @@ def register_ops() -> None:
         w = get_communicator(comm_id).world_size
         return x.new_empty((x.shape[0] * w,) + tuple(x.shape[1:]))
 
+    from sparkinfer.comm.dcp.ops import register as register_dcp
+    from sparkinfer.comm.fused_norm.ops import register as register_fused_norm
+
+    register_fused_norm()  # sparkinfer::all_reduce_add_rms_norm(_)
+    register_dcp()  # sparkinfer::dcp_merge, sparkinfer::all_gather_heads
     _DONE = True
