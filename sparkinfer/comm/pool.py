@@ -21,10 +21,12 @@ Rules (DESIGN.md, "ChannelPool"):
 from __future__ import annotations
 
 import contextlib
+import sys
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Iterable
 
+from sparkinfer import envs
 from sparkinfer.comm.channel import ERR_WORDS, Channel, ChannelLayout
 from sparkinfer.comm.memory import make_backend
 from sparkinfer.errors import (
@@ -55,6 +57,12 @@ class _Scope:
     channel: Channel
     aliases: list = field(default_factory=list)
     captured: bool = False  # a collective resolved this channel while capturing
+
+
+def _log(group, msg: str) -> None:
+    """Lifecycle events on stderr when SPARKINFER_LOG=debug (read per event: cheap, off the data path)."""
+    if envs.debug_log():
+        print(f"[sparkinfer rank {group.rank}] {msg}", file=sys.stderr, flush=True)
 
 
 def _stream_key(stream) -> Hashable:
@@ -173,6 +181,7 @@ class ChannelPool:
         errors = torch.zeros(ERR_WORDS, dtype=torch.int64, pin_memory=cuda)
         table = torch.tensor(bases + [errors.data_ptr()], dtype=torch.int64, device=self.device)
         self._channels[cid] = Channel(cid, group.rank, layout, slab, peers, table, errors, serial=self._serial)
+        _log(group, f"channel {cid!r} #{self._serial}: {layout.nbytes} B slab, {len(peers)} peer mappings")
         self._serial += 1
 
     # ------------------------------------------------------------------ resolution
@@ -239,6 +248,7 @@ class ChannelPool:
             raise StreamAffinityError(f"channel {channel_id!r} is owned by eager stream {ch.owner_stream}; capture another id")
         scope = _Scope(key, ch)
         self._scopes.append(scope)
+        _log(self.group, f"capture scope {channel_id!r} on stream {key} (depth {len(self._scopes)})")
         try:
             yield ch
         finally:
@@ -248,6 +258,7 @@ class ChannelPool:
                 scope.aliases.pop()  # LIFO: newest alias first
             self._scopes.pop()
             ch.graph_owned |= scope.captured  # a warm-up-only scope leaves the channel free
+            _log(self.group, f"capture scope {channel_id!r} exited (captured={scope.captured})")
 
     # ------------------------------------------------------------------ teardown
     def checkpoint(self) -> Checkpoint:
@@ -269,6 +280,7 @@ class ChannelPool:
         self._teardown(sorted(victims, key=lambda c: c.serial))
         for ch in victims:
             self._forget(ch)
+        _log(self.group, f"rollback to #{checkpoint.serial}: closed {[ch.channel_id for ch in victims]}")
         return [ch.channel_id for ch in victims]
 
     def close(self) -> None:
@@ -283,6 +295,7 @@ class ChannelPool:
         for ch in chans:
             self._forget(ch)
         self._closed = True
+        _log(self.group, f"pool closed ({len(chans)} channels)")
 
     def _forget(self, ch: Channel) -> None:
         del self._channels[ch.channel_id]

@@ -275,3 +275,15 @@ def test_rank_failing_setup_raises_everywhere(phase):
         assert "on rank 2" in msg and "no channel was created" in msg
         assert ids == []
         assert frees == (0 if phase == "allocate" and r == 2 else 1)
+
+
+def test_debug_log_reports_lifecycle(monkeypatch, capsys):
+    monkeypatch.setenv("SPARKINFER_LOG", "debug")
+    pool, streams, _ = make_pool()
+    pool.prepare(["target"])
+    with pool.capture("s", "target"), streams.capture("s"):
+        pool.channel()
+    pool.close()
+    err = capsys.readouterr().err
+    assert "[sparkinfer rank 0] channel 'target' #" in err
+    assert "capture scope 'target' exited (captured=True)" in err and "pool closed (2 channels)" in err
