@@ -27,11 +27,13 @@ date, command) to --out, a PNG beside it, and prints a table.
     python3 benchmarks/bench_fused.py --quick      # ~1-3 min with compilation
     python3 benchmarks/bench_fused.py              # full sweep
     python3 benchmarks/bench_fused.py --dry-run    # 2 CPU ranks, Triton interpreter, tiny shapes
+    python3 benchmarks/bench_fused.py --sweep      # fused norm: candidate_configs vs ar_auto, best per (H, T)
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import faulthandler
 import hashlib
 import os
@@ -56,6 +58,7 @@ PRESETS = {  # fused (H, T) and dcp ((H, D), T) sweeps, graph size N, replays, b
                   dcp_t=(1, 16, 64, 256), iters=20, reps=9, budget_s=120.0, timeout_s=300),
     "dry": dict(hidden=(1024,), norm_t=(1, 3), heads=((4, 64),), dcp_t=(1, 3), iters=2, reps=2,
                 budget_s=200.0, timeout_s=400),
+    "sweep": dict(hidden=(4096, 7168), norm_t=(1, 8, 64, 256), iters=20, reps=9, budget_s=100.0, timeout_s=300),
 }
 
 
@@ -63,19 +66,20 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer shapes (about 1-3 minutes)")
     ap.add_argument("--dry-run", action="store_true", help="2 CPU ranks, Triton interpreter, tiny shapes")
+    ap.add_argument("--sweep", action="store_true", help="fused norm launch shapes only, best per config (< 2 min)")
     ap.add_argument("--only", default="norm,dcp", help="comma list of: norm, dcp")
     ap.add_argument("--budget-s", type=float, default=None, help="stop starting configs after this many seconds")
-    ap.add_argument("--out", default=None, help="JSON rows (default benchmarks/results/fused_2xh200.json)")
+    ap.add_argument("--out", default=None, help="JSON rows (default benchmarks/results/fused_2xh200[_sweep].json)")
     return ap.parse_args(argv)
 
 
 def options(args) -> dict:
-    opt = dict(PRESETS["dry" if args.dry_run else "quick" if args.quick else "full"])
-    opt.update(dry=args.dry_run, only=tuple(args.only.split(",")))
+    preset = "dry" if args.dry_run else "sweep" if args.sweep else "quick" if args.quick else "full"
+    opt = dict(PRESETS[preset], dry=args.dry_run, only=("sweep",) if args.sweep else tuple(args.only.split(",")))
     if args.budget_s:
         opt["budget_s"] = args.budget_s
     W, e = 2, 2  # ranks, bf16 bytes
-    dcp_bytes = max(t * h * d * e + t * h * 4 + 16 for h, d in opt["heads"] for t in opt["dcp_t"])
+    dcp_bytes = max((t * h * d * e + t * h * 4 + 16 for h, d in opt.get("heads", ()) for t in opt.get("dcp_t", ())), default=0)
     norm_bytes = max(t * h * e for h in opt["hidden"] for t in opt["norm_t"])
     opt["capacity"] = max(dcp_bytes, norm_bytes, 1 << 16)
     opt["world"] = W
@@ -163,9 +167,7 @@ def run_config(b, base: dict, impls: dict, load, reference, tol: dict) -> list[d
         row = dict(base, impl=name)
         try:
             load(1)
-            outs = call()
-            for o in outs:
-                o.fill_(float("nan"))
+            _common.poison(*call())
             outs = call()
             b.sync()
             eager = [o.clone() for o in outs]
@@ -174,14 +176,12 @@ def run_config(b, base: dict, impls: dict, load, reference, tol: dict) -> list[d
             err = max(close_err(o, e, eps) for o, e in zip(outs, exp))
             ranks_equal = b.same_on_ranks(outs) if name in tol["bitwise"] else None
             g, held = b.graph(call)
-            for o in held[0]:
-                o.fill_(float("nan"))
+            _common.poison(*held[0])
             g.replay()
             b.sync()
             replay_ok = all(torch.equal(o.view(torch.uint8), e.view(torch.uint8)) for o, e in zip(held[0], eager))
             load(2)
-            for o in held[0]:
-                o.fill_(float("nan"))
+            _common.poison(*held[0])
             g.replay()
             b.sync()
             err2 = max(close_err(o, e, eps) for o, e in zip(held[0], reference(name)))
@@ -204,15 +204,12 @@ def run_config(b, base: dict, impls: dict, load, reference, tol: dict) -> list[d
 
 
 # --------------------------------------------------------------------------- fused norm
-def bench_norm(b, H: int, T: int) -> list[dict]:
+def norm_inputs(b, H: int, T: int):
+    """(x, residual, weight): [T, H], [T, H], [H] bf16; (load(seed): refill in place, reference(impl))."""
     torch, comm, W, dev = b.torch, b.comm, b.comm.world_size, b.dev
-    import torch.nn.functional as F
-
     from sparkinfer.comm.fused_norm.reference import add_rms_norm
 
-    x, res = (torch.empty(T, H, dtype=torch.bfloat16, device=dev) for _ in range(2))
-    w = torch.empty(H, dtype=torch.bfloat16, device=dev)
-    bufs = {k: torch.empty(T, H, dtype=torch.bfloat16, device=dev) for k in ("o", "r", "o2", "r2", "s1", "s2", "s3", "s4")}
+    x, res, w = (torch.empty(shape, dtype=torch.bfloat16, device=dev) for shape in ((T, H), (T, H), (H,)))
     state = {}
 
     def load(seed):
@@ -223,6 +220,18 @@ def bench_norm(b, H: int, T: int) -> list[dict]:
         w.copy_(1 + 0.5 * torch.randn(H, generator=g, device=dev))
         total = sum(t.float() for t in xs)
         state.update(sum=total, norm=add_rms_norm(total, res, w, EPS))
+
+    def reference(name):  # ar_*: the sum; fused: (out, residual_out)
+        return (state["sum"],) if name.startswith("ar_") else state["norm"]
+    return (x, res, w), (load, reference)
+
+
+def bench_norm(b, H: int, T: int) -> list[dict]:
+    torch, comm, W, dev = b.torch, b.comm, b.comm.world_size, b.dev
+    import torch.nn.functional as F
+
+    (x, res, w), (load, reference) = norm_inputs(b, H, T)
+    bufs = {k: torch.empty(T, H, dtype=torch.bfloat16, device=dev) for k in ("o", "r", "o2", "r2", "s1", "s2", "s3", "s4")}
 
     def torch_norm(s):
         r = s + res
@@ -237,9 +246,6 @@ def bench_norm(b, H: int, T: int) -> list[dict]:
         "ar+torch": lambda: torch_norm(comm.all_reduce(x, bufs["s3"])),
         "nccl+torch": lambda: torch_norm(comm.all_reduce(x, bufs["s4"], algorithm="nccl")),
     }
-
-    def reference(name):
-        return (state["sum"],) if name.startswith("ar_") else state["norm"]
 
     tol = {"fused": 4, "fused_flag": 4, "ar_auto": 2, "ar_oneshot": 2, "ar+torch": 16, "nccl+torch": 16,
            "bitwise": ("fused", "fused_flag", "ar_auto", "ar_oneshot")}
@@ -256,6 +262,42 @@ def bench_norm(b, H: int, T: int) -> list[dict]:
     for r in rows:  # bytes this rank writes to its peers (LL words carry 4 payload bytes in 8)
         r["link_bytes"] = int(nbytes * per_alg[alg[r["impl"]]])
     return rows
+
+
+def sweep_norm(b, H: int, T: int) -> list[dict]:
+    """Check and time fused_norm.launch.candidate_configs for [T, H] bf16, and ar_auto."""
+    from sparkinfer.comm.fused_norm.launch import candidate_configs
+
+    torch, comm = b.torch, b.comm
+    (x, res, w), (load, reference) = norm_inputs(b, H, T)
+    o, r, s1 = (torch.empty(T, H, dtype=torch.bfloat16, device=b.dev) for _ in range(3))
+    cands = candidate_configs(comm.caps, T, H, 2, ll_max_bytes=comm.pool.layout.ll_lane_bytes // 2)
+    call = lambda a, c: comm.all_reduce_add_rms_norm(x, res, w, EPS, out=o, residual_out=r, algorithm=a, config=c)  # noqa: E731
+    impls = {name: (lambda a=alg, c=cfg: call(a, c)) for name, (alg, cfg) in cands.items()}
+    impls["ar_auto"] = lambda: (comm.all_reduce(x, s1),)
+    rows = run_config(b, dict(op="fused_norm_sweep", H=H, T=T, dtype="bfloat16", nbytes=T * H * 2), impls, load,
+                      reference, {**{name: 4 for name in cands}, "ar_auto": 2, "bitwise": tuple(impls)})
+    for row in (row for row in rows if row["impl"] in cands):
+        row.update(algorithm=cands[row["impl"]][0], **dataclasses.asdict(cands[row["impl"]][1]))
+    return rows
+
+
+def sweep_table(rows) -> list[dict]:
+    """Per (H, T): every shape's us, fastest first, and the best / auto over ar_auto; kind="sweep_best" rows."""
+    out, rows = [], [r for r in rows if r.get("op") == "fused_norm_sweep" and "us" in r]
+    for H, T in sorted({(r["H"], r["T"]) for r in rows}):
+        ranked = sorted((r for r in rows if (r["H"], r["T"]) == (H, T)), key=lambda r: r["us"])
+        ar = next((r["us"] for r in ranked if r["impl"] == "ar_auto"), float("nan"))
+        fused = [r for r in ranked if r["impl"] != "ar_auto"] or [dict(impl="-", us=float("nan"))]
+        best, auto = fused[0], next((r for r in fused if r["impl"].startswith("auto")), fused[0])
+        out.append(dict(kind="sweep_best", H=H, T=T, ar_auto_us=ar, best=best["impl"], best_us=best["us"],
+                        best_over_ar_auto=best["us"] / ar, auto=auto["impl"], auto_over_ar_auto=auto["us"] / ar,
+                        best_config={k: best.get(k) for k in ("algorithm", "grid", "pieces", "per", "num_warps")}))
+        print(f"sweep H={H:<5} T={T:<4} " + " | ".join(f"{r['impl']} {r['us']:.2f}" for r in ranked) +
+              f" || best {best['impl']} {out[-1]['best_config']} = {best['us'] / ar:.2f}x ar_auto "
+              f"({'MEETS' if best['us'] / ar <= TARGET_NORM_RATIO else 'MISSES'} <= {TARGET_NORM_RATIO}); "
+              f"auto {auto['us'] / ar:.2f}x", flush=True)
+    return out
 
 
 # --------------------------------------------------------------------------- dcp merge
@@ -318,10 +360,9 @@ def _worker(world, opt):
     b = Bench(world, opt)
     rows = []
     try:
-        if "norm" in opt["only"]:
-            for H in opt["hidden"]:
-                for T in opt["norm_t"]:
-                    rows += bench_norm(b, H, T)
+        for H in opt["hidden"] if {"norm", "sweep"} & set(opt["only"]) else ():
+            for T in opt["norm_t"]:
+                rows += (sweep_norm if "sweep" in opt["only"] else bench_norm)(b, H, T)
         if "dcp" in opt["only"]:
             for H, D in opt["heads"]:
                 for T in opt["dcp_t"]:
@@ -367,9 +408,7 @@ def add_fractions(rows, gbs):
 
 
 def table(rows):
-    for r in rows:
-        if r.get("kind") != "summary":
-            continue
+    for r in (r for r in rows if r.get("kind") == "summary"):
         if r["op"] == "fused_norm":
             print(f"fused_norm H={r['H']:<5} T={r['T']:<4} fused/ar_auto={r['fused_over_ar_auto']:5.2f} "
                   f"fused/ar_oneshot={r['fused_over_ar_oneshot']:5.2f} flag/oneshot={r['fused_flag_over_ar_oneshot']:5.2f} vs nccl+torch x{r['speedup_vs_nccl_torch']:5.2f} "
@@ -426,7 +465,7 @@ def main(argv=None) -> int:
 
     opt = options(args)
     out = args.out or (os.path.join(tempfile.gettempdir(), "bench_fused_dry_run.json") if args.dry_run
-                       else "benchmarks/results/fused_2xh200.json")
+                       else f"benchmarks/results/fused_2xh200{'_sweep' if args.sweep else ''}.json")
     faulthandler.dump_traceback_later(opt["timeout_s"] + 60, exit=True)  # never hang, even if launch() did
     meta = _common.metadata(sys.argv if argv is None else ["benchmarks/bench_fused.py", *argv])
     t0 = time.time()
@@ -439,12 +478,12 @@ def main(argv=None) -> int:
         print(f"FAILED: {failed}", flush=True)
     gbs = rows[0]["p2p_copy_gbs"] if rows else None
     add_fractions(rows, gbs)
-    rows += summarize(rows)
+    rows += summarize(rows) + sweep_table(rows)
     if failed:
         rows.append(dict(kind="failure", detail=failed))
     _common.append_rows(out, rows, {**meta, "capacity": opt["capacity"], "iters": opt["iters"]})
     try:
-        png = plot(rows, str(Path(out).with_suffix(".png"))) if rows else None
+        png = plot(rows, str(Path(out).with_suffix(".png"))) if rows and not args.sweep else None
     except Exception as exc:  # noqa: BLE001 - a plotting problem must not lose the measured rows
         png = None
         print(f"plot failed ({type(exc).__name__}: {exc}); the JSON rows hold every number", flush=True)

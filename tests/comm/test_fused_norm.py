@@ -14,7 +14,7 @@ import random
 import pytest
 import torch
 
-from sparkinfer.comm.fused_norm.launch import norm_config
+from sparkinfer.comm.fused_norm.launch import SPLIT_MAX_BYTES, check_config, norm_config
 from sparkinfer.comm.fused_norm.reference import all_reduce_add_rms_norm_reference
 from sparkinfer.comm.topology import TopologyCaps
 from sparkinfer.errors import (
@@ -24,6 +24,7 @@ from sparkinfer.errors import (
     DeviceError,
     DTypeError,
     LayoutError,
+    PlanError,
     ShapeError,
 )
 from sparkinfer.runtime import LocalGroup, launch
@@ -43,11 +44,13 @@ class Case:
     poison: bool = True  # pass NaN-filled outputs (else let the op allocate)
     path: str = "kernel"  # "kernel" | "nccl" (no peer access) | "over_capacity" (eager NCCL)
     algorithm: str = "auto"  # "auto" picks the LL kernel at these sizes; "fused" = flag-based kernel
+    pieces: int = None  # force this many pieces per row (config=norm_config(..., pieces=)); None: the heuristic
 
 
-# Interpreter configs (fused_norm.launch.norm_config): rows of <= 4 KiB are one
-# piece (H = 1024 bf16/fp16: the one-pass path of the flag kernel); longer rows
-# split into pieces (H = 7168 bf16: 3 pieces; H = 3072 fp32: 3 pieces).
+# Interpreter configs (fused_norm.launch.norm_config): rows of < 8 KiB are one
+# piece (H = 1024 bf16/fp16, H = 3072 bf16: the one-pass paths, whole rows per
+# block); longer rows split into pieces (H = 7168 bf16: 3 pieces; H = 3072
+# fp32: 3 pieces). `pieces` forces a shape through the config= argument.
 CASES_2 = [
     Case("t1_h1024_bf16_ll", (1, 1024), torch.bfloat16),
     Case("t3_h7168_bf16_3_pieces", (3, 7168), torch.bfloat16, algorithm="fused"),
@@ -58,6 +61,10 @@ CASES_2 = [
     Case("t5_h3072_fp32_inplace", (5, 3072), torch.float32, inplace=True, algorithm="fused"),
     Case("b2x3_h1024_bf16_fp32_weight_alloc_ll", (2, 3, 1024), torch.bfloat16, torch.float32, poison=False),
     Case("t3_h1024_bf16_nccl_fallback", (3, 1024), torch.bfloat16, path="nccl"),
+    Case("t3_h3072_bf16_ll_one_pass_masked_tile", (3, 3072), torch.bfloat16),  # 1536 words in a 2048-word tile
+    Case("t2_h1024_fp32_bf16_weight_ll_one_pass", (2, 1024), torch.float32, torch.bfloat16),
+    Case("t3_h1024_bf16_ll_2_pieces_forced", (3, 1024), torch.bfloat16, pieces=2),
+    Case("t3_h7168_bf16_ll_1_piece_forced", (3, 7168), torch.bfloat16, pieces=1),  # S = 1, too wide for one pass
     Case("t20_h7168_bf16_over_capacity", (20, 7168), torch.bfloat16, path="over_capacity"),
 ]
 CASES_3 = [
@@ -80,6 +87,9 @@ def _run_case(comm, case, rank, world_size, seed):
     xs, residual, weight = make_inputs(case, world_size, seed)
     x = xs[rank]
     saved, kw = comm.caps, dict(algorithm=case.algorithm)
+    if case.pieces is not None:
+        rows, H = x.numel() // x.shape[-1], x.shape[-1]
+        kw["config"] = norm_config(comm.caps, rows, H, x.element_size(), ll=case.algorithm != "fused", pieces=case.pieces)
     if case.path == "nccl":
         comm.caps = dataclasses.replace(saved, peer_access=False)
     try:
@@ -391,17 +401,39 @@ def test_norm_config_covers_every_piece_once_on_co_resident_blocks(interpret):
     caps = TopologyCaps(2, True, "host" if interpret else "nvlink", 132, 64 << 20, interpret=interpret)
     for T in (1, 2, 3, 5, 8, 17, 64, 100, 133, 256, 1000):
         for H, isz in ((1024, 2), (2048, 2), (4096, 2), (5120, 2), (7168, 2), (8192, 2), (16384, 2), (3072, 4)):
-            c = norm_config(caps, T, H, isz)
-            pieces = T * c.pieces
-            assert 1 <= c.grid <= (2 if interpret else 132), (T, H, c)
-            assert (c.grid - 1) * c.per < pieces <= c.grid * c.per, (T, H, c)  # no empty block, none left out
-            assert c.chunk % 64 == 0 and (c.pieces - 1) * c.chunk < H <= c.pieces * c.chunk, (T, H, c)
-            assert c.block_c & (c.block_c - 1) == 0 and c.block_h & (c.block_h - 1) == 0
-            assert c.one_pass == (c.pieces == 1 and H <= c.block_h)
-            if interpret:  # blocks run one after another there: a row never spans two blocks
-                assert c.per % c.pieces == 0, (T, H, c)
-            elif T * H * isz <= 132 * 2048:
-                assert c.grid >= min(132, T * H * isz // 2048 // 2), (T, H, c)  # small T still spreads out
+            for ll in (False, True):
+                c = norm_config(caps, T, H, isz, ll=ll)
+                check_config(c, caps, rows=T, hidden=H, itemsize=isz)
+                pieces = T * c.pieces
+                assert 1 <= c.grid <= (2 if interpret else 132), (T, H, c)
+                assert (c.grid - 1) * c.per < pieces <= c.grid * c.per, (T, H, c)  # no empty block, none left out
+                assert c.chunk % 64 == 0 and (c.pieces - 1) * c.chunk < H <= c.pieces * c.chunk, (T, H, c)
+                assert c.block_c & (c.block_c - 1) == 0 and c.block_h & (c.block_h - 1) == 0
+                assert c.one_pass == (c.pieces == 1 and H <= c.block_h and (not ll or H * isz <= 16 << 10)), (T, H, c)
+                if c.one_pass:
+                    assert c.block_w * 4 >= H * isz, (T, H, c)  # the LL kernel's tile holds the row
+                if interpret:  # blocks run one after another there: a row never spans two blocks
+                    assert c.per % c.pieces == 0, (T, H, c)
+                elif H <= 8192 and T * H * isz >= SPLIT_MAX_BYTES:  # rows that fit a tile go whole
+                    assert c.pieces == 1 and (T > 132 or c.grid == T), (T, H, c)
+                elif T * H * isz <= 132 * 2048:
+                    assert c.grid >= min(132, T * H * isz // 2048 // 2), (T, H, c)  # split rows spread out
+    for pieces in (1, 2, 3, 7):  # forced shapes are covers too
+        c = norm_config(caps, 5, 7168, 2, pieces=pieces)
+        check_config(c, caps, rows=5, hidden=7168, itemsize=2)
+        assert c.pieces == pieces
+
+
+def test_rejects_configs_that_do_not_cover_x(comm1):
+    x, res, w = _args((2, 1024))
+    with pytest.raises(PlanError, match="config must be a fused_norm.launch.NormConfig .* got tuple"):
+        comm1.all_reduce_add_rms_norm(x, res, w, EPS, config=(1, 2))
+    for wrong in (norm_config(comm1.caps, 2, 2048, 2), norm_config(comm1.caps, 3, 1024, 2)):  # other H, other T
+        with pytest.raises(PlanError, match=r"does not cover x: \[2, 1024\] on <= 2 co-resident blocks"):
+            comm1.all_reduce_add_rms_norm(x, res, w, EPS, config=wrong)
+    narrow = dataclasses.replace(norm_config(comm1.caps, 2, 1024, 2), block_w=64)  # one pass, tile < row
+    with pytest.raises(PlanError, match="does not cover x"):
+        comm1.all_reduce_add_rms_norm(x, res, w, EPS, config=narrow)
 
 
 def test_capture_rejects_unwarmed_config_and_over_capacity(comm1):

@@ -4,9 +4,10 @@ Symbols: T rows (tokens), H hidden size, W ranks, S pieces per row.
 
 Work is cut into pieces: piece p = row * S + c covers hidden elements
 [c * CH, min((c + 1) * CH, H)) of row p // S; block b owns pieces
-[b * per, (b + 1) * per). Small T splits rows (S > 1) so that enough blocks
-push at once (about 2 KiB of stage per block is what the link rewards); large
-T gives S = 1 and several rows per block.
+[b * per, (b + 1) * per). ONE_PASS (S = 1, a row fits one register tile) is
+the default wherever a row fits (launch.norm_config): each block owns whole
+rows, keeps a row in registers and needs no other block. S > 1 splits rows so
+that more blocks push at once, at the price of a cross-block exchange:
 
 1. Every block pushes its pieces of x into lane[rank] of every peer, signals,
    and waits for the peers' flags of the same block (they pushed the same pieces).
@@ -20,13 +21,12 @@ A piece only ever reads and writes its own elements, so out = x and
 residual_out = residual (in place) are safe; every rank and every block of a
 row adds the same bits in the same order, so all ranks agree bitwise.
 
-ONE_PASS (S = 1 and the row fits one tile) keeps the row in registers instead:
-one pass over HBM, no posting.
-
 The LL kernel does the same over the LL transport (ll.py) for latency-bound
 sizes: pieces travel as int32 words inside int64 words carrying their flag, so
 step 1 has no separate flag round trip; values are handled as (lo, hi) halves
-of int32 words.
+of int32 words. Its x and residual loads (and, ONE_PASS, the weight) are
+issued before it spins on the peers' words, so their latency hides under the
+link's instead of following it.
 """
 
 import triton
@@ -57,9 +57,8 @@ def _residual_tile(p_x, p_res, o, m, table, rank, epoch, stage_off, slot_bytes, 
 
 
 @triton.jit
-def _out_tile(b_r, rstd, p_w, p_out, o_h, o, m):
-    """out[o] = r * rstd * weight[o_h]."""
-    b_w = tl.load(p_w + o_h, mask=m, other=0.0).to(tl.float32)
+def _out_tile(b_r, rstd, b_w, p_out, o, m):
+    """out[o] = r * rstd * w (b_w: the weight at o's hidden positions, fp32)."""
     tl.store(p_out + o, (b_r * rstd * b_w).to(p_out.dtype.element_ty), mask=m)
 
 
@@ -89,12 +88,13 @@ def all_reduce_add_rms_norm_kernel(
         if ONE_PASS:
             o_h = tl.arange(0, BLOCK_H)
             m = o_h < H
+            b_w = tl.load(p_w + o_h, mask=m, other=0.0).to(tl.float32)  # once for all rows of the block
             for row in range(p_lo, p_hi):
                 o = row * H + o_h
                 b_r = _residual_tile(p_x, p_res, o, m, table, rank, epoch, stage_off, slot_bytes, lane_bytes, W)
                 tl.store(p_res_out + o, b_r.to(p_res_out.dtype.element_ty), mask=m)
                 rstd = tl.math.rsqrt(tl.sum(b_r * b_r, axis=0) / H + eps)
-                _out_tile(b_r, rstd, p_w, p_out, o_h, o, m)
+                _out_tile(b_r, rstd, b_w, p_out, o, m)
         else:
             tag = (fp.to(tl.int64) << 32) | ((epoch + 1) & LOW32)
             p_post = as_ptr(stage_addr(table, rank, epoch, W, stage_off, slot_bytes, lane_bytes), table)
@@ -125,15 +125,69 @@ def all_reduce_add_rms_norm_kernel(
                 for k in range(c_lo, c_hi, BLOCK_C):
                     m = k + o_c < c_hi
                     b_r = tl.load(p_res_out + k + o_c, mask=m, other=0.0).to(tl.float32)
-                    _out_tile(b_r, rstd, p_w, p_out, k + o_c - row * H, k + o_c, m)
+                    b_w = tl.load(p_w + k + o_c - row * H, mask=m, other=0.0).to(tl.float32)
+                    _out_tile(b_r, rstd, b_w, p_out, k + o_c, m)
     finish(table, rank, epoch)
 
 
 @triton.jit
 def _piece_words(p, S, CH, H, EPW: tl.constexpr):
-    """[lo, hi) in int32 words of piece p (EPW elements per word)."""
+    """[lo, hi) in int32 words of piece p (EPW elements per word). Rows are
+    16-byte multiples and CH a multiple of 64 elements: lo is a multiple of 4."""
     e_lo = (p // S) * H + (p % S) * CH
-    return e_lo // EPW, (e_lo + tl.minimum(CH, H - (p % S) * CH)) // EPW
+    w_lo = tl.multiple_of(e_lo // EPW, 4)
+    return w_lo, (e_lo + tl.minimum(CH, H - (p % S) * CH)) // EPW
+
+
+@triton.jit
+def _ll_push(p_x32, w_lo, w_hi, flag, table, rank, epoch, ll_off, ll_slot_bytes, ll_lane_bytes,
+             W: tl.constexpr, BLOCK_W: tl.constexpr):
+    """Words x[w_lo:w_hi] -> LL words in lane[rank] of every peer (same word offsets)."""
+    o_w = tl.arange(0, BLOCK_W)
+    for k in range(w_lo, w_hi, BLOCK_W):
+        o = tl.multiple_of(k, 4) + o_w
+        m = o < w_hi
+        w = ll_pack(tl.load(p_x32 + o, mask=m), flag)
+        for r in tl.static_range(W):
+            if r != rank:
+                p_lane = as_ptr(stage_addr(table, r, epoch, rank, ll_off, ll_slot_bytes, ll_lane_bytes), table)
+                tl.store(p_lane + o, w, mask=m)
+
+
+@triton.jit
+def _ll_residual_tile(p_x32, p_res32, o, m, flag, table, rank, epoch, deadline, ll_off, ll_slot_bytes,
+                      ll_lane_bytes, OP: tl.constexpr, W: tl.constexpr, HALF: tl.constexpr, DT: tl.constexpr,
+                      INTERP: tl.constexpr):
+    """residual_out at words o (where m) as fp32 (lo, hi) halves, and the wait status.
+
+    Sum in rank order 0..W-1 in fp32 (this rank's x in its place), plus the
+    residual, rounded to DT. x and residual are loaded before the first spin;
+    every peer word is zeroed once consumed (ll.py)."""
+    d_x = tl.load(p_x32 + o, mask=m, other=0)
+    d_res = tl.load(p_res32 + o, mask=m, other=0)
+    acc_lo = tl.zeros(o.shape, tl.float32)
+    acc_hi = tl.zeros(o.shape, tl.float32)
+    status = tl.zeros([], tl.int32)
+    for r in tl.static_range(W):
+        if r == rank:
+            d = d_x
+        else:
+            p_lane = as_ptr(stage_addr(table, rank, epoch, r, ll_off, ll_slot_bytes, ll_lane_bytes), table)
+            v, st = ll_wait_tile(p_lane, o, m, flag, table, rank, r, epoch, deadline, OP, W, INTERP)
+            status = tl.maximum(status, st)
+            d = (v & LOW32).to(tl.int32)
+            tl.store(p_lane + o, tl.zeros_like(v), mask=m)  # consumed: 0 never passes for a flag
+        acc_lo, acc_hi = unpack_add(acc_lo, acc_hi, d, HALF, DT)
+    acc_lo, acc_hi = unpack_add(acc_lo, acc_hi, d_res, HALF, DT)
+    return acc_lo.to(DT).to(tl.float32), acc_hi.to(DT).to(tl.float32), status
+
+
+@triton.jit
+def _weight_halves(p_w, o_e, m, HALF: tl.constexpr):
+    """fp32 weight of the elements held by the (lo, hi) halves of words whose low half is element o_e."""
+    b_lo = tl.load(p_w + o_e, mask=m, other=0.0).to(tl.float32)
+    b_hi = tl.load(p_w + o_e + 1, mask=m & HALF, other=0.0).to(tl.float32)
+    return b_lo, b_hi
 
 
 @triton.jit
@@ -141,11 +195,11 @@ def all_reduce_add_rms_norm_ll_kernel(
     p_x, p_res, p_w, p_out, p_res_out, n_rows, H, S, CH, per, eps,
     table, rank, fp, timeout_ns, stage_off, slot_bytes, lane_bytes, ll_off, ll_slot_bytes, ll_lane_bytes,
     OP: tl.constexpr, W: tl.constexpr, BLOCK_W: tl.constexpr, HALF: tl.constexpr, EPW: tl.constexpr,
-    INTERP: tl.constexpr,
+    ONE_PASS: tl.constexpr, INTERP: tl.constexpr,
 ):
     """all_reduce_add_rms_norm_kernel over the LL transport (same pieces, same math;
-    partial sums of squares are taken over (lo, hi) halves). BLOCK_W: tile in
-    int32 words; HALF: 16-bit dtype (EPW = 2 elements per word), else fp32."""
+    sums of squares are taken over (lo, hi) halves). BLOCK_W: tile in int32 words
+    (ONE_PASS: a whole row); HALF: 16-bit dtype (EPW = 2 elements per word), else fp32."""
     DT: tl.constexpr = p_x.dtype.element_ty
     epoch, deadline = begin(table, rank, timeout_ns, INTERP)
     flag = ll_flag(epoch, fp)
@@ -158,60 +212,55 @@ def all_reduce_add_rms_norm_ll_kernel(
     o_w = tl.arange(0, BLOCK_W)
     for p in range(p_lo, p_hi):
         w_lo, w_hi = _piece_words(p, S, CH, H, EPW)
-        for k in range(w_lo, w_hi, BLOCK_W):
-            m = k + o_w < w_hi
-            w = ll_pack(tl.load(p_x32 + k + o_w, mask=m), flag)
-            for r in tl.static_range(W):
-                if r != rank:
-                    p_lane = as_ptr(stage_addr(table, r, epoch, rank, ll_off, ll_slot_bytes, ll_lane_bytes), table)
-                    tl.store(p_lane + k + o_w, w, mask=m)
+        _ll_push(p_x32, w_lo, w_hi, flag, table, rank, epoch, ll_off, ll_slot_bytes, ll_lane_bytes, W, BLOCK_W)
     status = tl.zeros([], tl.int32)
-    tag = (fp.to(tl.int64) << 32) | ((epoch + 1) & LOW32)
-    p_post = as_ptr(stage_addr(table, rank, epoch, W, stage_off, slot_bytes, lane_bytes), table)
-    for p in range(p_lo, p_hi):
-        w_lo, w_hi = _piece_words(p, S, CH, H, EPW)
-        ss = tl.zeros([BLOCK_W], tl.float32)
-        for k in range(w_lo, w_hi, BLOCK_W):
-            o = k + o_w
-            m = o < w_hi
-            acc_lo = tl.zeros([BLOCK_W], tl.float32)
-            acc_hi = tl.zeros([BLOCK_W], tl.float32)
-            for r in tl.static_range(W):
-                if r == rank:
-                    d = tl.load(p_x32 + o, mask=m, other=0)
-                else:
-                    p_lane = as_ptr(stage_addr(table, rank, epoch, r, ll_off, ll_slot_bytes, ll_lane_bytes), table)
-                    v, st = ll_wait_tile(p_lane, o, m, flag, table, rank, r, epoch, deadline, OP, W, INTERP)
-                    status = tl.maximum(status, st)
-                    d = (v & LOW32).to(tl.int32)
-                    tl.store(p_lane + o, tl.zeros_like(v), mask=m)  # consumed: 0 never passes for a flag
-                acc_lo, acc_hi = unpack_add(acc_lo, acc_hi, d, HALF, DT)
-            acc_lo, acc_hi = unpack_add(acc_lo, acc_hi, tl.load(p_res32 + o, mask=m, other=0), HALF, DT)
-            r_lo = acc_lo.to(DT).to(tl.float32)
-            r_hi = acc_hi.to(DT).to(tl.float32)
+    if ONE_PASS:  # p is a row; no other block is involved
+        m = o_w < H // EPW
+        b_wlo, b_whi = _weight_halves(p_w, o_w * EPW, m, HALF)
+        for row in range(p_lo, p_hi):
+            w_lo, w_hi = _piece_words(row, 1, H, H, EPW)
+            o = w_lo + o_w
+            r_lo, r_hi, st = _ll_residual_tile(p_x32, p_res32, o, m, flag, table, rank, epoch, deadline, ll_off,
+                                               ll_slot_bytes, ll_lane_bytes, OP, W, HALF, DT, INTERP)
+            status = tl.maximum(status, st)
+            rstd = tl.math.rsqrt(tl.sum(r_lo * r_lo + r_hi * r_hi, axis=0) / H + eps)
             if status == 0:
                 tl.store(p_res_out32 + o, pack_out(r_lo, r_hi, HALF, DT), mask=m)
-            ss += r_lo * r_lo + r_hi * r_hi
-        if status == 0:
-            publish_local(p_post + 2 * p, tl.sum(ss, axis=0), tag, INTERP)
-    tl.debug_barrier()
-    for p in range(p_lo, p_hi):
-        row = p // S
-        total = tl.zeros([], tl.float32)
-        for c in range(0, S):
+                tl.store(p_out32 + o, pack_out(r_lo * rstd * b_wlo, r_hi * rstd * b_whi, HALF, DT), mask=m)
+    else:
+        tag = (fp.to(tl.int64) << 32) | ((epoch + 1) & LOW32)
+        p_post = as_ptr(stage_addr(table, rank, epoch, W, stage_off, slot_bytes, lane_bytes), table)
+        for p in range(p_lo, p_hi):
+            w_lo, w_hi = _piece_words(p, S, CH, H, EPW)
+            ss = tl.zeros([BLOCK_W], tl.float32)
+            for k in range(w_lo, w_hi, BLOCK_W):
+                o = tl.multiple_of(k, 4) + o_w
+                m = o < w_hi
+                r_lo, r_hi, st = _ll_residual_tile(p_x32, p_res32, o, m, flag, table, rank, epoch, deadline, ll_off,
+                                                   ll_slot_bytes, ll_lane_bytes, OP, W, HALF, DT, INTERP)
+                status = tl.maximum(status, st)
+                if status == 0:
+                    tl.store(p_res_out32 + o, pack_out(r_lo, r_hi, HALF, DT), mask=m)
+                ss += r_lo * r_lo + r_hi * r_hi
             if status == 0:
-                part, status = wait_local(table, rank, p_post + 2 * (row * S + c), tag, deadline, epoch, OP, W, INTERP)
-                total += part
-        rstd = tl.math.rsqrt(total / H + eps)
-        w_lo, w_hi = _piece_words(p, S, CH, H, EPW)
-        for k in range(w_lo, w_hi, BLOCK_W):
-            o = k + o_w
-            m = o < w_hi
-            zero = tl.zeros([BLOCK_W], tl.float32)
-            r_lo, r_hi = unpack_add(zero, zero, tl.load(p_res_out32 + o, mask=m, other=0), HALF, DT)
-            o_e = o * EPW - row * H  # element of the row held by the low half
-            b_lo = r_lo * rstd * tl.load(p_w + o_e, mask=m, other=0.0).to(tl.float32)
-            b_hi = r_hi * rstd * tl.load(p_w + o_e + 1, mask=m & HALF, other=0.0).to(tl.float32)
-            if status == 0:
-                tl.store(p_out32 + o, pack_out(b_lo, b_hi, HALF, DT), mask=m)
+                publish_local(p_post + 2 * p, tl.sum(ss, axis=0), tag, INTERP)
+        tl.debug_barrier()
+        for p in range(p_lo, p_hi):
+            row = p // S
+            total = tl.zeros([], tl.float32)
+            for c in range(0, S):
+                if status == 0:
+                    part, status = wait_local(table, rank, p_post + 2 * (row * S + c), tag, deadline, epoch, OP, W,
+                                              INTERP)
+                    total += part
+            rstd = tl.math.rsqrt(total / H + eps)
+            w_lo, w_hi = _piece_words(p, S, CH, H, EPW)
+            for k in range(w_lo, w_hi, BLOCK_W):
+                o = tl.multiple_of(k, 4) + o_w
+                m = o < w_hi
+                zero = tl.zeros([BLOCK_W], tl.float32)
+                r_lo, r_hi = unpack_add(zero, zero, tl.load(p_res_out32 + o, mask=m, other=0), HALF, DT)
+                b_lo, b_hi = _weight_halves(p_w, o * EPW - row * H, m, HALF)
+                if status == 0:
+                    tl.store(p_out32 + o, pack_out(r_lo * rstd * b_lo, r_hi * rstd * b_hi, HALF, DT), mask=m)
     finish(table, rank, epoch)

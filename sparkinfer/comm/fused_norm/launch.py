@@ -5,7 +5,7 @@ Symbols: T rows (tokens), H hidden size, W ranks.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from sparkinfer.comm.channel import MAX_BLOCKS
 from sparkinfer.comm.fused_norm.kernel import all_reduce_add_rms_norm_kernel, all_reduce_add_rms_norm_ll_kernel
@@ -20,26 +20,52 @@ from sparkinfer.comm.launching import (
     launch_kernel,
     ll_channel_args,
 )
-from sparkinfer.comm.topology import TopologyCaps, launch_config, select_algorithm
-from sparkinfer.errors import CapacityError, DTypeError, LayoutError, ShapeError
+from sparkinfer.comm.topology import LL_MAX_BYTES, TopologyCaps, launch_config
+from sparkinfer.errors import CapacityError, DTypeError, LayoutError, PlanError, ShapeError
 
-__all__ = ["NormConfig", "norm_config", "all_reduce_add_rms_norm", "ALGORITHMS"]
+__all__ = ["NormConfig", "norm_config", "split_pieces", "check_config", "candidate_configs", "all_reduce_add_rms_norm",
+           "ALGORITHMS"]
 
 OP = "all_reduce_add_rms_norm"
 ALGORITHMS = ("auto", "fused", "fused_ll", "nccl")
 # Widest hidden tile kept in registers. 8192 bf16 per row at 8 warps is 32
 # elements (four 16-byte vectors) per thread; rows up to H = 8192 fit one tile.
-# The interpreter uses 4096 so that CPU tests with H = 7168 take two tiles.
+# The interpreter uses 4096 so that CPU tests with H = 7168 take the piece path.
 MAX_TILE_GPU = 8192
 MAX_TILE_INTERP = 4096
-# Smallest piece of a row one block pushes. The 2x H200 all-reduce sweep
+# Rows that fit one tile go whole to a block (ONE_PASS: the norm needs no other
+# block) unless the tensor is smaller than SPLIT_MAX_BYTES, where rows are split
+# into pieces of >= MIN_PIECE_BYTES over more blocks, whose sums of squares then
+# meet through a cross-block exchange (publish_local / wait_local).
+# PROVISIONAL until the 2x H200 `bench_fused.py --sweep` (2026-11-29, ~20:10 UTC):
+# split rows (the only GPU shape before it, 2x H200 --quick at 31f2bca) cost
+# 6.75 / 7.96 us at T = 1, H = 4096 / 7168, against 3.88 / 3.90 us for the bare LL
+# all-reduce of the same bytes; whole rows are expected to win there (no exchange),
+# so 0: never split a row that fits a tile. Raise it if the sweep's `ll_pieces`
+# beats `ll_row*` at small T.
+SPLIT_MAX_BYTES = 0
+# Smallest piece of a split row. The 2x H200 all-reduce sweep
 # (topology.PER_BLOCK_BYTES: 32 KiB on 16 blocks 5.2 us, on 1 block 9.3 us)
-# put ~2 KiB of stage per block; small T splits rows down to that. The
-# interpreter splits rows above 4 KiB (one block keeps every piece of a row
-# there: its blocks run one after another, so none may wait on a later one).
+# put ~2 KiB of stage per block. The interpreter splits rows above 4 KiB (one
+# block keeps every piece of a row there: its blocks run one after another, so
+# none may wait on a later one), always, so CPU tests cover the piece path.
 MIN_PIECE_BYTES_GPU = 2 << 10
 MIN_PIECE_BYTES_INTERP = 4 << 10
 PIECE_ALIGN = 64  # elements: piece starts stay 16-byte aligned
+# LL kernel warps. Pieces: 4 (2x H200 LL sweep, topology.ll_launch_config:
+# 512-word tiles at 4 warps won). Whole rows (up to 4096 words): one warp per
+# LL_ROW_WORDS_PER_WARP words, 4..16 warps, i.e. 4 words (one 16-byte load,
+# two 16-byte LL stores) per thread: PROVISIONAL until the same sweep
+# (`ll_row_w8` vs `ll_row_w16`). ptxas -v, sm_90a, bf16, no spills either way:
+# 4096-word rows 121 registers at 16 warps, 227 at 8; 2048-word rows 118 / 127.
+LL_PIECE_WARPS = 4
+# algorithm="auto" takes the LL kernel up to this many bytes of x: all_reduce's
+# LL limit (topology.LL_MAX_BYTES, 2x H200: LL 4.91 us vs one-shot 6.12 us at
+# 128 KiB, tied at 512 KiB). PROVISIONAL until the same sweep: at T = 64 (512 /
+# 896 KiB) it times `ll_row*` against the flag kernel's `auto`.
+FUSED_LL_MAX_BYTES = LL_MAX_BYTES
+LL_MAX_ROW_WORDS = 4096  # 8192 bf16: 64 B of LL words per thread at 16 warps
+LL_ROW_WORDS_PER_WARP = 128
 
 
 @dataclass(frozen=True)
@@ -47,10 +73,13 @@ class NormConfig:
     """Launch shape of the fused kernel (see kernel.py for pieces).
 
     grid: blocks (<= num_sms, <= MAX_BLOCKS: co-resident). block: elements per
-    push tile. pieces: S, pieces per row; chunk: CH, elements per piece (a
-    multiple of PIECE_ALIGN); per: pieces per block. block_h: row tile, block_c:
-    piece tile (powers of two). one_pass: S = 1 and a row fits block_h.
-    block_w: the LL kernel's tile in int32 words (a piece's words, at most 1024).
+    push tile of the flag kernel (one_pass: block_h). pieces: S, pieces per row;
+    chunk: CH, elements per piece (a multiple of PIECE_ALIGN); per: pieces per
+    block. block_h: row tile, block_c: piece tile (powers of two). one_pass:
+    S = 1 and a row fits block_h (and, built with ll=True, LL_MAX_ROW_WORDS):
+    whole rows per block, no cross-block exchange. block_w: the LL kernel's tile
+    in int32 words (one_pass: a whole row; else a piece's words, <= 1024).
+    num_warps: warps per block (the LL kernel's when built with ll=True).
     """
 
     grid: int
@@ -69,14 +98,33 @@ def _pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-def norm_config(caps: TopologyCaps, rows: int, hidden: int, itemsize: int = 2) -> NormConfig:
-    """Pure heuristic: split rows into pieces of >= MIN_PIECE_BYTES while there
-    are fewer rows than blocks, then spread the pieces over <= num_sms blocks."""
+def split_pieces(caps: TopologyCaps, rows: int, hidden: int, itemsize: int) -> int:
+    """Pieces per row when rows are split: pieces of >= MIN_PIECE_BYTES while
+    there are fewer rows than blocks (the only GPU rule before ONE_PASS rows)."""
     interp = caps.interpret
-    g_max = 2 if interp else min(caps.num_sms, MAX_BLOCKS)
     s = max(1, hidden * itemsize // (MIN_PIECE_BYTES_INTERP if interp else MIN_PIECE_BYTES_GPU))
     if not interp:
-        s = min(s, max(1, g_max // rows))
+        s = min(s, max(1, min(caps.num_sms, MAX_BLOCKS) // rows))
+    return s
+
+
+def _default_pieces(caps: TopologyCaps, rows: int, hidden: int, itemsize: int) -> int:
+    """1 (whole rows) where a row fits a tile and the tensor is >= SPLIT_MAX_BYTES, else split_pieces."""
+    if not caps.interpret and hidden <= MAX_TILE_GPU and rows * hidden * itemsize >= SPLIT_MAX_BYTES:
+        return 1
+    return split_pieces(caps, rows, hidden, itemsize)
+
+
+def norm_config(caps: TopologyCaps, rows: int, hidden: int, itemsize: int = 2, *, ll: bool = False,
+                pieces: int | None = None, num_warps: int | None = None) -> NormConfig:
+    """Pure heuristic: the launch shape for x: [rows, hidden] of `itemsize`-byte
+    elements, for the LL kernel if `ll`. pieces / num_warps override the
+    heuristic's choice (benchmark sweeps, tests); pieces is rounded so that
+    every piece is a multiple of PIECE_ALIGN elements. Pieces are spread over
+    <= num_sms blocks (2 in the interpreter, with whole rows per block)."""
+    interp = caps.interpret
+    g_max = 2 if interp else min(caps.num_sms, MAX_BLOCKS)
+    s = _default_pieces(caps, rows, hidden, itemsize) if pieces is None else max(1, min(pieces, hidden))
     chunk = -(-(-(-hidden // s)) // PIECE_ALIGN) * PIECE_ALIGN
     s = -(-hidden // chunk)
     if interp:  # whole rows per block
@@ -86,13 +134,79 @@ def norm_config(caps: TopologyCaps, rows: int, hidden: int, itemsize: int = 2) -
     grid = -(-rows * s // per)
     block_h = min(_pow2(hidden), MAX_TILE_INTERP if interp else MAX_TILE_GPU)
     block_c = min(_pow2(chunk), block_h)
-    one_pass = s == 1 and hidden <= block_h
+    # LL rows are 8 bytes in registers per 4 payload bytes: at most LL_MAX_ROW_WORDS
+    one_pass = s == 1 and hidden <= block_h and (not ll or hidden * itemsize // 4 <= LL_MAX_ROW_WORDS)
     base = launch_config(caps, 0)
-    # one 16-byte vector per thread on the main tile (4..16 warps): ptxas -v for sm_90,
-    # bf16: a 1024-wide piece tile at 8 warps loads 8-byte vectors, an 8192-wide one spills
-    warps = base.num_warps if interp else min(16, max(4, (block_h if one_pass else block_c) * itemsize // 512))
-    block_w = min(_pow2(chunk * itemsize // 4), 1024)
-    return NormConfig(grid, base.block, s, chunk, per, block_h, block_c, one_pass, warps, block_w)
+    words = (hidden if one_pass else chunk) * itemsize // 4
+    block_w = _pow2(words) if one_pass else min(_pow2(words), 1024)
+    if interp:
+        warps = base.num_warps
+    elif ll:
+        warps = min(16, max(4, block_w // LL_ROW_WORDS_PER_WARP)) if one_pass else LL_PIECE_WARPS
+    else:
+        # one 16-byte vector per thread on the main tile (4..16 warps): ptxas -v for sm_90,
+        # bf16: a 1024-wide piece tile at 8 warps loads 8-byte vectors; one_pass 8192: 84
+        # registers at 16 warps, 152 at 8 (56 B spilled at 8 with the old 2048-element push tile)
+        warps = min(16, max(4, (block_h if one_pass else block_c) * itemsize // 512))
+    warps = warps if num_warps is None else num_warps
+    # one_pass pushes a row per tile: at T = 256 (2 rows per block) 2048-element push
+    # tiles meant 4 dependent load -> store round trips per block where the bare
+    # one-shot (4096-element tiles) has 2
+    block = block_h if one_pass and not interp else base.block
+    return NormConfig(grid, block, s, chunk, per, block_h, block_c, one_pass, warps, block_w)
+
+
+def check_config(cfg: NormConfig, caps: TopologyCaps, *, rows: int, hidden: int, itemsize: int) -> None:
+    """Raise PlanError unless `cfg` covers x: [rows, hidden] (`itemsize`-byte elements)
+    on co-resident blocks, with a row tile that holds a row where one_pass."""
+    g_max = 2 if caps.interpret else min(caps.num_sms, MAX_BLOCKS)
+    if not isinstance(cfg, NormConfig):
+        raise PlanError(f"config must be a fused_norm.launch.NormConfig (from norm_config), got {type(cfg).__name__}")
+    n = rows * cfg.pieces
+    ok = (
+        1 <= cfg.grid <= g_max and (cfg.grid - 1) * cfg.per < n <= cfg.grid * cfg.per
+        and cfg.pieces >= 1 and cfg.chunk == -(-(-(-hidden // cfg.pieces)) // PIECE_ALIGN) * PIECE_ALIGN
+        and (cfg.pieces - 1) * cfg.chunk < hidden <= cfg.pieces * cfg.chunk
+        and (not cfg.one_pass or (cfg.pieces == 1 and hidden <= cfg.block_h and 4 * cfg.block_w >= hidden * itemsize))
+        and (not caps.interpret or cfg.per % cfg.pieces == 0) and cfg.num_warps in (1, 2, 4, 8, 16, 32)
+    )
+    if not ok:
+        raise PlanError(f"config {cfg!r} does not cover x: [{rows}, {hidden}] on <= {g_max} co-resident blocks; "
+                        "build it with fused_norm.launch.norm_config(comm.caps, rows, hidden, itemsize, ...)")
+
+
+def candidate_configs(caps: TopologyCaps, rows: int, hidden: int, itemsize: int = 2, *,
+                      ll_max_bytes: int) -> dict:
+    """name -> (algorithm, NormConfig): the launch shapes worth timing for x: [rows,
+    hidden] (benchmarks/bench_fused.py --sweep; at most 6). ll_max_bytes: the most
+    the channel's LL lanes carry (layout.ll_lane_bytes // 2). "auto" is what
+    all_reduce_add_rms_norm picks, named "auto=<twin>" when it equals a candidate
+    (left out then). ll_row_w8 / _w16: whole rows over LL; *_pieces: rows split by
+    split_pieces; flag_row(_w8): whole rows over the flag kernel."""
+    nbytes, s = rows * hidden * itemsize, split_pieces(caps, rows, hidden, itemsize)
+    ll_ok = nbytes <= ll_max_bytes and nbytes % 4 == 0
+    ll_auto = ll_ok and _auto_ll(nbytes)
+    auto = ("fused_ll" if ll_auto else "fused", norm_config(caps, rows, hidden, itemsize, ll=ll_auto))
+
+    def shape(ll, **kw):
+        return "fused_ll" if ll else "fused", norm_config(caps, rows, hidden, itemsize, ll=ll, **kw)
+
+    cands = dict(ll_row_w8=shape(True, pieces=1, num_warps=8), ll_row_w16=shape(True, pieces=1, num_warps=16),
+                 ll_pieces=shape(True, pieces=s)) if ll_ok else {}
+    cands.update(flag_row=shape(False, pieces=1), flag_pieces=shape(False, pieces=s),
+                 flag_row_w8=shape(False, pieces=1, num_warps=8))
+    cands = {k: v for k, v in cands.items() if s > 1 or "pieces" not in k}  # s = 1: pieces are rows
+    twin = next((k for k, v in cands.items() if v == auto), None)
+    out = {f"auto={twin}" if twin else "auto": auto}
+    for k, v in cands.items():
+        if len(out) < 6 and k != twin and v not in out.values():
+            out[k] = v
+    return out
+
+
+def _auto_ll(nbytes: int) -> bool:
+    """Whether algorithm="auto" takes the LL kernel for x of `nbytes` (within the LL lanes)."""
+    return nbytes <= FUSED_LL_MAX_BYTES and nbytes % 4 == 0
 
 
 def _check_like(name: str, t, x, device) -> None:
@@ -102,7 +216,7 @@ def _check_like(name: str, t, x, device) -> None:
 
 
 def all_reduce_add_rms_norm(comm, x, residual, weight, eps: float = 1e-6, *, out=None, residual_out=None,
-                            algorithm: str = "auto"):
+                            algorithm: str = "auto", config: NormConfig | None = None):
     """residual_out = all_reduce(x) + residual;  out = rmsnorm(residual_out) * weight.
 
     x, residual: [*, H] bf16/fp16/fp32, contiguous, same dtype. weight: [H] (any of
@@ -114,10 +228,15 @@ def all_reduce_add_rms_norm(comm, x, residual, weight, eps: float = 1e-6, *, out
     Returns (out, residual_out). Allocates only the outputs not given. No host
     sync. Legal in CUDA graph capture (inside pool.capture) once the same
     configuration ran eagerly. algorithm: "auto" (the fused kernel over the LL
-    transport where all_reduce would pick LL, else the flag-based one, within the
+    transport up to FUSED_LL_MAX_BYTES, else the flag-based one, within the
     staging capacity; NCCL above it eagerly or without peer access), "fused",
     "fused_ll", or "nccl": all_reduce through torch.distributed + torch norm, which
     rounds the sum to x's dtype before the residual add and allocates.
+    config: an explicit launch shape (benchmark sweeps, tests) from
+    norm_config(comm.caps, T, H, itemsize, ll=...) with T = x.numel() // H (it
+    must be built with ll=True for the LL kernel to get the LL kernel's warps);
+    None: norm_config's heuristic. PlanError if it does not cover x. Every rank
+    must pass the same config (it is part of the fingerprint).
     """
     import torch
 
@@ -145,6 +264,8 @@ def all_reduce_add_rms_norm(comm, x, residual, weight, eps: float = 1e-6, *, out
         raise ShapeError(f"hidden size {H} x {x.element_size()} B is not a multiple of 16 bytes; pad H to a multiple of "
                          f"{16 // x.element_size()} (rows are moved in 16-byte vectors)")
     T, nbytes = n // H, n * x.element_size()
+    if config is not None:
+        check_config(config, comm.caps, rows=T, hidden=H, itemsize=x.element_size())
     capturing = comm.streams.is_capturing()
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
@@ -163,24 +284,22 @@ def all_reduce_add_rms_norm(comm, x, residual, weight, eps: float = 1e-6, *, out
     check_errors(ch)
     check_capacity(nbytes, ch, OP)
     table, rank, stage_off, slot_bytes, lane_bytes = channel_args(ch)
-    ll = algorithm == "fused_ll" or (algorithm == "auto" and select_algorithm(comm.caps, nbytes, x.dtype) == "ll")
+    ll = algorithm == "fused_ll" or (algorithm == "auto" and _auto_ll(nbytes))
     if ll and 2 * nbytes > ch.layout.ll_lane_bytes:
         if algorithm == "fused_ll":
             raise CapacityError(f"{OP} with algorithm='fused_ll' carries at most {ch.layout.ll_lane_bytes // 2} B on "
                                 f"this channel, got {nbytes} B; use algorithm='auto' or 'fused'")
         ll = False
-    cfg = norm_config(comm.caps, T, H, x.element_size())
-    fp = fingerprint(OP, T, H, str(x.dtype), cfg.grid, cfg.pieces, cfg.per, ll)
+    cfg = norm_config(comm.caps, T, H, x.element_size(), ll=ll) if config is None else config
+    fp = fingerprint(OP, T, H, str(x.dtype), cfg.grid, cfg.pieces, cfg.per, cfg.one_pass, ll)
     args = (x, residual, weight, out, residual_out, T, H, cfg.pieces, cfg.chunk, cfg.per, float(eps),
             table, rank, fp, comm.timeout_ns, stage_off, slot_bytes, lane_bytes)
     if ll:
-        # 2x H200 LL sweep (topology.ll_launch_config): 512-word tiles at 4 warps won
-        cfg = replace(cfg, num_warps=cfg.num_warps if comm.caps.interpret else 4)
         args += ll_channel_args(ch)[2:]
         kernel = all_reduce_add_rms_norm_ll_kernel
         half = x.element_size() == 2
         consts = dict(OP=OP_CODES[OP], W=comm.world_size, BLOCK_W=cfg.block_w, HALF=half, EPW=2 if half else 1,
-                      INTERP=comm.caps.interpret)
+                      ONE_PASS=cfg.one_pass, INTERP=comm.caps.interpret)
     else:
         kernel = all_reduce_add_rms_norm_kernel
         consts = dict(OP=OP_CODES[OP], W=comm.world_size, BLOCK=cfg.block, BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c,
