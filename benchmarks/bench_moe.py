@@ -15,19 +15,23 @@ replays G calls with different routings, so L2 rarely serves a repeat.
 Routing is not timed (top-k ids are given).
 
 Writes JSON rows (with GPU, driver, versions, commit, date, command) to --out,
-a PNG beside it, and prints a table. --quick: fewer M values (< ~4 min on an
-H200 with compilation). --dry-run: tiny shapes on CPU through the Triton
-interpreter, to check this script's logic without a GPU.
+a PNG beside it, and prints a table. --quick: fewer M values (~1-2 min on an
+H200 with compilation). --sweep: no checks, no baselines; times the launch
+configs `sparkinfer.moe.tuning.candidates` proposes around the plan's choice at
+M in {1, 8, 64, 4096} (~3 min), the measurements the planner's thresholds and
+tiles need. --dry-run: tiny shapes on CPU through the Triton interpreter, to
+check this script's logic without a GPU.
 
     python3 benchmarks/bench_moe.py --quick
+    python3 benchmarks/bench_moe.py --sweep --out benchmarks/results/moe_sweep_h200.json
     python3 benchmarks/bench_moe.py --shapes dsv3,dsv3_tp8     # full, in two parts
     python3 benchmarks/bench_moe.py --shapes qwen3,mixtral
-    python3 benchmarks/bench_moe.py --sweep --shapes dsv3 --m 4,8,16,32,64,256 --no-baselines
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import faulthandler
 import math
 import os
@@ -47,6 +51,7 @@ SHAPES = {
 DRY_SHAPES = {"tiny": dict(num_experts=8, top_k=2, hidden=64, intermediate=32)}
 FULL_M = (1, 2, 4, 8, 16, 64, 256, 1024, 4096)
 QUICK_M = (1, 8, 64, 4096)
+SWEEP_M = QUICK_M
 DRY_M = (1, 3, 20)
 
 
@@ -58,15 +63,15 @@ def parse_args(argv=None):
     ap.add_argument("--m", default=None, help="comma list of token counts (overrides presets)")
     ap.add_argument("--formats", default="nvfp4,bf16")
     ap.add_argument("--no-baselines", action="store_true")
-    ap.add_argument("--nvfp4-decode", choices=("ptx", "arith"), default="ptx",
-                    help="NVFP4 weight decode (falls back to arith by itself if ptx fails a "
-                    "check)")
+    ap.add_argument("--nvfp4-decode", choices=("ptx", "arith"), default=None,
+                    help="NVFP4 weight decode (default: the plan's; ptx falls back to arith by "
+                    "itself if it fails a check; with arith, ptx is probed at M=4 and reported)")
     ap.add_argument("--sweep", action="store_true",
-                    help="also time forced variants (micro, grouped BM 16..128) at each M: the "
-                    "measurements the planner thresholds need")
+                    help="time tuning.candidates() configs at M in %s; no checks, no "
+                    "baselines" % (SWEEP_M,))
     ap.add_argument("--budget-s", type=float, default=None,
-                    help="stop starting timings after this many seconds (default 200 quick, "
-                    "400 full)")
+                    help="stop starting timings after this many seconds (default 120 quick, "
+                    "170 sweep, 400 full)")
     ap.add_argument("--out", default="benchmarks/results/moe_h200.json")
     return ap.parse_args(argv)
 
@@ -82,8 +87,9 @@ class Ctx:
         self.cuda = not args.dry_run
         self.dev = "cuda" if self.cuda else "cpu"
         self.t0 = time.time()
-        self.budget = args.budget_s or (200.0 if args.quick or args.dry_run else 400.0)
-        self.reps = 2 if args.dry_run else (8 if args.quick else 15)
+        self.budget = args.budget_s or (170.0 if args.sweep else 120.0 if args.quick or
+                                        args.dry_run else 400.0)
+        self.reps = 2 if args.dry_run else (5 if args.sweep else 8 if args.quick else 15)
 
     def calls_per_graph(self, m: int, baseline: bool = False) -> int:
         """Routings replayed per timing: enough distinct experts that L2 rarely
@@ -153,7 +159,6 @@ class Layer:
     def __init__(self, ctx, name, shape, max_tokens):
         torch = ctx.torch
         from sparkinfer.quant import NVFP4Tensor
-
         self.ctx, self.name, self.shape, self.max_tokens = ctx, name, shape, max_tokens
         e, h, i = shape["num_experts"], shape["hidden"], shape["intermediate"]
         self.e, self.k, self.h, self.i = e, shape["top_k"], h, i
@@ -178,13 +183,14 @@ class Layer:
                            topk_group=4, routed_scaling_factor=2.5)
         return MoESpec(weight_format=fmt)
 
-    def build(self, fmt, decode="ptx"):
+    def build(self, fmt, decode=None):
         """(plan, prepared weights, scratch, source weights) for `fmt`, with the
-        NVFP4 decode forced to `decode`."""
+        NVFP4 decode forced to `decode` (None: the plan's)."""
         from sparkinfer.moe import MoECaps, allocate_scratch, plan, prepare_weights
 
         caps = MoECaps(max_tokens=self.max_tokens, **self.shape)
-        p = plan(caps, self.spec(fmt)).with_changes(decode=decode)
+        p = plan(caps, self.spec(fmt))
+        p = p.with_changes(decode=decode) if decode else p
         src = (self.w1, self.w2) if fmt == "bf16" else (self.q1, self.q2)
         return p, prepare_weights(p, *src), allocate_scratch(p, self.ctx.dev), src
 
@@ -196,8 +202,9 @@ class Layer:
         return ids.to(torch.int32), w / w.sum(-1, keepdim=True)
 
 
-def check(ctx, layer, fmt, ts, decode) -> list[dict]:
-    """Correctness rows for token counts `ts` (one per family/config the plan uses)."""
+def check(ctx, layer, fmt, ts, decode, kind="check") -> list[dict]:
+    """Correctness rows for token counts `ts` (one per family/config the plan uses).
+    kind "probe": the same checks of a non-default option, reported, never a failure."""
     torch = ctx.torch
     from sparkinfer.moe import bind, moe_reference, run
     from sparkinfer.moe.routing import route_reference
@@ -234,14 +241,33 @@ def check(ctx, layer, fmt, ts, decode) -> list[dict]:
             replay = torch.equal(out, eager)
             del g
         ok = cos >= 0.9999 and repeat and replay is not False and ids_match >= 0.999
-        rows.append(dict(kind="check", shape=layer.name, format=fmt, M=t, decode=decode,
+        decode = b.config.decode if fmt == "nvfp4" else None
+        rows.append(dict(kind=kind, shape=layer.name, format=fmt, M=t, decode=decode,
                          family=b.config.family, block_m=b.config.block_m, cosine=cos,
                          ids_match=ids_match, repeat_bitwise=repeat, replay_bitwise=replay,
                          ok=ok))
         label = decode if fmt == "nvfp4" else "-"
-        print(f"check {layer.name:8s} {fmt:5s} {label:5s} M={t:<5d} {b.config.family:7s} "
+        print(f"{kind:5s} {layer.name:8s} {fmt:5s} {label:5s} M={t:<5d} {b.config.family:7s} "
               f"BM={b.config.block_m:<3d} cos={cos:.6f} ids={ids_match:.4f} repeat={repeat} "
               f"replay={replay} {'OK' if ok else 'FAIL'}", flush=True)
+    return rows
+
+
+def checks(ctx, layer, fmt, ms, decode) -> list[dict]:
+    """Check rows of one format at M = 4, 64 and max(ms). NVFP4: a failing ptx
+    decode falls back to arith (decode[fmt] then says so); the arith decode
+    probes ptx at M = 4 (micro), reported as "probe" rows, never a failure."""
+    ts = sorted({min(4, max(ms)), min(64, max(ms)), max(ms)})
+    rows = check(ctx, layer, fmt, ts, decode[fmt])
+    if fmt != "nvfp4":
+        return rows
+    if rows[0]["decode"] == "ptx" and not all(r["ok"] for r in rows):
+        print("!! NVFP4 PTX decode failed a check; re-checking with the arithmetic "
+              "decode, which then serves the timings (rows say decode=arith)", flush=True)
+        decode[fmt] = "arith"
+        rows += check(ctx, layer, fmt, ts, "arith")
+    elif rows[0]["decode"] == "arith":
+        rows += check(ctx, layer, fmt, ts[:1], "ptx", kind="probe")
     return rows
 
 
@@ -267,36 +293,15 @@ def _error_row(layer, m, fmt, impl, exc) -> dict:
     return dict(kind="time", shape=layer.name, M=m, format=fmt, impl=impl, error=err)
 
 
-def sweep_variants(p, m, fmt):
-    """(name, plan forced to one config) for the planner's choice at M and the
-    alternatives around its thresholds: micro up to 16 tokens, grouped BM 16..128."""
-    from sparkinfer.moe import LaunchConfig
-
-    chosen = p.config_for(m)
-    out = [("planned", p)]
-    cands = [LaunchConfig("grouped", bm, 64, 64 if bm <= 32 else 128,
-                          num_warps=4 if bm <= 32 else 8, stages1=3, stages2=3,
-                          decode=chosen.decode) for bm in (16, 32, 64, 128)]
-    if m <= 16:
-        cands.append(p.config_for(min(m, 16)))
-    if fmt == "nvfp4":
-        out.append(("arith-decode", p.with_changes(decode="arith")))
-    for cfg in cands:
-        if cfg == chosen or (cfg.family == "grouped" and cfg.block_m > 4 * max(16, m)):
-            continue
-        name = f"{cfg.family}-bm{cfg.block_m}"
-        out.append((name, p.forced(cfg)))
-    return out
-
-
 def time_ours(ctx, layer, lim, fmt, ms, decode) -> list[dict]:
     torch = ctx.torch
     from sparkinfer.moe import allocate_scratch, bind, run
+    from sparkinfer.moe.tuning import candidates
 
     p0, w, _, _ = layer.build(fmt, decode)
-    rows = []
-    jobs = [(m, name, fp) for m in ms for name, fp in
-            (sweep_variants(p0, m, fmt) if ctx.args.sweep else [("planned", p0)])]
+    rows = []  # --sweep: the plan, then the configs tuning.candidates proposes at each M
+    jobs = [(m, n, p0 if n == "planned" else p0.forced(c)) for m in ms
+            for n, c in (candidates(p0, m) if ctx.args.sweep else [("planned", None)])]
     for m, variant, p in jobs:
         if ctx.over_budget():
             print(f"budget: skipping {layer.name} {fmt} M={m} {variant}", flush=True)
@@ -318,9 +323,7 @@ def time_ours(ctx, layer, lim, fmt, ms, decode) -> list[dict]:
             rows.append(_error_row(layer, m, fmt, impl, exc))
             continue
         r = _row(ctx, layer, lim, m, fmt, impl, sec, mode, w.expert_bytes(), active)
-        r.update(family=b.config.family, block_m=b.config.block_m, split1=b.config.split1,
-                 split2=b.config.split2, stages1=b.config.stages1, stages2=b.config.stages2,
-                 decode=b.config.decode if fmt == "nvfp4" else None)
+        r.update(dataclasses.asdict(b.config), decode=b.config.decode if fmt == "nvfp4" else None)
         rows.append(r)
         del scratch, calls
         print(f"time  {layer.name:8s} {fmt:5s} M={m:<5d} {impl:24s} {r['family']:7s} "
@@ -397,15 +400,13 @@ def time_baselines(ctx, layer, lim, ms) -> list[dict]:
 def plot(rows, path):
     try:
         import matplotlib
-
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         print("matplotlib not installed: no plot", flush=True)
         return None
     trows = [r for r in rows if r.get("kind") == "time" and "us" in r and ":" not in r["impl"]]
-    shapes = sorted({r["shape"] for r in trows})
-    if not shapes:
+    if not (shapes := sorted({r["shape"] for r in trows})):
         return None
     fig, axes = plt.subplots(1, len(shapes), figsize=(5 * len(shapes), 4), squeeze=False)
     for ax, shape in zip(axes[0], shapes):
@@ -428,6 +429,12 @@ def plot(rows, path):
 def table(rows):
     t = {(r["shape"], r["M"], r["format"], r["impl"]): r for r in rows
          if r.get("kind") == "time" and "us" in r}
+    for (shape, m, fmt, impl), r in sorted(t.items()):
+        if impl.startswith("sparkinfer:") and (shape, m, fmt, "sparkinfer") in t:
+            base = t[(shape, m, fmt, "sparkinfer")]["us"]
+            print(f"sweep {shape:9s} {m:5d} {fmt:5s} {impl[11:]:16s} {r['us']:9.1f} us  "
+                  f"x{base / r['us']:.2f} vs planned  floor {100 * r['frac_floor']:5.1f}%  "
+                  f"tc {100 * r['frac_tc']:5.1f}%")
     print(f"\n{'shape':9s} {'M':>5s} {'fmt':5s} {'family':7s} {'us':>9s} {'floor%':>6s} "
           f"{'tc%':>5s} {'gmm_us':>9s} {'x_gmm':>6s} {'loop_us':>9s}")
     for (shape, m, fmt, impl), r in sorted(t.items()):
@@ -453,7 +460,8 @@ def main(argv=None):
     shapes = DRY_SHAPES if args.dry_run else SHAPES
     if args.shapes and not args.dry_run:
         shapes = {s: SHAPES[s] for s in args.shapes.split(",")}
-    ms = DRY_M if args.dry_run else (QUICK_M if args.quick else FULL_M)
+    ms = DRY_M if args.dry_run else (SWEEP_M if args.sweep else QUICK_M if args.quick else
+                                     FULL_M)
     if args.m:
         ms = tuple(int(v) for v in args.m.split(","))
     formats = args.formats.split(",")
@@ -466,20 +474,12 @@ def main(argv=None):
     for name, shape in shapes.items():
         rows = []
         layer = Layer(ctx, name, shape, max(ms))
-        check_ts = sorted({min(4, max(ms)), min(64, max(ms)), max(ms)})
-        decode = {}
-        for fmt in formats:
-            decode[fmt] = args.nvfp4_decode
-            got = check(ctx, layer, fmt, check_ts, decode[fmt])
-            rows += got
-            if fmt == "nvfp4" and decode[fmt] == "ptx" and not all(r["ok"] for r in got):
-                print("!! NVFP4 PTX decode failed a check; re-checking with the arithmetic "
-                      "decode, which then serves the timings (rows say decode=arith)", flush=True)
-                decode[fmt] = "arith"
-                rows += check(ctx, layer, fmt, check_ts, "arith")
+        decode = {fmt: args.nvfp4_decode for fmt in formats}
+        for fmt in formats if not args.sweep else ():
+            rows += checks(ctx, layer, fmt, ms, decode)
         for fmt in formats:
             rows += time_ours(ctx, layer, lim, fmt, ms, decode[fmt])
-        if not args.no_baselines:
+        if not (args.no_baselines or args.sweep):
             rows += time_baselines(ctx, layer, lim, ms)
         _common.append_rows(args.out, rows, meta)
         all_rows += rows

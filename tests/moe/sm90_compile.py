@@ -9,6 +9,7 @@ metadata.shared).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from unittest import mock
 
@@ -112,7 +113,7 @@ def compile_sm90(launch: Launch):
 
 
 def compile_plan_launches(shape: dict, fmt: str, tokens: int, max_tokens: int,
-                          spec_kw: dict | None = None, decode: str = "ptx") -> list[dict]:
+                          spec_kw: dict | None = None, decode: str = "arith") -> list[dict]:
     """Compile every launch of one call (router included) at real dims (meta
     tensors); usage rows per kernel."""
     from sparkinfer.moe import MoECaps, MoESpec, allocate_scratch, bind, plan
@@ -130,9 +131,11 @@ def compile_plan_launches(shape: dict, fmt: str, tokens: int, max_tokens: int,
     rows = []
     for launch in record_launches(b):
         compiled = compile_sm90(launch)
+        # byte loads left synchronous (not turned into cp.async by the pipeliner)
+        sync_u8 = len(re.findall(r"tt\.load [^\n]*!tt\.ptr<i8>", compiled.asm["ttgir"]))
         rows.append(dict(kernel=launch.fn.fn.__name__, family=b.config.family,
                          grid=list(launch.grid), **ptxas_usage(compiled),
-                         sm90=".target sm_90" in compiled.asm["ptx"]))
+                         sm90=".target sm_90" in compiled.asm["ptx"], sync_u8_loads=sync_u8))
     return rows
 
 

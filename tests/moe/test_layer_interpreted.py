@@ -80,6 +80,37 @@ def test_deterministic_bitwise_across_repeats(fmt, t):
         assert torch.equal(b.out, first)
 
 
+MIXTRAL = dict(num_experts=8, top_k=2, hidden=4096, intermediate=14336)
+
+
+@pytest.mark.parametrize("decode", ["arith", "ptx"])
+def test_mixtral_micro_tiling_repeats_bitwise(decode):
+    """The launch config the Mixtral shape gets at T 4 (micro, BK 128, BN 64,
+    no splits, E 8 / K 2 so tokens share experts), on H 256 / I 384 so each
+    program loops over several chunks: 3 repeats bitwise equal, the reference
+    met, and the ptx config (arith math under the interpreter) the same bits.
+    The GPU twin at the real dims is in test_gpu.py."""
+    spec = MoESpec(weight_format="nvfp4")
+    caps = MoECaps(max_tokens=16, num_experts=8, top_k=2, hidden=256, intermediate=384,
+                   num_sms=1)
+    p, w, src, scratch = random_layer(caps, spec, seed=5)
+    p = p.with_changes(decode=decode)
+    real = plan(MoECaps(max_tokens=16, **MIXTRAL), spec).with_changes(decode=decode)
+    assert p.config_for(4) == real.config_for(4) and p.chunk == real.chunk == 128
+    x = torch.randn(4, 256).bfloat16()
+    ids = torch.tensor([[3, 5], [5, 3], [0, 3], [5, 7]], dtype=torch.int32)
+    tw = torch.rand(4, 2)
+    out = torch.full((4, 256), float("nan"), dtype=torch.bfloat16)
+    b = bind(p, scratch, w, x=x, out=out, topk_ids=ids, topk_weights=tw)
+    run(b)
+    first = out.clone()
+    assert cosine(first, moe_reference(x, src, (ids, tw), spec=spec)) >= 0.9999
+    for _ in range(2):
+        out.fill_(float("nan"))
+        run(b)
+        assert torch.equal(out, first)
+
+
 def test_out_of_range_ids_contribute_nothing_and_are_rejected_eagerly():
     spec = MoESpec()
     caps = MoECaps(max_tokens=32, num_experts=4, top_k=2, hidden=64, intermediate=32)

@@ -104,16 +104,43 @@ def bf16_pair(x):
 
 
 @triton.jit
-def weight_halves(w_ptr, s_ptr, rows, row_mask, k0, stride_w, stride_s,
+def load_scales(s_ptr, rows, row_mask, k0, stride_s, BK: tl.constexpr):
+    """E4M3 scale bytes [len(rows), BK/16] of reduction elements k0..k0+BK.
+
+    One load of whole scale rows (8 contiguous bytes at BK 128) is what lets
+    Triton's pipeliner turn it into cp.async stages like the codes: it needs
+    >= 4 bytes per thread, so callers load >= 512 bytes at 4 warps (1024 at 8).
+    Smaller loads stay a synchronous ld.global, one HBM round trip per step.
+    """
+    o_s = tl.arange(0, BK // 16)
+    p_s = s_ptr + rows[:, None] * stride_s + k0 // 16 + o_s[None, :]
+    return tl.load(p_s, mask=row_mask[:, None], other=0)
+
+
+@triton.jit
+def load_scales_2(s_ptr, row0, n_rows, offset, k0, stride_s, BN: tl.constexpr,
+                  BK: tl.constexpr):
+    """Scale bytes of rows row0..row0+BN and the same rows + offset (gate and up),
+    rows >= n_rows masked, as one [2BN, BK/16] load (twice the bytes per thread
+    of two loads), returned as two [BN, BK/16] tiles."""
+    o_2 = tl.arange(0, 2 * BN)
+    r = row0 + o_2 % BN
+    b_s = load_scales(s_ptr, r + (o_2 // BN) * offset, r < n_rows, k0, stride_s, BK)
+    return tl.split(tl.permute(tl.reshape(b_s, [2, BN, BK // 16]), (1, 2, 0)))
+
+
+@triton.jit
+def weight_halves(w_ptr, b_s, rows, row_mask, k0, stride_w,
                   BN: tl.constexpr, BK: tl.constexpr, NVFP4: tl.constexpr,
                   PTX_DECODE: tl.constexpr, INTERPRET: tl.constexpr):
     """Weight tile of rows `rows` [BN] and reduction elements k0..k0+BK, as two
     halves [BN, BK/2] in the dot dtype (`dot_operand`): (k0..k0+BK/2, k0+BK/2..k0+BK).
 
-    bf16: w_ptr -> bf16 [N, R] of one expert, stride_w = R.
-    NVFP4: w_ptr -> packed uint8 [N, R/2] (prepared interleave), s_ptr -> E4M3
-    bits [N, R/16]. Returns e2m1 * e4m3 exactly (bf16 holds the product); the
-    caller multiplies its fp32 accumulator by the expert's global scale.
+    bf16: w_ptr -> bf16 [N, R] of one expert, stride_w = R; b_s is ignored.
+    NVFP4: w_ptr -> packed uint8 [N, R/2] (prepared interleave); b_s: the
+    rows' E4M3 bits [BN, BK/16] of this step (`load_scales`). Returns e2m1 * e4m3
+    exactly (bf16 holds the product); the caller multiplies its fp32
+    accumulator by the expert's global scale.
     PTX_DECODE selects `E2M1_BF16_ASM` on the GPU; otherwise (and always under
     the interpreter, which cannot run PTX) the same math runs as fp32
     arithmetic. Both are exact, so both give the same bits.
@@ -126,9 +153,9 @@ def weight_halves(w_ptr, s_ptr, rows, row_mask, k0, stride_w, stride_s,
         p_b = (w_ptr + rows[:, None, None] * stride_w + k0 // 2 + o_g[None, :, None] * 16
                + o_j[None, None, :])
         b_b = tl.load(p_b, mask=row_mask[:, None, None], other=0)  # [BN, G, 16] uint8
-        p_s = s_ptr + rows[:, None, None] * stride_s + k0 // 16 + o_g[None, :, None]
-        b_slo = tl.load(p_s, mask=row_mask[:, None, None], other=0).to(tl.int32)  # [BN, G, 1]
-        b_shi = tl.load(p_s + G, mask=row_mask[:, None, None], other=0).to(tl.int32)
+        b_slo, b_shi = tl.split(tl.permute(tl.reshape(b_s, [BN, 2, G]), (0, 2, 1)))
+        b_slo = b_slo.to(tl.int32)[:, :, None]  # [BN, G, 1]: scales of the first half chunk
+        b_shi = b_shi.to(tl.int32)[:, :, None]
         if INTERPRET or not PTX_DECODE:
             b_i = b_b.to(tl.int32)
             b_lo = e2m1_to_f32(b_i & 15) * (e4m3_to_f32(b_slo) * 4194304.0)  # 2**22

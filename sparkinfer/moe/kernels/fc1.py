@@ -19,7 +19,8 @@ out[pos, n].
 import triton
 import triton.language as tl
 
-from sparkinfer.moe.kernels.common import activation, dot_operand, micro_rows, weight_halves
+from sparkinfer.moe.kernels.common import (activation, dot_operand, load_scales, load_scales_2,
+                                           micro_rows, weight_halves)
 
 
 @triton.jit
@@ -63,12 +64,19 @@ def moe_fc1_kernel(
         p_x = x_ptr + tok[None, :].to(tl.int64) * stride_x + k0 + o_k[:, None]
         b_xlo = dot_operand(tl.load(p_x, mask=m_row[None, :], other=0.0), INTERPRET)
         b_xhi = dot_operand(tl.load(p_x + HALF, mask=m_row[None, :], other=0.0), INTERPRET)
-        w_lo, w_hi = weight_halves(p_w, p_s, o_n, m_n, k0, stride_wn, stride_sn,
+        b_sg = 0  # E4M3 scale bytes [BN, BK/16] of gate / up rows (NVFP4 only)
+        b_su = 0
+        if NVFP4:
+            if GATED:
+                b_sg, b_su = load_scales_2(p_s, i_n * BN, I, I, k0, stride_sn, BN, BK)
+            else:
+                b_sg = load_scales(p_s, o_n, m_n, k0, stride_sn, BK)
+        w_lo, w_hi = weight_halves(p_w, b_sg, o_n, m_n, k0, stride_wn,
                                    BN, BK, NVFP4, PTX_DECODE, INTERPRET)
         b_g = tl.dot(w_lo, b_xlo, b_g)
         b_g = tl.dot(w_hi, b_xhi, b_g)
         if GATED:
-            w_lo, w_hi = weight_halves(p_w, p_s, o_n + I, m_n, k0, stride_wn, stride_sn,
+            w_lo, w_hi = weight_halves(p_w, b_su, o_n + I, m_n, k0, stride_wn,
                                        BN, BK, NVFP4, PTX_DECODE, INTERPRET)
             b_u = tl.dot(w_lo, b_xlo, b_u)
             b_u = tl.dot(w_hi, b_xhi, b_u)

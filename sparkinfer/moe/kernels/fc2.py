@@ -19,7 +19,8 @@ fixed order, so no kernel here uses atomics.
 import triton
 import triton.language as tl
 
-from sparkinfer.moe.kernels.common import activation, dot_operand, micro_rows, weight_halves
+from sparkinfer.moe.kernels.common import (activation, dot_operand, load_scales, micro_rows,
+                                           weight_halves)
 
 
 @triton.jit
@@ -86,7 +87,8 @@ def moe_fc2_kernel(
             p_a = a_ptr + o_arow[None, :].to(tl.int64) * stride_ar + k0 + o_k[:, None]
             b_alo = dot_operand(tl.load(p_a, mask=m_row[None, :], other=0.0), INTERPRET)
             b_ahi = dot_operand(tl.load(p_a + HALF, mask=m_row[None, :], other=0.0), INTERPRET)
-        w_lo, w_hi = weight_halves(p_w, p_s, o_n, m_n, k0, stride_wn, stride_sn,
+        b_s = load_scales(p_s, o_n, m_n, k0, stride_sn, BK) if NVFP4 else 0
+        w_lo, w_hi = weight_halves(p_w, b_s, o_n, m_n, k0, stride_wn,
                                    BN, BK, NVFP4, PTX_DECODE, INTERPRET)
         b_acc = tl.dot(w_lo, b_alo, b_acc)
         b_acc = tl.dot(w_hi, b_ahi, b_acc)
