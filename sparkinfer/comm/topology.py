@@ -57,11 +57,14 @@ class LaunchConfig:
     grid: blocks; never above num_sms (one block per SM is always co-resident,
     which the cross-rank waits require) nor MAX_BLOCKS (flags are per block).
     block: elements per tile iteration; num_warps: warps per block.
+    pipe: pieces each block's share is cut into, each with its own flag phase,
+        so reducing one piece overlaps the transfer of the next (1 or 2).
     """
 
     grid: int
     block: int
     num_warps: int
+    pipe: int = 1
 
 
 def select_algorithm(caps: TopologyCaps, nbytes: int, dtype=None) -> str:

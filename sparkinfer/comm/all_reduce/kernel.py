@@ -18,6 +18,8 @@ from sparkinfer.comm.protocol import (
     block_range,
     copy_range,
     finish,
+    push_to_peers,
+    reduce_lanes,
     signal_peers,
     stage_addr,
     wait_peers,
@@ -25,86 +27,100 @@ from sparkinfer.comm.protocol import (
 
 
 @triton.jit
+def sub_range(lo, hi, s, PIPE: tl.constexpr, BLOCK: tl.constexpr):
+    """Piece s of PIPE pieces of [lo, hi), in whole BLOCKs (may be empty)."""
+    step = tl.cdiv(tl.cdiv(tl.maximum(hi - lo, 0), PIPE), BLOCK) * BLOCK
+    s_lo = lo + s * step
+    return s_lo, tl.minimum(s_lo + step, hi)
+
+
+@triton.jit
 def oneshot_all_reduce_kernel(
     p_x, p_out, n, table, rank, fp, timeout_ns, stage_off, slot_bytes, lane_bytes,
-    OP: tl.constexpr, W: tl.constexpr, BLOCK: tl.constexpr, INTERP: tl.constexpr,
+    OP: tl.constexpr, W: tl.constexpr, BLOCK: tl.constexpr, PIPE: tl.constexpr, INTERP: tl.constexpr,
 ):
-    """out[n] = sum over ranks of x[n]; each rank reads every peer's input locally."""
+    """out[n] = sum over ranks of x[n]; each rank reduces every peer's pushed input locally.
+
+    PIPE pieces per block, each with its own flag phase: piece s is pushed and
+    signalled before piece s + 1 is pushed, so reducing early pieces overlaps
+    the transfer of later ones."""
     epoch, deadline = begin(table, rank, timeout_ns, INTERP)
     lo, hi = block_range(n, BLOCK)
-    for r in tl.static_range(W):
-        if r != rank:
-            p_lane = as_ptr(stage_addr(table, r, epoch, rank, stage_off, slot_bytes, lane_bytes), p_x)
-            copy_range(p_x, p_lane, lo, hi, BLOCK)
-    signal_peers(table, rank, epoch, 0, fp, W, INTERP)
-    status = wait_peers(table, rank, epoch, 0, fp, deadline, OP, W, INTERP)
-    if status == 0:
-        for start in range(lo, hi, BLOCK):
-            o = tl.multiple_of(start, BLOCK) + tl.arange(0, BLOCK)
-            m = o < hi
-            acc = tl.zeros([BLOCK], tl.float32)
-            for r in tl.static_range(W):
-                if r == rank:
-                    b = tl.load(p_x + o, mask=m)
-                else:
-                    p_lane = as_ptr(stage_addr(table, rank, epoch, r, stage_off, slot_bytes, lane_bytes), p_x)
-                    b = tl.load(p_lane + o, mask=m)
-                acc += b.to(tl.float32)
-            tl.store(p_out + o, acc.to(p_out.dtype.element_ty), mask=m)
+    for s in tl.static_range(PIPE):
+        s_lo, s_hi = sub_range(lo, hi, s, PIPE, BLOCK)
+        push_to_peers(p_x, s_lo, s_hi, table, rank, epoch, stage_off, slot_bytes, lane_bytes, W, BLOCK)
+        signal_peers(table, rank, epoch, s, fp, W, INTERP)
+    status = tl.zeros([], tl.int32)
+    for s in tl.static_range(PIPE):
+        if status == 0:
+            status = wait_peers(table, rank, epoch, s, fp, deadline, OP, W, INTERP)
+        if status == 0:
+            s_lo, s_hi = sub_range(lo, hi, s, PIPE, BLOCK)
+            for start in range(s_lo, s_hi, BLOCK):
+                o = tl.multiple_of(start, BLOCK) + tl.arange(0, BLOCK)
+                m = o < s_hi
+                acc = reduce_lanes(p_x, o, m, table, rank, epoch, stage_off, slot_bytes, lane_bytes, W)
+                tl.store(p_out + o, acc.to(p_out.dtype.element_ty), mask=m)
     finish(table, rank, epoch)
 
 
 @triton.jit
 def twoshot_all_reduce_kernel(
     p_x, p_out, n, chunk, table, rank, fp, timeout_ns, stage_off, slot_bytes, lane_bytes,
-    OP: tl.constexpr, W: tl.constexpr, BLOCK: tl.constexpr, GATHER: tl.constexpr, INTERP: tl.constexpr,
+    OP: tl.constexpr, W: tl.constexpr, BLOCK: tl.constexpr, GATHER: tl.constexpr, PIPE: tl.constexpr,
+    INTERP: tl.constexpr,
 ):
     """Rank c owns x[c*chunk : (c+1)*chunk] (the last chunk may be short).
 
-    Phase 0: push every chunk's share to its owner's lane[rank]; the owner reduces.
-    Phase 1 (GATHER): the owner pushes its reduced chunk into every peer's gather
-    region; each rank copies the other chunks out. GATHER=False is reduce-scatter:
-    out[chunk] holds this rank's reduced chunk.
+    Reduce-scatter (flag phases 0..PIPE-1): push every chunk's share to its
+    owner's lane[rank]; the owner reduces. All-gather (GATHER, phases
+    PIPE..2*PIPE-1): the owner pushes its reduced chunk into every peer's gather
+    region; each rank copies the other chunks out. Each block's share is cut into
+    PIPE pieces so one piece's reduction overlaps the next piece's transfer.
+    GATHER=False is reduce-scatter: out[chunk] holds this rank's reduced chunk.
     """
     epoch, deadline = begin(table, rank, timeout_ns, INTERP)
     lo, hi = block_range(chunk, BLOCK)
-    for c in tl.static_range(W):
-        if c != rank:
-            p_lane = as_ptr(stage_addr(table, c, epoch, rank, stage_off, slot_bytes, lane_bytes), p_x)
-            copy_range(p_x + c * chunk, p_lane, lo, tl.minimum(hi, n - c * chunk), BLOCK)
-    signal_peers(table, rank, epoch, 0, fp, W, INTERP)
-    status = wait_peers(table, rank, epoch, 0, fp, deadline, OP, W, INTERP)
-    if status == 0:
-        mine = rank * chunk
-        hi_mine = tl.minimum(hi, n - mine)
-        for start in range(lo, hi_mine, BLOCK):
-            o = tl.multiple_of(start, BLOCK) + tl.arange(0, BLOCK)
-            m = o < hi_mine
-            acc = tl.zeros([BLOCK], tl.float32)
-            for r in tl.static_range(W):
-                if r == rank:
-                    b = tl.load(p_x + mine + o, mask=m)
+    for s in tl.static_range(PIPE):
+        s_lo, s_hi = sub_range(lo, hi, s, PIPE, BLOCK)
+        for c in tl.static_range(W):
+            if c != rank:
+                p_lane = as_ptr(stage_addr(table, c, epoch, rank, stage_off, slot_bytes, lane_bytes), p_x)
+                copy_range(p_x + c * chunk, p_lane, s_lo, tl.minimum(s_hi, n - c * chunk), BLOCK)
+        signal_peers(table, rank, epoch, s, fp, W, INTERP)
+    mine = rank * chunk
+    status = tl.zeros([], tl.int32)
+    for s in tl.static_range(PIPE):
+        if status == 0:
+            status = wait_peers(table, rank, epoch, s, fp, deadline, OP, W, INTERP)
+        if status == 0:
+            s_lo, s_hi = sub_range(lo, hi, s, PIPE, BLOCK)
+            hi_mine = tl.minimum(s_hi, n - mine)
+            for start in range(s_lo, hi_mine, BLOCK):
+                o = tl.multiple_of(start, BLOCK) + tl.arange(0, BLOCK)
+                m = o < hi_mine
+                res = reduce_lanes(p_x + mine, o, m, table, rank, epoch, stage_off, slot_bytes, lane_bytes,
+                                   W).to(p_out.dtype.element_ty)
+                if GATHER:
+                    tl.store(p_out + mine + o, res, mask=m)
+                    for c in tl.static_range(W):
+                        if c != rank:
+                            p_g = as_ptr(stage_addr(table, c, epoch, W, stage_off, slot_bytes, lane_bytes), p_out)
+                            tl.store(p_g + mine + o, res, mask=m)
                 else:
-                    p_lane = as_ptr(stage_addr(table, rank, epoch, r, stage_off, slot_bytes, lane_bytes), p_x)
-                    b = tl.load(p_lane + o, mask=m)
-                acc += b.to(tl.float32)
-            res = acc.to(p_out.dtype.element_ty)
+                    tl.store(p_out + o, res, mask=m)
             if GATHER:
-                tl.store(p_out + mine + o, res, mask=m)
-                for c in tl.static_range(W):
-                    if c != rank:
-                        p_g = as_ptr(stage_addr(table, c, epoch, W, stage_off, slot_bytes, lane_bytes), p_out)
-                        tl.store(p_g + mine + o, res, mask=m)
-            else:
-                tl.store(p_out + o, res, mask=m)
-        if GATHER:
-            signal_peers(table, rank, epoch, 1, fp, W, INTERP)
-            status = wait_peers(table, rank, epoch, 1, fp, deadline, OP, W, INTERP)
+                signal_peers(table, rank, epoch, PIPE + s, fp, W, INTERP)
+    if GATHER:
+        p_g = as_ptr(stage_addr(table, rank, epoch, W, stage_off, slot_bytes, lane_bytes), p_out)
+        for s in tl.static_range(PIPE):
             if status == 0:
-                p_g = as_ptr(stage_addr(table, rank, epoch, W, stage_off, slot_bytes, lane_bytes), p_out)
+                status = wait_peers(table, rank, epoch, PIPE + s, fp, deadline, OP, W, INTERP)
+            if status == 0:
+                s_lo, s_hi = sub_range(lo, hi, s, PIPE, BLOCK)
                 for c in tl.static_range(W):
                     if c != rank:
-                        copy_range(p_g + c * chunk, p_out + c * chunk, lo, tl.minimum(hi, n - c * chunk), BLOCK)
+                        copy_range(p_g + c * chunk, p_out + c * chunk, s_lo, tl.minimum(s_hi, n - c * chunk), BLOCK)
     finish(table, rank, epoch)
 
 

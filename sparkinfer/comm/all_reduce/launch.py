@@ -80,18 +80,18 @@ def all_reduce(comm, x, out=None, *, algorithm: str = "auto"):
     elif algorithm == "oneshot":
         cfg = comm.config_for(nbytes)
         op = "all_reduce_oneshot"
-        fp = fingerprint(op, n, str(x.dtype), cfg.grid)
+        fp = fingerprint(op, n, str(x.dtype), cfg.grid, cfg.pipe)
         args = (x, out, n, table, rank, fp, comm.timeout_ns, stage_off, slot_bytes, lane_bytes)
         kernel = oneshot_all_reduce_kernel
-        consts = dict(OP=OP_CODES[op], W=W, BLOCK=cfg.block, INTERP=comm.caps.interpret)
+        consts = dict(OP=OP_CODES[op], W=W, BLOCK=cfg.block, PIPE=cfg.pipe, INTERP=comm.caps.interpret)
     else:
         chunk = twoshot_chunk(n, W)
         cfg = comm.config_for(chunk * x.element_size())
         op = "all_reduce_twoshot"
-        fp = fingerprint(op, n, str(x.dtype), cfg.grid)
+        fp = fingerprint(op, n, str(x.dtype), cfg.grid, cfg.pipe)
         args = (x, out, n, chunk, table, rank, fp, comm.timeout_ns, stage_off, slot_bytes, lane_bytes)
         kernel = twoshot_all_reduce_kernel
-        consts = dict(OP=OP_CODES[op], W=W, BLOCK=cfg.block, GATHER=True, INTERP=comm.caps.interpret)
+        consts = dict(OP=OP_CODES[op], W=W, BLOCK=cfg.block, GATHER=True, PIPE=cfg.pipe, INTERP=comm.caps.interpret)
     key = (op, x.dtype, cfg, n % 16 == 0)
     launch_kernel(kernel, cfg, key, capturing, args, consts)
     if comm.caps.interpret:

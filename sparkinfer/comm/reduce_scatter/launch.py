@@ -49,9 +49,9 @@ def reduce_scatter(comm, x, out=None):
     chunk = n // W
     cfg = comm.config_for(chunk * x.element_size())
     op = "reduce_scatter"
-    fp = fingerprint(op, n, str(x.dtype), cfg.grid)
+    fp = fingerprint(op, n, str(x.dtype), cfg.grid, cfg.pipe)
     args = (x, out, n, chunk, table, rank, fp, comm.timeout_ns, stage_off, slot_bytes, lane_bytes)
-    consts = dict(OP=OP_CODES[op], W=W, BLOCK=cfg.block, GATHER=False, INTERP=comm.caps.interpret)
+    consts = dict(OP=OP_CODES[op], W=W, BLOCK=cfg.block, GATHER=False, PIPE=cfg.pipe, INTERP=comm.caps.interpret)
     launch_kernel(twoshot_all_reduce_kernel, cfg, (op, x.dtype, cfg, chunk % 16 == 0), comm.streams.is_capturing(), args, consts)
     if comm.caps.interpret:
         check_errors(ch)
