@@ -291,7 +291,9 @@ def all_reduce_add_rms_norm(comm, x, residual, weight, eps: float = 1e-6, *, out
                                 f"this channel, got {nbytes} B; use algorithm='auto' or 'fused'")
         ll = False
     cfg = norm_config(comm.caps, T, H, x.element_size(), ll=ll) if config is None else config
-    fp = fingerprint(OP, T, H, str(x.dtype), cfg.grid, cfg.pieces, cfg.per, cfg.one_pass, ll)
+    # every field that changes the exchanged words or the order of the norm's sums (bitwise agreement)
+    fp = fingerprint(OP, T, H, str(x.dtype), cfg.grid, cfg.pieces, cfg.per, cfg.one_pass, cfg.num_warps, cfg.block_w,
+                     cfg.block_c, ll)
     args = (x, residual, weight, out, residual_out, T, H, cfg.pieces, cfg.chunk, cfg.per, float(eps),
             table, rank, fp, comm.timeout_ns, stage_off, slot_bytes, lane_bytes)
     if ll:
