@@ -11,8 +11,8 @@ Prepared layout:
   elements, byte j holds element j (low nibble) and element j + BK/2 (high
   nibble); E4M3 block scales [E, N, R/16] as raw bytes, unchanged order;
   global scales fp32 [E]. The stored NVFP4 format pairs neighbours
-  (2j, 2j+1); this chunk interleave lets the kernel feed each half-chunk of
-  activations to the tensor cores as one contiguous slice.
+  (2j, 2j+1); this chunk interleave lets the kernel decode each half-chunk
+  as one contiguous run of K (see `kernels/common.py`).
 """
 
 from __future__ import annotations

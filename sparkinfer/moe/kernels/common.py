@@ -12,7 +12,11 @@ for Hopper's wgmma) and a handful of tokens fill the narrow right side.
 Prepared weight layout (see `sparkinfer.moe.weights`): the reduction axis is
 cut into chunks of BK elements; bf16 weights are plain row-major, NVFP4 bytes
 hold element j of a chunk in the low nibble and element j + BK/2 in the high
-nibble, so each half-chunk is one contiguous slice of the activations.
+nibble: the low nibbles decode to the first half-chunk and the high ones to
+the second, each a contiguous run of K, joined in registers into one [BN, BK]
+operand. One tl.dot of K = BK per step (not two of BK/2 on one accumulator)
+lets Triton keep a step's wgmma in flight while the next step loads and
+decodes: the sm_90 PTX went from a wait after every dot to one per step.
 """
 
 import triton
@@ -130,11 +134,12 @@ def load_scales_2(s_ptr, row0, n_rows, offset, k0, stride_s, BN: tl.constexpr,
 
 
 @triton.jit
-def weight_halves(w_ptr, b_s, rows, row_mask, k0, stride_w,
+def weight_tile(w_ptr, b_s, rows, row_mask, k0, stride_w,
                   BN: tl.constexpr, BK: tl.constexpr, NVFP4: tl.constexpr,
                   PTX_DECODE: tl.constexpr, INTERPRET: tl.constexpr):
-    """Weight tile of rows `rows` [BN] and reduction elements k0..k0+BK, as two
-    halves [BN, BK/2] in the dot dtype (`dot_operand`): (k0..k0+BK/2, k0+BK/2..k0+BK).
+    """Weight tile [BN, BK] of rows `rows` [BN] and reduction elements k0..k0+BK
+    in the dot dtype (`dot_operand`), for one tl.dot of K = BK per step (two dots
+    of BK/2 on one accumulator made each wait for the other on Hopper).
 
     bf16: w_ptr -> bf16 [N, R] of one expert, stride_w = R; b_s is ignored.
     NVFP4: w_ptr -> packed uint8 [N, R/2] (prepared interleave); b_s: the
@@ -170,12 +175,13 @@ def weight_halves(w_ptr, b_s, rows, row_mask, k0, stride_w,
                 dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
         lo = tl.reshape(b_lo, [BN, HALF])
         hi = tl.reshape(b_hi, [BN, HALF])
+        # natural K order: columns 0..HALF from the low nibbles, HALF..BK from the high
+        w = tl.reshape(tl.permute(tl.join(lo, hi), (0, 2, 1)), [BN, BK])
     else:
-        o_k = tl.arange(0, HALF)
+        o_k = tl.arange(0, BK)
         p_w = w_ptr + rows[:, None] * stride_w + k0 + o_k[None, :]
-        lo = tl.load(p_w, mask=row_mask[:, None], other=0.0).to(tl.bfloat16)
-        hi = tl.load(p_w + HALF, mask=row_mask[:, None], other=0.0).to(tl.bfloat16)
-    return dot_operand(lo, INTERPRET), dot_operand(hi, INTERPRET)
+        w = tl.load(p_w, mask=row_mask[:, None], other=0.0).to(tl.bfloat16)
+    return dot_operand(w, INTERPRET)
 
 
 @triton.jit

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from sparkinfer.moe.kernels.common import (activation, dot_operand, load_scales, load_scales_2,
-                                           micro_rows, weight_halves)
+                                           micro_rows, weight_tile)
 
 
 @triton.jit
@@ -51,8 +51,7 @@ def moe_fc1_kernel(
     tok = tl.where(m_row, route // K, 0)
     o_n = i_n * BN + tl.arange(0, BN)
     m_n = o_n < I
-    HALF: tl.constexpr = BK // 2
-    o_k = tl.arange(0, HALF)
+    o_k = tl.arange(0, BK)
     p_w = w_ptr + e.to(tl.int64) * stride_we
     p_s = s_ptr + e.to(tl.int64) * stride_se
     b_g = tl.zeros([BN, BM], dtype=tl.float32)
@@ -62,8 +61,7 @@ def moe_fc1_kernel(
     for c in range(c_lo, c_hi):
         k0 = c * BK
         p_x = x_ptr + tok[None, :].to(tl.int64) * stride_x + k0 + o_k[:, None]
-        b_xlo = dot_operand(tl.load(p_x, mask=m_row[None, :], other=0.0), INTERPRET)
-        b_xhi = dot_operand(tl.load(p_x + HALF, mask=m_row[None, :], other=0.0), INTERPRET)
+        b_x = dot_operand(tl.load(p_x, mask=m_row[None, :], other=0.0), INTERPRET)  # [BK, BM]
         b_sg = 0  # E4M3 scale bytes [BN, BK/16] of gate / up rows (NVFP4 only)
         b_su = 0
         if NVFP4:
@@ -71,15 +69,11 @@ def moe_fc1_kernel(
                 b_sg, b_su = load_scales_2(p_s, i_n * BN, I, I, k0, stride_sn, BN, BK)
             else:
                 b_sg = load_scales(p_s, o_n, m_n, k0, stride_sn, BK)
-        w_lo, w_hi = weight_halves(p_w, b_sg, o_n, m_n, k0, stride_wn,
-                                   BN, BK, NVFP4, PTX_DECODE, INTERPRET)
-        b_g = tl.dot(w_lo, b_xlo, b_g)
-        b_g = tl.dot(w_hi, b_xhi, b_g)
+        b_g = tl.dot(weight_tile(p_w, b_sg, o_n, m_n, k0, stride_wn, BN, BK, NVFP4, PTX_DECODE,
+                                 INTERPRET), b_x, b_g)
         if GATED:
-            w_lo, w_hi = weight_halves(p_w, b_su, o_n + I, m_n, k0, stride_wn,
-                                       BN, BK, NVFP4, PTX_DECODE, INTERPRET)
-            b_u = tl.dot(w_lo, b_xlo, b_u)
-            b_u = tl.dot(w_hi, b_xhi, b_u)
+            b_u = tl.dot(weight_tile(p_w, b_su, o_n + I, m_n, k0, stride_wn, BN, BK, NVFP4,
+                                     PTX_DECODE, INTERPRET), b_x, b_u)
     if NVFP4:  # the expert's global scale, once per output instead of once per weight
         b_gs = tl.load(gs_ptr + e)
         b_g *= b_gs

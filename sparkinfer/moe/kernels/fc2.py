@@ -20,11 +20,11 @@ import triton
 import triton.language as tl
 
 from sparkinfer.moe.kernels.common import (activation, dot_operand, load_scales, micro_rows,
-                                           weight_halves)
+                                           weight_tile)
 
 
 @triton.jit
-def act_half(a_ptr, route, m_row, o_k, k0, I, stride_as, stride_ar, topk_w_ptr, alpha, limit,
+def act_tile(a_ptr, route, m_row, o_k, k0, I, stride_as, stride_ar, topk_w_ptr, alpha, limit,
              S1: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr, WEIGHT_BEFORE: tl.constexpr,
              INTERPRET: tl.constexpr):
     """Activation tile [len(o_k), BM] for reduction elements k0 + o_k of routes `route`,
@@ -69,8 +69,7 @@ def moe_fc2_kernel(
     m_row = route >= 0
     o_n = i_n * BN + tl.arange(0, BN)
     m_n = o_n < H
-    HALF: tl.constexpr = BK // 2
-    o_k = tl.arange(0, HALF)
+    o_k = tl.arange(0, BK)
     p_w = w_ptr + e.to(tl.int64) * stride_we
     p_s = s_ptr + e.to(tl.int64) * stride_se
     b_acc = tl.zeros([BN, BM], dtype=tl.float32)
@@ -79,19 +78,14 @@ def moe_fc2_kernel(
     for c in range(c_lo, c_hi):
         k0 = c * BK
         if PARTIALS:
-            b_alo = act_half(a_ptr, route, m_row, o_k, k0, I, stride_as, stride_ar, topk_w_ptr,
-                             alpha, limit, S1, GATED, ACT, WEIGHT_BEFORE, INTERPRET)
-            b_ahi = act_half(a_ptr, route, m_row, o_k, k0 + HALF, I, stride_as, stride_ar,
-                             topk_w_ptr, alpha, limit, S1, GATED, ACT, WEIGHT_BEFORE, INTERPRET)
+            b_a = act_tile(a_ptr, route, m_row, o_k, k0, I, stride_as, stride_ar, topk_w_ptr,
+                           alpha, limit, S1, GATED, ACT, WEIGHT_BEFORE, INTERPRET)
         else:
             p_a = a_ptr + o_arow[None, :].to(tl.int64) * stride_ar + k0 + o_k[:, None]
-            b_alo = dot_operand(tl.load(p_a, mask=m_row[None, :], other=0.0), INTERPRET)
-            b_ahi = dot_operand(tl.load(p_a + HALF, mask=m_row[None, :], other=0.0), INTERPRET)
+            b_a = dot_operand(tl.load(p_a, mask=m_row[None, :], other=0.0), INTERPRET)
         b_s = load_scales(p_s, o_n, m_n, k0, stride_sn, BK) if NVFP4 else 0
-        w_lo, w_hi = weight_halves(p_w, b_s, o_n, m_n, k0, stride_wn,
-                                   BN, BK, NVFP4, PTX_DECODE, INTERPRET)
-        b_acc = tl.dot(w_lo, b_alo, b_acc)
-        b_acc = tl.dot(w_hi, b_ahi, b_acc)
+        b_acc = tl.dot(weight_tile(p_w, b_s, o_n, m_n, k0, stride_wn, BN, BK, NVFP4, PTX_DECODE,
+                                   INTERPRET), b_a, b_acc)
     if NVFP4:  # the expert's global scale, once per output instead of once per weight
         b_acc *= tl.load(gs_ptr + e)
     p_o = out_ptr + i_s * stride_os + route[None, :].to(tl.int64) * stride_or + o_n[:, None]
