@@ -23,7 +23,7 @@ tiles need. --dry-run: tiny shapes on CPU through the Triton interpreter, to
 check this script's logic without a GPU.
 
     python3 benchmarks/bench_moe.py --quick
-    python3 benchmarks/bench_moe.py --sweep --out benchmarks/results/moe_sweep_h200.json
+    python3 benchmarks/bench_moe.py --sweep        # -> benchmarks/results/moe_sweep_h200.json
     python3 benchmarks/bench_moe.py --shapes dsv3,dsv3_tp8     # full, in two parts
     python3 benchmarks/bench_moe.py --shapes qwen3,mixtral
 """
@@ -72,8 +72,12 @@ def parse_args(argv=None):
     ap.add_argument("--budget-s", type=float, default=None,
                     help="stop starting timings after this many seconds (default 120 quick, "
                     "170 sweep, 400 full)")
-    ap.add_argument("--out", default="benchmarks/results/moe_h200.json")
-    return ap.parse_args(argv)
+    ap.add_argument("--out", help="default benchmarks/results/moe_h200.json (--sweep: "
+                    "moe_sweep_h200.json; --dry-run: under /tmp)")
+    args = ap.parse_args(argv)
+    args.out = args.out or (f"{'/tmp' if args.dry_run else 'benchmarks/results'}/moe_"
+                            f"{'sweep_' if args.sweep else ''}h200.json")
+    return args
 
 
 class Ctx:
@@ -96,9 +100,7 @@ class Ctx:
         serves a repeat at small M; one on CPU dry runs."""
         if self.args.dry_run:
             return 1
-        if baseline:
-            return 4 if m <= 64 else 1
-        return 8 if m <= 64 else 2
+        return (4 if m <= 64 else 1) if baseline else (8 if m <= 64 else 2)
 
     def over_budget(self) -> bool:
         return time.time() - self.t0 > self.budget
@@ -109,8 +111,7 @@ class Ctx:
         torch = self.torch
 
         def all_calls():
-            for c in calls:
-                c()
+            [c() for c in calls]
 
         if not self.cuda:
             all_calls()
