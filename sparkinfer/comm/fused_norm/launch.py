@@ -37,12 +37,10 @@ MAX_TILE_INTERP = 4096
 # block) unless the tensor is smaller than SPLIT_MAX_BYTES, where rows are split
 # into pieces of >= MIN_PIECE_BYTES over more blocks, whose sums of squares then
 # meet through a cross-block exchange (publish_local / wait_local).
-# PROVISIONAL until the 2x H200 `bench_fused.py --sweep` (2026-11-29, ~20:10 UTC):
-# split rows (the only GPU shape before it, 2x H200 --quick at 31f2bca) cost
-# 6.75 / 7.96 us at T = 1, H = 4096 / 7168, against 3.88 / 3.90 us for the bare LL
-# all-reduce of the same bytes; whole rows are expected to win there (no exchange),
-# so 0: never split a row that fits a tile. Raise it if the sweep's `ll_pieces`
-# beats `ll_row*` at small T.
+# 2x H200 `bench_fused.py --sweep` (benchmarks/results/fused_2xh200_sweep.json,
+# 426b41a): whole rows beat split rows at every measured T: T = 1, H = 4096:
+# ll_row 5.01 us vs ll_pieces 6.53 us; H = 7168: 6.06 vs 7.94; T = 8: 5.08 vs
+# 7.17 and 6.53 vs 8.80. So 0: never split a row that fits a tile.
 SPLIT_MAX_BYTES = 0
 # Smallest piece of a split row. The 2x H200 all-reduce sweep
 # (topology.PER_BLOCK_BYTES: 32 KiB on 16 blocks 5.2 us, on 1 block 9.3 us)
@@ -54,18 +52,19 @@ MIN_PIECE_BYTES_INTERP = 4 << 10
 PIECE_ALIGN = 64  # elements: piece starts stay 16-byte aligned
 # LL kernel warps. Pieces: 4 (2x H200 LL sweep, topology.ll_launch_config:
 # 512-word tiles at 4 warps won). Whole rows (up to 4096 words): one warp per
-# LL_ROW_WORDS_PER_WARP words, 4..16 warps, i.e. 4 words (one 16-byte load,
-# two 16-byte LL stores) per thread: PROVISIONAL until the same sweep
-# (`ll_row_w8` vs `ll_row_w16`). ptxas -v, sm_90a, bf16, no spills either way:
-# 4096-word rows 121 registers at 16 warps, 227 at 8; 2048-word rows 118 / 127.
+# LL_ROW_WORDS_PER_WARP words, 4..16 warps. Same sweep: 8 warps for 2048-word
+# rows (H = 4096) won at T = 8 (5.08 vs 5.40 us at 16) and tied at T = 1 (5.12
+# vs 5.01); 4096-word rows (H = 7168) tied (T = 1: 6.17 vs 6.06; T = 8: 6.53 both).
+# ptxas -v, sm_90a, bf16, no spills either way: 4096-word rows 121 registers at
+# 16 warps, 227 at 8; 2048-word rows 118 / 127.
 LL_PIECE_WARPS = 4
 # algorithm="auto" takes the LL kernel up to this many bytes of x: all_reduce's
 # LL limit (topology.LL_MAX_BYTES, 2x H200: LL 4.91 us vs one-shot 6.12 us at
-# 128 KiB, tied at 512 KiB). PROVISIONAL until the same sweep: at T = 64 (512 /
-# 896 KiB) it times `ll_row*` against the flag kernel's `auto`.
+# 128 KiB, tied at 512 KiB). Same sweep at T = 64 (512 / 896 KiB): the flag
+# kernel's whole rows win (7.46 vs 8.09 us; 9.02 vs 11.35 us).
 FUSED_LL_MAX_BYTES = LL_MAX_BYTES
 LL_MAX_ROW_WORDS = 4096  # 8192 bf16: 64 B of LL words per thread at 16 warps
-LL_ROW_WORDS_PER_WARP = 128
+LL_ROW_WORDS_PER_WARP = 256
 
 
 @dataclass(frozen=True)
@@ -148,6 +147,8 @@ def norm_config(caps: TopologyCaps, rows: int, hidden: int, itemsize: int = 2, *
         # bf16: a 1024-wide piece tile at 8 warps loads 8-byte vectors; one_pass 8192: 84
         # registers at 16 warps, 152 at 8 (56 B spilled at 8 with the old 2048-element push tile)
         warps = min(16, max(4, (block_h if one_pass else block_c) * itemsize // 512))
+        if one_pass:  # same sweep: whole rows at 8 warps beat 16 at T = 64 (7.46 vs 7.52 us,
+            warps = min(warps, 8)  # H = 7168: 9.02 vs 9.99) and T = 256 (13.39 vs 14.89; 18.93 vs 19.99)
     warps = warps if num_warps is None else num_warps
     # one_pass pushes a row per tile: at T = 256 (2 rows per block) 2048-element push
     # tiles meant 4 dependent load -> store round trips per block where the bare
