@@ -26,7 +26,7 @@ from sparkinfer.errors import (
     ShapeError,
 )
 from sparkinfer.runtime import LocalGroup, launch
-from tests.comm.test_fused_norm import GRAPH_BACKENDS, Captured
+from tests.comm.graphs import GRAPH_BACKENDS, graph_steps
 
 CAP = 64 << 10  # staging bytes per lane: [17, 12, 128] bf16 + lse fits, [40, 8, 128] does not
 SEED = random.randrange(1 << 30)
@@ -276,19 +276,7 @@ def _graph_worker(world, seed):
     def results():
         return [(pack(out.cpu()), pack(lse_out.cpu())) for _, _, _, out, lse_out in bufs] + [pack(gathered.cpu())]
 
-    steps = {}
-    load(seed)
-    run()
-    steps["eager"] = results()
-    load(seed)
-    g = Captured(comm, run, "g")
-    load(seed)
-    g.replay()
-    steps["replay"] = results()
-    load(seed + 1)
-    g.replay()
-    steps["replay_new_inputs"] = results()
-    del g
+    steps = graph_steps(comm, run, load, results, seed)
     comm.close()
     return steps
 

@@ -8,7 +8,6 @@ the parametrized tests below only compare what the ranks returned.
 """
 
 import dataclasses
-import os
 import random
 
 import pytest
@@ -28,6 +27,7 @@ from sparkinfer.errors import (
     ShapeError,
 )
 from sparkinfer.runtime import LocalGroup, launch
+from tests.comm.graphs import GRAPH_BACKENDS, graph_steps
 
 CAP = 256 << 10  # bytes of staging per lane: [17, 7168] bf16 fits, [20, 7168] does not
 EPS = 1e-5
@@ -211,42 +211,6 @@ def test_torch_ops_eager_and_compiled_match_the_direct_call(ranks, world):
 # ---------------------------------------------------------------- eager -> capture -> replay -> new inputs -> replay
 
 
-class Captured:
-    """`fn` captured once inside comm.pool.capture(stream, channel_id) after an eager
-    warm-up on that stream, then replayed. CPU ranks stand in: "capture" runs fn with
-    the stream marked capturing (so capture-only rules apply), a replay re-runs it."""
-
-    def __init__(self, comm, fn, channel_id: str):
-        import torch
-
-        self.comm, self.fn, self.cid, self.cuda = comm, fn, channel_id, comm.device.type == "cuda"
-        self.stream = torch.cuda.Stream() if self.cuda else f"{channel_id}_stream"
-        with comm.pool.capture(self.stream, channel_id):
-            if self.cuda:
-                self.stream.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(self.stream):
-                    fn()
-                self.stream.synchronize()
-                self.graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(self.graph, stream=self.stream):
-                    fn()
-            else:
-                with comm.streams.use(self.stream):
-                    fn()
-                with comm.streams.capture(self.stream):
-                    fn()
-
-    def replay(self):
-        import torch
-
-        if self.cuda:
-            self.graph.replay()
-            torch.cuda.synchronize()
-        else:
-            with self.comm.pool.capture(self.stream, self.cid, reuse=True), self.comm.streams.use(self.stream):
-                self.fn()
-
-
 GRAPH_CASES = [  # three ops in one graph (an odd count): LL, flag with pieces, flag in place
     Case("g_t1_h7168_ll", (1, 7168), torch.bfloat16),
     Case("g_t3_h7168_flag", (3, 7168), torch.bfloat16, algorithm="fused"),
@@ -283,29 +247,9 @@ def _graph_worker(world, seed):
     def results():
         return [(pack(o.cpu()), pack(r.cpu())) for c, x, res, w, o, r in bufs]
 
-    steps = {}
-    load(seed)
-    run()
-    steps["eager"] = results()
-    load(seed)
-    g = Captured(comm, run, "g")
-    load(seed)
-    g.replay()
-    steps["replay"] = results()
-    load(seed + 1)
-    g.replay()
-    steps["replay_new_inputs"] = results()
-    del g
+    steps = graph_steps(comm, run, load, results, seed)
     comm.close()
     return steps
-
-
-GRAPH_BACKENDS = [
-    pytest.param("cpu", id="cpu_ranks"),
-    pytest.param("cuda", id="2gpus", marks=[pytest.mark.gpu2, pytest.mark.skipif(
-        not torch.cuda.is_available() or torch.cuda.device_count() < 2 or os.environ.get("TRITON_INTERPRET") == "1",
-        reason="needs 2 GPUs with compiled kernels (TRITON_INTERPRET unset)")]),
-]
 
 
 @pytest.mark.parametrize("backend", GRAPH_BACKENDS)

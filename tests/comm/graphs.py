@@ -1,0 +1,71 @@
+"""Graph plumbing shared by the collective tests: the eager -> capture -> replay ->
+new inputs -> replay sequence, on CPU ranks (a stand-in capture) and on 2 GPUs."""
+
+import os
+
+import pytest
+import torch
+
+
+class Captured:
+    """`fn` captured once inside comm.pool.capture(stream, channel_id) after an eager
+    warm-up on that stream, then replayed. CPU ranks stand in: "capture" runs fn with
+    the stream marked capturing (so capture-only rules apply), a replay re-runs it."""
+
+    def __init__(self, comm, fn, channel_id: str):
+        import torch
+
+        self.comm, self.fn, self.cid, self.cuda = comm, fn, channel_id, comm.device.type == "cuda"
+        self.stream = torch.cuda.Stream() if self.cuda else f"{channel_id}_stream"
+        with comm.pool.capture(self.stream, channel_id):
+            if self.cuda:
+                self.stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(self.stream):
+                    fn()
+                self.stream.synchronize()
+                self.graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(self.graph, stream=self.stream):
+                    fn()
+            else:
+                with comm.streams.use(self.stream):
+                    fn()
+                with comm.streams.capture(self.stream):
+                    fn()
+
+    def replay(self):
+        import torch
+
+        if self.cuda:
+            self.graph.replay()
+            torch.cuda.synchronize()
+        else:
+            with self.comm.pool.capture(self.stream, self.cid, reuse=True), self.comm.streams.use(self.stream):
+                self.fn()
+
+
+def graph_steps(comm, run, load, results, seed: int) -> dict:
+    """eager -> capture -> replay -> new inputs -> replay. load(seed) writes the
+    inputs in place; run() launches the ops on fixed buffers; results() snapshots
+    the outputs. Returns {step: results()}."""
+    steps = {}
+    load(seed)
+    run()
+    steps["eager"] = results()
+    load(seed)
+    g = Captured(comm, run, "g")
+    load(seed)
+    g.replay()
+    steps["replay"] = results()
+    load(seed + 1)
+    g.replay()
+    steps["replay_new_inputs"] = results()
+    del g
+    return steps
+
+
+GRAPH_BACKENDS = [
+    pytest.param("cpu", id="cpu_ranks"),
+    pytest.param("cuda", id="2gpus", marks=[pytest.mark.gpu2, pytest.mark.skipif(
+        not torch.cuda.is_available() or torch.cuda.device_count() < 2 or os.environ.get("TRITON_INTERPRET") == "1",
+        reason="needs 2 GPUs with compiled kernels (TRITON_INTERPRET unset)")]),
+]
