@@ -15,14 +15,13 @@ from sparkinfer.comm.dcp.reference import merge_partials
 from sparkinfer.comm.launching import (
     OP_CODES,
     channel_args,
-    check_capacity,
     check_errors,
     check_tensor,
     fingerprint,
     launch_kernel,
 )
 from sparkinfer.comm.topology import TopologyCaps
-from sparkinfer.errors import CapacityError, DTypeError, LayoutError, ShapeError
+from sparkinfer.errors import CapacityError, LayoutError, ShapeError
 
 __all__ = ["RowConfig", "row_config", "dcp_merge", "all_gather_heads"]
 
