@@ -1,7 +1,13 @@
-import os, sys, time, json
+"""Exploratory 2-GPU all-reduce sweep kept for reproducibility of benchmarks/results/sweep_2xh200_*.json.
+
+    python3 benchmarks/sweeps/launch_sweep.py
+"""
+import json
+import os
+import sys
+
 sys.path.insert(0, os.getcwd())
-import torch
-from sparkinfer.runtime import launch
+from sparkinfer.runtime import launch  # noqa: E402
 
 def body(world):
     import torch, torch.distributed as dist
@@ -30,7 +36,6 @@ def body(world):
     s = torch.cuda.Stream(dev)
     res = {}
     NOPS = 20
-    from sparkinfer.comm import LaunchConfig
     for nbytes in [2 << 10, 32 << 10, 128 << 10, 512 << 10, 2 << 20, 8 << 20, 32 << 20]:
         n = nbytes // 2
         x = pay(r, n, torch.bfloat16); o = torch.empty_like(x)
@@ -69,7 +74,7 @@ def body(world):
             key = f"{nbytes>>10}KiB {algo} " + (f"g{cfg.grid} b{cfg.block} w{cfg.num_warps}" if cfg else "default")
             res[key] = (round(ts[len(ts)//2], 2), ok)
             comm.synchronize()
-    import triton, triton.language as tl
+    import triton
     @triton.jit
     def _empty(p):
         pass

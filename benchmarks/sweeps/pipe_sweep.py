@@ -1,7 +1,13 @@
-import os, sys, time, json
+"""Exploratory 2-GPU all-reduce sweep kept for reproducibility of benchmarks/results/sweep_2xh200_*.json.
+
+    python3 benchmarks/sweeps/pipe_sweep.py
+"""
+import json
+import os
+import sys
+
 sys.path.insert(0, os.getcwd())
-import torch
-from sparkinfer.runtime import launch
+from sparkinfer.runtime import launch  # noqa: E402
 
 def body(world):
     import torch, torch.distributed as dist
@@ -20,7 +26,6 @@ def body(world):
         ref = sum(pay(q, n, torch.float32) for q in range(W)).to(torch.bfloat16)
         variants = [("auto", None)]
         for algo in ["oneshot", "twoshot"]:
-            work = nbytes if algo == "oneshot" else nbytes // 2
             for pipe in (1, 2):
                 for blk, nw in [(4096, 8), (8192, 16), (2048, 8)]:
                     for grid in (66, 132, 256):
