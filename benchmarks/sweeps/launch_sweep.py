@@ -3,6 +3,7 @@
     python3 benchmarks/sweeps/launch_sweep.py
 """
 import json
+import time
 import os
 import sys
 
