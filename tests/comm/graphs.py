@@ -43,6 +43,17 @@ class Captured:
                 self.fn()
 
 
+def pack(t):
+    """A tensor as (numpy bytes, dtype, shape): torch's queue pickling shares file
+    descriptors that die with the rank process."""
+    return t.contiguous().view(torch.uint8).numpy().copy(), t.dtype, tuple(t.shape)
+
+
+def unpack(p):
+    raw, dtype, shape = p
+    return torch.from_numpy(raw).view(dtype).reshape(shape)
+
+
 def graph_steps(comm, run, load, results, seed: int) -> dict:
     """eager -> capture -> replay -> new inputs -> replay. load(seed) writes the
     inputs in place; run() launches the ops on fixed buffers; results() snapshots

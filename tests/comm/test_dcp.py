@@ -26,7 +26,7 @@ from sparkinfer.errors import (
     ShapeError,
 )
 from sparkinfer.runtime import LocalGroup, launch
-from tests.comm.graphs import GRAPH_BACKENDS, graph_steps
+from tests.comm.graphs import GRAPH_BACKENDS, graph_steps, pack, unpack
 
 CAP = 64 << 10  # staging bytes per lane: [17, 12, 128] bf16 + lse fits, [40, 8, 128] does not
 SEED = random.randrange(1 << 30)
@@ -92,17 +92,6 @@ def make_inputs(case: Case, world_size: int, seed: int):
             os_.append(o.transpose(0, 1).contiguous())
             lses.append(lse.t().contiguous())
     return os_, lses
-
-
-def pack(t):
-    """A tensor as (numpy bytes, dtype, shape): torch's queue pickling shares file
-    descriptors that die with the rank process."""
-    return t.contiguous().view(torch.uint8).numpy().copy(), t.dtype, tuple(t.shape)
-
-
-def unpack(p):
-    raw, dtype, shape = p
-    return torch.from_numpy(raw).view(dtype).reshape(shape)
 
 
 def _run_case(comm, case, rank, W, seed):

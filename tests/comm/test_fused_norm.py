@@ -27,7 +27,7 @@ from sparkinfer.errors import (
     ShapeError,
 )
 from sparkinfer.runtime import LocalGroup, launch
-from tests.comm.graphs import GRAPH_BACKENDS, graph_steps
+from tests.comm.graphs import GRAPH_BACKENDS, graph_steps, pack, unpack
 
 CAP = 256 << 10  # bytes of staging per lane: [17, 7168] bf16 fits, [20, 7168] does not
 EPS = 1e-5
@@ -106,17 +106,6 @@ def _run_case(comm, case, rank, world_size, seed):
     finally:
         comm.caps = saved
     return out, res_out
-
-
-def pack(t):
-    """A tensor as (numpy bytes, dtype, shape): torch's queue pickling shares file
-    descriptors that die with the rank process."""
-    return t.contiguous().view(torch.uint8).numpy().copy(), t.dtype, tuple(t.shape)
-
-
-def unpack(p):
-    raw, dtype, shape = p
-    return torch.from_numpy(raw).view(dtype).reshape(shape)
 
 
 def _torch_ops(comm, rank, W, seed):
