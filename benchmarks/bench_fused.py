@@ -58,7 +58,7 @@ PRESETS = {  # fused (H, T) and dcp ((H, D), T) sweeps, graph size N, replays, b
                   dcp_t=(1, 16, 64, 256), iters=20, reps=9, budget_s=120.0, timeout_s=300),
     "dry": dict(hidden=(1024,), norm_t=(1, 3), heads=((4, 64),), dcp_t=(1, 3), iters=2, reps=2,
                 budget_s=200.0, timeout_s=400),
-    "sweep": dict(hidden=(4096, 7168), norm_t=(1, 8, 64, 256), iters=20, reps=9, budget_s=100.0, timeout_s=300),
+    "sweep": dict(hidden=(4096, 7168), norm_t=(1, 8, 16, 64), iters=20, reps=9, budget_s=100.0, timeout_s=300),
 }
 
 

@@ -64,6 +64,27 @@ def ll_wait_tile(p_lane, o, m, flag, table, rank, peer, epoch, deadline, op,
 
 
 @triton.jit
+def ll_wait_sum(p_words, lo, n, flag, table, rank, epoch, deadline, op, W: tl.constexpr, NP: tl.constexpr,
+                INTERP: tl.constexpr):
+    """Spin until the n (<= NP) LL words p_words[lo:lo + n] carry `flag`; returns
+    (the fp32 sum of their payloads, status). Posted by blocks of this launch on
+    this rank: a timeout names this rank. The sum's order depends only on n and
+    NP, so every block that reads the same words gets the same bits."""
+    o_n = tl.arange(0, NP)
+    v, status = ll_wait_tile(p_words, lo + o_n, o_n < n, flag, table, rank, rank, epoch, deadline, op, W, INTERP)
+    vals = (v & LOW32).to(tl.int32).to(tl.float32, bitcast=True)
+    return tl.sum(tl.where(o_n < n, vals, 0.0), axis=0), status
+
+
+@triton.jit
+def ll_clear(p_words, n, BLOCK: tl.constexpr):
+    """p_words[0:n] = 0 (int64 LL words)."""
+    o = tl.arange(0, BLOCK)
+    for k in range(0, n, BLOCK):
+        tl.store(p_words + k + o, tl.zeros([BLOCK], tl.int64), mask=k + o < n)
+
+
+@triton.jit
 def unpack_add(acc_lo, acc_hi, d32, HALF: tl.constexpr, DT: tl.constexpr):
     """Add the values held in int32 words d32 to fp32 accumulators.
 

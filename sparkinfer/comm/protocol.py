@@ -192,14 +192,28 @@ def wait_peers_at(table, rank, epoch, phase, fp, deadline, op, blk, W: tl.conste
 
 
 @triton.jit
-def finish(table, rank, epoch):
-    """Every block calls this last; the last block to arrive bumps the epoch."""
+def arrive_last(table, rank):
+    """Count this block as done; True in the last block to arrive, which then
+    sees every other block's memory accesses of this launch (acq_rel counter)."""
     tl.debug_barrier()
     p_hdr = tl.load(table + rank).to(tl.pointer_type(tl.int64))
     old = tl.atomic_add(p_hdr + HDR_ARRIVE, 1, sem="acq_rel", scope="gpu")
-    if old == tl.num_programs(0) - 1:
-        tl.store(p_hdr + HDR_ARRIVE, 0)
-        tl.store(p_hdr + HDR_EPOCH, epoch + 1)
+    return old == tl.num_programs(0) - 1
+
+
+@triton.jit
+def close_epoch(table, rank, epoch):
+    """The last block (arrive_last) resets the counter and bumps the epoch."""
+    p_hdr = tl.load(table + rank).to(tl.pointer_type(tl.int64))
+    tl.store(p_hdr + HDR_ARRIVE, 0)
+    tl.store(p_hdr + HDR_EPOCH, epoch + 1)
+
+
+@triton.jit
+def finish(table, rank, epoch):
+    """Every block calls this last; the last block to arrive bumps the epoch."""
+    if arrive_last(table, rank):
+        close_epoch(table, rank, epoch)
 
 
 @triton.jit

@@ -13,7 +13,7 @@ import random
 import pytest
 import torch
 
-from sparkinfer.comm.fused_norm.launch import SPLIT_MAX_BYTES, check_config, norm_config
+from sparkinfer.comm.fused_norm.launch import LL_SPLIT_MAX_BYTES, SPLIT_MAX_BYTES, check_config, norm_config
 from sparkinfer.comm.fused_norm.reference import all_reduce_add_rms_norm_reference
 from sparkinfer.comm.topology import TopologyCaps
 from sparkinfer.errors import (
@@ -135,12 +135,27 @@ def _torch_ops(comm, rank, W, seed):
     return checks
 
 
+def _ll_dirty_words(comm) -> int:
+    """Nonzero bytes in this rank's LL region once every rank is done: LL words
+    (the peers' rows and the split path's posted partial sums, which every
+    block of a row reads) must all have been cleared."""
+    import torch.distributed as dist
+
+    dist.barrier()
+    ch = comm.pool.get("eager")
+    lay = ch.layout
+    dirty = int(ch.slab.keep[1][lay.ll_off:lay.ll_off + 2 * lay.ll_slot_bytes].count_nonzero())
+    dist.barrier()
+    return dirty
+
+
 def _worker(world, cases, seed):
     from sparkinfer.comm import Communicator
 
     comm = Communicator(capacity_bytes=CAP, timeout_s=5)
     W, rank = world.world_size, world.rank
     results = {c.id: tuple(map(pack, _run_case(comm, c, rank, W, seed))) for c in cases}
+    results["ll_dirty_words"] = _ll_dirty_words(comm)
     results["torch_ops"] = _torch_ops(comm, rank, W, seed)
     # Different hidden sizes at the same sequence number are detected, not mixed.
     x = torch.zeros(2, 1024 * (rank + 1), dtype=torch.bfloat16)
@@ -192,6 +207,11 @@ def test_matches_fp32_reference_and_ranks_agree_bitwise(ranks, world, case):
 
 
 @pytest.mark.parametrize("world", [2, 3])
+def test_ll_region_is_clean_after_every_case(ranks, world):
+    assert [res["ll_dirty_words"] for res in ranks[world]] == [0] * world
+
+
+@pytest.mark.parametrize("world", [2, 3])
 def test_torch_ops_eager_and_compiled_match_the_direct_call(ranks, world):
     for rank, res in enumerate(ranks[world]):
         assert all(res["torch_ops"].values()), f"rank {rank}: {res['torch_ops']}"
@@ -200,8 +220,10 @@ def test_torch_ops_eager_and_compiled_match_the_direct_call(ranks, world):
 # ---------------------------------------------------------------- eager -> capture -> replay -> new inputs -> replay
 
 
-GRAPH_CASES = [  # three ops in one graph (an odd count): LL, flag with pieces, flag in place
+GRAPH_CASES = [  # five ops in one graph (an odd count): LL (rows split on the GPU), flag with pieces, flag in place
     Case("g_t1_h7168_ll", (1, 7168), torch.bfloat16),
+    Case("g_t8_h4096_ll_inplace", (8, 4096), torch.bfloat16, inplace=True),
+    Case("g_t3_h7168_ll", (3, 7168), torch.bfloat16),
     Case("g_t3_h7168_flag", (3, 7168), torch.bfloat16, algorithm="fused"),
     Case("g_t2_h1024_flag_inplace", (2, 1024), torch.bfloat16, inplace=True, algorithm="fused"),
 ]
@@ -347,7 +369,7 @@ def test_norm_config_covers_every_piece_once_on_co_resident_blocks(interpret):
                     assert c.block_w * 4 >= H * isz, (T, H, c)  # the LL kernel's tile holds the row
                 if interpret:  # blocks run one after another there: a row never spans two blocks
                     assert c.per % c.pieces == 0, (T, H, c)
-                elif H <= 8192 and T * H * isz >= SPLIT_MAX_BYTES:  # rows that fit a tile go whole
+                elif H <= 8192 and T * H * isz >= (LL_SPLIT_MAX_BYTES if ll else SPLIT_MAX_BYTES):  # whole rows
                     assert c.pieces == 1 and (T > 132 or c.grid == T), (T, H, c)
                 elif T * H * isz <= 132 * 2048:
                     assert c.grid >= min(132, T * H * isz // 2048 // 2), (T, H, c)  # split rows spread out

@@ -24,19 +24,27 @@ row adds the same bits in the same order, so all ranks agree bitwise.
 The LL kernel does the same over the LL transport (ll.py) for latency-bound
 sizes: pieces travel as int32 words inside int64 words carrying their flag, so
 step 1 has no separate flag round trip; values are handled as (lo, hi) halves
-of int32 words. Its x and residual loads (and, ONE_PASS, the weight) are
-issued before it spins on the peers' words, so their latency hides under the
-link's instead of following it.
+of int32 words. Its x, residual and weight loads are issued before it spins
+on the peers' words, so their latency hides under the link's instead of
+following it. Its split path posts each piece's sum of squares as one LL word
+(flag | fp32) in this rank's own LL lane, which no peer writes: step 3 polls
+all S partials of a row with one vector load and no atomics (a partial per
+load with an atomic round trip each cost more than the split saved); a block
+with one piece keeps its residual_out and weight tiles in registers instead of
+re-reading them; the last block to finish clears the posted words, since
+every block of the row read them.
 """
 
 import triton
 import triton.language as tl
 
-from sparkinfer.comm.ll import ll_flag, ll_pack, ll_wait_tile, pack_out, unpack_add
+from sparkinfer.comm.ll import ll_clear, ll_flag, ll_pack, ll_wait_sum, ll_wait_tile, pack_out, unpack_add
 from sparkinfer.comm.protocol import (
     LOW32,
+    arrive_last,
     as_ptr,
     begin,
+    close_epoch,
     finish,
     publish_local,
     push_to_peers,
@@ -195,11 +203,12 @@ def all_reduce_add_rms_norm_ll_kernel(
     p_x, p_res, p_w, p_out, p_res_out, n_rows, H, S, CH, per, eps,
     table, rank, fp, timeout_ns, stage_off, slot_bytes, lane_bytes, ll_off, ll_slot_bytes, ll_lane_bytes,
     OP: tl.constexpr, W: tl.constexpr, BLOCK_W: tl.constexpr, HALF: tl.constexpr, EPW: tl.constexpr,
-    ONE_PASS: tl.constexpr, INTERP: tl.constexpr,
+    NP: tl.constexpr, ONE_PASS: tl.constexpr, INTERP: tl.constexpr,
 ):
     """all_reduce_add_rms_norm_kernel over the LL transport (same pieces, same math;
     sums of squares are taken over (lo, hi) halves). BLOCK_W: tile in int32 words
-    (ONE_PASS: a whole row); HALF: 16-bit dtype (EPW = 2 elements per word), else fp32."""
+    (ONE_PASS: a whole row); HALF: 16-bit dtype (EPW = 2 elements per word), else fp32;
+    NP: S rounded up to a power of two."""
     DT: tl.constexpr = p_x.dtype.element_ty
     epoch, deadline = begin(table, rank, timeout_ns, INTERP)
     flag = ll_flag(epoch, fp)
@@ -227,15 +236,23 @@ def all_reduce_add_rms_norm_ll_kernel(
             if status == 0:
                 tl.store(p_res_out32 + o, pack_out(r_lo, r_hi, HALF, DT), mask=m)
                 tl.store(p_out32 + o, pack_out(r_lo * rstd * b_wlo, r_hi * rstd * b_whi, HALF, DT), mask=m)
+        finish(table, rank, epoch)
     else:
-        tag = (fp.to(tl.int64) << 32) | ((epoch + 1) & LOW32)
-        p_post = as_ptr(stage_addr(table, rank, epoch, W, stage_off, slot_bytes, lane_bytes), table)
+        # Partial sums travel as LL words (flag | fp32) in this rank's own lane of
+        # the LL region, which no peer writes: one vector load polls all S of a
+        # row, no atomics. The last block clears them (readers are many).
+        p_part = as_ptr(stage_addr(table, rank, epoch, rank, ll_off, ll_slot_bytes, ll_lane_bytes), table)
+        r_lo = tl.zeros([BLOCK_W], tl.float32)
+        r_hi = tl.zeros([BLOCK_W], tl.float32)
+        b_lo = tl.zeros([BLOCK_W], tl.float32)
+        b_hi = tl.zeros([BLOCK_W], tl.float32)
         for p in range(p_lo, p_hi):
             w_lo, w_hi = _piece_words(p, S, CH, H, EPW)
             ss = tl.zeros([BLOCK_W], tl.float32)
             for k in range(w_lo, w_hi, BLOCK_W):
                 o = tl.multiple_of(k, 4) + o_w
                 m = o < w_hi
+                b_lo, b_hi = _weight_halves(p_w, o * EPW - (p // S) * H, m, HALF)  # issued before the spin
                 r_lo, r_hi, st = _ll_residual_tile(p_x32, p_res32, o, m, flag, table, rank, epoch, deadline, ll_off,
                                                    ll_slot_bytes, ll_lane_bytes, OP, W, HALF, DT, INTERP)
                 status = tl.maximum(status, st)
@@ -243,24 +260,25 @@ def all_reduce_add_rms_norm_ll_kernel(
                     tl.store(p_res_out32 + o, pack_out(r_lo, r_hi, HALF, DT), mask=m)
                 ss += r_lo * r_lo + r_hi * r_hi
             if status == 0:
-                publish_local(p_post + 2 * p, tl.sum(ss, axis=0), tag, INTERP)
-        tl.debug_barrier()
+                tl.store(p_part + p, ll_pack(tl.sum(ss, axis=0).to(tl.int32, bitcast=True), flag))
+        # one piece in one tile (the GPU shapes): its residual_out is still in r_lo / r_hi
+        keep = (p_hi - p_lo == 1) & ((CH // EPW) <= BLOCK_W)
         for p in range(p_lo, p_hi):
             row = p // S
-            total = tl.zeros([], tl.float32)
-            for c in range(0, S):
-                if status == 0:
-                    part, status = wait_local(table, rank, p_post + 2 * (row * S + c), tag, deadline, epoch, OP, W,
-                                              INTERP)
-                    total += part
-            rstd = tl.math.rsqrt(total / H + eps)
-            w_lo, w_hi = _piece_words(p, S, CH, H, EPW)
-            for k in range(w_lo, w_hi, BLOCK_W):
-                o = tl.multiple_of(k, 4) + o_w
-                m = o < w_hi
-                zero = tl.zeros([BLOCK_W], tl.float32)
-                r_lo, r_hi = unpack_add(zero, zero, tl.load(p_res_out32 + o, mask=m, other=0), HALF, DT)
-                b_lo, b_hi = _weight_halves(p_w, o * EPW - row * H, m, HALF)
-                if status == 0:
-                    tl.store(p_out32 + o, pack_out(r_lo * rstd * b_lo, r_hi * rstd * b_hi, HALF, DT), mask=m)
-    finish(table, rank, epoch)
+            if status == 0:
+                total, status = ll_wait_sum(p_part, row * S, S, flag, table, rank, epoch, deadline, OP, W, NP,
+                                            INTERP)
+                rstd = tl.math.rsqrt(total / H + eps)
+                w_lo, w_hi = _piece_words(p, S, CH, H, EPW)
+                for k in range(w_lo, w_hi, BLOCK_W):
+                    o = tl.multiple_of(k, 4) + o_w
+                    m = o < w_hi
+                    if not keep:
+                        zero = tl.zeros([BLOCK_W], tl.float32)
+                        r_lo, r_hi = unpack_add(zero, zero, tl.load(p_res_out32 + o, mask=m, other=0), HALF, DT)
+                        b_lo, b_hi = _weight_halves(p_w, o * EPW - row * H, m, HALF)
+                    if status == 0:
+                        tl.store(p_out32 + o, pack_out(r_lo * rstd * b_lo, r_hi * rstd * b_hi, HALF, DT), mask=m)
+        if arrive_last(table, rank):
+            ll_clear(p_part, n_rows * S, 256)
+            close_epoch(table, rank, epoch)

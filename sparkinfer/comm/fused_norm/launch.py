@@ -42,6 +42,10 @@ MAX_TILE_INTERP = 4096
 # ll_row 5.01 us vs ll_pieces 6.53 us; H = 7168: 6.06 vs 7.94; T = 8: 5.08 vs
 # 7.17 and 6.53 vs 8.80. So 0: never split a row that fits a tile.
 SPLIT_MAX_BYTES = 0
+# The LL kernel's split path posts partial sums as LL words polled with one
+# vector load (kernel.py), not through atomics: it splits rows (split_pieces)
+# below this many bytes of x, i.e. wherever algorithm="auto" takes it.
+LL_SPLIT_MAX_BYTES = 256 << 10
 # Smallest piece of a split row. The 2x H200 all-reduce sweep
 # (topology.PER_BLOCK_BYTES: 32 KiB on 16 blocks 5.2 us, on 1 block 9.3 us)
 # put ~2 KiB of stage per block. The interpreter splits rows above 4 KiB (one
@@ -107,9 +111,11 @@ def split_pieces(caps: TopologyCaps, rows: int, hidden: int, itemsize: int) -> i
     return s
 
 
-def _default_pieces(caps: TopologyCaps, rows: int, hidden: int, itemsize: int) -> int:
-    """1 (whole rows) where a row fits a tile and the tensor is >= SPLIT_MAX_BYTES, else split_pieces."""
-    if not caps.interpret and hidden <= MAX_TILE_GPU and rows * hidden * itemsize >= SPLIT_MAX_BYTES:
+def _default_pieces(caps: TopologyCaps, rows: int, hidden: int, itemsize: int, ll: bool) -> int:
+    """1 (whole rows) where a row fits a tile and the tensor is >= SPLIT_MAX_BYTES
+    (LL_SPLIT_MAX_BYTES for the LL kernel), else split_pieces."""
+    limit = LL_SPLIT_MAX_BYTES if ll else SPLIT_MAX_BYTES
+    if not caps.interpret and hidden <= MAX_TILE_GPU and rows * hidden * itemsize >= limit:
         return 1
     return split_pieces(caps, rows, hidden, itemsize)
 
@@ -123,7 +129,7 @@ def norm_config(caps: TopologyCaps, rows: int, hidden: int, itemsize: int = 2, *
     <= num_sms blocks (2 in the interpreter, with whole rows per block)."""
     interp = caps.interpret
     g_max = 2 if interp else min(caps.num_sms, MAX_BLOCKS)
-    s = _default_pieces(caps, rows, hidden, itemsize) if pieces is None else max(1, min(pieces, hidden))
+    s = _default_pieces(caps, rows, hidden, itemsize, ll) if pieces is None else max(1, min(pieces, hidden))
     chunk = -(-(-(-hidden // s)) // PIECE_ALIGN) * PIECE_ALIGN
     s = -(-hidden // chunk)
     if interp:  # whole rows per block
@@ -183,7 +189,8 @@ def candidate_configs(caps: TopologyCaps, rows: int, hidden: int, itemsize: int 
     the channel's LL lanes carry (layout.ll_lane_bytes // 2). "auto" is what
     all_reduce_add_rms_norm picks, named "auto=<twin>" when it equals a candidate
     (left out then). ll_row_w8 / _w16: whole rows over LL; *_pieces: rows split by
-    split_pieces; flag_row(_w8): whole rows over the flag kernel."""
+    split_pieces (ll_pieces_half: twice as many pieces, still one per block);
+    flag_row(_w8): whole rows over the flag kernel."""
     nbytes, s = rows * hidden * itemsize, split_pieces(caps, rows, hidden, itemsize)
     ll_ok = nbytes <= ll_max_bytes and nbytes % 4 == 0
     ll_auto = ll_ok and _auto_ll(nbytes)
@@ -192,11 +199,12 @@ def candidate_configs(caps: TopologyCaps, rows: int, hidden: int, itemsize: int 
     def shape(ll, **kw):
         return "fused_ll" if ll else "fused", norm_config(caps, rows, hidden, itemsize, ll=ll, **kw)
 
+    s2 = min(2 * s, max(1, min(caps.num_sms, MAX_BLOCKS) // rows))  # pieces of half the size
     cands = dict(ll_row_w8=shape(True, pieces=1, num_warps=8), ll_row_w16=shape(True, pieces=1, num_warps=16),
-                 ll_pieces=shape(True, pieces=s)) if ll_ok else {}
+                 ll_pieces=shape(True, pieces=s), ll_pieces_half=shape(True, pieces=s2)) if ll_ok else {}
     cands.update(flag_row=shape(False, pieces=1), flag_pieces=shape(False, pieces=s),
                  flag_row_w8=shape(False, pieces=1, num_warps=8))
-    cands = {k: v for k, v in cands.items() if s > 1 or "pieces" not in k}  # s = 1: pieces are rows
+    cands = {k: v for k, v in cands.items() if "pieces" not in k or v[1].pieces > 1}  # 1 piece: a row
     twin = next((k for k, v in cands.items() if v == auto), None)
     out = {f"auto={twin}" if twin else "auto": auto}
     for k, v in cands.items():
@@ -302,7 +310,7 @@ def all_reduce_add_rms_norm(comm, x, residual, weight, eps: float = 1e-6, *, out
         kernel = all_reduce_add_rms_norm_ll_kernel
         half = x.element_size() == 2
         consts = dict(OP=OP_CODES[OP], W=comm.world_size, BLOCK_W=cfg.block_w, HALF=half, EPW=2 if half else 1,
-                      ONE_PASS=cfg.one_pass, INTERP=comm.caps.interpret)
+                      NP=_pow2(cfg.pieces), ONE_PASS=cfg.one_pass, INTERP=comm.caps.interpret)
     else:
         kernel = all_reduce_add_rms_norm_kernel
         consts = dict(OP=OP_CODES[OP], W=comm.world_size, BLOCK=cfg.block, BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c,
