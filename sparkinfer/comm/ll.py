@@ -30,79 +30,36 @@ def ll_pack(d32, flag):
     return (d32.to(tl.int64) & LOW32) | (flag << 32)
 
 
-# Per-thread spin on the GPU: each thread polls its own LL words (at most
-# SPIN_TRIES loads each) until they carry the flag, with no block barrier in
-# the loop; the block then checks once (one reduction) and, while words are
-# still missing, checks the abort word and the deadline before spinning again.
-# Labels inside a { } block are local to it, so the asm may be inlined many times.
-SPIN_TRIES = tl.constexpr(256)
-LL_SPIN_ASM = tl.constexpr("""
-{
-.reg .pred %sw_skip, %sw_more;
-.reg .b32 %sw_lo, %sw_hi, %sw_n;
-mov.b64 $0, 0;
-setp.eq.s32 %sw_skip, $3, 0;
-@%sw_skip bra SW_DONE;
-mov.u32 %sw_n, 0;
-SW_LOOP:
-ld.volatile.global.b64 $0, [$1];
-mov.b64 {%sw_lo, %sw_hi}, $0;
-add.u32 %sw_n, %sw_n, 1;
-setp.ne.u32 %sw_more, %sw_hi, $2;
-setp.lt.and.u32 %sw_more, %sw_n, $4, %sw_more;
-@%sw_more bra SW_LOOP;
-SW_DONE:
-}
-""")
-
-
-@triton.jit
-def _ll_poll(p_lane, o, m, flag, INTERP: tl.constexpr):
-    """The words lane[o] (0 where not m): on the GPU after each thread spun on its own words."""
-    if INTERP:
-        v = tl.load(p_lane + o, mask=m, other=0, volatile=True)
-    else:
-        zero = tl.zeros(o.shape, tl.int32)
-        v = tl.inline_asm_elementwise(
-            LL_SPIN_ASM, "=l,l,r,r,r",
-            [p_lane + o, zero + flag.to(tl.int32), m.to(tl.int32), zero + SPIN_TRIES],
-            dtype=tl.int64, is_pure=False, pack=1)
-    return v
-
-
 @triton.jit
 def ll_wait_tile(p_lane, o, m, flag, table, rank, peer, epoch, deadline, op,
                  W: tl.constexpr, INTERP: tl.constexpr):
     """Spin until every word lane[o] (where m) carries `flag`; returns (words, status).
 
-    status 0: all arrived; else the error code (recorded, peers aborted). One
-    block reduction per round: per word 0 arrived, 1 still 0, 2 foreign."""
+    status 0: all arrived; else the error code (recorded, peers aborted)."""
     p_hdr = addr_of(table, rank).to(tl.pointer_type(tl.int64))
+    v = tl.load(p_lane + o, mask=m, other=0, volatile=True)
+    ready = tl.min(tl.where(m, ((v >> 32) & LOW32) == flag, 1).to(tl.int32), axis=0)
     status = tl.zeros([], tl.int32)
-    v = _ll_poll(p_lane, o, m, flag, INTERP)
-    got = tl.where(m, (v >> 32) & LOW32, flag)  # the shift sign-extends: mask it
-    worst = tl.max(tl.where(got == flag, 0, tl.where(got == 0, 1, 2)), axis=0)
-    while worst != 0:
-        if worst == 2:
-            status = tl.full([], ERR_MISMATCH, tl.int32)
-            _report(table, rank, status, peer, rank, epoch, tl.max(tl.where(got == flag, 0, got), axis=0), flag, op,
-                    W, INTERP)
-            worst = 0
-        else:
+    while ready == 0:
+        v = tl.load(p_lane + o, mask=m, other=0, volatile=True)
+        got = tl.where(m, (v >> 32) & LOW32, flag)  # the shift sign-extends: mask it
+        ready = tl.min((got == flag).to(tl.int32), axis=0)
+        if ready == 0:
+            wrong = tl.max(((got != 0) & (got != flag)).to(tl.int32), axis=0)
             ab = ld_acquire(p_hdr + HDR_ABORT, INTERP)
-            if ab != 0:
+            if wrong != 0:
+                status = tl.full([], ERR_MISMATCH, tl.int32)
+                _report(table, rank, status, peer, rank, epoch, tl.max(got, axis=0), flag, op, W, INTERP)
+                ready = 1
+            elif ab != 0:
                 status = ((ab >> 32) & 0xFFFF).to(tl.int32)
                 _report(table, rank, status, (ab & 0xFFFF).to(tl.int32), ((ab >> 16) & 0xFFFF).to(tl.int32),
                         epoch, tl.min(got, axis=0), flag, op, W, INTERP)
-                worst = 0
+                ready = 1
             elif now_ns(INTERP) > deadline:
                 status = tl.full([], ERR_TIMEOUT, tl.int32)
                 _report(table, rank, status, peer, rank, epoch, tl.min(got, axis=0), flag, op, W, INTERP)
-                worst = 0
-            else:
-                v = _ll_poll(p_lane, o, m, flag, INTERP)
-                got = tl.where(m, (v >> 32) & LOW32, flag)
-                worst = tl.max(tl.where(got == flag, 0, tl.where(got == 0, 1, 2)), axis=0)
+                ready = 1
     return v, status
 
 
