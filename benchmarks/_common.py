@@ -90,10 +90,11 @@ def versions() -> dict:
 
 
 def git_commit() -> dict:
-    """{"commit": HEAD (or $SPARKINFER_COMMIT when git is unavailable), "dirty": bool or None}."""
-    head = _run(["git", "rev-parse", "HEAD"])
-    if head is None:
-        return {"commit": os.environ.get("SPARKINFER_COMMIT"), "dirty": None}
+    """{"commit": $SPARKINFER_COMMIT if set (a copied tree may carry a stale .git), else
+    HEAD; "dirty": bool, or None when the commit came from the environment}."""
+    head = os.environ.get("SPARKINFER_COMMIT") or _run(["git", "rev-parse", "HEAD"])
+    if head is None or os.environ.get("SPARKINFER_COMMIT"):
+        return {"commit": head, "dirty": None}
     status = _run(["git", "status", "--porcelain", "--untracked-files=no"])
     return {"commit": head, "dirty": bool(status)}
 
