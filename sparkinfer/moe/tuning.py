@@ -1,8 +1,10 @@
 """Launch configurations around a plan's choice, to measure the planner's
-thresholds and tiles on a GPU (`benchmarks/bench_moe.py --sweep`).
+thresholds and tiles on a GPU (`benchmarks/bench_moe.py --sweep`; large-batch
+tiles: `benchmarks/sweeps/moe_tile_sweep.py`).
 
 Legend: T tokens, BM routed rows per tile, BN1 / BN2 weight rows per FC1 / FC2
-program, S1 / S2 reduction splits of the micro family.
+program, S1 / S2 reduction splits of the micro family, BK reduction elements
+per kernel step (`MoEPlan.chunk`).
 
 Every candidate is served by the same kernels as the plan (constexpr variants),
 so timing one is `plan.forced(config)`. Pure: no device, no compilation.
@@ -15,7 +17,39 @@ import dataclasses
 from sparkinfer.moe.plan import (MAX_SPLIT, SMEM_ONE_PER_SM, SMEM_TWO_PER_SM, LaunchConfig,
                                  MoEPlan, _stages, _weight_bytes)
 
-__all__ = ["candidates", "grouped_config"]
+__all__ = ["candidates", "grouped_config", "tile_candidates", "TILE_STAGE_CAP"]
+
+TILE_STAGE_CAP = 4
+# Large-batch tiles around the grouped plan (bf16): (name, BM, BN1, BN2, warps,
+# programs per SM, BK). From the sm_90 compile (ptxas -v, ea79977 kernels,
+# `benchmarks/sweeps/moe_tile_sweep.py --sm90` lists every one): the planned
+# 128/64/128 x 8 warps emits m64n64k16 in FC1 (the two warpgroups split BM) and
+# m64n128k16 in FC2, 142 / 141 registers, 192 KiB shared (3 stages of BK 128):
+# one program per SM. BN1 128 or BM 256 at BK 128 fit only 2 stages; at BK 64
+# the same tiles fit 4 (FC1 128/128: 255 registers, no spill; FC2 128/256: 202;
+# FC2 256/128: 189, m64n256k16; FC1 256/64 at BK 64 spills 4 bytes, so it is
+# not listed). "bk64-2cta": 96 KiB per program and <= 128 registers, so two
+# share an SM. 16 warps do not compile at BM 256 x BN 256 (ptxas needs > 128
+# registers a thread).
+TILES_LARGE = (("bn1-128", 128, 128, 128, 8, 1, 128), ("bk64", 128, 64, 128, 8, 1, 64),
+               ("bk64-bn1-128", 128, 128, 128, 8, 1, 64),
+               ("bk64-bn2-256", 128, 64, 256, 8, 1, 64),
+               ("bk64-wide", 128, 128, 256, 8, 1, 64), ("bk64-2cta", 128, 64, 128, 8, 2, 64),
+               ("bm256", 256, 64, 128, 8, 1, 128), ("bm64", 64, 64, 128, 8, 1, 128),
+               ("bm64-wide", 64, 128, 256, 8, 1, 128), ("bm64-bk64-wide", 64, 128, 256, 8, 1, 64),
+               ("w4", 128, 64, 128, 4, 1, 128))
+# Planned BM <= 32 (memory-bound batches): wider BN cuts the activation
+# re-reads (one per BN block); BM 64 doubles the rows that share a weight tile.
+TILES_SMALL = (("bm16", 16, 64, 64, 4, 2, 128), ("bn2-128", 32, 64, 128, 4, 2, 128),
+               ("bn-128", 32, 128, 128, 4, 1, 128), ("bn2-256", 32, 64, 256, 4, 1, 128),
+               ("bk64", 32, 64, 64, 4, 2, 64), ("bk64-bn-128", 32, 128, 128, 4, 2, 64),
+               ("w8-bn2-128", 32, 64, 128, 8, 1, 128), ("bm64", 64, 64, 128, 8, 1, 128),
+               ("bm64-bk64-wide", 64, 128, 256, 8, 1, 64))
+# NVFP4 (decode in registers): BK 128 only (BK fixes the prepared interleave).
+# BN1 128, BM 256 (12 bytes) and BM 128 at 4 warps (4 bytes) spill; the planned
+# 128/64/128 takes 173 registers (one program per SM), BM 64 125 (two).
+TILES_NVFP4 = (("deep", 128, 64, 128, 8, 1, 128), ("bm64", 64, 64, 128, 8, 1, 128),
+               ("bm64-w4", 64, 64, 128, 4, 1, 128))
 
 
 def grouped_config(p: MoEPlan, bm: int, bn1: int, bn2: int, decode: str) -> LaunchConfig:
@@ -71,3 +105,50 @@ def candidates(p: MoEPlan, tokens: int) -> tuple[tuple[str, LaunchConfig], ...]:
         if chosen.block_m != 64:
             out.append(("grouped-bm64", grouped_config(p, 64, 64, 128, chosen.decode)))
     return tuple(out[:4])
+
+
+def _tile(p: MoEPlan, bm: int, bn1: int, bn2: int, warps: int, per_sm: int, bk: int,
+          decode: str) -> MoEPlan:
+    nvfp4 = p.spec.weight_format == "nvfp4"
+    halves = 2 if p.spec.gated else 1
+    budget = SMEM_TWO_PER_SM if per_sm == 2 else SMEM_ONE_PER_SM
+    fixed = 8 * 1024 if nvfp4 else 0  # the dequantized operand's staging (plan.SMEM_FIXED)
+
+    def stages(per_stage):
+        return max(2, min(TILE_STAGE_CAP, (budget - fixed) // per_stage))
+
+    fc1 = halves * _weight_bytes(bn1, bk, nvfp4) + bk * bm * 2
+    fc2 = _weight_bytes(bn2, bk, nvfp4) + bk * bm * 2
+    cfg = LaunchConfig("grouped", bm, bn1, bn2, num_warps=warps, stages1=stages(fc1),
+                       stages2=stages(fc2), decode=decode)
+    return dataclasses.replace(p.forced(cfg), chunk=bk)
+
+
+def tile_candidates(p: MoEPlan, tokens: int) -> tuple[tuple[str, MoEPlan], ...]:
+    """(name, plan) to time at a grouped batch of `tokens`: ("planned", p) first,
+    then p forced to each tile of TILES_LARGE (planned BM >= 64), TILES_SMALL
+    (BM <= 32) or TILES_NVFP4, pipeline depth 2..4 from the shared memory a
+    step needs (one or two programs per SM). A plan's chunk is BK: a BK 64 plan
+    needs weights prepared for it (bf16: the same tensors). Tiles whose BK does
+    not divide H and I (or exceeds the plan's chunk), and repeats of an earlier
+    (BK, config), are left out; at most 12. Pure: no device, no compilation.
+    """
+    chosen = p.config_for(tokens)
+    if chosen.family != "grouped":
+        return (("planned", p),)
+    if p.spec.weight_format == "nvfp4":
+        table = TILES_NVFP4
+    else:
+        table = TILES_LARGE if chosen.block_m >= 64 else TILES_SMALL
+    out, seen = [("planned", p)], {(p.chunk, chosen)}
+    for name, bm, bn1, bn2, warps, per_sm, bk in table:
+        if p.caps.hidden % bk or p.caps.intermediate % bk or bk > p.chunk:
+            continue
+        tp = _tile(p, bm, bn1, bn2, warps, per_sm, bk, chosen.decode)
+        if name == "deep":  # the plan's tiles, one stage deeper where shared memory allows
+            tp = p.forced(dataclasses.replace(chosen, stages1=tp.buckets[0][1].stages1,
+                                              stages2=tp.buckets[0][1].stages2))
+        if (tp.chunk, tp.buckets[0][1]) not in seen:
+            seen.add((tp.chunk, tp.buckets[0][1]))
+            out.append((name, tp))
+    return tuple(out[:12])

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from sparkinfer.moe import MoECaps, MoESpec, allocate_scratch, bind, plan
-from sparkinfer.moe.tuning import candidates, grouped_config
+from sparkinfer.moe.tuning import TILE_STAGE_CAP, candidates, grouped_config, tile_candidates
 
 from tests.moe._util import meta_weights
 
@@ -46,3 +46,50 @@ def test_grouped_config_matches_the_planner_and_sizes_stages_by_shared_memory():
     wide = grouped_config(p, 128, 128, 128, "arith")
     # FC1 step: 2 * 128 * 128 * 2 + 128 * 128 * 2 bytes = 96 KiB -> 2 stages in 220 KiB
     assert (wide.num_warps, wide.stages1, wide.stages2) == (8, 2, 3)
+
+
+TILE_CASES = [(s, f, t) for s in SHAPES for f in ("bf16", "nvfp4") for t in (8, 1024, 4096)]
+
+
+@pytest.mark.parametrize("shape,fmt,t", TILE_CASES, ids=[f"{s}-{f}-T{t}" for s, f, t in TILE_CASES])
+def test_tile_candidates_start_with_the_plan_fit_shared_memory_and_bind(shape, fmt, t):
+    p = plan(MoECaps(max_tokens=4096, **SHAPES[shape]), MoESpec(weight_format=fmt))
+    got = tile_candidates(p, t)
+    names = [n for n, _ in got]
+    assert got[0] == ("planned", p) and len(set(names)) == len(names) <= 12
+    if t <= 16:  # micro: nothing to tile
+        assert len(got) == 1
+        return
+    assert len(got) >= 3
+    seen = {(p.chunk, p.config_for(t))}
+    for name, tp in got[1:]:
+        cfg = tp.config_for(t)
+        assert (tp.chunk, cfg) not in seen, name
+        seen.add((tp.chunk, cfg))
+        assert cfg.family == "grouped" and tp.caps == p.caps and tp.spec == p.spec
+        assert p.caps.hidden % tp.chunk == 0 and p.caps.intermediate % tp.chunk == 0
+        assert tp.chunk == p.chunk or fmt == "bf16"  # NVFP4's chunk fixes the prepared bytes
+        nbytes = 2 if fmt == "bf16" else 0.5 + 1 / 16
+        step1 = 2 * cfg.block_n1 * tp.chunk * nbytes + tp.chunk * cfg.block_m * 2
+        step2 = cfg.block_n2 * tp.chunk * nbytes + tp.chunk * cfg.block_m * 2
+        budget = (112 if name.endswith("2cta") else 220) * 1024
+        assert 2 <= cfg.stages1 <= TILE_STAGE_CAP and cfg.stages1 * step1 <= budget, name
+        assert 2 <= cfg.stages2 <= TILE_STAGE_CAP and cfg.stages2 * step2 <= budget, name
+        meta = dict(dtype=torch.bfloat16, device="meta")
+        k = SHAPES[shape]["top_k"]
+        b = bind(tp, allocate_scratch(tp, "meta"), meta_weights(tp),
+                 x=torch.empty(t, p.caps.hidden, **meta), out=torch.empty(t, p.caps.hidden, **meta),
+                 topk_ids=torch.empty(t, k, dtype=torch.int32, device="meta"),
+                 topk_weights=torch.empty(t, k, device="meta"))
+        assert b.config == cfg and b.plan.chunk == tp.chunk
+
+
+def test_tile_candidates_skip_chunks_the_dims_do_not_allow():
+    # H 192: the plan's chunk is 64, so no BK 128 tile; I 96 -> chunk 32: none at all
+    p = plan(MoECaps(max_tokens=4096, num_experts=8, top_k=2, hidden=192, intermediate=128),
+             MoESpec())
+    assert p.chunk == 64
+    assert all(tp.chunk == 64 for _, tp in tile_candidates(p, 4096))
+    p32 = plan(MoECaps(max_tokens=4096, num_experts=8, top_k=2, hidden=192, intermediate=96),
+               MoESpec())
+    assert p32.chunk == 32 and tile_candidates(p32, 4096) == (("planned", p32),)
