@@ -17,7 +17,7 @@ import triton
 
 from sparkinfer import envs
 from sparkinfer.errors import (CapacityError, CaptureError, DeviceError, DTypeError, LayoutError,
-                               ShapeError)
+                               PlanError, ShapeError)
 from sparkinfer.moe.kernels.common import ACT_RELU2, ACT_SILU, ACT_SWIGLU_OAI
 from sparkinfer.moe.plan import MICRO_BLOCK_M, LaunchConfig, MoEPlan
 from sparkinfer.moe.weights import MoEWeights
@@ -181,7 +181,13 @@ def bind(plan: MoEPlan, scratch: dict, weights: MoEWeights, *, x: torch.Tensor,
         if topk_weights is None:
             raise ShapeError("bind: topk_ids given without topk_weights")
         _check(topk_weights, "topk_weights", (t, k), torch.float32, dev)
-    return MoEBinding(plan, plan.config_for(t), weights, t, x, out, logits, bias, topk_ids,
+    cfg = plan.config_for(t)
+    bk = cfg.block_k
+    if bk and (plan.spec.weight_format != "bf16" or bk % 32 or c.hidden % bk or c.intermediate % bk):
+        raise PlanError(f"bind: config block_k={bk} for {plan.spec.weight_format} weights, H={c.hidden}, "
+                        f"I={c.intermediate}; block_k must be 0 (the plan's chunk) or, for bf16 weights, a "
+                        "multiple of 32 dividing H and I")
+    return MoEBinding(plan, cfg, weights, t, x, out, logits, bias, topk_ids,
                       topk_weights, scratch, envs.triton_interpret())
 
 

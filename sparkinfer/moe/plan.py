@@ -46,6 +46,17 @@ SMEM_FIXED = 8 * 1024
 # not yet measured.
 GROUPED_BLOCK_M = ((16, 16), (32, 32), (96, 64))  # (mean rows per expert <=, BM)
 GROUPED_BLOCK_M_LARGE = 128
+# bf16 weights above 16 mean rows per expert: "wide" tiles, BN1 128 (gate and up:
+# 256 rows a step), BN2 256, BK 64 (bf16 weights are plain rows, so BK is a
+# launch choice, not a layout), 4 stages, 8 warps; BM 64 up to 96 mean rows,
+# else 128. H200 tile sweep (benchmarks/results/moe_tile_sweep_h200.json,
+# 0f22f11), us vs the previous plan: DeepSeek-V3 M=1024 (mean 32) 6036 vs 7052,
+# TP8 shard 902 vs 995, Qwen3 M=1024 (mean 64) 425 vs 489; M=4096 at BM 128:
+# DeepSeek-V3 9087 vs 10605, TP8 1618 vs 1964, Qwen3 851 vs 1048, Mixtral 5574
+# vs 6648 (its best, BN2 128, 5543, within 1%); Mixtral M=1024 1539 vs 1712.
+# NVFP4 keeps BN1 64 (BN1 128 spills with the decode) and the plan's chunk.
+BF16_WIDE_MIN_ROWS = 16
+BF16_WIDE_BM64_MAX_ROWS = 96
 
 
 @dataclass(frozen=True)
@@ -56,6 +67,8 @@ class LaunchConfig:
     block_n2: weight rows per FC1 / FC2 program. split1 / split2: programs per
     FC1 / FC2 reduction (micro only; grouped uses 1). num_warps: both GEMMs.
     stages1 / stages2: software-pipeline depth of FC1 / FC2 (Triton num_stages).
+    block_k: reduction elements per step, 0 for the plan's chunk (bf16 weights
+    only may differ: NVFP4's prepared interleave is cut at the chunk).
     decode: NVFP4 weight decode on the GPU, "arith" (fp32 arithmetic) or "ptx"
     (byte-table lookup in inline PTX); both exact, same bits. Cost, from the
     sm_90 SASS of the Mixtral micro FC1 loop (128 weights per thread per step):
@@ -78,6 +91,7 @@ class LaunchConfig:
     stages1: int = 3
     stages2: int = 3
     decode: str = "arith"
+    block_k: int = 0
 
 
 @dataclass(frozen=True)
@@ -148,6 +162,9 @@ def _config(caps: MoECaps, spec: MoESpec, tokens: int, chunk: int) -> LaunchConf
                             stages1=_stages(fc1, SMEM_TWO_PER_SM),
                             stages2=_stages(fc2, SMEM_TWO_PER_SM))
     mean_rows = routes / active
+    if not nvfp4 and mean_rows > BF16_WIDE_MIN_ROWS and caps.hidden % 64 == 0 and caps.intermediate % 64 == 0:
+        bm = 64 if mean_rows <= BF16_WIDE_BM64_MAX_ROWS else 128
+        return LaunchConfig("grouped", bm, 128, 256, num_warps=8, stages1=4, stages2=4, block_k=64)
     bm = next((b for limit, b in GROUPED_BLOCK_M if mean_rows <= limit), GROUPED_BLOCK_M_LARGE)
     if bm <= 32:
         bn1 = bn2 = 64

@@ -27,10 +27,10 @@ __all__ = ["run"]
 REDUCE_BLOCK_H = 256
 
 
-def _gemm_common(b: MoEBinding) -> dict:
+def _gemm_common(b: MoEBinding, bk: int) -> dict:
     spec, c = b.plan.spec, b.plan.caps
     return dict(E=c.num_experts, K=c.top_k, KP=triton.next_power_of_2(c.top_k),
-                RP=triton.next_power_of_2(MICRO_BLOCK_M * c.top_k), BK=b.plan.chunk,
+                RP=triton.next_power_of_2(MICRO_BLOCK_M * c.top_k), BK=bk,
                 GATED=spec.gated, ACT=_ACT[spec.activation],
                 NVFP4=spec.weight_format == "nvfp4",
                 WEIGHT_BEFORE=not spec.router_weight_after_fc2,
@@ -69,8 +69,9 @@ def run(b: MoEBinding) -> None:
     g1, g2 = (w.g1, w.g2) if nvfp4 else (w.w1, w.w2)
     sn1 = (s1.stride(0), s1.stride(1)) if nvfp4 else (0, 0)
     sn2 = (s2.stride(0), s2.stride(1)) if nvfp4 else (0, 0)
-    chunks1, chunks2 = h // b.plan.chunk, i // b.plan.chunk
-    common = _gemm_common(b)
+    bk = cfg.block_k or b.plan.chunk
+    chunks1, chunks2 = h // bk, i // bk
+    common = _gemm_common(b, bk)
     alpha, limit = float(spec.swiglu_alpha), float(spec.swiglu_limit)
     ids, tw = b.topk_ids, b.topk_weights
     if cfg.family == "micro":
