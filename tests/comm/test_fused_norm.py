@@ -13,7 +13,8 @@ import random
 import pytest
 import torch
 
-from sparkinfer.comm.fused_norm.launch import LL_SPLIT_MAX_BYTES, SPLIT_MAX_BYTES, check_config, norm_config
+from sparkinfer.comm.fused_norm.launch import (LL_SPLIT_MAX_BYTES, LL_SPLIT_ROW_BYTES, SPLIT_MAX_BYTES, check_config,
+                                               norm_config)
 from sparkinfer.comm.fused_norm.reference import all_reduce_add_rms_norm_reference
 from sparkinfer.comm.topology import TopologyCaps
 from sparkinfer.errors import (
@@ -351,6 +352,10 @@ def test_rejects_rows_not_16_byte_aligned_and_bad_algorithms(comm1):
         comm1.all_reduce_add_rms_norm(*big, EPS, algorithm="fused")
 
 
+def _ll_splits(T, row_bytes):
+    return (T == 1 or row_bytes > LL_SPLIT_ROW_BYTES) and T * row_bytes < LL_SPLIT_MAX_BYTES
+
+
 @pytest.mark.parametrize("interpret", [False, True], ids=["h200", "interpreter"])
 def test_norm_config_covers_every_piece_once_on_co_resident_blocks(interpret):
     caps = TopologyCaps(2, True, "host" if interpret else "nvlink", 132, 64 << 20, interpret=interpret)
@@ -369,7 +374,7 @@ def test_norm_config_covers_every_piece_once_on_co_resident_blocks(interpret):
                     assert c.block_w * 4 >= H * isz, (T, H, c)  # the LL kernel's tile holds the row
                 if interpret:  # blocks run one after another there: a row never spans two blocks
                     assert c.per % c.pieces == 0, (T, H, c)
-                elif H <= 8192 and T * H * isz >= (LL_SPLIT_MAX_BYTES if ll else SPLIT_MAX_BYTES):  # whole rows
+                elif H <= 8192 and (not _ll_splits(T, H * isz) if ll else T * H * isz >= SPLIT_MAX_BYTES):
                     assert c.pieces == 1 and (T > 132 or c.grid == T), (T, H, c)
                 elif T * H * isz <= 132 * 2048:
                     assert c.grid >= min(132, T * H * isz // 2048 // 2), (T, H, c)  # split rows spread out

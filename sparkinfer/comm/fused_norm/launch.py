@@ -37,15 +37,20 @@ MAX_TILE_INTERP = 4096
 # block) unless the tensor is smaller than SPLIT_MAX_BYTES, where rows are split
 # into pieces of >= MIN_PIECE_BYTES over more blocks, whose sums of squares then
 # meet through a cross-block exchange (publish_local / wait_local).
-# 2x H200 `bench_fused.py --sweep` (benchmarks/results/fused_2xh200_sweep.json,
+# 2x H200 `bench_fused.py --sweep` (benchmarks/results/fused_2xh200_sweep_426b41a.json,
 # 426b41a): whole rows beat split rows at every measured T: T = 1, H = 4096:
 # ll_row 5.01 us vs ll_pieces 6.53 us; H = 7168: 6.06 vs 7.94; T = 8: 5.08 vs
 # 7.17 and 6.53 vs 8.80. So 0: never split a row that fits a tile.
 SPLIT_MAX_BYTES = 0
 # The LL kernel's split path posts partial sums as LL words polled with one
-# vector load (kernel.py), not through atomics: it splits rows (split_pieces)
-# below this many bytes of x, i.e. wherever algorithm="auto" takes it.
+# vector load (kernel.py), not through atomics. It splits rows (split_pieces)
+# below LL_SPLIT_MAX_BYTES of x when T = 1 or a row is over LL_SPLIT_ROW_BYTES.
+# 2x H200 `bench_fused.py --sweep` at 77cd068 (fused_2xh200_sweep.json), us:
+# T = 1, H = 4096: 4.78 split vs 5.10 whole row; H = 7168: 4.91 vs 6.18;
+# T = 8, H = 7168: 6.32 vs 6.61; T = 16, H = 7168: 7.11 vs 7.52; but H = 4096
+# (8 KiB rows) at T = 8: 5.90 vs 5.29 and T = 16: 6.10 vs 5.64.
 LL_SPLIT_MAX_BYTES = 256 << 10
+LL_SPLIT_ROW_BYTES = 8 << 10
 # Smallest piece of a split row. The 2x H200 all-reduce sweep
 # (topology.PER_BLOCK_BYTES: 32 KiB on 16 blocks 5.2 us, on 1 block 9.3 us)
 # put ~2 KiB of stage per block. The interpreter splits rows above 4 KiB (one
@@ -113,9 +118,10 @@ def split_pieces(caps: TopologyCaps, rows: int, hidden: int, itemsize: int) -> i
 
 def _default_pieces(caps: TopologyCaps, rows: int, hidden: int, itemsize: int, ll: bool) -> int:
     """1 (whole rows) where a row fits a tile and the tensor is >= SPLIT_MAX_BYTES
-    (LL_SPLIT_MAX_BYTES for the LL kernel), else split_pieces."""
-    limit = LL_SPLIT_MAX_BYTES if ll else SPLIT_MAX_BYTES
-    if not caps.interpret and hidden <= MAX_TILE_GPU and rows * hidden * itemsize >= limit:
+    (the LL kernel: unless LL_SPLIT_* say split), else split_pieces."""
+    split = (rows == 1 or hidden * itemsize > LL_SPLIT_ROW_BYTES) and rows * hidden * itemsize < LL_SPLIT_MAX_BYTES
+    whole = not split if ll else rows * hidden * itemsize >= SPLIT_MAX_BYTES
+    if not caps.interpret and hidden <= MAX_TILE_GPU and whole:
         return 1
     return split_pieces(caps, rows, hidden, itemsize)
 
