@@ -7,12 +7,12 @@ Prepared layout:
 - FC1 [E, N1, H], gate rows first then up rows, whatever the checkpoint order;
   FC2 [E, H, I]; both already sliced to this rank's share of I.
 - bf16: contiguous bf16.
-- nvfp4: packed bytes [E, N, R/2] where, inside each chunk of BK reduction
-  elements, byte j holds element j (low nibble) and element j + BK/2 (high
-  nibble); E4M3 block scales [E, N, R/16] as raw bytes, unchanged order;
-  global scales fp32 [E]. The stored NVFP4 format pairs neighbours
-  (2j, 2j+1); this chunk interleave lets the kernel decode each half-chunk
-  as one contiguous run of K (see `kernels/common.py`).
+- nvfp4: words [E, N, R/8] as bytes [E, N, R/2] (`pack_words`): word n holds
+  elements 8n..8n+7 with each E2M1 bit where the kernel's rotate-and-mask
+  decode wants it (`kernels/common.py`, NVFP4_WORD_ASM); scale codes
+  [E, N, R/16] (`scale_codes`), one byte per 16 elements as in the stored
+  E4M3, re-encoded so that one integer multiply-add makes the bf16 scale
+  pair; global scales fp32 [E]. Neither depends on the chunk BK.
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ from dataclasses import dataclass
 import torch
 
 from sparkinfer.errors import DTypeError, ShapeError
+from sparkinfer.moe.kernels.common import NVFP4_WORD_MASK3, NVFP4_WORD_ROT
 from sparkinfer.quant.nvfp4 import NVFP4Tensor, unpack_codes
 
-__all__ = ["MoEWeights", "prepare_weights", "interleave_chunks"]
+__all__ = ["MoEWeights", "prepare_weights", "pack_words", "scale_codes", "prepare_nvfp4"]
 
 
 @dataclass(frozen=True)
@@ -46,22 +47,76 @@ class MoEWeights:
         return sum(t[0].numel() * t.element_size() for t in parts)
 
 
-def interleave_chunks(packed: torch.Tensor, chunk: int) -> torch.Tensor:
-    """Stored NVFP4 bytes [..., R/2] -> prepared bytes [..., R/2] (chunk interleave).
+def _word_bits() -> torch.Tensor:
+    """Word bit of (element 0..7, code bit 0..3): the inverse of NVFP4_WORD_ASM.
 
-    Works one matrix at a time along the leading dim (bounded temporaries).
+    Register j (bf16x2) holds element 2j in its low half and 2j+1 in its high
+    half as sign<<15 | e1<<8 | e0<<7 | m<<6; register j < 3 is rotl(word,
+    ROT[j]) & MASK, register 3 takes MASK3's bits from the word itself and the
+    rest from rotl(word, ROT[3]).
+    """
+    out = torch.empty(8, 4, dtype=torch.int64)
+    for j, rot in enumerate(NVFP4_WORD_ROT):
+        for h in range(2):
+            for bit, pos in enumerate((6, 7, 8, 15)):
+                p = pos + 16 * h
+                own = j == 3 and (NVFP4_WORD_MASK3 >> p) & 1
+                out[2 * j + h, bit] = p if own else (p - rot) % 32
+    assert sorted(out.flatten().tolist()) == list(range(32))  # a permutation of the word
+    return out
+
+
+_WORD_BITS = _word_bits()
+
+
+def pack_words(codes: torch.Tensor) -> torch.Tensor:
+    """E2M1 codes [..., R] (uint8 0..15, R % 8 == 0) -> prepared word bytes [..., R/2].
+
     Allocates; no host sync.
     """
-    if packed.dim() > 2:
-        out = torch.empty(packed.shape, dtype=torch.uint8, device=packed.device)
-        for e in range(packed.shape[0]):
-            out[e] = interleave_chunks(packed[e], chunk)
-        return out
-    codes = unpack_codes(packed)
-    codes = codes.reshape(*codes.shape[:-1], -1, chunk)
-    half = chunk // 2
-    out = codes[..., :half] | (codes[..., half:] << 4)
-    return out.reshape(*packed.shape).contiguous()
+    c = codes.to(torch.int64).reshape(*codes.shape[:-1], -1, 8)  # [..., R/8, 8]
+    bit = (c[..., :, None] >> torch.arange(4, device=c.device)) & 1  # [..., R/8, 8, 4]
+    words = (bit << _WORD_BITS.to(c.device)).sum(dim=(-2, -1))  # disjoint bits: sum == or
+    words = torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32)
+    return words.view(torch.uint8).reshape(*codes.shape[:-1], -1)
+
+
+def scale_codes(scales: torch.Tensor, codes: torch.Tensor):
+    """Stored E4M3 scales [..., R/16] and E2M1 codes [..., R] -> (prepared scale
+    codes uint8 [..., R/16], codes to pack).
+
+    Code c stands for 2**((c >> 3) - 9) * (1 + (c & 7) / 8) (the kernel makes the
+    bf16 pair of that times 2**118 as c * 0x100010 + 0x76007600): every positive
+    E4M3 value, subnormals included, has one; 159 is NaN. A negative scale
+    flips its block's code signs instead, a zero scale zeroes its block's
+    magnitudes (keeping their signs), so every product e2m1 * scale keeps its
+    value and sign. Allocates; no host sync.
+    """
+    b = scales.view(torch.uint8).to(torch.int32)
+    mag, neg = b & 0x7F, (b >> 7).bool()
+    e, m = mag >> 3, mag & 7
+    # subnormal m * 2**-9: exponent -9 + floor(log2 m), mantissa bits below the leading one
+    lg = torch.where(m >= 4, 2, torch.where(m >= 2, 1, 0))
+    sub = (lg << 3) | (((m << (3 - lg)) & 7))
+    c = torch.where(e > 0, ((e + 2) << 3) | m, sub)
+    c = torch.where(mag == 0x7F, (19 << 3) | 7, c)
+    blk = codes.reshape(*codes.shape[:-1], -1, 16).to(torch.int32)
+    blk = torch.where(neg[..., None], blk ^ 8, blk)
+    blk = torch.where((mag == 0)[..., None], blk & 8, blk)
+    return c.to(torch.uint8), blk.reshape(codes.shape).to(torch.uint8)
+
+
+def prepare_nvfp4(w: NVFP4Tensor):
+    """NVFP4Tensor [E, N, R] -> (prepared word bytes [E, N, R/2], scale codes [E, N, R/16]).
+
+    One matrix at a time along E (bounded temporaries). Allocates; no host sync.
+    """
+    p = torch.empty(w.packed.shape, dtype=torch.uint8, device=w.packed.device)
+    s = torch.empty(w.scales.shape, dtype=torch.uint8, device=w.scales.device)
+    for e in range(w.packed.shape[0]):
+        s[e], codes = scale_codes(w.scales[e], unpack_codes(w.packed[e]))
+        p[e] = pack_words(codes)
+    return p, s
 
 
 def _select(w, rows_fn, cols=None):
@@ -135,8 +190,6 @@ def prepare_weights(plan, w1, w2) -> MoEWeights:
     if fmt == "bf16":
         return MoEWeights(fmt, plan.chunk, w1.to(torch.bfloat16).contiguous(),
                           w2.to(torch.bfloat16).contiguous())
-    return MoEWeights(fmt, plan.chunk, interleave_chunks(w1.packed, plan.chunk),
-                      interleave_chunks(w2.packed, plan.chunk),
-                      w1.scales.view(torch.uint8).contiguous(),
-                      w2.scales.view(torch.uint8).contiguous(),
-                      w1.global_scale.float().contiguous(), w2.global_scale.float().contiguous())
+    (p1, c1), (p2, c2) = prepare_nvfp4(w1), prepare_nvfp4(w2)
+    return MoEWeights(fmt, plan.chunk, p1, p2, c1, c2, w1.global_scale.float().contiguous(),
+                      w2.global_scale.float().contiguous())

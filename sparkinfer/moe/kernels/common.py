@@ -3,20 +3,20 @@ activation tile load, activation functions, and the routed-row resolution of
 the `micro` and `grouped` families.
 
 Legend: T tokens, K top-k, E experts, BN weight rows per tile, BM routed rows
-per tile, BK reduction elements per step (one prepared pack chunk).
+per tile, BK reduction elements per step.
 
 Every GEMM is computed transposed ("swap AB"): acc[BN, BM] = W[BN, BK] @ A^T[BK, BM],
 so the dequantized weight tile is the left operand (it may stay in registers
 for Hopper's wgmma) and a handful of tokens fill the narrow right side.
 
-Prepared weight layout (see `sparkinfer.moe.weights`): the reduction axis is
-cut into chunks of BK elements; bf16 weights are plain row-major, NVFP4 bytes
-hold element j of a chunk in the low nibble and element j + BK/2 in the high
-nibble: the low nibbles decode to the first half-chunk and the high ones to
-the second, each a contiguous run of K, joined in registers into one [BN, BK]
-operand. One tl.dot of K = BK per step (not two of BK/2 on one accumulator)
-lets Triton keep a step's wgmma in flight while the next step loads and
-decodes: the sm_90 PTX went from a wait after every dot to one per step.
+Prepared NVFP4 layout (see `sparkinfer.moe.weights`): 32-bit words of 8
+consecutive elements whose bits sit where a rotate-and-mask decode wants them
+(NVFP4_WORD_ASM), and one re-encoded scale byte per 16 elements. The dot's K
+order inside a chunk is `k_order`, not the natural one: each thread of the
+wgmma A fragment then decodes whole words of one contiguous run of K (LDS.128,
+one scale per 16 elements) straight into its operand registers, and the
+activation tile is gathered in the same order (the sum is over the same
+elements, in a different order).
 """
 
 import triton
@@ -28,88 +28,99 @@ ACT_RELU2 = 1
 ACT_SWIGLU_OAI = 2
 
 
-@triton.jit
-def e2m1_to_f32(nib):
-    """E2M1 codes (int32, 0..15) -> fp32 values scaled by 2**-14.
+# NVFP4 word decode. A prepared word (`sparkinfer.moe.weights.pack_words`) holds
+# the 8 consecutive elements 8n..8n+7 of a row; output register j (bf16x2) gets
+# elements 8n+2j (low half) and 8n+2j+1 (high half). Each half is laid out as
+# sign<<15 | e1<<8 | e0<<7 | m<<6 (E2M1 sign, exponent, mantissa), which as bf16
+# is exactly e2m1 * 2**-126 (code 1, 0.5, lands on a bf16 subnormal). The
+# word's bits are placed so that register j is a rotation of the word under the
+# mask 0x81C081C0, except register 3, which takes bits 6 and 22 from one
+# rotation and the rest from the word itself: 4 rotations + 5 masks.
+# Multiplying by the bf16 pair s * 2**118 (`scale_pair`) gives e2m1 * s * 2**-8
+# exactly (<= 6 significant bits, >= 2**-18); the caller folds 2**8 into the
+# global scale.
+# Plain Python values for `sparkinfer.moe.weights` (which places the bits), and the
+# same as constexprs for the kernels.
+NVFP4_WORD_ROT = (2, 6, 12, 24)  # rotate-left of registers 0..3 (register 3: bits 6, 22 only)
+NVFP4_WORD_MASK = 0x81C081C0  # sign<<15 | mag<<6 in both halves
+NVFP4_WORD_MASK3 = 0x81808180  # register 3's bits taken from the word itself
+WORD_ROT = tl.constexpr(NVFP4_WORD_ROT)
+WORD_MASK = tl.constexpr(NVFP4_WORD_MASK - (1 << 32))  # as int32
+WORD_MASK3 = tl.constexpr(NVFP4_WORD_MASK3 - (1 << 32))
+WORD_MASK3_ROT = tl.constexpr(NVFP4_WORD_MASK ^ NVFP4_WORD_MASK3)
+DECODE_UNSCALE = tl.constexpr(256.0)  # 2**8, folded into the expert's global scale
 
-    The 3 magnitude bits go to fp16 bits 11..9 (exponent low bits + top mantissa
-    bit) and the sign to bit 15: as fp16 that is value * 2**-14 exactly, with
-    the E2M1 subnormal 0.5 landing on an fp16 subnormal. Callers fold 2**14
-    into the block scale.
-    """
-    bits = ((nib & 7) << 9) | ((nib & 8) << 12)
-    return bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
-
-
-@triton.jit
-def e4m3_to_f32(byte):
-    """E4M3 bits (int32, 0..255) -> fp32 values scaled by 2**-8 (exact, subnormals too)."""
-    bits = ((byte & 0x7F) << 7) | ((byte & 0x80) << 8)
-    return bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
-
-
-# E2M1 -> bf16 for 8 values per 32-bit word (4 prepared bytes, each holding one
-# value of the first half-chunk in its low nibble and one of the second in its
-# high nibble), times bf16 block scales. prmt is an 8-entry byte table lookup:
-# the 3 magnitude bits of 4 nibbles select the high and the low byte of the
-# bf16 encodings of 0, .5, 1, 1.5, 2, 3, 4, 6; two more prmt interleave those
-# bytes into bf16 pairs; the nibble sign bits are moved to bits 15 / 31 with
-# prmt + lop3 (a | (b & c), LUT 0xF8). e2m1 * e4m3 has <= 6 significant bits,
-# so mul.rn.bf16x2 by the (exact) bf16 scale is exact. $0,$1: low-nibble
-# values (elements 0,1 | 2,3); $2,$3: high-nibble values; $4: the 4 bytes;
-# $5..$8 / $9..$12: per element, a 32-bit (scale, scale) bf16 pair of its low /
-# high value (no assumption on which elements Triton packs together).
-# tests/moe/test_dequant_asm.py emulates this text bit for bit.
-E2M1_BF16_ASM = tl.constexpr("""
+NVFP4_WORD_ASM = tl.constexpr("""
 {
-.reg .b32 th0, th1, tl0, tl1, sel, h, l, t, w4, m, sa, sb;
-mov.b32 th0, 0x3F3F3F00;
-mov.b32 th1, 0x40404040;
-mov.b32 tl0, 0xC0800000;
-mov.b32 tl1, 0xC0804000;
-mov.b32 m, 0x80008000;
-shl.b32 w4, $4, 4;
-and.b32 sel, $4, 0x7777;
-prmt.b32 h, th0, th1, sel;
-prmt.b32 l, tl0, tl1, sel;
-prmt.b32 $0, l, h, 0x6240;
-prmt.b32 $2, l, h, 0x7351;
-prmt.b32 t, w4, w4, 0x1100;
-lop3.b32 $0, $0, t, m, 0xF8;
-prmt.b32 t, $4, $4, 0x1100;
-lop3.b32 $2, $2, t, m, 0xF8;
-shr.b32 sel, $4, 16;
-and.b32 sel, sel, 0x7777;
-prmt.b32 h, th0, th1, sel;
-prmt.b32 l, tl0, tl1, sel;
-prmt.b32 $1, l, h, 0x6240;
-prmt.b32 $3, l, h, 0x7351;
-prmt.b32 t, w4, w4, 0x3322;
-lop3.b32 $1, $1, t, m, 0xF8;
-prmt.b32 t, $4, $4, 0x3322;
-lop3.b32 $3, $3, t, m, 0xF8;
-prmt.b32 sa, $5, $6, 0x7610;
-prmt.b32 sb, $7, $8, 0x7610;
-mul.rn.bf16x2 $0, $0, sa;
-mul.rn.bf16x2 $1, $1, sb;
-prmt.b32 sa, $9, $10, 0x7610;
-prmt.b32 sb, $11, $12, 0x7610;
-mul.rn.bf16x2 $2, $2, sa;
-mul.rn.bf16x2 $3, $3, sb;
+.reg .b32 a, b, c, d;
+shf.l.wrap.b32 a, $4, $4, 2;
+shf.l.wrap.b32 b, $4, $4, 6;
+shf.l.wrap.b32 c, $4, $4, 12;
+shf.l.wrap.b32 d, $4, $4, 24;
+and.b32 a, a, 0x81C081C0;
+and.b32 b, b, 0x81C081C0;
+and.b32 c, c, 0x81C081C0;
+and.b32 $3, $4, 0x81808180;
+lop3.b32 d, $3, d, 0x00400040, 0xF8;
+mul.rn.bf16x2 $0, a, $5;
+mul.rn.bf16x2 $1, b, $5;
+mul.rn.bf16x2 $2, c, $5;
+mul.rn.bf16x2 $3, d, $5;
 }
 """)
 
 
 @triton.jit
-def bf16_pair(x):
-    """fp32 x (exactly representable in bf16) -> int32 holding (bf16(x), bf16(x))."""
-    b = x.to(tl.bfloat16).to(tl.uint16, bitcast=True).to(tl.int32)
-    return b | (b << 16)
+def scale_pair(b_c):
+    """Prepared scale codes (int32, 0..255) -> int32 holding the bf16 pair (S, S),
+    S = s * 2**118: bits (c << 4) + (236 << 7) in each half (one IMAD)."""
+    return b_c * 0x00100010 + 0x76007600
+
+
+@triton.jit
+def _rotl(x, r: tl.constexpr):
+    u = x.to(tl.uint32, bitcast=True)
+    return ((u << r) | (u >> (32 - r))).to(tl.int32, bitcast=True)
+
+
+@triton.jit
+def _halves(r):
+    """int32 [..] holding a bf16 pair -> bf16 [.., 2] (low half first)."""
+    lo = r.to(tl.int16).to(tl.bfloat16, bitcast=True)
+    hi = (r >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    return tl.join(lo, hi)
+
+
+@triton.jit
+def _scaled(r, b_sf):
+    """bf16 pair bits r times the fp32 scale b_sf, as bf16 [.., 2]. The fp32
+    products are exact and >= 2**-18; the factors are read as fp32 bits, since
+    the interpreter's bf16 -> fp32 conversion drops subnormals (code 1 is one)."""
+    lo = (r << 16).to(tl.float32, bitcast=True) * b_sf
+    hi = (r & -65536).to(tl.float32, bitcast=True) * b_sf
+    return tl.join(lo, hi).to(tl.bfloat16)
+
+
+@triton.jit
+def k_order(BK: tl.constexpr, NVFP4: tl.constexpr):
+    """Reduction element (within a BK chunk) of each logical k of the dot: the
+    weight operand's K order, which the activation tile is loaded in too.
+
+    bf16: natural. NVFP4: k = q0 + 2c + 8 j0 + 16 j1 + 32 u (c = lane % 4 of the
+    wgmma A fragment) reads element (BK/4) c + 8u + 4 j1 + 2 j0 + q0, so a
+    thread's elements of one row are one contiguous BK/4 run (its prepared
+    words, and at most two scale groups), and pairs stay adjacent (4-byte
+    activation loads)."""
+    k = tl.arange(0, BK)
+    if NVFP4:
+        return (BK // 4) * ((k // 2) % 4) + 2 * (k // 8) + k % 2
+    else:
+        return k
 
 
 @triton.jit
 def load_scales(s_ptr, rows, row_mask, k0, stride_s, BK: tl.constexpr):
-    """E4M3 scale bytes [len(rows), BK/16] of reduction elements k0..k0+BK.
+    """Prepared scale codes [len(rows), BK/16] of reduction elements k0..k0+BK.
 
     One load of whole scale rows (8 contiguous bytes at BK 128) is what lets
     Triton's pipeliner turn it into cp.async stages like the codes: it needs
@@ -124,7 +135,7 @@ def load_scales(s_ptr, rows, row_mask, k0, stride_s, BK: tl.constexpr):
 @triton.jit
 def load_scales_2(s_ptr, row0, n_rows, offset, k0, stride_s, BN: tl.constexpr,
                   BK: tl.constexpr):
-    """Scale bytes of rows row0..row0+BN and the same rows + offset (gate and up),
+    """Scale codes of rows row0..row0+BN and the same rows + offset (gate and up),
     rows >= n_rows masked, as one [2BN, BK/16] load (twice the bytes per thread
     of two loads), returned as two [BN, BK/16] tiles."""
     o_2 = tl.arange(0, 2 * BN)
@@ -134,49 +145,58 @@ def load_scales_2(s_ptr, row0, n_rows, offset, k0, stride_s, BN: tl.constexpr,
 
 
 @triton.jit
+def nvfp4_tile(w_ptr, b_c, rows, row_mask, k0, stride_w, BN: tl.constexpr, BK: tl.constexpr,
+               PTX_DECODE: tl.constexpr, INTERPRET: tl.constexpr):
+    """NVFP4 weight tile [BN, BK] in `k_order`, times 2**-8 (see NVFP4_WORD_ASM)."""
+    NW: tl.constexpr = BK // 8  # prepared words per row and chunk
+    U: tl.constexpr = BK // 32  # words per wgmma lane quad and row
+    o_w = tl.arange(0, NW)
+    p_w = (w_ptr.to(tl.pointer_type(tl.int32)) + rows[:, None] * (stride_w // 4) + k0 // 8
+           + o_w[None, :])
+    b_w = tl.load(p_w, mask=row_mask[:, None], other=0)  # [BN, NW]
+    b_sp = scale_pair(b_c.to(tl.int32))  # [BN, BK/16]: two words per scale group
+    b_sp = tl.reshape(tl.broadcast_to(b_sp[:, :, None], [BN, NW // 2, 2]), [BN, NW])
+    if INTERPRET or not PTX_DECODE:
+        b_sf = (b_sp << 16).to(tl.float32, bitcast=True)  # S as fp32
+        r0 = _rotl(b_w, WORD_ROT[0]) & WORD_MASK
+        r1 = _rotl(b_w, WORD_ROT[1]) & WORD_MASK
+        r2 = _rotl(b_w, WORD_ROT[2]) & WORD_MASK
+        r3 = (b_w & WORD_MASK3) | (_rotl(b_w, WORD_ROT[3]) & WORD_MASK3_ROT)
+        h0 = _scaled(r0, b_sf)
+        h1 = _scaled(r1, b_sf)
+        h2 = _scaled(r2, b_sf)
+        h3 = _scaled(r3, b_sf)
+    else:
+        r0, r1, r2, r3 = tl.inline_asm_elementwise(
+            NVFP4_WORD_ASM, "=r,=r,=r,=r,r,r", [b_w, b_sp], dtype=(tl.int32,) * 4,
+            is_pure=True, pack=1)
+        h0 = _halves(r0)
+        h1 = _halves(r1)
+        h2 = _halves(r2)
+        h3 = _halves(r3)
+    w = tl.join(tl.join(h0, h1), tl.join(h2, h3))  # [BN, NW, 2 (q0), 2 (j0), 2 (j1)]
+    w = tl.reshape(w, [BN, 4, U, 2, 2, 2])
+    return tl.reshape(tl.permute(w, (0, 2, 5, 4, 1, 3)), [BN, BK])
+
+
+@triton.jit
 def weight_tile(w_ptr, b_s, rows, row_mask, k0, stride_w,
-                  BN: tl.constexpr, BK: tl.constexpr, NVFP4: tl.constexpr,
-                  PTX_DECODE: tl.constexpr, INTERPRET: tl.constexpr):
+                BN: tl.constexpr, BK: tl.constexpr, NVFP4: tl.constexpr,
+                PTX_DECODE: tl.constexpr, INTERPRET: tl.constexpr):
     """Weight tile [BN, BK] of rows `rows` [BN] and reduction elements k0..k0+BK
-    in the dot dtype (`dot_operand`), for one tl.dot of K = BK per step (two dots
-    of BK/2 on one accumulator made each wait for the other on Hopper).
+    in `k_order`, in the dot dtype (`dot_operand`), for one tl.dot of K = BK.
 
     bf16: w_ptr -> bf16 [N, R] of one expert, stride_w = R; b_s is ignored.
-    NVFP4: w_ptr -> packed uint8 [N, R/2] (prepared interleave); b_s: the
-    rows' E4M3 bits [BN, BK/16] of this step (`load_scales`). Returns e2m1 * e4m3
-    exactly (bf16 holds the product); the caller multiplies its fp32
-    accumulator by the expert's global scale.
-    PTX_DECODE selects `E2M1_BF16_ASM` on the GPU; otherwise (and always under
-    the interpreter, which cannot run PTX) the same math runs as fp32
-    arithmetic. Both are exact, so both give the same bits.
+    NVFP4: w_ptr -> prepared words [N, R/2] bytes; b_s: the rows' prepared scale
+    codes [BN, BK/16] of this step (`load_scales`). Returns e2m1 * e4m3 * 2**-8
+    exactly (bf16 holds it); the caller multiplies its fp32 accumulator by the
+    expert's global scale * DECODE_UNSCALE.
+    PTX_DECODE selects `NVFP4_WORD_ASM` on the GPU; otherwise (and always under
+    the interpreter, which cannot run PTX) the same bit operations run as Triton
+    integer ops and an fp32 multiply. Both are exact, so both give the same bits.
     """
-    HALF: tl.constexpr = BK // 2
     if NVFP4:
-        G: tl.constexpr = BK // 32  # scale groups per half chunk
-        o_g = tl.arange(0, G)
-        o_j = tl.arange(0, 16)
-        p_b = (w_ptr + rows[:, None, None] * stride_w + k0 // 2 + o_g[None, :, None] * 16
-               + o_j[None, None, :])
-        b_b = tl.load(p_b, mask=row_mask[:, None, None], other=0)  # [BN, G, 16] uint8
-        b_slo, b_shi = tl.split(tl.permute(tl.reshape(b_s, [BN, 2, G]), (0, 2, 1)))
-        b_slo = b_slo.to(tl.int32)[:, :, None]  # [BN, G, 1]: scales of the first half chunk
-        b_shi = b_shi.to(tl.int32)[:, :, None]
-        if INTERPRET or not PTX_DECODE:
-            b_i = b_b.to(tl.int32)
-            b_lo = e2m1_to_f32(b_i & 15) * (e4m3_to_f32(b_slo) * 4194304.0)  # 2**22
-            b_hi = e2m1_to_f32(b_i >> 4) * (e4m3_to_f32(b_shi) * 4194304.0)
-            b_lo = b_lo.to(tl.bfloat16)
-            b_hi = b_hi.to(tl.bfloat16)
-        else:
-            s_lo = tl.broadcast_to(bf16_pair(e4m3_to_f32(b_slo) * 256.0), [BN, G, 16])
-            s_hi = tl.broadcast_to(bf16_pair(e4m3_to_f32(b_shi) * 256.0), [BN, G, 16])
-            b_lo, b_hi = tl.inline_asm_elementwise(
-                E2M1_BF16_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r", [b_b, s_lo, s_hi],
-                dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
-        lo = tl.reshape(b_lo, [BN, HALF])
-        hi = tl.reshape(b_hi, [BN, HALF])
-        # natural K order: columns 0..HALF from the low nibbles, HALF..BK from the high
-        w = tl.reshape(tl.permute(tl.join(lo, hi), (0, 2, 1)), [BN, BK])
+        w = nvfp4_tile(w_ptr, b_s, rows, row_mask, k0, stride_w, BN, BK, PTX_DECODE, INTERPRET)
     else:
         o_k = tl.arange(0, BK)
         p_w = w_ptr + rows[:, None] * stride_w + k0 + o_k[None, :]

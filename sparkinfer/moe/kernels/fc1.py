@@ -19,8 +19,9 @@ out[pos, n].
 import triton
 import triton.language as tl
 
-from sparkinfer.moe.kernels.common import (activation, dot_operand, load_scales, load_scales_2,
-                                           micro_rows, weight_tile)
+from sparkinfer.moe.kernels.common import (DECODE_UNSCALE, activation, dot_operand, k_order,
+                                           load_scales, load_scales_2, micro_rows,
+                                           weight_tile)
 
 
 @triton.jit
@@ -51,13 +52,14 @@ def moe_fc1_kernel(
     tok = tl.where(m_row, route // K, 0)
     o_n = i_n * BN + tl.arange(0, BN)
     m_n = o_n < I
-    o_k = tl.arange(0, BK)
+    o_k = k_order(BK, NVFP4)  # the weight operand's K order
     p_w = w_ptr + e.to(tl.int64) * stride_we
     p_s = s_ptr + e.to(tl.int64) * stride_se
     b_g = tl.zeros([BN, BM], dtype=tl.float32)
     b_u = tl.zeros([BN, BM], dtype=tl.float32)
     c_lo = i_s * chunks_per_split
     c_hi = tl.minimum(c_lo + chunks_per_split, num_chunks)
+    tl.assume(c_hi > c_lo)  # every split has a chunk: no zero-trip path (see below)
     for c in range(c_lo, c_hi):
         k0 = c * BK
         p_x = x_ptr + tok[None, :].to(tl.int64) * stride_x + k0 + o_k[:, None]
@@ -75,7 +77,7 @@ def moe_fc1_kernel(
             b_u = tl.dot(weight_tile(p_w, b_su, o_n + I, m_n, k0, stride_wn, BN, BK, NVFP4,
                                      PTX_DECODE, INTERPRET), b_x, b_u)
     if NVFP4:  # the expert's global scale, once per output instead of once per weight
-        b_gs = tl.load(gs_ptr + e)
+        b_gs = tl.load(gs_ptr + e) * DECODE_UNSCALE
         b_g *= b_gs
         b_u *= b_gs
     m_out = m_n[:, None] & m_row[None, :]

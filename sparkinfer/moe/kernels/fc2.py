@@ -19,8 +19,8 @@ fixed order, so no kernel here uses atomics.
 import triton
 import triton.language as tl
 
-from sparkinfer.moe.kernels.common import (activation, dot_operand, load_scales, micro_rows,
-                                           weight_tile)
+from sparkinfer.moe.kernels.common import (DECODE_UNSCALE, activation, dot_operand, k_order,
+                                           load_scales, micro_rows, weight_tile)
 
 
 @triton.jit
@@ -69,12 +69,13 @@ def moe_fc2_kernel(
     m_row = route >= 0
     o_n = i_n * BN + tl.arange(0, BN)
     m_n = o_n < H
-    o_k = tl.arange(0, BK)
+    o_k = k_order(BK, NVFP4)  # the weight operand's K order
     p_w = w_ptr + e.to(tl.int64) * stride_we
     p_s = s_ptr + e.to(tl.int64) * stride_se
     b_acc = tl.zeros([BN, BM], dtype=tl.float32)
     c_lo = i_s * chunks_per_split
     c_hi = tl.minimum(c_lo + chunks_per_split, num_chunks)
+    tl.assume(c_hi > c_lo)  # every split has a chunk: no zero-trip path (see below)
     for c in range(c_lo, c_hi):
         k0 = c * BK
         if PARTIALS:
@@ -87,6 +88,6 @@ def moe_fc2_kernel(
         b_acc = tl.dot(weight_tile(p_w, b_s, o_n, m_n, k0, stride_wn, BN, BK, NVFP4, PTX_DECODE,
                                    INTERPRET), b_a, b_acc)
     if NVFP4:  # the expert's global scale, once per output instead of once per weight
-        b_acc *= tl.load(gs_ptr + e)
+        b_acc *= tl.load(gs_ptr + e) * DECODE_UNSCALE
     p_o = out_ptr + i_s * stride_os + route[None, :].to(tl.int64) * stride_or + o_n[:, None]
     tl.store(p_o, b_acc.to(out_ptr.dtype.element_ty), mask=m_n[:, None] & m_row[None, :])
