@@ -87,7 +87,7 @@ def moe_fc1_kernel(
         if GATED:
             tl.store(p_o + I, b_u, mask=m_out)
     else:
-        b_h = activation(b_g, b_u, ACT, alpha, limit)
+        b_h = activation(b_g, b_u, ACT, alpha, limit, INTERPRET)
         if WEIGHT_BEFORE:
             b_h *= tl.load(topk_w_ptr + route, mask=m_row, other=0.0)[None, :]
         tl.store(p_o, b_h.to(out_ptr.dtype.element_ty), mask=m_out)

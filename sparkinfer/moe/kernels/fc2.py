@@ -36,7 +36,7 @@ def act_tile(a_ptr, route, m_row, o_k, k0, I, stride_as, stride_ar, topk_w_ptr, 
         b_g += tl.load(p_a + s * stride_as, mask=m_row[None, :], other=0.0)
         if GATED:
             b_u += tl.load(p_a + s * stride_as + I, mask=m_row[None, :], other=0.0)
-    b_h = activation(b_g, b_u, ACT, alpha, limit)
+    b_h = activation(b_g, b_u, ACT, alpha, limit, INTERPRET)
     if WEIGHT_BEFORE:
         b_h *= tl.load(topk_w_ptr + route, mask=m_row, other=0.0)[None, :]
     return dot_operand(b_h.to(tl.bfloat16), INTERPRET)
