@@ -147,7 +147,15 @@ def load_scales_2(s_ptr, row0, n_rows, offset, k0, stride_s, BN: tl.constexpr,
 @triton.jit
 def nvfp4_tile(w_ptr, b_c, rows, row_mask, k0, stride_w, BN: tl.constexpr, BK: tl.constexpr,
                PTX_DECODE: tl.constexpr, INTERPRET: tl.constexpr):
-    """NVFP4 weight tile [BN, BK] in `k_order`, times 2**-8 (see NVFP4_WORD_ASM)."""
+    """NVFP4 weight tile [BN, BK] in `k_order`, times 2**-8 (see NVFP4_WORD_ASM).
+
+    Each thread loads its prepared words with LDS.128 and decodes them into the
+    wgmma A registers with no layout conversion. Measured on the sm_90a SASS of
+    the micro FC1 loop at Mixtral dims (benchmarks/sweeps/nvfp4_decode_sweep.py,
+    128 weights per thread per step): 426 instructions per step (3.3 per weight,
+    everything included) with the asm, 669 with the integer-op path; the old
+    chunk-interleave decodes took 1064 (ptx) and 1368 (arith).
+    """
     NW: tl.constexpr = BK // 8  # prepared words per row and chunk
     U: tl.constexpr = BK // 32  # words per wgmma lane quad and row
     o_w = tl.arange(0, NW)
