@@ -54,7 +54,7 @@ GROUPED_BLOCK_M_LARGE = 128
 # TP8 shard 902 vs 995, Qwen3 M=1024 (mean 64) 425 vs 489; M=4096 at BM 128:
 # DeepSeek-V3 9087 vs 10605, TP8 1618 vs 1964, Qwen3 851 vs 1048, Mixtral 5574
 # vs 6648 (its best, BN2 128, 5543, within 1%); Mixtral M=1024 1539 vs 1712.
-# NVFP4 keeps BN1 64 (BN1 128 spills with the decode) and the plan's chunk.
+# NVFP4 keeps BN1 64 and the plan's chunk (the sweep's NVFP4 tiles: moe_tile_sweep_h200.json).
 BF16_WIDE_MIN_ROWS = 16
 BF16_WIDE_BM64_MAX_ROWS = 96
 
@@ -67,18 +67,18 @@ class LaunchConfig:
     block_n2: weight rows per FC1 / FC2 program. split1 / split2: programs per
     FC1 / FC2 reduction (micro only; grouped uses 1). num_warps: both GEMMs.
     stages1 / stages2: software-pipeline depth of FC1 / FC2 (Triton num_stages).
-    block_k: reduction elements per step, 0 for the plan's chunk (bf16 weights
-    only may differ: NVFP4's prepared interleave is cut at the chunk).
-    decode: NVFP4 weight decode on the GPU, "arith" (fp32 arithmetic) or "ptx"
-    (byte-table lookup in inline PTX); both exact, same bits. Cost, from the
-    sm_90 SASS of the Mixtral micro FC1 loop (128 weights per thread per step):
-    ~11 instructions per weight (arith) vs ~8 (ptx), everything included.
-    Default "arith": on the H200 (adb4721, bench_moe --quick) ptx gave different
-    bits on repeated runs at the Mixtral shape (micro, T 4) while arith repeated;
-    the two compiled kernels had the same shared-memory, barrier, cp.async and
-    wgmma structure and no cause was found, so ptx stays opt-in
-    (`with_changes(decode="ptx")`) until tests/moe/test_gpu.py's Mixtral repeat
-    test passes with it.
+    block_k: reduction elements per step, 0 for the plan's chunk; only bf16
+    plans use another (bind rejects it for NVFP4, whose K order within a step
+    follows the step: kernels/common.py k_order).
+    decode: NVFP4 weight decode on the GPU, "ptx" (rotate + mask + bf16x2
+    multiply in inline PTX) or "arith" (the same bit operations as Triton
+    integer ops and an fp32 multiply); both exact, same bits. SASS per weight
+    in the Mixtral micro loop (benchmarks/sweeps/nvfp4_decode_sweep.py, ptxas
+    sm_90a): FC1 3.3 (ptx) vs 5.2 (arith), FC2 4.2 vs 6.3. Default "ptx": on the
+    H200 at ac6412e it repeated bitwise and matched arith bitwise
+    (tests/moe/test_gpu.py, 12 passed) and was faster at every NVFP4 point of
+    `bench_moe.py --quick` (moe_h200.json vs moe_h200_arith_ac6412e.json; e.g.
+    Mixtral M = 8: 342 vs 398 us, DeepSeek-V3 M = 4096: 15542 vs 17308 us).
     """
 
     family: str
@@ -90,14 +90,14 @@ class LaunchConfig:
     num_warps: int = 4
     stages1: int = 3
     stages2: int = 3
-    decode: str = "arith"
+    decode: str = "ptx"
     block_k: int = 0
 
 
 @dataclass(frozen=True)
 class MoEPlan:
-    """caps, spec, chunk (BK, the reduction elements per kernel step, which
-    also fixes the prepared NVFP4 interleave) and buckets: ((max T, config), ...)
+    """caps, spec, chunk (BK, the reduction elements per kernel step; NVFP4
+    steps always take the chunk) and buckets: ((max T, config), ...)
     in increasing T, the last one covering caps.max_tokens."""
 
     caps: MoECaps
