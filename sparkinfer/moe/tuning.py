@@ -70,21 +70,24 @@ def grouped_config(p: MoEPlan, bm: int, bn1: int, bn2: int, decode: str) -> Laun
 def candidates(p: MoEPlan, tokens: int) -> tuple[tuple[str, LaunchConfig], ...]:
     """(name, config) to time at `tokens`, the plan's own choice first ("planned").
 
-    micro buckets (T <= 16): twice the reduction splits (more programs in
-    flight at tiny T), and grouped BM 16 from T 4 (where micro stops paying).
+    micro buckets (T <= 16): FC1 unsplit where the plan splits it, twice the
+    reduction splits (more programs in flight at tiny T), and grouped BM 16
+    from T 4 (where micro stops paying).
     grouped: the neighbouring BM; at BM >= 64 also BM 64 and, for bf16, wider
     FC1 tiles (BN1 128: m64 wgmma per warpgroup on gate and up), for nvfp4 a
-    deeper pipeline (up to 4 stages). nvfp4, T <= 64: the other decode.
+    deeper pipeline (up to 4 stages). nvfp4 grouped, T <= 64: the other decode.
     At most four per T, so a sweep of 4 shapes x 2 formats x 4 T compiles in
     about three minutes. Pure.
     """
     chosen = p.config_for(tokens)
     out = [("planned", chosen)]
     nvfp4 = p.spec.weight_format == "nvfp4"
-    if nvfp4 and tokens <= 64:
+    if nvfp4 and tokens <= 64 and chosen.family != "micro":  # micro: both decodes timed by bench_moe --quick
         other = "ptx" if chosen.decode == "arith" else "arith"
         out.append((f"decode-{other}", dataclasses.replace(chosen, decode=other)))
     if chosen.family == "micro":
+        if chosen.split1 > 1:  # FC1 unsplit: FC2 reads bf16 activations instead of summing fp32 partials
+            out.append(("micro-fc1-unsplit", dataclasses.replace(chosen, split1=1)))
         s1, s2 = min(2 * chosen.split1, MAX_SPLIT), min(2 * chosen.split2, MAX_SPLIT)
         if (s1, s2) != (chosen.split1, chosen.split2):
             out.append((f"micro-s{s1}x{s2}", dataclasses.replace(chosen, split1=s1,

@@ -26,7 +26,9 @@ def test_candidates_start_with_the_plan_and_bind(shape, fmt, t):
     names = [n for n, _ in got]
     assert got[0] == ("planned", p.config_for(t)) and len(set(names)) == len(names) <= 4
     assert all(c != p.config_for(t) for _, c in got[1:]) and len(got) >= 2
-    assert (fmt == "nvfp4" and t <= 64) == any(n.startswith("decode-") for n in names)
+    micro = p.config_for(t).family == "micro"
+    assert (fmt == "nvfp4" and t <= 64 and not micro) == any(n.startswith("decode-") for n in names)
+    assert (micro and p.config_for(t).split1 > 1) == ("micro-fc1-unsplit" in names)
     for _, cfg in got:
         assert cfg.family == "grouped" or t <= 16  # micro serves at most 16 tokens
         pf = p.forced(cfg)
