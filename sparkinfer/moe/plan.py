@@ -34,6 +34,14 @@ MAX_SPLIT = 8
 # FC2 of micro pipelines S1 fp32 partials per step (16 KiB each at BK 128), so
 # FC1 splits stop at 4 to keep two stages within shared memory.
 MAX_SPLIT1 = 4
+# FC1 splits only while its unsplit grid is under half the SMs: a split FC1
+# stores fp32 gate/up partials and every FC2 program then sums them and
+# recomputes the activation. H200 `bench_moe.py --sweep --m 1,8 --formats
+# nvfp4` at e9512d3 (moe_sweep_h200.json), planned (split by PROGRAMS_PER_SM)
+# vs FC1 unsplit: DeepSeek-V3 M=1 (256 unsplit programs) 154.4 vs 107.8 us;
+# Qwen3 M=1 (96) 33.4 vs 24.9; TP8 shard M=8 (256) 155.7 vs 104.0; but TP8
+# shard M=1 (32 programs) 38.9 split vs 46.9 unsplit.
+FC1_SPLIT_MAX_PROGRAMS_PER_SM = 0.5
 # Shared memory per program: two programs per SM for the memory-bound shapes,
 # one for the large grouped tiles (the H200 has 227 KiB per SM). SMEM_FIXED is
 # what Triton stages besides the pipelined loads (dequantized operand, epilogue).
@@ -151,8 +159,9 @@ def _config(caps: MoECaps, spec: MoESpec, tokens: int, chunk: int) -> LaunchConf
     halves = 2 if spec.gated else 1  # FC1 weight tiles per step (gate, up)
     if tokens <= MICRO_MAX_TOKENS:
         bn, bm = 64, MICRO_BLOCK_M
-        s1 = _split(active * triton.cdiv(caps.intermediate, bn), caps.hidden // chunk,
-                    caps.num_sms, MAX_SPLIT1)
+        programs1 = active * triton.cdiv(caps.intermediate, bn)
+        s1 = 1 if programs1 >= FC1_SPLIT_MAX_PROGRAMS_PER_SM * caps.num_sms else _split(
+            programs1, caps.hidden // chunk, caps.num_sms, MAX_SPLIT1)
         s2 = _split(active * triton.cdiv(caps.hidden, bn), caps.intermediate // chunk,
                     caps.num_sms, MAX_SPLIT)
         fc1 = halves * _weight_bytes(bn, chunk, nvfp4) + chunk * bm * 2

@@ -14,13 +14,13 @@ MIXTRAL = dict(num_experts=8, top_k=2, hidden=4096, intermediate=14336)
 
 DECISIONS = [
     # id, shape, T, family, block_m, split1, split2
-    ("dsv3-T1", DSV3, 1, "micro", 16, 2, 1),
+    ("dsv3-T1", DSV3, 1, "micro", 16, 1, 1),  # 256 FC1 programs: no FC1 split
     ("dsv3-T16", DSV3, 16, "micro", 16, 1, 1),
     ("dsv3-T64", DSV3, 64, "grouped", 16, 1, 1),
     ("dsv3-T1024", DSV3, 1024, "grouped", 32, 1, 1),
     ("dsv3-T4096", DSV3, 4096, "grouped", 128, 1, 1),
     ("dsv3tp8-T1", DSV3_TP8, 1, "micro", 16, 4, 1),
-    ("qwen3-T1", QWEN3, 1, "micro", 16, 3, 2),
+    ("qwen3-T1", QWEN3, 1, "micro", 16, 1, 2),  # 96 FC1 programs >= 66: no FC1 split
     ("qwen3-T256", QWEN3, 256, "grouped", 16, 1, 1),
     ("qwen3-T4096", QWEN3, 4096, "grouped", 128, 1, 1),
     ("mixtral-T1", MIXTRAL, 1, "micro", 16, 1, 3),

@@ -45,10 +45,11 @@ SPLIT_MAX_BYTES = 0
 # The LL kernel's split path posts partial sums as LL words polled with one
 # vector load (kernel.py), not through atomics. It splits rows (split_pieces)
 # below LL_SPLIT_MAX_BYTES of x when T = 1 or a row is over LL_SPLIT_ROW_BYTES.
-# 2x H200 `bench_fused.py --sweep` at 77cd068 (fused_2xh200_sweep.json), us:
-# T = 1, H = 4096: 4.78 split vs 5.10 whole row; H = 7168: 4.91 vs 6.18;
-# T = 8, H = 7168: 6.32 vs 6.61; T = 16, H = 7168: 7.11 vs 7.52; but H = 4096
-# (8 KiB rows) at T = 8: 5.90 vs 5.29 and T = 16: 6.10 vs 5.64.
+# 2x H200 `bench_fused.py --sweep` at e9512d3 (fused_2xh200_sweep.json), us:
+# T = 1, H = 4096: 4.82 split vs 5.24 whole row; H = 7168: 4.99 vs 6.21;
+# T = 8, H = 7168: 6.28 vs 6.65; T = 16, H = 7168: 7.03 vs 7.55; but H = 4096
+# (8 KiB rows) at T = 8: 5.89 vs 5.25 and T = 16: 6.13 vs 5.62 (77cd068 agreed:
+# fused_2xh200_sweep_77cd068.json).
 LL_SPLIT_MAX_BYTES = 256 << 10
 LL_SPLIT_ROW_BYTES = 8 << 10
 # Smallest piece of a split row. The 2x H200 all-reduce sweep
