@@ -19,6 +19,15 @@ SHAPES = {
 CASES = [(s, f, t) for s in SHAPES for f in ("nvfp4", "bf16") for t in (1, 8, 64, 4096)]
 
 
+def _bind_meta(p, k, t):
+    """bind() of a T-token call to plan p on meta tensors (shapes and checks only)."""
+    meta = dict(dtype=torch.bfloat16, device="meta")
+    return bind(p, allocate_scratch(p, "meta"), meta_weights(p),
+                x=torch.empty(t, p.caps.hidden, **meta), out=torch.empty(t, p.caps.hidden, **meta),
+                topk_ids=torch.empty(t, k, dtype=torch.int32, device="meta"),
+                topk_weights=torch.empty(t, k, device="meta"))
+
+
 @pytest.mark.parametrize("shape,fmt,t", CASES, ids=[f"{s}-{f}-T{t}" for s, f, t in CASES])
 def test_candidates_start_with_the_plan_and_bind(shape, fmt, t):
     p = plan(MoECaps(max_tokens=4096, **SHAPES[shape]), MoESpec(weight_format=fmt))
@@ -31,14 +40,7 @@ def test_candidates_start_with_the_plan_and_bind(shape, fmt, t):
     assert (micro and p.config_for(t).split1 > 1) == ("micro-fc1-unsplit" in names)
     for _, cfg in got:
         assert cfg.family == "grouped" or t <= 16  # micro serves at most 16 tokens
-        pf = p.forced(cfg)
-        meta = dict(dtype=torch.bfloat16, device="meta")
-        k = SHAPES[shape]["top_k"]
-        b = bind(pf, allocate_scratch(pf, "meta"), meta_weights(pf),
-                 x=torch.empty(t, p.caps.hidden, **meta), out=torch.empty(t, p.caps.hidden, **meta),
-                 topk_ids=torch.empty(t, k, dtype=torch.int32, device="meta"),
-                 topk_weights=torch.empty(t, k, device="meta"))
-        assert b.config == cfg
+        assert _bind_meta(p.forced(cfg), SHAPES[shape]["top_k"], t).config == cfg
 
 
 def test_grouped_config_matches_the_planner_and_sizes_stages_by_shared_memory():
@@ -79,12 +81,7 @@ def test_tile_candidates_start_with_the_plan_fit_shared_memory_and_bind(shape, f
         budget = (112 if name.endswith("2cta") else 220) * 1024
         assert 2 <= cfg.stages1 <= TILE_STAGE_CAP and cfg.stages1 * step1 <= budget, name
         assert 2 <= cfg.stages2 <= TILE_STAGE_CAP and cfg.stages2 * step2 <= budget, name
-        meta = dict(dtype=torch.bfloat16, device="meta")
-        k = SHAPES[shape]["top_k"]
-        b = bind(tp, allocate_scratch(tp, "meta"), meta_weights(tp),
-                 x=torch.empty(t, p.caps.hidden, **meta), out=torch.empty(t, p.caps.hidden, **meta),
-                 topk_ids=torch.empty(t, k, dtype=torch.int32, device="meta"),
-                 topk_weights=torch.empty(t, k, device="meta"))
+        b = _bind_meta(tp, SHAPES[shape]["top_k"], t)
         assert b.config == cfg and b.plan.chunk == tp.chunk
 
 
