@@ -31,7 +31,7 @@ def test_unmap_with_live_view_fails_and_can_be_retried():
     be = HostSlabBackend()
     slab = be.allocate(4096)
     view = slab.keep[1][:16]  # a tensor still pointing into the mapping
-    with pytest.raises(PeerMemoryError, match="1 tensor view\(s\) of it are still alive"):
+    with pytest.raises(PeerMemoryError, match=r"1 tensor view\(s\) of it are still alive"):
         be.free(slab)
     del view
     be.free(slab)
