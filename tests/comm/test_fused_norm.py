@@ -72,6 +72,7 @@ CASES_3 = [
     Case("t1_h1024_bf16_ll", (1, 1024), torch.bfloat16),
     Case("t3_h7168_bf16_3_pieces_inplace", (3, 7168), torch.bfloat16, inplace=True, algorithm="fused"),
     Case("t17_h1024_fp16_ll", (17, 1024), torch.float16, algorithm="fused_ll"),
+    Case("t2_h7168_fp16_ll_pieces_inplace", (2, 7168), torch.float16, inplace=True),  # LL split rows, 3 ranks
 ]
 
 
