@@ -276,3 +276,30 @@ def micro_rows(ids_ptr, pid_r, T, E: tl.constexpr, K: tl.constexpr, BM: tl.const
     k_t = tl.max(tl.where(b_ids == e, o_k[None, :], -1), axis=1)  # [BM]
     route = tl.where((k_t >= 0) & own, o_t * K + k_t, -1)
     return tl.where(own, e, -1), route
+
+
+@triton.jit
+def program_rows(ids_ptr, sorted_ptr, tile_e_ptr, i_m, T, E: tl.constexpr, K: tl.constexpr,
+                 BM: tl.constexpr, KP: tl.constexpr, RP: tl.constexpr, MICRO: tl.constexpr):
+    """(expert or -1, route per row or -1, row index of the program's A/output rows)
+    of GEMM program i_m: MICRO, route slot i_m (`micro_rows`; rows are indexed by
+    route); else sorted tile i_m (`tile_expert`, `sorted_route`)."""
+    if MICRO:
+        e, route = micro_rows(ids_ptr, i_m, T, E, K, BM, KP, RP)
+        o_row = route
+    else:
+        e = tl.load(tile_e_ptr + i_m)
+        o_row = i_m * BM + tl.arange(0, BM)
+        route = tl.load(sorted_ptr + o_row)
+    return e, route, o_row
+
+
+@triton.jit
+def split_chunks(i_s, chunks_per_split, num_chunks):
+    """[lo, hi) chunks of reduction split i_s. The runner's split maths gives
+    every split at least one chunk; saying so (tl.assume) removes the loop's
+    zero-trip path, which made ptxas serialize every wgmma (its note C7515)."""
+    c_lo = i_s * chunks_per_split
+    c_hi = tl.minimum(c_lo + chunks_per_split, num_chunks)
+    tl.assume(c_hi > c_lo)
+    return c_lo, c_hi

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from sparkinfer.moe.kernels.common import (DECODE_UNSCALE, activation, dot_operand, k_order,
-                                           load_scales, micro_rows, weight_tile)
+                                           load_scales, program_rows, split_chunks, weight_tile)
 
 
 @triton.jit
@@ -57,13 +57,7 @@ def moe_fc2_kernel(
     i_m = tl.program_id(0)
     i_n = tl.program_id(1)
     i_s = tl.program_id(2)
-    if MICRO:
-        e, route = micro_rows(ids_ptr, i_m, T, E, K, BM, KP, RP)
-        o_arow = route
-    else:
-        e = tl.load(tile_e_ptr + i_m)
-        o_arow = i_m * BM + tl.arange(0, BM)
-        route = tl.load(sorted_ptr + o_arow)
+    e, route, o_arow = program_rows(ids_ptr, sorted_ptr, tile_e_ptr, i_m, T, E, K, BM, KP, RP, MICRO)
     if e < 0:
         return
     m_row = route >= 0
@@ -73,9 +67,7 @@ def moe_fc2_kernel(
     p_w = w_ptr + e.to(tl.int64) * stride_we
     p_s = s_ptr + e.to(tl.int64) * stride_se
     b_acc = tl.zeros([BN, BM], dtype=tl.float32)
-    c_lo = i_s * chunks_per_split
-    c_hi = tl.minimum(c_lo + chunks_per_split, num_chunks)
-    tl.assume(c_hi > c_lo)  # every split has a chunk: no zero-trip path (see below)
+    c_lo, c_hi = split_chunks(i_s, chunks_per_split, num_chunks)
     for c in range(c_lo, c_hi):
         k0 = c * BK
         if PARTIALS:
