@@ -20,7 +20,7 @@ from sparkinfer.errors import (CapacityError, CaptureError, DeviceError, DTypeEr
                                PlanError, ShapeError)
 from sparkinfer.moe.kernels.common import ACT_RELU2, ACT_SILU, ACT_SWIGLU_OAI
 from sparkinfer.moe.plan import MICRO_BLOCK_M, LaunchConfig, MoEPlan
-from sparkinfer.moe.weights import MoEWeights
+from sparkinfer.moe.weights import MoEWeights, nvfp4_shapes
 
 __all__ = ["ScratchSpec", "MoEBinding", "scratch_specs", "allocate_scratch", "bind",
            "sort_chunk", "max_tiles"]
@@ -126,11 +126,16 @@ def _check_weights(plan: MoEPlan, w: MoEWeights, device):
         raise LayoutError(f"bind: weights prepared as {w.weight_format}/chunk {w.chunk}, plan "
                           f"wants {plan.spec.weight_format}/chunk {plan.chunk}; call "
                           "prepare_weights(plan, w1, w2)")
-    n1 = (2 if plan.spec.gated else 1) * c.intermediate
-    per = 2 if w.weight_format == "nvfp4" else 1
-    dt = torch.uint8 if per == 2 else torch.bfloat16
-    _check(w.w1, "weights.w1", (c.num_experts, n1, c.hidden // per), dt, device)
-    _check(w.w2, "weights.w2", (c.num_experts, c.hidden, c.intermediate // per), dt, device)
+    e, h, i = c.num_experts, c.hidden, c.intermediate
+    n1 = (2 if plan.spec.gated else 1) * i
+    if w.weight_format == "bf16":
+        _check(w.w1, "weights.w1", (e, n1, h), torch.bfloat16, device)
+        _check(w.w2, "weights.w2", (e, h, i), torch.bfloat16, device)
+        return
+    for (n, r), names in (((n1, h), ("w1", "s1", "g1")), ((h, i), ("w2", "s2", "g2"))):
+        shapes = (*nvfp4_shapes(e, n, r, plan.chunk), (e,))
+        for name, shape, dt in zip(names, shapes, (torch.uint8, torch.uint8, torch.float32)):
+            _check(getattr(w, name), f"weights.{name}", shape, dt, device)
 
 
 def bind(plan: MoEPlan, scratch: dict, weights: MoEWeights, *, x: torch.Tensor,

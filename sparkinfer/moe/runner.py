@@ -67,8 +67,9 @@ def run(b: MoEBinding) -> None:
     nvfp4 = spec.weight_format == "nvfp4"
     s1, s2 = (w.s1, w.s2) if nvfp4 else (w.w1, w.w2)
     g1, g2 = (w.g1, w.g2) if nvfp4 else (w.w1, w.w2)
-    sn1 = (s1.stride(0), s1.stride(1)) if nvfp4 else (0, 0)
-    sn2 = (s2.stride(0), s2.stride(1)) if nvfp4 else (0, 0)
+    # expert stride, row stride (bf16; NVFP4 rows are tiled), scale expert stride
+    sw1 = (w.w1.stride(0), 0 if nvfp4 else w.w1.stride(1), s1.stride(0) if nvfp4 else 0)
+    sw2 = (w.w2.stride(0), 0 if nvfp4 else w.w2.stride(1), s2.stride(0) if nvfp4 else 0)
     bk = cfg.block_k or b.plan.chunk
     chunks1, chunks2 = h // bk, i // bk
     common = _gemm_common(b, bk)
@@ -86,12 +87,12 @@ def run(b: MoEBinding) -> None:
         p1s = (p1.stride(0), p1.stride(1)) if split else (0, p1.stride(0))
         moe_fc1_kernel[(routes, triton.cdiv(i, cfg.block_n1), sp1)](
             b.x, w.w1, s1, g1, ids, tw, ids, ids, p1, t, i, chunks1, cps1,
-            h, w.w1.stride(0), w.w1.stride(1), *sn1, *p1s, alpha, limit,
+            h, *sw1, *p1s, alpha, limit,
             BM=cfg.block_m, BN=cfg.block_n1, MICRO=True, PARTIALS=split,
             num_stages=cfg.stages1, **common)
         moe_fc2_kernel[(routes, triton.cdiv(h, cfg.block_n2), sp2)](
             p1, w.w2, s2, g2, ids, tw, ids, ids, p2, t, h, i, chunks2, cps2,
-            *p1s, w.w2.stride(0), w.w2.stride(1), *sn2,
+            *p1s, *sw2,
             p2.stride(0), p2.stride(1), alpha, limit,
             BM=cfg.block_m, BN=cfg.block_n2, S1=sp1, MICRO=True, PARTIALS=split,
             num_stages=cfg.stages2, **common)
@@ -102,12 +103,12 @@ def run(b: MoEBinding) -> None:
         srt, te, inter, ro = s["sorted_route"], s["tile_expert"], s["inter"], s["route_out"]
         moe_fc1_kernel[(tiles, triton.cdiv(i, cfg.block_n1), 1)](
             b.x, w.w1, s1, g1, ids, tw, srt, te, inter, t, i, chunks1, chunks1,
-            h, w.w1.stride(0), w.w1.stride(1), *sn1, 0, inter.stride(0), alpha, limit,
+            h, *sw1, 0, inter.stride(0), alpha, limit,
             BM=cfg.block_m, BN=cfg.block_n1, MICRO=False, PARTIALS=False,
             num_stages=cfg.stages1, **common)
         moe_fc2_kernel[(tiles, triton.cdiv(h, cfg.block_n2), 1)](
             inter, w.w2, s2, g2, ids, tw, srt, te, ro, t, h, i, chunks2, chunks2,
-            0, inter.stride(0), w.w2.stride(0), w.w2.stride(1), *sn2, 0, ro.stride(0),
+            0, inter.stride(0), *sw2, 0, ro.stride(0),
             alpha, limit, BM=cfg.block_m, BN=cfg.block_n2, S1=1, MICRO=False,
             PARTIALS=False, num_stages=cfg.stages2, **common)
         part, splits, stride_ps = ro, 1, 0

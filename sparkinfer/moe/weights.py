@@ -7,12 +7,15 @@ Prepared layout:
 - FC1 [E, N1, H], gate rows first then up rows, whatever the checkpoint order;
   FC2 [E, H, I]; both already sliced to this rank's share of I.
 - bf16: contiguous bf16.
-- nvfp4: words [E, N, R/8] as bytes [E, N, R/2] (`pack_words`): word n holds
-  elements 8n..8n+7 with each E2M1 bit where the kernel's rotate-and-mask
-  decode wants it (`kernels/common.py`, NVFP4_WORD_ASM); scale codes
-  [E, N, R/16] (`scale_codes`), one byte per 16 elements as in the stored
-  E4M3, re-encoded so that one integer multiply-add makes the bf16 scale
-  pair; global scales fp32 [E]. Neither depends on the chunk BK.
+- nvfp4: words of 8 elements (`pack_words`): word n of a row holds elements
+  8n..8n+7 with each E2M1 bit where the kernel's rotate-and-mask decode wants
+  it (`kernels/common.py`, NVFP4_WORD_ASM); scale codes (`scale_codes`), one
+  byte per 16 elements as in the stored E4M3, re-encoded so that one integer
+  multiply-add makes the bf16 scale pair; global scales fp32 [E]. Words and
+  scale codes are tiled (`tile_rows`): [E, N'/64, R/BK, 64, BK/2] and
+  [E, N'/64, R/BK, 64, BK/16] bytes, N' = N rounded up to 64 rows (the padding
+  is zero and never read), so the 64 rows' slices of one chunk, what one
+  kernel step reads, are contiguous (`nvfp4_shapes`).
 """
 
 from __future__ import annotations
@@ -22,10 +25,11 @@ from dataclasses import dataclass
 import torch
 
 from sparkinfer.errors import DTypeError, ShapeError
-from sparkinfer.moe.kernels.common import NVFP4_WORD_MASK3, NVFP4_WORD_ROT
+from sparkinfer.moe.kernels.common import NVFP4_TILE_ROWS, NVFP4_WORD_MASK3, NVFP4_WORD_ROT
 from sparkinfer.quant.nvfp4 import NVFP4Tensor, unpack_codes
 
-__all__ = ["MoEWeights", "prepare_weights", "pack_words", "scale_codes", "prepare_nvfp4"]
+__all__ = ["MoEWeights", "prepare_weights", "pack_words", "scale_codes", "prepare_nvfp4",
+           "tile_rows", "nvfp4_shapes"]
 
 
 @dataclass(frozen=True)
@@ -106,16 +110,39 @@ def scale_codes(scales: torch.Tensor, codes: torch.Tensor):
     return c.to(torch.uint8), blk.reshape(codes.shape).to(torch.uint8)
 
 
-def prepare_nvfp4(w: NVFP4Tensor):
-    """NVFP4Tensor [E, N, R] -> (prepared word bytes [E, N, R/2], scale codes [E, N, R/16]).
+def nvfp4_shapes(experts: int, rows: int, reduction: int, chunk: int):
+    """Shapes of the prepared (words, scale codes) of an NVFP4 matrix [E, N, R]."""
+    blocks = -(-rows // NVFP4_TILE_ROWS)
+    lead = (experts, blocks, reduction // chunk, NVFP4_TILE_ROWS)
+    return (*lead, chunk // 2), (*lead, chunk // 16)
+
+
+def tile_rows(t: torch.Tensor, chunk_bytes: int) -> torch.Tensor:
+    """[N, B] bytes (B = R/2 words or R/16 scale codes) -> [N'/64, B/cb, 64, cb]
+    with cb = chunk_bytes per row and chunk: rows padded with zeros to N', a
+    multiple of NVFP4_TILE_ROWS. Allocates; no host sync."""
+    n, b = t.shape
+    rows = -(-n // NVFP4_TILE_ROWS) * NVFP4_TILE_ROWS
+    if rows != n:
+        t = torch.cat([t, t.new_zeros(rows - n, b)])
+    t = t.reshape(rows // NVFP4_TILE_ROWS, NVFP4_TILE_ROWS, b // chunk_bytes, chunk_bytes)
+    return t.permute(0, 2, 1, 3).contiguous()
+
+
+def prepare_nvfp4(w: NVFP4Tensor, chunk: int):
+    """NVFP4Tensor [E, N, R] -> (tiled word bytes, tiled scale codes) for steps
+    of `chunk` reduction elements (`nvfp4_shapes`).
 
     One matrix at a time along E (bounded temporaries). Allocates; no host sync.
     """
-    p = torch.empty(w.packed.shape, dtype=torch.uint8, device=w.packed.device)
-    s = torch.empty(w.scales.shape, dtype=torch.uint8, device=w.scales.device)
-    for e in range(w.packed.shape[0]):
-        s[e], codes = scale_codes(w.scales[e], unpack_codes(w.packed[e]))
-        p[e] = pack_words(codes)
+    e, n, r = w.shape
+    shape_p, shape_s = nvfp4_shapes(e, n, r, chunk)
+    p = torch.empty(shape_p, dtype=torch.uint8, device=w.packed.device)
+    s = torch.empty(shape_s, dtype=torch.uint8, device=w.scales.device)
+    for i in range(e):
+        c, codes = scale_codes(w.scales[i], unpack_codes(w.packed[i]))
+        p[i] = tile_rows(pack_words(codes), chunk // 2)
+        s[i] = tile_rows(c, chunk // 16)
     return p, s
 
 
@@ -190,6 +217,6 @@ def prepare_weights(plan, w1, w2) -> MoEWeights:
     if fmt == "bf16":
         return MoEWeights(fmt, plan.chunk, w1.to(torch.bfloat16).contiguous(),
                           w2.to(torch.bfloat16).contiguous())
-    (p1, c1), (p2, c2) = prepare_nvfp4(w1), prepare_nvfp4(w2)
+    (p1, c1), (p2, c2) = prepare_nvfp4(w1, plan.chunk), prepare_nvfp4(w2, plan.chunk)
     return MoEWeights(fmt, plan.chunk, p1, p2, c1, c2, w1.global_scale.float().contiguous(),
                       w2.global_scale.float().contiguous())

@@ -3,6 +3,7 @@
 import torch
 
 from sparkinfer.moe import MoEWeights, allocate_scratch, plan, prepare_weights
+from sparkinfer.moe.weights import nvfp4_shapes
 from sparkinfer.quant import quantize_nvfp4
 
 
@@ -39,6 +40,6 @@ def meta_weights(p):
         return MoEWeights("bf16", p.chunk, m(e, n1, h, dt=torch.bfloat16),
                           m(e, h, i, dt=torch.bfloat16))
     u8 = torch.uint8
-    return MoEWeights("nvfp4", p.chunk, m(e, n1, h // 2, dt=u8), m(e, h, i // 2, dt=u8),
-                      m(e, n1, h // 16, dt=u8), m(e, h, i // 16, dt=u8),
-                      m(e, dt=torch.float32), m(e, dt=torch.float32))
+    (w1, s1), (w2, s2) = nvfp4_shapes(e, n1, h, p.chunk), nvfp4_shapes(e, h, i, p.chunk)
+    return MoEWeights("nvfp4", p.chunk, m(*w1, dt=u8), m(*w2, dt=u8), m(*s1, dt=u8),
+                      m(*s2, dt=u8), m(e, dt=torch.float32), m(e, dt=torch.float32))

@@ -32,14 +32,14 @@ CASES = [
 ]
 
 
-def _run_case(spec, t, e, k, max_tokens=32, num_sms=132):
-    caps = MoECaps(max_tokens=max_tokens, num_experts=e, top_k=k, hidden=64, intermediate=32,
+def _run_case(spec, t, e, k, max_tokens=32, num_sms=132, h=64, i=32):
+    caps = MoECaps(max_tokens=max_tokens, num_experts=e, top_k=k, hidden=h, intermediate=i,
                    num_sms=num_sms)
     p, w, src, scratch = random_layer(caps, spec)
-    x = torch.randn(t, 64).bfloat16()
+    x = torch.randn(t, h).bfloat16()
     logits = torch.randn(t, e)
     bias = torch.randn(e) if spec.routing == "sigmoid_grouped" else None
-    out = torch.full((t, 64), float("nan"), dtype=torch.bfloat16)
+    out = torch.full((t, h), float("nan"), dtype=torch.bfloat16)
     b = bind(p, scratch, w, x=x, out=out, logits=logits, bias=bias)
     run(b)
     ref = moe_reference(x, src, route_reference(logits, spec, k, bias=bias), spec=spec)
@@ -51,6 +51,18 @@ def test_layer_matches_reference(kw, t, e, k):
     spec = MoESpec(**kw)
     b, ref = _run_case(spec, t, e, k)
     assert b.config.family == ("micro" if t <= 16 else "grouped")
+    assert torch.isfinite(b.out.float()).all()
+    assert cosine(b.out, ref) >= 0.9999
+
+
+@pytest.mark.parametrize("act,t", [("silu", 3), ("silu", 18), ("relu2", 2)],
+                         ids=["gated-micro", "gated-grouped", "relu2-micro"])
+def test_nvfp4_rows_not_a_multiple_of_the_tile(act, t):
+    """H 160 (FC2 rows pad to 192), I 96 (gate and up rows share a 64-row tile;
+    relu2's 96 FC1 rows pad to 128), chunk 32: five FC1 chunks per row."""
+    spec = MoESpec(weight_format="nvfp4", activation=act)
+    b, ref = _run_case(spec, t, 4, 2, h=160, i=96)
+    assert b.plan.chunk == 32 and b.weights.w2.shape[1:3] == (3, 3)
     assert torch.isfinite(b.out.float()).all()
     assert cosine(b.out, ref) >= 0.9999
 

@@ -11,7 +11,10 @@ for Hopper's wgmma) and a handful of tokens fill the narrow right side.
 
 Prepared NVFP4 layout (see `sparkinfer.moe.weights`): 32-bit words of 8
 consecutive elements whose bits sit where a rotate-and-mask decode wants them
-(NVFP4_WORD_ASM), and one re-encoded scale byte per 16 elements. The dot's K
+(NVFP4_WORD_ASM), and one re-encoded scale byte per 16 elements, both tiled:
+the BK-element slices of TILE_ROWS consecutive rows for one chunk are one
+contiguous block (`tile_slices`), so a program's step reads whole blocks
+instead of 64 bytes from each of BN rows. The dot's K
 order inside a chunk is `k_order`, not the natural one: each thread of the
 wgmma A fragment then decodes whole words of one contiguous run of K (LDS.128,
 one scale per 16 elements) straight into its operand registers, and the
@@ -49,6 +52,12 @@ WORD_MASK = tl.constexpr(NVFP4_WORD_MASK - (1 << 32))  # as int32
 WORD_MASK3 = tl.constexpr(NVFP4_WORD_MASK3 - (1 << 32))
 WORD_MASK3_ROT = tl.constexpr(NVFP4_WORD_MASK ^ NVFP4_WORD_MASK3)
 DECODE_UNSCALE = tl.constexpr(256.0)  # 2**8, folded into the expert's global scale
+# Rows per tile of the prepared NVFP4 layout. Rows stored as 64-byte slices
+# (one per row per step) ran at 48% / 57% of the HBM floor (DeepSeek-V3 shape,
+# M 1 / 8) where 64-row blocks of contiguous slices ran at 58% / 71%
+# (.scratch A/B at 6902a06, benchmarks/results/moe_layout_ab_h200.json).
+NVFP4_TILE_ROWS = 64
+TILE_ROWS = tl.constexpr(NVFP4_TILE_ROWS)
 
 NVFP4_WORD_ASM = tl.constexpr("""
 {
@@ -119,33 +128,43 @@ def k_order(BK: tl.constexpr, NVFP4: tl.constexpr):
 
 
 @triton.jit
-def load_scales(s_ptr, rows, row_mask, k0, stride_s, BK: tl.constexpr):
-    """Prepared scale codes [len(rows), BK/16] of reduction elements k0..k0+BK.
+def tile_slices(rows, c, num_chunks):
+    """Position of row `rows`' slice of chunk c in the tiled NVFP4 layout, in
+    slices (one slice: one row's BK elements of one chunk): blocks of TILE_ROWS
+    rows, each block's chunks in order, each chunk's TILE_ROWS slices in row
+    order (`sparkinfer.moe.weights.tile_rows`)."""
+    return ((rows // TILE_ROWS) * num_chunks + c) * TILE_ROWS + rows % TILE_ROWS
 
-    One load of whole scale rows (8 contiguous bytes at BK 128) is what lets
+
+@triton.jit
+def load_scales(s_ptr, rows, row_mask, c, num_chunks, BK: tl.constexpr):
+    """Prepared scale codes [len(rows), BK/16] of chunk c (reduction elements
+    c*BK..(c+1)*BK) of one expert's tiled scales.
+
+    One load of whole scale slices (8 contiguous bytes at BK 128) is what lets
     Triton's pipeliner turn it into cp.async stages like the codes: it needs
     >= 4 bytes per thread, so callers load >= 512 bytes at 4 warps (1024 at 8).
     Smaller loads stay a synchronous ld.global, one HBM round trip per step.
     """
     o_s = tl.arange(0, BK // 16)
-    p_s = s_ptr + rows[:, None] * stride_s + k0 // 16 + o_s[None, :]
+    p_s = s_ptr + tile_slices(rows, c, num_chunks)[:, None] * (BK // 16) + o_s[None, :]
     return tl.load(p_s, mask=row_mask[:, None], other=0)
 
 
 @triton.jit
-def load_scales_2(s_ptr, row0, n_rows, offset, k0, stride_s, BN: tl.constexpr,
+def load_scales_2(s_ptr, row0, n_rows, offset, c, num_chunks, BN: tl.constexpr,
                   BK: tl.constexpr):
     """Scale codes of rows row0..row0+BN and the same rows + offset (gate and up),
     rows >= n_rows masked, as one [2BN, BK/16] load (twice the bytes per thread
     of two loads), returned as two [BN, BK/16] tiles."""
     o_2 = tl.arange(0, 2 * BN)
     r = row0 + o_2 % BN
-    b_s = load_scales(s_ptr, r + (o_2 // BN) * offset, r < n_rows, k0, stride_s, BK)
+    b_s = load_scales(s_ptr, r + (o_2 // BN) * offset, r < n_rows, c, num_chunks, BK)
     return tl.split(tl.permute(tl.reshape(b_s, [2, BN, BK // 16]), (1, 2, 0)))
 
 
 @triton.jit
-def nvfp4_tile(w_ptr, b_c, rows, row_mask, k0, stride_w, BN: tl.constexpr, BK: tl.constexpr,
+def nvfp4_tile(w_ptr, b_c, rows, row_mask, c, num_chunks, BN: tl.constexpr, BK: tl.constexpr,
                PTX_DECODE: tl.constexpr, INTERPRET: tl.constexpr):
     """NVFP4 weight tile [BN, BK] in `k_order`, times 2**-8 (see NVFP4_WORD_ASM).
 
@@ -159,7 +178,7 @@ def nvfp4_tile(w_ptr, b_c, rows, row_mask, k0, stride_w, BN: tl.constexpr, BK: t
     NW: tl.constexpr = BK // 8  # prepared words per row and chunk
     U: tl.constexpr = BK // 32  # words per wgmma lane quad and row
     o_w = tl.arange(0, NW)
-    p_w = (w_ptr.to(tl.pointer_type(tl.int32)) + rows[:, None] * (stride_w // 4) + k0 // 8
+    p_w = (w_ptr.to(tl.pointer_type(tl.int32)) + tile_slices(rows, c, num_chunks)[:, None] * NW
            + o_w[None, :])
     b_w = tl.load(p_w, mask=row_mask[:, None], other=0)  # [BN, NW]
     b_sp = scale_pair(b_c.to(tl.int32))  # [BN, BK/16]: two words per scale group
@@ -188,15 +207,17 @@ def nvfp4_tile(w_ptr, b_c, rows, row_mask, k0, stride_w, BN: tl.constexpr, BK: t
 
 
 @triton.jit
-def weight_tile(w_ptr, b_s, rows, row_mask, k0, stride_w,
+def weight_tile(w_ptr, b_s, rows, row_mask, c, stride_w, num_chunks,
                 BN: tl.constexpr, BK: tl.constexpr, NVFP4: tl.constexpr,
                 PTX_DECODE: tl.constexpr, INTERPRET: tl.constexpr):
-    """Weight tile [BN, BK] of rows `rows` [BN] and reduction elements k0..k0+BK
-    in `k_order`, in the dot dtype (`dot_operand`), for one tl.dot of K = BK.
+    """Weight tile [BN, BK] of rows `rows` [BN] and chunk c (reduction elements
+    c*BK..(c+1)*BK) in `k_order`, in the dot dtype (`dot_operand`), for one
+    tl.dot of K = BK.
 
-    bf16: w_ptr -> bf16 [N, R] of one expert, stride_w = R; b_s is ignored.
-    NVFP4: w_ptr -> prepared words [N, R/2] bytes; b_s: the rows' prepared scale
-    codes [BN, BK/16] of this step (`load_scales`). Returns e2m1 * e4m3 * 2**-8
+    bf16: w_ptr -> bf16 [N, R] of one expert, stride_w = R; b_s and num_chunks
+    are ignored. NVFP4: w_ptr -> one expert's tiled prepared words (num_chunks
+    = R / BK chunks per row; stride_w is ignored); b_s: the rows' prepared
+    scale codes [BN, BK/16] of this step (`load_scales`). Returns e2m1 * e4m3 * 2**-8
     exactly (bf16 holds it); the caller multiplies its fp32 accumulator by the
     expert's global scale * DECODE_UNSCALE.
     PTX_DECODE selects `NVFP4_WORD_ASM` on the GPU; otherwise (and always under
@@ -204,10 +225,10 @@ def weight_tile(w_ptr, b_s, rows, row_mask, k0, stride_w,
     integer ops and an fp32 multiply. Both are exact, so both give the same bits.
     """
     if NVFP4:
-        w = nvfp4_tile(w_ptr, b_s, rows, row_mask, k0, stride_w, BN, BK, PTX_DECODE, INTERPRET)
+        w = nvfp4_tile(w_ptr, b_s, rows, row_mask, c, num_chunks, BN, BK, PTX_DECODE, INTERPRET)
     else:
         o_k = tl.arange(0, BK)
-        p_w = w_ptr + rows[:, None] * stride_w + k0 + o_k[None, :]
+        p_w = w_ptr + rows[:, None] * stride_w + c * BK + o_k[None, :]
         w = tl.load(p_w, mask=row_mask[:, None], other=0.0).to(tl.bfloat16)
     return dot_operand(w, INTERPRET)
 

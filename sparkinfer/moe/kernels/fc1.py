@@ -28,7 +28,7 @@ from sparkinfer.moe.kernels.common import (DECODE_UNSCALE, activation, dot_opera
 def moe_fc1_kernel(
     x_ptr, w_ptr, s_ptr, gs_ptr, ids_ptr, topk_w_ptr, sorted_ptr, tile_e_ptr, out_ptr,
     T, I, num_chunks, chunks_per_split,
-    stride_x, stride_we, stride_wn, stride_se, stride_sn, stride_os, stride_or,
+    stride_x, stride_we, stride_wn, stride_se, stride_os, stride_or,
     alpha, limit,
     E: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, RP: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
@@ -60,14 +60,14 @@ def moe_fc1_kernel(
         b_su = 0
         if NVFP4:
             if GATED:
-                b_sg, b_su = load_scales_2(p_s, i_n * BN, I, I, k0, stride_sn, BN, BK)
+                b_sg, b_su = load_scales_2(p_s, i_n * BN, I, I, c, num_chunks, BN, BK)
             else:
-                b_sg = load_scales(p_s, o_n, m_n, k0, stride_sn, BK)
-        b_g = tl.dot(weight_tile(p_w, b_sg, o_n, m_n, k0, stride_wn, BN, BK, NVFP4, PTX_DECODE,
-                                 INTERPRET), b_x, b_g)
+                b_sg = load_scales(p_s, o_n, m_n, c, num_chunks, BK)
+        b_g = tl.dot(weight_tile(p_w, b_sg, o_n, m_n, c, stride_wn, num_chunks, BN, BK, NVFP4,
+                                 PTX_DECODE, INTERPRET), b_x, b_g)
         if GATED:
-            b_u = tl.dot(weight_tile(p_w, b_su, o_n + I, m_n, k0, stride_wn, BN, BK, NVFP4,
-                                     PTX_DECODE, INTERPRET), b_x, b_u)
+            b_u = tl.dot(weight_tile(p_w, b_su, o_n + I, m_n, c, stride_wn, num_chunks, BN, BK,
+                                     NVFP4, PTX_DECODE, INTERPRET), b_x, b_u)
     if NVFP4:  # the expert's global scale, once per output instead of once per weight
         b_gs = tl.load(gs_ptr + e) * DECODE_UNSCALE
         b_g *= b_gs

@@ -46,7 +46,7 @@ def act_tile(a_ptr, route, m_row, o_k, k0, I, stride_as, stride_ar, topk_w_ptr, 
 def moe_fc2_kernel(
     a_ptr, w_ptr, s_ptr, gs_ptr, ids_ptr, topk_w_ptr, sorted_ptr, tile_e_ptr, out_ptr,
     T, H, I, num_chunks, chunks_per_split,
-    stride_as, stride_ar, stride_we, stride_wn, stride_se, stride_sn, stride_os, stride_or,
+    stride_as, stride_ar, stride_we, stride_wn, stride_se, stride_os, stride_or,
     alpha, limit,
     E: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, RP: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, S1: tl.constexpr,
@@ -76,9 +76,9 @@ def moe_fc2_kernel(
         else:
             p_a = a_ptr + o_arow[None, :].to(tl.int64) * stride_ar + k0 + o_k[:, None]
             b_a = dot_operand(tl.load(p_a, mask=m_row[None, :], other=0.0), INTERPRET)
-        b_s = load_scales(p_s, o_n, m_n, k0, stride_sn, BK) if NVFP4 else 0
-        b_acc = tl.dot(weight_tile(p_w, b_s, o_n, m_n, k0, stride_wn, BN, BK, NVFP4, PTX_DECODE,
-                                   INTERPRET), b_a, b_acc)
+        b_s = load_scales(p_s, o_n, m_n, c, num_chunks, BK) if NVFP4 else 0
+        b_acc = tl.dot(weight_tile(p_w, b_s, o_n, m_n, c, stride_wn, num_chunks, BN, BK, NVFP4,
+                                   PTX_DECODE, INTERPRET), b_a, b_acc)
     if NVFP4:  # the expert's global scale, once per output instead of once per weight
         b_acc *= tl.load(gs_ptr + e) * DECODE_UNSCALE
     p_o = out_ptr + i_s * stride_os + route[None, :].to(tl.int64) * stride_or + o_n[:, None]
