@@ -42,6 +42,19 @@ MAX_SPLIT1 = 4
 # Qwen3 M=1 (96) 33.4 vs 24.9; TP8 shard M=8 (256) 155.7 vs 104.0; but TP8
 # shard M=1 (32 programs) 38.9 split vs 46.9 unsplit.
 FC1_SPLIT_MAX_PROGRAMS_PER_SM = 0.5
+# micro NVFP4 FC2: BN 128 (128 weight rows a step: 3.2 SASS instructions per
+# weight in the loop instead of 4.2 at BN 64, benchmarks/sweeps/
+# nvfp4_decode_sweep.py) while its grid keeps >= 3 programs per SM; a 6-deep
+# pipeline where a program's reduction runs >= 64 steps. H200 at 189bc87
+# (benchmarks/results/moe_micro_ab_h200.json), us planned vs BN2 128:
+# DeepSeek-V3 M=1 (448 programs at BN 128) 80.3 vs 78.3, M=8 457.4 vs 423.7,
+# Qwen3 M=8 (1024) 63.7 vs 60.3, TP8 shard M=1 (448) 36.7 vs 33.2, M=8 94.0 vs
+# 83.9; fewer programs lose: Mixtral M=1 (64) 82.7 vs 85.1, M=8 (256) 300.5
+# vs 313.3; Qwen3 M=1 (128) 23.3 vs 22.8. FC2 6 stages: Mixtral M=8 (112
+# steps) 300.5 vs 254.0; DeepSeek-V3 M=8 (16 steps) 457.4 vs 467.7.
+MICRO_FC2_WIDE_MIN_PROGRAMS_PER_SM = 3
+MICRO_FC2_DEEP_MIN_STEPS = 64
+MICRO_FC2_DEEP_STAGES = 6
 # Shared memory per program: two programs per SM for the memory-bound shapes,
 # one for the large grouped tiles (the H200 has 227 KiB per SM). SMEM_FIXED is
 # what Triton stages besides the pipelined loads (dequantized operand, epilogue).
@@ -164,12 +177,20 @@ def _config(caps: MoECaps, spec: MoESpec, tokens: int, chunk: int) -> LaunchConf
             programs1, caps.hidden // chunk, caps.num_sms, MAX_SPLIT1)
         s2 = _split(active * triton.cdiv(caps.hidden, bn), caps.intermediate // chunk,
                     caps.num_sms, MAX_SPLIT)
+        bn2 = bn
+        if nvfp4 and active * triton.cdiv(caps.hidden, 2 * bn) >= (
+                MICRO_FC2_WIDE_MIN_PROGRAMS_PER_SM * caps.num_sms):
+            bn2 = 2 * bn
+            s2 = _split(active * triton.cdiv(caps.hidden, bn2), caps.intermediate // chunk,
+                        caps.num_sms, MAX_SPLIT)
         fc1 = halves * _weight_bytes(bn, chunk, nvfp4) + chunk * bm * 2
         # FC2 builds its operand from S1 fp32 partials of gate and up per step
-        fc2 = _weight_bytes(bn, chunk, nvfp4) + s1 * halves * chunk * bm * 4
-        return LaunchConfig("micro", bm, bn, bn, s1, s2, num_warps=4,
-                            stages1=_stages(fc1, SMEM_TWO_PER_SM),
-                            stages2=_stages(fc2, SMEM_TWO_PER_SM))
+        fc2 = _weight_bytes(bn2, chunk, nvfp4) + s1 * halves * chunk * bm * 4
+        stages2 = _stages(fc2, SMEM_TWO_PER_SM)
+        if nvfp4 and s1 == 1 and caps.intermediate // chunk >= s2 * MICRO_FC2_DEEP_MIN_STEPS:
+            stages2 = MICRO_FC2_DEEP_STAGES
+        return LaunchConfig("micro", bm, bn, bn2, s1, s2, num_warps=4,
+                            stages1=_stages(fc1, SMEM_TWO_PER_SM), stages2=stages2)
     mean_rows = routes / active
     if not nvfp4 and mean_rows > BF16_WIDE_MIN_ROWS and caps.hidden % 64 == 0 and caps.intermediate % 64 == 0:
         bm = 64 if mean_rows <= BF16_WIDE_BM64_MAX_ROWS else 128

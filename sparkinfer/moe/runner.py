@@ -24,7 +24,7 @@ from sparkinfer.moe.routing.launch import route
 
 __all__ = ["run"]
 
-REDUCE_BLOCK_H = 256
+REDUCE_BLOCK_H = 128
 
 
 def _gemm_common(b: MoEBinding, bk: int) -> dict:
@@ -114,4 +114,5 @@ def run(b: MoEBinding) -> None:
         part, splits, stride_ps = ro, 1, 0
     moe_reduce_kernel[(t, triton.cdiv(h, REDUCE_BLOCK_H))](
         part, ids, tw, b.out, h, splits, stride_ps, part.stride(-2), b.out.stride(0),
-        E=c.num_experts, K=c.top_k, BH=REDUCE_BLOCK_H, WEIGHT_AFTER=spec.router_weight_after_fc2)
+        E=c.num_experts, K=c.top_k, KP=triton.next_power_of_2(c.top_k), BH=REDUCE_BLOCK_H,
+        WEIGHT_AFTER=spec.router_weight_after_fc2)

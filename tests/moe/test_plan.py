@@ -39,6 +39,23 @@ def test_plan_decisions(shape, t, family, bm, s1, s2):
     assert p.chunk == 128
 
 
+MICRO_FC2 = [  # id, shape, T, format, BN2, FC2 stages (MICRO_FC2_* in plan.py)
+    ("dsv3-T1", DSV3, 1, "nvfp4", 128, 4),  # 8 x 56 = 448 programs at BN 128 >= 3 x 132
+    ("dsv3tp8-T8", DSV3_TP8, 8, "nvfp4", 128, 4),
+    ("qwen3-T1", QWEN3, 1, "nvfp4", 64, 4),  # 8 x 16 = 128 < 396
+    ("mixtral-T1", MIXTRAL, 1, "nvfp4", 64, 4),  # 3 splits of 112 chunks: 38 steps
+    ("mixtral-T8", MIXTRAL, 8, "nvfp4", 64, 6),  # 112 steps >= 64: 6 stages
+    ("dsv3-T1-bf16", DSV3, 1, "bf16", 64, 3),  # bf16 keeps BN 64
+]
+
+
+@pytest.mark.parametrize("shape,t,fmt,bn2,stages2", [d[1:] for d in MICRO_FC2],
+                         ids=[d[0] for d in MICRO_FC2])
+def test_micro_fc2_tiles(shape, t, fmt, bn2, stages2):
+    cfg = plan(MoECaps(max_tokens=16, **shape), MoESpec(weight_format=fmt)).config_for(t)
+    assert (cfg.family, cfg.block_n1, cfg.block_n2, cfg.stages2) == ("micro", 64, bn2, stages2)
+
+
 def test_buckets_cover_every_token_count_in_order():
     p = plan(MoECaps(max_tokens=100, **QWEN3), MoESpec())
     bounds = [b for b, _ in p.buckets]
