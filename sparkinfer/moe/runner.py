@@ -14,17 +14,18 @@ from __future__ import annotations
 import triton
 
 from sparkinfer.moe.kernels.fc1 import moe_fc1_kernel
-from sparkinfer.moe.kernels.fc2 import moe_fc2_kernel
+from sparkinfer.moe.kernels.fc2 import moe_act_kernel, moe_fc2_kernel
 from sparkinfer.moe.kernels.reduce import moe_reduce_kernel
 from sparkinfer.moe.kernels.sort import (sort_count_kernel, sort_offsets_kernel,
                                          sort_scatter_kernel)
 from sparkinfer.moe.launch import _ACT, MoEBinding, max_tiles, sort_chunk
-from sparkinfer.moe.plan import MICRO_BLOCK_M
+from sparkinfer.moe.plan import MICRO_ACT_KERNEL, MICRO_BLOCK_M
 from sparkinfer.moe.routing.launch import route
 
 __all__ = ["run"]
 
 REDUCE_BLOCK_H = 128
+ACT_BLOCK_R = 16
 
 
 def _gemm_common(b: MoEBinding, bk: int) -> dict:
@@ -90,12 +91,20 @@ def run(b: MoEBinding) -> None:
             h, *sw1, *p1s, alpha, limit,
             BM=cfg.block_m, BN=cfg.block_n1, MICRO=True, PARTIALS=split,
             num_stages=cfg.stages1, **common)
+        fused_act = split and not MICRO_ACT_KERNEL
+        if split and MICRO_ACT_KERNEL:
+            a = s["fc1_act"]
+            moe_act_kernel[(triton.cdiv(routes, ACT_BLOCK_R), i // bk)](
+                p1, tw, a, routes, i, *p1s, a.stride(0), alpha, limit, BR=ACT_BLOCK_R,
+                BI=bk, S1=sp1, GATED=common["GATED"], ACT=common["ACT"],
+                WEIGHT_BEFORE=common["WEIGHT_BEFORE"], INTERPRET=common["INTERPRET"])
+            p1, p1s = a, (0, a.stride(0))
         moe_fc2_kernel[(routes, triton.cdiv(h, cfg.block_n2), sp2)](
             p1, w.w2, s2, g2, ids, tw, ids, ids, p2, t, h, i, chunks2, cps2,
             *p1s, *sw2,
             p2.stride(0), p2.stride(1), alpha, limit,
-            BM=cfg.block_m, BN=cfg.block_n2, S1=sp1, MICRO=True, PARTIALS=split,
-            num_stages=cfg.stages2, **common)
+            BM=cfg.block_m, BN=cfg.block_n2, S1=sp1 if fused_act else 1, MICRO=True,
+            PARTIALS=fused_act, num_stages=cfg.stages2, **common)
         part, splits, stride_ps = p2, sp2, p2.stride(0)
     else:
         tiles = max_tiles(routes, c.num_experts, cfg.block_m)

@@ -19,8 +19,8 @@ import sparkinfer.moe.runner as moe_run
 
 _PTR = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32",
         torch.int32: "*i32", torch.uint8: "*u8"}
-KERNELS = ("moe_fc1_kernel", "moe_fc2_kernel", "moe_reduce_kernel", "sort_count_kernel",
-           "sort_offsets_kernel", "sort_scatter_kernel")
+KERNELS = ("moe_fc1_kernel", "moe_act_kernel", "moe_fc2_kernel", "moe_reduce_kernel",
+           "sort_count_kernel", "sort_offsets_kernel", "sort_scatter_kernel")
 
 
 @dataclass

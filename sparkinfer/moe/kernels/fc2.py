@@ -43,6 +43,24 @@ def act_tile(a_ptr, route, m_row, o_k, k0, I, stride_as, stride_ar, topk_w_ptr, 
 
 
 @triton.jit
+def moe_act_kernel(a_ptr, topk_w_ptr, out_ptr, R, I, stride_as, stride_ar, stride_or, alpha,
+                   limit, BR: tl.constexpr, BI: tl.constexpr, S1: tl.constexpr,
+                   GATED: tl.constexpr, ACT: tl.constexpr, WEIGHT_BEFORE: tl.constexpr,
+                   INTERPRET: tl.constexpr):
+    """Split FC1's epilogue, once per route: out[r, i] (bf16) = activation of the
+    S1 fp32 partials summed in order (`act_tile`, the same bits FC2 would make
+    from them). Grid (cdiv(R, BR), I / BI); BI divides I."""
+    route = tl.program_id(0) * BR + tl.arange(0, BR)
+    m_row = route < R
+    o_k = tl.arange(0, BI)
+    k0 = tl.program_id(1) * BI
+    b_h = act_tile(a_ptr, route, m_row, o_k, k0, I, stride_as, stride_ar, topk_w_ptr, alpha,
+                   limit, S1, GATED, ACT, WEIGHT_BEFORE, INTERPRET)
+    p_o = out_ptr + route[None, :].to(tl.int64) * stride_or + k0 + o_k[:, None]
+    tl.store(p_o, b_h.to(out_ptr.dtype.element_ty), mask=m_row[None, :])
+
+
+@triton.jit
 def moe_fc2_kernel(
     a_ptr, w_ptr, s_ptr, gs_ptr, ids_ptr, topk_w_ptr, sorted_ptr, tile_e_ptr, out_ptr,
     T, H, I, num_chunks, chunks_per_split,
