@@ -46,7 +46,7 @@ FC1_SPLIT_MAX_PROGRAMS_PER_SM = 0.5
 # weight in the loop instead of 4.2 at BN 64, benchmarks/sweeps/
 # nvfp4_decode_sweep.py) while its grid keeps >= 3 programs per SM; a 6-deep
 # pipeline where a program's reduction runs >= 64 steps. H200 at 189bc87
-# (benchmarks/results/moe_micro_ab_h200.json), us planned vs BN2 128:
+# (benchmarks/results/moe_layout_ab_h200.json), us planned vs BN2 128:
 # DeepSeek-V3 M=1 (448 programs at BN 128) 80.3 vs 78.3, M=8 457.4 vs 423.7,
 # Qwen3 M=8 (1024) 63.7 vs 60.3, TP8 shard M=1 (448) 36.7 vs 33.2, M=8 94.0 vs
 # 83.9; fewer programs lose: Mixtral M=1 (64) 82.7 vs 85.1, M=8 (256) 300.5

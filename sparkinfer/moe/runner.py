@@ -24,7 +24,12 @@ from sparkinfer.moe.routing.launch import route
 
 __all__ = ["run"]
 
-REDUCE_BLOCK_H = 128
+# Top-k reduce width: the widest BH whose grid still has >= SMs / 2 programs,
+# else 128. H200 at 14cdea2 (reduce kernel alone, benchmarks/results/
+# moe_reduce_h200.json), us by BH 128 / 256 / 512 / 1024: T 1, H 7168: 1.79 /
+# 1.80 / 2.04 / 3.03; T 8: 3.34 / 2.34 / 2.26 / 3.25; T 64: 19.9 / 19.0 / 6.9 /
+# 3.0; T 4096: 1124 / 1059 / 299 / 126 (bf16 partials).
+REDUCE_BLOCKS_H = (1024, 512, 256, 128)
 ACT_BLOCK_R = 16
 
 
@@ -121,7 +126,9 @@ def run(b: MoEBinding) -> None:
             alpha, limit, BM=cfg.block_m, BN=cfg.block_n2, S1=1, MICRO=False,
             PARTIALS=False, num_stages=cfg.stages2, **common)
         part, splits, stride_ps = ro, 1, 0
-    moe_reduce_kernel[(t, triton.cdiv(h, REDUCE_BLOCK_H))](
+    bh = next((bh for bh in REDUCE_BLOCKS_H if 2 * t * triton.cdiv(h, bh) >= c.num_sms),
+              REDUCE_BLOCKS_H[-1])
+    moe_reduce_kernel[(t, triton.cdiv(h, bh))](
         part, ids, tw, b.out, h, splits, stride_ps, part.stride(-2), b.out.stride(0),
-        E=c.num_experts, K=c.top_k, KP=triton.next_power_of_2(c.top_k), BH=REDUCE_BLOCK_H,
+        E=c.num_experts, K=c.top_k, KP=triton.next_power_of_2(c.top_k), BH=bh,
         WEIGHT_AFTER=spec.router_weight_after_fc2)

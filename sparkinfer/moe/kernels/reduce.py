@@ -8,9 +8,10 @@ Routes whose expert id is outside [0, E) add nothing (their rows are masked,
 so stale or poisoned partials never reach the output). With WEIGHT_AFTER
 false the router weight was already applied before FC2.
 
-The earlier form (a branch and a dependent load chain per route) took 4.1 us
-at T = 1 on the Qwen3 shape, 3.4 us on DeepSeek-V3 (H200 profile at 189bc87,
-.scratch A/B recorded in benchmarks/results/moe_layout_ab_h200.json).
+The earlier form (a branch and a dependent load chain per route, BH 256) took
+3.87 us at T = 1 on the Qwen3 shape (S 2) where this one takes 2.41 at BH
+128, and 2.63 vs 1.79 at T = 1, H 7168 (benchmarks/results/moe_reduce_h200.json;
+the runner picks BH per grid, REDUCE_BLOCKS_H).
 """
 
 import triton
