@@ -53,10 +53,6 @@ FC1_SPLIT_MAX_PROGRAMS_PER_SM = 0.5
 # vs 313.3; Qwen3 M=1 (128) 23.3 vs 22.8. FC2 6 stages: Mixtral M=8 (112
 # steps) 300.5 vs 254.0; DeepSeek-V3 M=8 (16 steps) 457.4 vs 467.7.
 MICRO_FC2_WIDE_MIN_PROGRAMS_PER_SM = 3
-# A split FC1's fp32 partials are summed and activated once per route by a
-# small kernel (`moe_act_kernel`) instead of by every FC2 program (which also
-# staged S1 x 16 KiB of partials per step).
-MICRO_ACT_KERNEL = True
 MICRO_FC2_DEEP_MIN_STEPS = 64
 MICRO_FC2_DEEP_STAGES = 6
 # Shared memory per program: two programs per SM for the memory-bound shapes,
@@ -188,10 +184,12 @@ def _config(caps: MoECaps, spec: MoESpec, tokens: int, chunk: int) -> LaunchConf
             s2 = _split(active * triton.cdiv(caps.hidden, bn2), caps.intermediate // chunk,
                         caps.num_sms, MAX_SPLIT)
         fc1 = halves * _weight_bytes(bn, chunk, nvfp4) + chunk * bm * 2
-        # FC2's operand per step: bf16 activations made by the act kernel, else
-        # (as budgeted since the first H200 runs, unsplit FC1 included) S1 fp32
-        # partials of gate and up
-        act = chunk * bm * 2 if s1 > 1 and MICRO_ACT_KERNEL else s1 * halves * chunk * bm * 4
+        # FC2's operand per step: bf16 activation rows. A split FC1's partials
+        # are summed and activated once per route by `moe_act_kernel` (TP8 shard
+        # M=1 22.7 vs 31.8 us when every FC2 program did it from S1 x 16 KiB of
+        # staged partials per step; moe_layout_ab_h200.json, 14cdea2). Unsplit
+        # keeps the budget every H200 measurement so far ran with (16 KiB).
+        act = chunk * bm * 2 if s1 > 1 else halves * chunk * bm * 4
         fc2 = _weight_bytes(bn2, chunk, nvfp4) + act
         stages2 = _stages(fc2, SMEM_TWO_PER_SM)
         if nvfp4 and s1 == 1 and caps.intermediate // chunk >= s2 * MICRO_FC2_DEEP_MIN_STEPS:

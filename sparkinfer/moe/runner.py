@@ -19,7 +19,7 @@ from sparkinfer.moe.kernels.reduce import moe_reduce_kernel
 from sparkinfer.moe.kernels.sort import (sort_count_kernel, sort_offsets_kernel,
                                          sort_scatter_kernel)
 from sparkinfer.moe.launch import _ACT, MoEBinding, max_tiles, sort_chunk
-from sparkinfer.moe.plan import MICRO_ACT_KERNEL, MICRO_BLOCK_M
+from sparkinfer.moe.plan import MICRO_BLOCK_M
 from sparkinfer.moe.routing.launch import route
 
 __all__ = ["run"]
@@ -85,8 +85,8 @@ def run(b: MoEBinding) -> None:
         cps1 = triton.cdiv(chunks1, cfg.split1)
         cps2 = triton.cdiv(chunks2, cfg.split2)
         sp1, sp2 = triton.cdiv(chunks1, cps1), triton.cdiv(chunks2, cps2)
-        # one FC1 split: FC1 applies the activation and stores bf16 rows (a quarter
-        # of the bytes every FC2 program would read as fp32 gate/up partials)
+        # one FC1 split: FC1 applies the activation and stores bf16 rows; more:
+        # fp32 gate/up partials, which moe_act_kernel turns into those rows
         split = sp1 > 1
         p1 = s["fc1_partial"] if split else s["fc1_act"]
         p2 = s["fc2_partial"]
@@ -96,20 +96,17 @@ def run(b: MoEBinding) -> None:
             h, *sw1, *p1s, alpha, limit,
             BM=cfg.block_m, BN=cfg.block_n1, MICRO=True, PARTIALS=split,
             num_stages=cfg.stages1, **common)
-        fused_act = split and not MICRO_ACT_KERNEL
-        if split and MICRO_ACT_KERNEL:
+        if split:  # sum and activate the partials once per route
             a = s["fc1_act"]
             moe_act_kernel[(triton.cdiv(routes, ACT_BLOCK_R), i // bk)](
                 p1, tw, a, routes, i, *p1s, a.stride(0), alpha, limit, BR=ACT_BLOCK_R,
                 BI=bk, S1=sp1, GATED=common["GATED"], ACT=common["ACT"],
                 WEIGHT_BEFORE=common["WEIGHT_BEFORE"], INTERPRET=common["INTERPRET"])
-            p1, p1s = a, (0, a.stride(0))
+            p1 = a
         moe_fc2_kernel[(routes, triton.cdiv(h, cfg.block_n2), sp2)](
-            p1, w.w2, s2, g2, ids, tw, ids, ids, p2, t, h, i, chunks2, cps2,
-            *p1s, *sw2,
-            p2.stride(0), p2.stride(1), alpha, limit,
-            BM=cfg.block_m, BN=cfg.block_n2, S1=sp1 if fused_act else 1, MICRO=True,
-            PARTIALS=fused_act, num_stages=cfg.stages2, **common)
+            p1, w.w2, s2, g2, ids, tw, ids, ids, p2, t, h, chunks2, cps2, p1.stride(0), *sw2,
+            p2.stride(0), p2.stride(1), BM=cfg.block_m, BN=cfg.block_n2, MICRO=True,
+            num_stages=cfg.stages2, **common)
         part, splits, stride_ps = p2, sp2, p2.stride(0)
     else:
         tiles = max_tiles(routes, c.num_experts, cfg.block_m)
@@ -121,10 +118,9 @@ def run(b: MoEBinding) -> None:
             BM=cfg.block_m, BN=cfg.block_n1, MICRO=False, PARTIALS=False,
             num_stages=cfg.stages1, **common)
         moe_fc2_kernel[(tiles, triton.cdiv(h, cfg.block_n2), 1)](
-            inter, w.w2, s2, g2, ids, tw, srt, te, ro, t, h, i, chunks2, chunks2,
-            0, inter.stride(0), *sw2, 0, ro.stride(0),
-            alpha, limit, BM=cfg.block_m, BN=cfg.block_n2, S1=1, MICRO=False,
-            PARTIALS=False, num_stages=cfg.stages2, **common)
+            inter, w.w2, s2, g2, ids, tw, srt, te, ro, t, h, chunks2, chunks2,
+            inter.stride(0), *sw2, 0, ro.stride(0), BM=cfg.block_m, BN=cfg.block_n2,
+            MICRO=False, num_stages=cfg.stages2, **common)
         part, splits, stride_ps = ro, 1, 0
     bh = next((bh for bh in REDUCE_BLOCKS_H if 2 * t * triton.cdiv(h, bh) >= c.num_sms),
               REDUCE_BLOCKS_H[-1])

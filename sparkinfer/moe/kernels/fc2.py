@@ -3,11 +3,11 @@
 Legend: T tokens, K top-k, E experts, H hidden (FC2 output), I intermediate
 (FC2 reduction), S1 / S2 split counts of FC1 / FC2, R = T*K routes.
 
-MICRO: grid (R, cdiv(H, BN), S2). With PARTIALS (FC1 split S1 > 1) its
-activation operand is made on the fly from FC1's fp32 partials: sum over the
-S1 splits in order, activation, router weight when it comes before FC2,
-rounded to bf16 (as FC1 stores it otherwise); without, it reads FC1's bf16
-activation rows by route. Stores fp32 partials out[s, route, n].
+MICRO: grid (R, cdiv(H, BN), S2). Reads the bf16 activation rows by route
+(FC1's, or with FC1 split S1 > 1 those `moe_act_kernel` makes once per route
+from FC1's fp32 partials: sum over the S1 splits in order, activation, router
+weight when it comes before FC2, rounded to bf16). Stores fp32 partials
+out[s, route, n].
 
 GROUPED: grid (max_tiles, cdiv(H, BN), 1). Reads the bf16 activations that
 FC1 stored in sorted order and stores out[0, route, n] in the output dtype.
@@ -63,14 +63,12 @@ def moe_act_kernel(a_ptr, topk_w_ptr, out_ptr, R, I, stride_as, stride_ar, strid
 @triton.jit
 def moe_fc2_kernel(
     a_ptr, w_ptr, s_ptr, gs_ptr, ids_ptr, topk_w_ptr, sorted_ptr, tile_e_ptr, out_ptr,
-    T, H, I, num_chunks, chunks_per_split,
-    stride_as, stride_ar, stride_we, stride_wn, stride_se, stride_os, stride_or,
-    alpha, limit,
+    T, H, num_chunks, chunks_per_split,
+    stride_ar, stride_we, stride_wn, stride_se, stride_os, stride_or,
     E: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, RP: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, S1: tl.constexpr,
-    MICRO: tl.constexpr, PARTIALS: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr,
-    NVFP4: tl.constexpr, WEIGHT_BEFORE: tl.constexpr, PTX_DECODE: tl.constexpr,
-    INTERPRET: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, MICRO: tl.constexpr,
+    GATED: tl.constexpr, ACT: tl.constexpr, WEIGHT_BEFORE: tl.constexpr,  # FC1's (unused)
+    NVFP4: tl.constexpr, PTX_DECODE: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     i_m = tl.program_id(0)
     i_n = tl.program_id(1)
@@ -87,13 +85,8 @@ def moe_fc2_kernel(
     b_acc = tl.zeros([BN, BM], dtype=tl.float32)
     c_lo, c_hi = split_chunks(i_s, chunks_per_split, num_chunks)
     for c in range(c_lo, c_hi):
-        k0 = c * BK
-        if PARTIALS:
-            b_a = act_tile(a_ptr, route, m_row, o_k, k0, I, stride_as, stride_ar, topk_w_ptr,
-                           alpha, limit, S1, GATED, ACT, WEIGHT_BEFORE, INTERPRET)
-        else:
-            p_a = a_ptr + o_arow[None, :].to(tl.int64) * stride_ar + k0 + o_k[:, None]
-            b_a = dot_operand(tl.load(p_a, mask=m_row[None, :], other=0.0), INTERPRET)
+        p_a = a_ptr + o_arow[None, :].to(tl.int64) * stride_ar + c * BK + o_k[:, None]
+        b_a = dot_operand(tl.load(p_a, mask=m_row[None, :], other=0.0), INTERPRET)
         b_s = load_scales(p_s, o_n, m_n, c, num_chunks, BK) if NVFP4 else 0
         b_acc = tl.dot(weight_tile(p_w, b_s, o_n, m_n, c, stride_wn, num_chunks, BN, BK, NVFP4,
                                    PTX_DECODE, INTERPRET), b_a, b_acc)
