@@ -31,6 +31,10 @@ __all__ = ["run"]
 # 3.0; T 4096: 1124 / 1059 / 299 / 126 (bf16 partials).
 REDUCE_BLOCKS_H = (1024, 512, 256, 128)
 ACT_BLOCK_R = 16
+# micro family: FC2, the act kernel and the reduce are launched with
+# programmatic dependent launch (PDL); FC2 prefetches its weights into L2
+# before waiting for FC1 (`kernels/fc2.py`). Measured in moe_layout_ab_h200.json.
+MICRO_PDL = True
 
 
 def _gemm_common(b: MoEBinding, bk: int) -> dict:
@@ -81,6 +85,8 @@ def run(b: MoEBinding) -> None:
     common = _gemm_common(b, bk)
     alpha, limit = float(spec.swiglu_alpha), float(spec.swiglu_limit)
     ids, tw = b.topk_ids, b.topk_weights
+    pdl = MICRO_PDL and cfg.family == "micro" and not b.interpret
+    on = dict(PDL=True, launch_pdl=True) if pdl else {}  # PDL kernels: the dependents
     if cfg.family == "micro":
         cps1 = triton.cdiv(chunks1, cfg.split1)
         cps2 = triton.cdiv(chunks2, cfg.split2)
@@ -95,18 +101,18 @@ def run(b: MoEBinding) -> None:
             b.x, w.w1, s1, g1, ids, tw, ids, ids, p1, t, i, chunks1, cps1,
             h, *sw1, *p1s, alpha, limit,
             BM=cfg.block_m, BN=cfg.block_n1, MICRO=True, PARTIALS=split,
-            num_stages=cfg.stages1, **common)
+            num_stages=cfg.stages1, **common, **({"PDL": True} if pdl else {}))
         if split:  # sum and activate the partials once per route
             a = s["fc1_act"]
             moe_act_kernel[(triton.cdiv(routes, ACT_BLOCK_R), i // bk)](
                 p1, tw, a, routes, i, *p1s, a.stride(0), alpha, limit, BR=ACT_BLOCK_R,
                 BI=bk, S1=sp1, GATED=common["GATED"], ACT=common["ACT"],
-                WEIGHT_BEFORE=common["WEIGHT_BEFORE"], INTERPRET=common["INTERPRET"])
+                WEIGHT_BEFORE=common["WEIGHT_BEFORE"], INTERPRET=common["INTERPRET"], **on)
             p1 = a
         moe_fc2_kernel[(routes, triton.cdiv(h, cfg.block_n2), sp2)](
             p1, w.w2, s2, g2, ids, tw, ids, ids, p2, t, h, chunks2, cps2, p1.stride(0), *sw2,
             p2.stride(0), p2.stride(1), BM=cfg.block_m, BN=cfg.block_n2, MICRO=True,
-            num_stages=cfg.stages2, **common)
+            num_stages=cfg.stages2, **common, **on)
         part, splits, stride_ps = p2, sp2, p2.stride(0)
     else:
         tiles = max_tiles(routes, c.num_experts, cfg.block_m)
@@ -127,4 +133,4 @@ def run(b: MoEBinding) -> None:
     moe_reduce_kernel[(t, triton.cdiv(h, bh))](
         part, ids, tw, b.out, h, splits, stride_ps, part.stride(-2), b.out.stride(0),
         E=c.num_experts, K=c.top_k, KP=triton.next_power_of_2(c.top_k), BH=bh,
-        WEIGHT_AFTER=spec.router_weight_after_fc2)
+        WEIGHT_AFTER=spec.router_weight_after_fc2, **on)

@@ -84,6 +84,8 @@ def ptxas_usage(compiled) -> dict:
 
 
 def compile_sm90(launch: Launch):
+    import inspect
+
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -91,7 +93,7 @@ def compile_sm90(launch: Launch):
     fn = launch.fn
     names = fn.arg_names
     kw = dict(launch.kwargs)
-    options = {k: kw.pop(k) for k in ("num_warps", "num_stages") if k in kw}
+    options = {k: kw.pop(k) for k in ("num_warps", "num_stages", "launch_pdl") if k in kw}
     sig, consts, attrs = {}, {}, {}
     for idx, (name, val) in enumerate(zip(names, launch.args)):
         # the launcher's specialization: 16-aligned pointers and ints divisible by 16
@@ -105,9 +107,10 @@ def compile_sm90(launch: Launch):
             sig[name] = "i32"
         else:
             sig[name] = "fp32"
+    defaults = inspect.signature(fn.fn).parameters
     for name in names[len(launch.args):]:
         sig[name] = "constexpr"
-        consts[name] = kw[name]
+        consts[name] = kw[name] if name in kw else defaults[name].default
     src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 

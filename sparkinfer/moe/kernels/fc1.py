@@ -20,8 +20,8 @@ import triton
 import triton.language as tl
 
 from sparkinfer.moe.kernels.common import (DECODE_UNSCALE, activation, dot_operand, k_order,
-                                           load_scales, load_scales_2, program_rows, split_chunks,
-                                           weight_tile)
+                                           load_scales, load_scales_2, pdl_start, program_rows,
+                                           split_chunks, weight_tile)
 
 
 @triton.jit
@@ -34,8 +34,9 @@ def moe_fc1_kernel(
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     MICRO: tl.constexpr, PARTIALS: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr,
     NVFP4: tl.constexpr, WEIGHT_BEFORE: tl.constexpr, PTX_DECODE: tl.constexpr,
-    INTERPRET: tl.constexpr,
+    INTERPRET: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL, False)  # FC1 itself starts after what came before (normal launch)
     i_m = tl.program_id(0)
     i_n = tl.program_id(1)
     i_s = tl.program_id(2)
