@@ -31,9 +31,15 @@ __all__ = ["run"]
 # 3.0; T 4096: 1124 / 1059 / 299 / 126 (bf16 partials).
 REDUCE_BLOCKS_H = (1024, 512, 256, 128)
 ACT_BLOCK_R = 16
-# micro family: FC2, the act kernel and the reduce are launched with
-# programmatic dependent launch (PDL); FC2 prefetches its weights into L2
-# before waiting for FC1 (`kernels/fc2.py`). Measured in moe_layout_ab_h200.json.
+# micro family: the act kernel, FC2 and the reduce are launched with
+# programmatic dependent launch: FC1 and FC2 let the next kernel's blocks launch
+# once their K loops end, and those blocks wait (griddepcontrol.wait) before
+# reading. H200 at fc6e16b + x_latenopf.patch vs MICRO_PDL off, graph replay
+# (moe_layout_ab_h200.json): 24 of 24 micro points as fast or faster, e.g. TP8
+# shard NVFP4 M=1 21.2 vs 22.8 us, M=2 29.5 vs 31.1, Qwen3 NVFP4 M=1 20.5 vs
+# 21.1, DeepSeek-V3 bf16 M=8 1096.6 vs 1120.3. Letting them launch at FC1's
+# start, or prefetching FC2's weights into L2 before the wait, made large
+# shapes slower (DeepSeek-V3 NVFP4 M=1 86.6 / 97.0 vs 76.7 us).
 MICRO_PDL = True
 
 

@@ -24,7 +24,6 @@ elements, in a different order).
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 # act codes (constexpr ACT)
 ACT_SILU = 0
@@ -314,27 +313,6 @@ def program_rows(ids_ptr, sorted_ptr, tile_e_ptr, i_m, T, E: tl.constexpr, K: tl
         o_row = i_m * BM + tl.arange(0, BM)
         route = tl.load(sorted_ptr + o_row)
     return e, route, o_row
-
-
-@triton.jit
-def pdl_start(PDL: tl.constexpr, WAIT: tl.constexpr):
-    """Programmatic dependent launch (micro family): let the next kernel's
-    blocks launch now (they wait in `gdc_wait` before reading this kernel's
-    output) and, with WAIT, wait for the previous kernel's grid to finish and
-    flush before reading its output. No-op unless PDL (never under the
-    interpreter)."""
-    if PDL:
-        gdc_launch_dependents()
-        if WAIT:
-            gdc_wait()
-
-
-@triton.jit
-def prefetch_l2(ptrs, nbytes):
-    """cp.async.bulk.prefetch.L2 of nbytes (a multiple of 16) at each of ptrs
-    (16-byte aligned): brings weights into L2 before a PDL wait (GPU only)."""
-    tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2; // $0", "=r,l,r",
-                              [ptrs, nbytes], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit

@@ -18,10 +18,11 @@ out[pos, n].
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents
 
 from sparkinfer.moe.kernels.common import (DECODE_UNSCALE, activation, dot_operand, k_order,
-                                           load_scales, load_scales_2, pdl_start, program_rows,
-                                           split_chunks, weight_tile)
+                                           load_scales, load_scales_2, program_rows, split_chunks,
+                                           weight_tile)
 
 
 @triton.jit
@@ -36,7 +37,6 @@ def moe_fc1_kernel(
     NVFP4: tl.constexpr, WEIGHT_BEFORE: tl.constexpr, PTX_DECODE: tl.constexpr,
     INTERPRET: tl.constexpr, PDL: tl.constexpr = False,
 ):
-    pdl_start(PDL, False)  # FC1 itself starts after what came before (normal launch)
     i_m = tl.program_id(0)
     i_n = tl.program_id(1)
     i_s = tl.program_id(2)
@@ -69,6 +69,8 @@ def moe_fc1_kernel(
         if GATED:
             b_u = tl.dot(weight_tile(p_w, b_su, o_n + I, m_n, c, stride_wn, num_chunks, BN, BK,
                                      NVFP4, PTX_DECODE, INTERPRET), b_x, b_u)
+    if PDL:  # the next kernel's blocks may launch now, to wait in gdc_wait (its prologue overlaps)
+        gdc_launch_dependents()
     if NVFP4:  # the expert's global scale, once per output instead of once per weight
         b_gs = tl.load(gs_ptr + e) * DECODE_UNSCALE
         b_g *= b_gs

@@ -18,10 +18,10 @@ fixed order, so no kernel here uses atomics.
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from sparkinfer.moe.kernels.common import (DECODE_UNSCALE, TILE_ROWS, activation, dot_operand,
-                                           k_order, load_scales, pdl_start, prefetch_l2,
-                                           program_rows, split_chunks, weight_tile)
+from sparkinfer.moe.kernels.common import (DECODE_UNSCALE, activation, dot_operand, k_order,
+                                           load_scales, program_rows, split_chunks, weight_tile)
 
 
 @triton.jit
@@ -44,26 +44,6 @@ def act_tile(a_ptr, route, m_row, o_k, k0, I, stride_as, stride_ar, topk_w_ptr, 
 
 
 @triton.jit
-def prefetch_weights(p_w, p_s, i_n, c_lo, c_hi, num_chunks, stride_wn, H, BN: tl.constexpr,
-                     BK: tl.constexpr, NVFP4: tl.constexpr):
-    """L2 prefetch of the weights (and NVFP4 scales) FC2 program i_n reads over
-    chunks [c_lo, c_hi): NVFP4, one contiguous run per 64-row tile
-    (`tile_slices`); bf16, one run per row."""
-    n_c = c_hi - c_lo
-    if NVFP4:
-        rb = (i_n * BN) // TILE_ROWS + tl.arange(0, BN // TILE_ROWS)
-        ok = rb * TILE_ROWS < H
-        first = tl.where(ok, rb * num_chunks + c_lo, 0)  # slice blocks of TILE_ROWS rows
-        prefetch_l2(p_w + first * (TILE_ROWS * BK // 2), tl.where(ok, n_c * (TILE_ROWS * BK // 2), 16))
-        prefetch_l2(p_s + first * (TILE_ROWS * BK // 16),
-                    tl.where(ok, n_c * (TILE_ROWS * BK // 16), 16))
-    else:
-        o_n = i_n * BN + tl.arange(0, BN)
-        row = tl.where(o_n < H, o_n, 0)
-        prefetch_l2(p_w + row.to(tl.int64) * stride_wn + c_lo * BK, tl.where(o_n < H, n_c * BK * 2, 16))
-
-
-@triton.jit
 def moe_act_kernel(a_ptr, topk_w_ptr, out_ptr, R, I, stride_as, stride_ar, stride_or, alpha,
                    limit, BR: tl.constexpr, BI: tl.constexpr, S1: tl.constexpr,
                    GATED: tl.constexpr, ACT: tl.constexpr, WEIGHT_BEFORE: tl.constexpr,
@@ -71,7 +51,9 @@ def moe_act_kernel(a_ptr, topk_w_ptr, out_ptr, R, I, stride_as, stride_ar, strid
     """Split FC1's epilogue, once per route: out[r, i] (bf16) = activation of the
     S1 fp32 partials summed in order (`act_tile`, the same bits FC2 would make
     from them). Grid (cdiv(R, BR), I / BI); BI divides I."""
-    pdl_start(PDL, True)
+    if PDL:  # FC1's partials: wait for its grid
+        gdc_launch_dependents()
+        gdc_wait()
     route = tl.program_id(0) * BR + tl.arange(0, BR)
     m_row = route < R
     o_k = tl.arange(0, BI)
@@ -107,15 +89,16 @@ def moe_fc2_kernel(
     p_s = s_ptr + e.to(tl.int64) * stride_se
     b_acc = tl.zeros([BN, BM], dtype=tl.float32)
     c_lo, c_hi = split_chunks(i_s, chunks_per_split, num_chunks)
-    if PDL:  # weights do not depend on FC1: fetch them into L2 while FC1 finishes
-        prefetch_weights(p_w, p_s, i_n, c_lo, c_hi, num_chunks, stride_wn, H, BN, BK, NVFP4)
-    pdl_start(PDL, True)
+    if PDL:  # launched early (programmatic dependent launch): FC1's rows are ready after this
+        gdc_wait()
     for c in range(c_lo, c_hi):
         p_a = a_ptr + o_arow[None, :].to(tl.int64) * stride_ar + c * BK + o_k[:, None]
         b_a = dot_operand(tl.load(p_a, mask=m_row[None, :], other=0.0), INTERPRET)
         b_s = load_scales(p_s, o_n, m_n, c, num_chunks, BK) if NVFP4 else 0
         b_acc = tl.dot(weight_tile(p_w, b_s, o_n, m_n, c, stride_wn, num_chunks, BN, BK, NVFP4,
                                    PTX_DECODE, INTERPRET), b_a, b_acc)
+    if PDL:
+        gdc_launch_dependents()
     if NVFP4:  # the expert's global scale, once per output instead of once per weight
         b_acc *= tl.load(gs_ptr + e) * DECODE_UNSCALE
     p_o = out_ptr + i_s * stride_os + route[None, :].to(tl.int64) * stride_or + o_n[:, None]

@@ -16,15 +16,15 @@ the runner picks BH per grid, REDUCE_BLOCKS_H).
 
 import triton
 import triton.language as tl
-
-from sparkinfer.moe.kernels.common import pdl_start
+from triton.language.extra.cuda import gdc_wait
 
 
 @triton.jit
 def moe_reduce_kernel(part_ptr, ids_ptr, topk_w_ptr, out_ptr, H, S, stride_ps, stride_pr,
                       stride_o, E: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
                       BH: tl.constexpr, WEIGHT_AFTER: tl.constexpr, PDL: tl.constexpr = False):
-    pdl_start(PDL, True)
+    if PDL:  # launched early (programmatic dependent launch): FC2's partials after this
+        gdc_wait()
     t = tl.program_id(0)
     o_h = tl.program_id(1) * BH + tl.arange(0, BH)
     m_h = o_h < H
