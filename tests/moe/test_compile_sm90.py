@@ -52,7 +52,15 @@ def test_launches_compile_for_sm90(compiled, name, fmt, t):
     assert names[0] == "routing_kernel" and names[-1] == "moe_reduce_kernel"
     assert ("sort_count_kernel" in names) == (rows[0]["family"] == "grouped")
     assert rows[0]["family"] == ("micro" if t <= 16 else "grouped")
+    micro = rows[0]["family"] == "micro"
     for r in rows:
         assert r["sm90"] and r["shared"] <= H200_MAX_SHARED and r["spill"] == 0, r
+        # programmatic dependent launch (micro only): a kernel launched early waits for
+        # its predecessor's grid before reading; FC1 and FC2 let their successor launch
+        dependent = micro and r["kernel"] in ("moe_act_kernel", "moe_fc2_kernel",
+                                              "moe_reduce_kernel")
+        assert r["launch_pdl"] == dependent and (r["pdl_waits"] > 0) == dependent, r
+        assert (r["pdl_triggers"] > 0) == (micro and r["kernel"] in (
+            "moe_fc1_kernel", "moe_act_kernel", "moe_fc2_kernel")), r
         # NVFP4 codes and E4M3 scales ride the cp.async pipeline: no step waits on HBM
         assert r["sync_u8_loads"] == 0 or not r["kernel"].startswith("moe_fc"), r
