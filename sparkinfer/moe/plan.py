@@ -35,12 +35,16 @@ MAX_SPLIT = 8
 # FC1 splits stop at 4 to keep two stages within shared memory.
 MAX_SPLIT1 = 4
 # FC1 splits only while its unsplit grid is under half the SMs: a split FC1
-# stores fp32 gate/up partials and every FC2 program then sums them and
-# recomputes the activation. H200 `bench_moe.py --sweep --m 1,8 --formats
-# nvfp4` at e9512d3 (moe_sweep_h200.json), planned (split by PROGRAMS_PER_SM)
-# vs FC1 unsplit: DeepSeek-V3 M=1 (256 unsplit programs) 154.4 vs 107.8 us;
-# Qwen3 M=1 (96) 33.4 vs 24.9; TP8 shard M=8 (256) 155.7 vs 104.0; but TP8
-# shard M=1 (32 programs) 38.9 split vs 46.9 unsplit.
+# stores fp32 gate/up partials that `moe_act_kernel` then sums and activates.
+# H200 `bench_moe.py --sweep --m 1,8 --formats nvfp4` at e9512d3
+# (moe_sweep_h200.json, when every FC2 program still did that itself), planned
+# (split by PROGRAMS_PER_SM) vs FC1 unsplit: DeepSeek-V3 M=1 (256 unsplit
+# programs) 154.4 vs 107.8 us; Qwen3 M=1 (96) 33.4 vs 24.9; TP8 shard M=8 (256)
+# 155.7 vs 104.0; but TP8 shard M=1 (32 programs) 38.9 split vs 46.9 unsplit.
+# With the act kernel (adfdd5d, moe_micro_ab_h200.json) the rule still holds
+# within noise: DeepSeek-V3 M=1 77.8 unsplit vs 76.6 / 77.2 / 78.0 at 2 / 3 /
+# 4 splits, Mixtral M=1 82.4 vs 81.0 / 83.8 / 84.4, Qwen3 M=1 21.3 vs 21.2 /
+# 20.4 (2 / 4), TP8 shard M=1 22.8 at its 4 splits vs 41.9 unsplit.
 FC1_SPLIT_MAX_PROGRAMS_PER_SM = 0.5
 # micro NVFP4 FC2: BN 128 (128 weight rows a step: 3.2 SASS instructions per
 # weight in the loop instead of 4.2 at BN 64, benchmarks/sweeps/
@@ -238,5 +242,8 @@ def plan_supports_aux_stream_overlap(p: MoEPlan) -> bool:
     """Whether shared-expert work on an auxiliary stream may overlap this plan's
     kernels. True: no family in this plan waits at a grid-wide barrier (the
     `resident` cooperative family, the only one that would, is not built yet),
-    so every launch makes progress whatever else occupies the SMs. Pure."""
+    so every launch makes progress whatever else occupies the SMs. The micro
+    family's programmatic dependent launches wait only for the previous grid of
+    the same call, whose programs have all started before the dependents may
+    launch, so they cannot hold SMs that it still needs. Pure."""
     return all(cfg.family in FAMILIES for _, cfg in p.buckets)
