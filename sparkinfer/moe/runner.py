@@ -35,7 +35,8 @@ ACT_BLOCK_R = 16
 # programmatic dependent launch: FC1 and FC2 let the next kernel's blocks launch
 # once their K loops end, and those blocks wait (griddepcontrol.wait) before
 # reading. H200 at fc6e16b + x_latenopf.patch vs MICRO_PDL off, graph replay
-# (moe_layout_ab_h200.json): 24 of 24 micro points as fast or faster, e.g. TP8
+# (moe_layout_ab_h200.json, two calls): 23 of 24 micro points faster (Mixtral
+# NVFP4 M=1 82.3 vs 82.1 us, within noise), e.g. TP8
 # shard NVFP4 M=1 21.2 vs 22.8 us, M=2 29.5 vs 31.1, Qwen3 NVFP4 M=1 20.5 vs
 # 21.1, DeepSeek-V3 bf16 M=8 1096.6 vs 1120.3. Letting them launch at FC1's
 # start, or prefetching FC2's weights into L2 before the wait, made large
