@@ -93,7 +93,8 @@ def run(b: MoEBinding) -> None:
     alpha, limit = float(spec.swiglu_alpha), float(spec.swiglu_limit)
     ids, tw = b.topk_ids, b.topk_weights
     pdl = MICRO_PDL and cfg.family == "micro" and not b.interpret
-    on = dict(PDL=True, launch_pdl=True) if pdl else {}  # PDL kernels: the dependents
+    trigger = dict(PDL=True) if pdl else {}  # FC1: lets its successor launch early
+    on = dict(trigger, launch_pdl=True) if pdl else {}  # the early-launched dependents
     if cfg.family == "micro":
         cps1 = triton.cdiv(chunks1, cfg.split1)
         cps2 = triton.cdiv(chunks2, cfg.split2)
@@ -108,7 +109,7 @@ def run(b: MoEBinding) -> None:
             b.x, w.w1, s1, g1, ids, tw, ids, ids, p1, t, i, chunks1, cps1,
             h, *sw1, *p1s, alpha, limit,
             BM=cfg.block_m, BN=cfg.block_n1, MICRO=True, PARTIALS=split,
-            num_stages=cfg.stages1, **common, **({"PDL": True} if pdl else {}))
+            num_stages=cfg.stages1, **common, **trigger)
         if split:  # sum and activate the partials once per route
             a = s["fc1_act"]
             moe_act_kernel[(triton.cdiv(routes, ACT_BLOCK_R), i // bk)](
