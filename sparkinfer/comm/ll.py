@@ -16,6 +16,10 @@ import triton.language as tl
 from sparkinfer.comm.protocol import ERR_MISMATCH, ERR_TIMEOUT, HDR_ABORT, _report, addr_of, ld_acquire, now_ns
 
 LOW32 = tl.constexpr(0xFFFFFFFF)
+# ll_wait_sum: spin rounds between the slow checks (an acquire load of the abort word,
+# the timer); a round that finds the words late costs a load and one block reduction.
+STUCK_EVERY = tl.constexpr(32)
+SPIN_LOADS = 64  # _spin_word: loads per thread per round
 
 
 @triton.jit
@@ -31,12 +35,33 @@ def ll_pack(d32, flag):
 
 
 @triton.jit
+def _ll_stuck(got, flag, table, rank, peer, epoch, deadline, op, W: tl.constexpr, INTERP: tl.constexpr):
+    """Checks of a spin round that found words not yet carrying `flag` (got: their
+    flag halves, `flag` where nothing is awaited): a foreign flag, an abort word
+    or the deadline. Returns the error code (recorded, peers aborted) or 0."""
+    p_hdr = addr_of(table, rank).to(tl.pointer_type(tl.int64))
+    wrong = tl.max(((got != 0) & (got != flag)).to(tl.int32), axis=0)
+    ab = ld_acquire(p_hdr + HDR_ABORT, INTERP)
+    status = tl.zeros([], tl.int32)
+    if wrong != 0:
+        status = tl.full([], ERR_MISMATCH, tl.int32)
+        _report(table, rank, status, peer, rank, epoch, tl.max(got, axis=0), flag, op, W, INTERP)
+    elif ab != 0:
+        status = ((ab >> 32) & 0xFFFF).to(tl.int32)
+        _report(table, rank, status, (ab & 0xFFFF).to(tl.int32), ((ab >> 16) & 0xFFFF).to(tl.int32),
+                epoch, tl.min(got, axis=0), flag, op, W, INTERP)
+    elif now_ns(INTERP) > deadline:
+        status = tl.full([], ERR_TIMEOUT, tl.int32)
+        _report(table, rank, status, peer, rank, epoch, tl.min(got, axis=0), flag, op, W, INTERP)
+    return status
+
+
+@triton.jit
 def ll_wait_tile(p_lane, o, m, flag, table, rank, peer, epoch, deadline, op,
                  W: tl.constexpr, INTERP: tl.constexpr):
     """Spin until every word lane[o] (where m) carries `flag`; returns (words, status).
 
     status 0: all arrived; else the error code (recorded, peers aborted)."""
-    p_hdr = addr_of(table, rank).to(tl.pointer_type(tl.int64))
     v = tl.load(p_lane + o, mask=m, other=0, volatile=True)
     ready = tl.min(tl.where(m, ((v >> 32) & LOW32) == flag, 1).to(tl.int32), axis=0)
     status = tl.zeros([], tl.int32)
@@ -45,35 +70,73 @@ def ll_wait_tile(p_lane, o, m, flag, table, rank, peer, epoch, deadline, op,
         got = tl.where(m, (v >> 32) & LOW32, flag)  # the shift sign-extends: mask it
         ready = tl.min((got == flag).to(tl.int32), axis=0)
         if ready == 0:
-            wrong = tl.max(((got != 0) & (got != flag)).to(tl.int32), axis=0)
-            ab = ld_acquire(p_hdr + HDR_ABORT, INTERP)
-            if wrong != 0:
-                status = tl.full([], ERR_MISMATCH, tl.int32)
-                _report(table, rank, status, peer, rank, epoch, tl.max(got, axis=0), flag, op, W, INTERP)
-                ready = 1
-            elif ab != 0:
-                status = ((ab >> 32) & 0xFFFF).to(tl.int32)
-                _report(table, rank, status, (ab & 0xFFFF).to(tl.int32), ((ab >> 16) & 0xFFFF).to(tl.int32),
-                        epoch, tl.min(got, axis=0), flag, op, W, INTERP)
-                ready = 1
-            elif now_ns(INTERP) > deadline:
-                status = tl.full([], ERR_TIMEOUT, tl.int32)
-                _report(table, rank, status, peer, rank, epoch, tl.min(got, axis=0), flag, op, W, INTERP)
-                ready = 1
+            status = _ll_stuck(got, flag, table, rank, peer, epoch, deadline, op, W, INTERP)
+            ready = (status != 0).to(tl.int32)
     return v, status
 
 
 @triton.jit
-def ll_wait_sum(p_words, lo, n, flag, table, rank, epoch, deadline, op, W: tl.constexpr, NP: tl.constexpr,
-                INTERP: tl.constexpr):
+def _ready_sum(a_ok, a_v, b_ok, b_v):
+    return tl.minimum(a_ok, b_ok), a_v + b_v
+
+
+# _spin_word's loop (labels are local to the braces, so the asm may be inlined many times)
+_SPIN_ASM = tl.constexpr(
+    "{\n\t.reg .pred %sp<2>;\n\t.reg .b32 %sr<3>;\n\t.reg .b64 %sv;\n\t"
+    "mov.b64 %sv, 0;\n\tmov.u32 %sr0, 0;\n\tsetp.eq.u32 %sp0, $3, 0;\n\t@%sp0 bra SPIN_DONE;\n"
+    "SPIN_LOOP:\n\tld.volatile.global.b64 %sv, [$1];\n\tmov.b64 {%sr1, %sr2}, %sv;\n\t"
+    "setp.eq.u32 %sp1, %sr2, $2;\n\t@%sp1 bra SPIN_DONE;\n\tadd.u32 %sr0, %sr0, 1;\n\t"
+    f"setp.lt.u32 %sp1, %sr0, {SPIN_LOADS};\n\t@%sp1 bra SPIN_LOOP;\n"
+    "SPIN_DONE:\n\tmov.b64 $0, %sv;\n\t}"
+)
+
+
+@triton.jit
+def _spin_word(p, flag, active):
+    """Per thread: load the LL word at p until it carries `flag`, at most
+    SPIN_LOADS times (no block-wide step between loads); 0 where not active."""
+    return tl.inline_asm_elementwise(_SPIN_ASM, "=l,l,r,r", [p, flag, active], dtype=tl.int64, is_pure=False, pack=1)
+
+
+@triton.jit
+def _poll_sum(p_words, o_n, m, own, own_val, flag, INTERP: tl.constexpr):
+    """One poll of LL words p_words[o_n] (where m): (their flag halves, 1 if all
+    carry `flag`, the fp32 sum of their payloads with own_val at index own), from
+    one block reduction. On the GPU each thread first spins on its own word
+    (_spin_word), so a late word is seen one load after it lands."""
+    if INTERP:
+        v = tl.load(p_words + o_n, mask=m, other=0, volatile=True)
+    else:
+        v = _spin_word(p_words + o_n, flag.to(tl.int32), m.to(tl.int32))
+    got = tl.where(m, (v >> 32) & LOW32, flag)
+    vals = tl.where(m, (v & LOW32).to(tl.int32).to(tl.float32, bitcast=True), 0.0)
+    ready, total = tl.reduce(((got == flag).to(tl.int32), tl.where(o_n == own, own_val, vals)), 0, _ready_sum)
+    return got, ready, total
+
+
+@triton.jit
+def ll_wait_sum(p_words, lo, n, own, own_val, flag, table, rank, epoch, deadline, op, W: tl.constexpr,
+                NP: tl.constexpr, INTERP: tl.constexpr):
     """Spin until the n (<= NP) LL words p_words[lo:lo + n] carry `flag`; returns
     (the fp32 sum of their payloads, status). Posted by blocks of this launch on
-    this rank: a timeout names this rank. The sum's order depends only on n and
-    NP, so every block that reads the same words gets the same bits."""
+    this rank: a timeout names this rank. Word `own` (-1: none) was posted by
+    this block with payload own_val: it is taken from registers, not awaited
+    (its store need not be visible to every thread yet). A round is one load
+    and one block reduction (readiness and sum together); the foreign-flag,
+    abort and deadline checks run every STUCK_EVERY rounds. The sum's order
+    depends only on n and NP, so every block of the row gets the same bits."""
     o_n = tl.arange(0, NP)
-    v, status = ll_wait_tile(p_words, lo + o_n, o_n < n, flag, table, rank, rank, epoch, deadline, op, W, INTERP)
-    vals = (v & LOW32).to(tl.int32).to(tl.float32, bitcast=True)
-    return tl.sum(tl.where(o_n < n, vals, 0.0), axis=0), status
+    m = (o_n < n) & (o_n != own)
+    got, ready, total = _poll_sum(p_words + lo, o_n, m, own, own_val, flag, INTERP)
+    status = tl.zeros([], tl.int32)
+    rounds = 0
+    while ready == 0:
+        got, ready, total = _poll_sum(p_words + lo, o_n, m, own, own_val, flag, INTERP)
+        rounds += 1
+        if (ready == 0) & (rounds % STUCK_EVERY == 0):
+            status = _ll_stuck(got, flag, table, rank, rank, epoch, deadline, op, W, INTERP)
+            ready = (status != 0).to(tl.int32)
+    return total, status
 
 
 @triton.jit

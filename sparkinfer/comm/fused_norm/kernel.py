@@ -29,10 +29,15 @@ on the peers' words, so their latency hides under the link's instead of
 following it. Its split path posts each piece's sum of squares as one LL word
 (flag | fp32) in this rank's own LL lane, which no peer writes: step 3 polls
 all S partials of a row with one vector load and no atomics (a partial per
-load with an atomic round trip each cost more than the split saved); a block
-with one piece keeps its residual_out and weight tiles in registers instead of
-re-reading them; the last block to finish clears the posted words, since
-every block of the row read them.
+load with an atomic round trip each cost more than the split saved),
+readiness and sum from one block reduction (ll_wait_sum). With one piece per
+block (ONE_PIECE, the GPU shapes) the block runs straight-line code, keeps its
+residual_out and weight tiles in registers, posts its partial into a private
+128-byte line of each other block of the row, takes its own from registers,
+zeroes its line once read, and counts itself done (arrive_last) before it
+waits, so that round trip overlaps the wait. Otherwise a row's partials share
+one line, which the last block to finish clears (every block of the row read
+them).
 """
 
 import triton
@@ -203,12 +208,13 @@ def all_reduce_add_rms_norm_ll_kernel(
     p_x, p_res, p_w, p_out, p_res_out, n_rows, H, S, CH, per, eps,
     table, rank, fp, timeout_ns, stage_off, slot_bytes, lane_bytes, ll_off, ll_slot_bytes, ll_lane_bytes,
     OP: tl.constexpr, W: tl.constexpr, BLOCK_W: tl.constexpr, HALF: tl.constexpr, EPW: tl.constexpr,
-    NP: tl.constexpr, ONE_PASS: tl.constexpr, INTERP: tl.constexpr,
+    NP: tl.constexpr, ONE_PASS: tl.constexpr, ONE_PIECE: tl.constexpr, INTERP: tl.constexpr,
 ):
     """all_reduce_add_rms_norm_kernel over the LL transport (same pieces, same math;
     sums of squares are taken over (lo, hi) halves). BLOCK_W: tile in int32 words
     (ONE_PASS: a whole row); HALF: 16-bit dtype (EPW = 2 elements per word), else fp32;
-    NP: S rounded up to a power of two."""
+    NP: S rounded up to a power of two; ONE_PIECE: split rows with one piece per
+    block that fits one tile."""
     DT: tl.constexpr = p_x.dtype.element_ty
     epoch, deadline = begin(table, rank, timeout_ns, INTERP)
     flag = ll_flag(epoch, fp)
@@ -242,43 +248,68 @@ def all_reduce_add_rms_norm_ll_kernel(
         # the LL region, which no peer writes: one vector load polls all S of a
         # row, no atomics. The last block clears them (readers are many).
         p_part = as_ptr(stage_addr(table, rank, epoch, rank, ll_off, ll_slot_bytes, ll_lane_bytes), table)
-        r_lo = tl.zeros([BLOCK_W], tl.float32)
-        r_hi = tl.zeros([BLOCK_W], tl.float32)
-        b_lo = tl.zeros([BLOCK_W], tl.float32)
-        b_hi = tl.zeros([BLOCK_W], tl.float32)
-        for p in range(p_lo, p_hi):
-            w_lo, w_hi = _piece_words(p, S, CH, H, EPW)
-            ss = tl.zeros([BLOCK_W], tl.float32)
-            for k in range(w_lo, w_hi, BLOCK_W):
-                o = tl.multiple_of(k, 4) + o_w
-                m = o < w_hi
-                b_lo, b_hi = _weight_halves(p_w, o * EPW - (p // S) * H, m, HALF)  # issued before the spin
-                r_lo, r_hi, st = _ll_residual_tile(p_x32, p_res32, o, m, flag, table, rank, epoch, deadline, ll_off,
-                                                   ll_slot_bytes, ll_lane_bytes, OP, W, HALF, DT, INTERP)
-                status = tl.maximum(status, st)
-                if status == 0:
-                    tl.store(p_res_out32 + o, pack_out(r_lo, r_hi, HALF, DT), mask=m)
-                ss += r_lo * r_lo + r_hi * r_hi
-            if status == 0:
-                tl.store(p_part + p, ll_pack(tl.sum(ss, axis=0).to(tl.int32, bitcast=True), flag))
-        # one piece in one tile (the GPU shapes): its residual_out is still in r_lo / r_hi
-        keep = (p_hi - p_lo == 1) & ((CH // EPW) <= BLOCK_W)
-        for p in range(p_lo, p_hi):
+        NPAD: tl.constexpr = NP if NP > 16 else 16  # words per line of partials (>= 128 bytes)
+        if ONE_PIECE:  # the GPU shapes: piece p = program id in one tile, kept in registers throughout
+            p = p_lo
             row = p // S
+            c = p % S
+            w_lo, w_hi = _piece_words(p, S, CH, H, EPW)
+            o = w_lo + o_w
+            m = o < w_hi
+            b_lo, b_hi = _weight_halves(p_w, o * EPW - row * H, m, HALF)  # issued before the spin
+            r_lo, r_hi, status = _ll_residual_tile(p_x32, p_res32, o, m, flag, table, rank, epoch, deadline, ll_off,
+                                                   ll_slot_bytes, ll_lane_bytes, OP, W, HALF, DT, INTERP)
+            ss = tl.sum(r_lo * r_lo + r_hi * r_hi, axis=0)
+            o_n = tl.arange(0, NP)
+            others = (o_n < S) & (o_n != c)
             if status == 0:
-                total, status = ll_wait_sum(p_part, row * S, S, flag, table, rank, epoch, deadline, OP, W, NP,
-                                            INTERP)
+                tl.store(p_res_out32 + o, pack_out(r_lo, r_hi, HALF, DT), mask=m)
+                # the partial goes to the private line of every other block of the row
+                # (block j's line: words (row * S + j) * NPAD + [0, S)); its own stays in registers
+                word = ll_pack(ss.to(tl.int32, bitcast=True), flag) + tl.zeros([NP], tl.int64)
+                tl.store(p_part + (row * S + o_n) * NPAD + c, word, mask=others)
+            # Arrive now: the counter's round trip overlaps the wait below, and the last
+            # block has nothing to clear (each block zeroes its own line once read).
+            if arrive_last(table, rank):
+                close_epoch(table, rank, epoch)
+            if status == 0:
+                p_line = p_part + (row * S + c) * NPAD
+                total, status = ll_wait_sum(p_line, 0, S, c, ss, flag, table, rank, epoch, deadline, OP, W, NP, INTERP)
+                tl.store(p_line + o_n, tl.zeros([NP], tl.int64), mask=others)  # consumed
                 rstd = tl.math.rsqrt(total / H + eps)
+                if status == 0:
+                    tl.store(p_out32 + o, pack_out(r_lo * rstd * b_lo, r_hi * rstd * b_hi, HALF, DT), mask=m)
+        else:
+            for p in range(p_lo, p_hi):
                 w_lo, w_hi = _piece_words(p, S, CH, H, EPW)
+                ss = tl.zeros([BLOCK_W], tl.float32)
                 for k in range(w_lo, w_hi, BLOCK_W):
                     o = tl.multiple_of(k, 4) + o_w
                     m = o < w_hi
-                    if not keep:
+                    r_lo, r_hi, st = _ll_residual_tile(p_x32, p_res32, o, m, flag, table, rank, epoch, deadline,
+                                                       ll_off, ll_slot_bytes, ll_lane_bytes, OP, W, HALF, DT, INTERP)
+                    status = tl.maximum(status, st)
+                    if status == 0:
+                        tl.store(p_res_out32 + o, pack_out(r_lo, r_hi, HALF, DT), mask=m)
+                    ss += r_lo * r_lo + r_hi * r_hi
+                if status == 0:
+                    tl.store(p_part + (p // S) * NPAD + p % S,
+                             ll_pack(tl.sum(ss, axis=0).to(tl.int32, bitcast=True), flag))
+            for p in range(p_lo, p_hi):
+                row = p // S
+                if status == 0:
+                    total, status = ll_wait_sum(p_part, row * NPAD, S, -1, 0.0, flag, table, rank, epoch, deadline,
+                                                OP, W, NP, INTERP)
+                    rstd = tl.math.rsqrt(total / H + eps)
+                    w_lo, w_hi = _piece_words(p, S, CH, H, EPW)
+                    for k in range(w_lo, w_hi, BLOCK_W):
+                        o = tl.multiple_of(k, 4) + o_w
+                        m = o < w_hi
                         zero = tl.zeros([BLOCK_W], tl.float32)
                         r_lo, r_hi = unpack_add(zero, zero, tl.load(p_res_out32 + o, mask=m, other=0), HALF, DT)
                         b_lo, b_hi = _weight_halves(p_w, o * EPW - row * H, m, HALF)
-                    if status == 0:
-                        tl.store(p_out32 + o, pack_out(r_lo * rstd * b_lo, r_hi * rstd * b_hi, HALF, DT), mask=m)
-        if arrive_last(table, rank):
-            ll_clear(p_part, n_rows * S, 256)
-            close_epoch(table, rank, epoch)
+                        if status == 0:
+                            tl.store(p_out32 + o, pack_out(r_lo * rstd * b_lo, r_hi * rstd * b_hi, HALF, DT), mask=m)
+            if arrive_last(table, rank):
+                ll_clear(p_part, n_rows * NPAD, 256)
+                close_epoch(table, rank, epoch)

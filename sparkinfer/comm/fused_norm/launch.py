@@ -220,6 +220,15 @@ def candidate_configs(caps: TopologyCaps, rows: int, hidden: int, itemsize: int 
     return out
 
 
+def _one_piece(cfg: NormConfig, itemsize: int, rows: int, lane_bytes: int) -> bool:
+    """Whether the LL kernel's split path has exactly one piece per block, in one
+    tile, and the blocks' private partial lines (rows * S lines of NPAD int64
+    words, kernel.py) fit this rank's LL lane."""
+    npad = max(_pow2(cfg.pieces), 16)
+    return (not cfg.one_pass and cfg.per == 1 and cfg.chunk * itemsize <= 4 * cfg.block_w
+            and rows * cfg.pieces * npad * 8 <= lane_bytes)
+
+
 def _auto_ll(nbytes: int) -> bool:
     """Whether algorithm="auto" takes the LL kernel for x of `nbytes` (within the LL lanes)."""
     return nbytes <= FUSED_LL_MAX_BYTES and nbytes % 4 == 0
@@ -317,7 +326,9 @@ def all_reduce_add_rms_norm(comm, x, residual, weight, eps: float = 1e-6, *, out
         kernel = all_reduce_add_rms_norm_ll_kernel
         half = x.element_size() == 2
         consts = dict(OP=OP_CODES[OP], W=comm.world_size, BLOCK_W=cfg.block_w, HALF=half, EPW=2 if half else 1,
-                      NP=_pow2(cfg.pieces), ONE_PASS=cfg.one_pass, INTERP=comm.caps.interpret)
+                      NP=_pow2(cfg.pieces), ONE_PASS=cfg.one_pass,
+                      ONE_PIECE=_one_piece(cfg, x.element_size(), T, ch.layout.ll_lane_bytes),
+                      INTERP=comm.caps.interpret)
     else:
         kernel = all_reduce_add_rms_norm_kernel
         consts = dict(OP=OP_CODES[OP], W=comm.world_size, BLOCK=cfg.block, BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c,
