@@ -354,7 +354,7 @@ def test_rejects_rows_not_16_byte_aligned_and_bad_algorithms(comm1):
 
 
 def _ll_splits(T, row_bytes):
-    return (T == 1 or row_bytes > LL_SPLIT_ROW_BYTES) and T * row_bytes < LL_SPLIT_MAX_BYTES
+    return (T == 1 or row_bytes >= LL_SPLIT_ROW_BYTES) and T * row_bytes < LL_SPLIT_MAX_BYTES
 
 
 @pytest.mark.parametrize("interpret", [False, True], ids=["h200", "interpreter"])

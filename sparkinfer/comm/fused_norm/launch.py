@@ -44,20 +44,24 @@ MAX_TILE_INTERP = 4096
 SPLIT_MAX_BYTES = 0
 # The LL kernel's split path posts partial sums as LL words polled with one
 # vector load (kernel.py), not through atomics. It splits rows (split_pieces)
-# below LL_SPLIT_MAX_BYTES of x when T = 1 or a row is over LL_SPLIT_ROW_BYTES.
-# 2x H200 `bench_fused.py --sweep` at e9512d3 (fused_2xh200_sweep.json), us:
-# T = 1, H = 4096: 4.82 split vs 5.24 whole row; H = 7168: 4.99 vs 6.21;
-# T = 8, H = 7168: 6.28 vs 6.65; T = 16, H = 7168: 7.03 vs 7.55; but H = 4096
-# (8 KiB rows) at T = 8: 5.89 vs 5.25 and T = 16: 6.13 vs 5.62 (77cd068 agreed:
-# fused_2xh200_sweep_77cd068.json).
+# below LL_SPLIT_MAX_BYTES of x when T = 1 or a row has >= LL_SPLIT_ROW_BYTES.
+# 2x H200 `benchmarks/sweeps/fused_ll_pieces.py` at aae5660 (one-piece blocks
+# with private partial lines; fused_ll_pieces_2xh200.json), us, whole rows vs
+# 1 KiB pieces: H = 4096 (8 KiB rows): T = 2: 4.97 vs 4.44, T = 4: 5.01 vs
+# 4.85, T = 8: 5.18 vs 4.96, T = 16: 5.75 vs 5.41. Before that change whole
+# 8 KiB rows won at T >= 8 (e9512d3: 5.25 vs 5.89), hence the old "> 8 KiB".
 LL_SPLIT_MAX_BYTES = 256 << 10
 LL_SPLIT_ROW_BYTES = 8 << 10
-# Smallest piece of a split row. The 2x H200 all-reduce sweep
-# (topology.PER_BLOCK_BYTES: 32 KiB on 16 blocks 5.2 us, on 1 block 9.3 us)
-# put ~2 KiB of stage per block. The interpreter splits rows above 4 KiB (one
-# block keeps every piece of a row there: its blocks run one after another, so
-# none may wait on a later one), always, so CPU tests cover the piece path.
+# Smallest piece of a split row on the GPU, with at most one piece per SM.
+# Flag kernel: the 2x H200 all-reduce sweep (topology.PER_BLOCK_BYTES: 32 KiB
+# on 16 blocks 5.2 us, on 1 block 9.3 us) put ~2 KiB of stage per block.
+# LL kernel, same sweep as above, 1 KiB vs 2 KiB pieces: H = 4096, T = 1: 4.37
+# vs 4.53; T = 16: 5.41 vs 5.62; H = 7168, T = 2: 4.74 vs 4.83; T = 4: 4.94 vs
+# 5.11. The interpreter splits rows above 4 KiB (one block keeps every piece
+# of a row there: its blocks run one after another, so none may wait on a
+# later one), always, so CPU tests cover the piece path.
 MIN_PIECE_BYTES_GPU = 2 << 10
+MIN_PIECE_BYTES_LL = 1 << 10
 MIN_PIECE_BYTES_INTERP = 4 << 10
 PIECE_ALIGN = 64  # elements: piece starts stay 16-byte aligned
 # LL kernel warps. Pieces: 4 (2x H200 LL sweep, topology.ll_launch_config:
@@ -107,11 +111,12 @@ def _pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-def split_pieces(caps: TopologyCaps, rows: int, hidden: int, itemsize: int) -> int:
-    """Pieces per row when rows are split: pieces of >= MIN_PIECE_BYTES while
+def split_pieces(caps: TopologyCaps, rows: int, hidden: int, itemsize: int, ll: bool = False) -> int:
+    """Pieces per row when rows are split: pieces of >= MIN_PIECE_BYTES(_LL) while
     there are fewer rows than blocks (the only GPU rule before ONE_PASS rows)."""
     interp = caps.interpret
-    s = max(1, hidden * itemsize // (MIN_PIECE_BYTES_INTERP if interp else MIN_PIECE_BYTES_GPU))
+    piece = MIN_PIECE_BYTES_INTERP if interp else MIN_PIECE_BYTES_LL if ll else MIN_PIECE_BYTES_GPU
+    s = max(1, hidden * itemsize // piece)
     if not interp:
         s = min(s, max(1, min(caps.num_sms, MAX_BLOCKS) // rows))
     return s
@@ -120,11 +125,11 @@ def split_pieces(caps: TopologyCaps, rows: int, hidden: int, itemsize: int) -> i
 def _default_pieces(caps: TopologyCaps, rows: int, hidden: int, itemsize: int, ll: bool) -> int:
     """1 (whole rows) where a row fits a tile and the tensor is >= SPLIT_MAX_BYTES
     (the LL kernel: unless LL_SPLIT_* say split), else split_pieces."""
-    split = (rows == 1 or hidden * itemsize > LL_SPLIT_ROW_BYTES) and rows * hidden * itemsize < LL_SPLIT_MAX_BYTES
+    split = (rows == 1 or hidden * itemsize >= LL_SPLIT_ROW_BYTES) and rows * hidden * itemsize < LL_SPLIT_MAX_BYTES
     whole = not split if ll else rows * hidden * itemsize >= SPLIT_MAX_BYTES
     if not caps.interpret and hidden <= MAX_TILE_GPU and whole:
         return 1
-    return split_pieces(caps, rows, hidden, itemsize)
+    return split_pieces(caps, rows, hidden, itemsize, ll)
 
 
 def norm_config(caps: TopologyCaps, rows: int, hidden: int, itemsize: int = 2, *, ll: bool = False,
@@ -198,7 +203,7 @@ def candidate_configs(caps: TopologyCaps, rows: int, hidden: int, itemsize: int 
     (left out then). ll_row_w8 / _w16: whole rows over LL; *_pieces: rows split by
     split_pieces (ll_pieces_half: twice as many pieces, still one per block);
     flag_row(_w8): whole rows over the flag kernel."""
-    nbytes, s = rows * hidden * itemsize, split_pieces(caps, rows, hidden, itemsize)
+    nbytes, s = rows * hidden * itemsize, split_pieces(caps, rows, hidden, itemsize, True)
     ll_ok = nbytes <= ll_max_bytes and nbytes % 4 == 0
     ll_auto = ll_ok and _auto_ll(nbytes)
     auto = ("fused_ll" if ll_auto else "fused", norm_config(caps, rows, hidden, itemsize, ll=ll_auto))
