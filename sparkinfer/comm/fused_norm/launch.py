@@ -45,21 +45,24 @@ SPLIT_MAX_BYTES = 0
 # The LL kernel's split path posts partial sums as LL words polled with one
 # vector load (kernel.py), not through atomics. It splits rows (split_pieces)
 # below LL_SPLIT_MAX_BYTES of x when T = 1 or a row has >= LL_SPLIT_ROW_BYTES.
-# 2x H200 `benchmarks/sweeps/fused_ll_pieces.py` at aae5660 (one-piece blocks
-# with private partial lines; fused_ll_pieces_2xh200.json), us, whole rows vs
-# 1 KiB pieces: H = 4096 (8 KiB rows): T = 2: 4.97 vs 4.44, T = 4: 5.01 vs
-# 4.85, T = 8: 5.18 vs 4.96, T = 16: 5.75 vs 5.41. Before that change whole
-# 8 KiB rows won at T >= 8 (e9512d3: 5.25 vs 5.89), hence the old "> 8 KiB".
+# 2x H200 piece sweep at aae5660 (one-piece blocks with private partial lines;
+# fused_ll_ab2_2xh200.json, "hsweep"), us, whole rows vs pieces: H = 4096
+# (8 KiB rows): T = 2: 4.97 vs 4.44 (4 pieces) / 4.62 (8); T = 4: 5.01 vs 4.83
+# / 4.85; T = 8: 5.18 vs 4.96 (8); T = 16: 5.75 vs 5.41 (8). Before that change
+# whole 8 KiB rows won at T >= 8 (e9512d3: 5.25 vs 5.89), hence the old "> 8 KiB".
+# Checked at 3ced22a (`benchmarks/sweeps/fused_ll_pieces.py auto`,
+# fused_ll_pieces_2xh200.json): H = 7168, T = 1 / 8 / 16: 4.49 / 5.41 / 6.18 with
+# 1 KiB pieces vs 4.56 / 5.43 / 6.21 with 7; H = 4096, T = 2: 4.60 vs 4.49 with 4.
 LL_SPLIT_MAX_BYTES = 256 << 10
 LL_SPLIT_ROW_BYTES = 8 << 10
 # Smallest piece of a split row on the GPU, with at most one piece per SM.
 # Flag kernel: the 2x H200 all-reduce sweep (topology.PER_BLOCK_BYTES: 32 KiB
 # on 16 blocks 5.2 us, on 1 block 9.3 us) put ~2 KiB of stage per block.
-# LL kernel, same sweep as above, 1 KiB vs 2 KiB pieces: H = 4096, T = 1: 4.37
-# vs 4.53; T = 16: 5.41 vs 5.62; H = 7168, T = 2: 4.74 vs 4.83; T = 4: 4.94 vs
-# 5.11. The interpreter splits rows above 4 KiB (one block keeps every piece
-# of a row there: its blocks run one after another, so none may wait on a
-# later one), always, so CPU tests cover the piece path.
+# LL kernel, same hsweep, 1 KiB vs 2 KiB pieces: H = 4096, T = 1: 4.37 vs 4.53;
+# T = 16: 5.41 vs 5.62; H = 7168, T = 2: 4.74 vs 4.83; T = 4: 4.94 vs 5.11.
+# The interpreter splits rows above 4 KiB (one block keeps every piece of a row
+# there: its blocks run one after another, so none may wait on a later one),
+# always, so CPU tests cover the piece path.
 MIN_PIECE_BYTES_GPU = 2 << 10
 MIN_PIECE_BYTES_LL = 1 << 10
 MIN_PIECE_BYTES_INTERP = 4 << 10
