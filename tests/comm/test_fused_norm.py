@@ -222,8 +222,10 @@ def test_torch_ops_eager_and_compiled_match_the_direct_call(ranks, world):
 # ---------------------------------------------------------------- eager -> capture -> replay -> new inputs -> replay
 
 
-GRAPH_CASES = [  # five ops in one graph (an odd count): LL (rows split on the GPU), flag with pieces, flag in place
+GRAPH_CASES = [  # seven ops in one graph (an odd count): LL (rows split on the GPU), flag with pieces, flag in place
     Case("g_t1_h7168_ll", (1, 7168), torch.bfloat16),
+    Case("g_t2_h4096_fp16_ll", (2, 4096), torch.float16),  # GPU: 8 one-piece blocks per row
+    Case("g_t1_h2048_fp32_ll", (1, 2048), torch.float32),  # GPU: 8 one-piece blocks, one value per word
     Case("g_t8_h4096_ll_inplace", (8, 4096), torch.bfloat16, inplace=True),
     Case("g_t3_h7168_ll", (3, 7168), torch.bfloat16),
     Case("g_t3_h7168_flag", (3, 7168), torch.bfloat16, algorithm="fused"),
