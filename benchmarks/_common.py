@@ -224,6 +224,22 @@ def time_calls(call, n: int, *, cuda: bool) -> list[float]:
     return [a.elapsed_time(b) * 1e-3 for a, b in ev]
 
 
+def graph_op_us(fn, stream, *, scope=None, ops: int = 20, reps: int = 15) -> float:
+    """Microseconds per call of `fn` (CUDA) in a graph of `ops` back-to-back calls:
+    the median of `reps` replays over `ops`. fn runs once eagerly first, then the
+    graph is captured on `stream` (Graph, with `scope`), replayed once, and timed."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    g = Graph(lambda: [fn() for _ in range(ops)], stream, scope=scope)
+    g.replay()
+    torch.cuda.synchronize()
+    ts = time_calls(g.replay, reps, cuda=True)
+    g.release()
+    return median(ts) / ops * 1e6
+
+
 def payload(n: int, rank: int, seed: int, dtype, device):
     """[n] rank-encoded small integers in [-30, 30]: sums over up to 8 ranks are
     exact in bf16 (8-bit mantissa), fp16 and fp32."""

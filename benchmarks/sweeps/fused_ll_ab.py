@@ -19,14 +19,8 @@ def work(world, tag):
     st = torch.cuda.Stream()
     dev = comm.device
     out = []
-    def timeit(fn, name, iters=20, reps=15):
-        fn(); torch.cuda.synchronize()
-        body = lambda: [fn() for _ in range(iters)]
-        g = _common.Graph(body, st, scope=lambda r: comm.pool.capture(st, "b", reuse=True))
-        g.replay(); torch.cuda.synchronize()
-        ts = _common.time_calls(g.replay, reps, cuda=True)
-        g.release()
-        us = _common.median(ts) / iters * 1e6
+    def timeit(fn, name):
+        us = _common.graph_op_us(fn, st, scope=lambda r: comm.pool.capture(st, "b", reuse=True))
         out.append((name, round(us, 2)))
     for kib in ((2,) if tag.startswith("s") else (2, 32, 128)):
         n = kib * 512

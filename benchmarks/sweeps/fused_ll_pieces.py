@@ -37,16 +37,8 @@ def work(world, mode):
     dev = comm.device
     rows = []
 
-    def timeit(fn, iters=20, reps=15):
-        fn()
-        torch.cuda.synchronize()
-        g = _common.Graph(lambda: [fn() for _ in range(iters)], st,
-                          scope=lambda r: comm.pool.capture(st, "b", reuse=True))
-        g.replay()
-        torch.cuda.synchronize()
-        ts = _common.time_calls(g.replay, reps, cuda=True)
-        g.release()
-        return round(_common.median(ts) / iters * 1e6, 3)
+    def timeit(fn):
+        return round(_common.graph_op_us(fn, st, scope=lambda r: comm.pool.capture(st, "b", reuse=True)), 3)
 
     for T, H in shapes(mode):
         x = torch.randn(T, H, device=dev).bfloat16()

@@ -246,7 +246,8 @@ def all_reduce_add_rms_norm_ll_kernel(
     else:
         # Partial sums travel as LL words (flag | fp32) in this rank's own lane of
         # the LL region, which no peer writes: one vector load polls all S of a
-        # row, no atomics. The last block clears them (readers are many).
+        # row, no atomics. Cleared by their reader (ONE_PIECE: a line per block)
+        # or by the last block (otherwise: a line per row, read by many).
         p_part = as_ptr(stage_addr(table, rank, epoch, rank, ll_off, ll_slot_bytes, ll_lane_bytes), table)
         NPAD: tl.constexpr = NP if NP > 16 else 16  # words per line of partials (>= 128 bytes)
         if ONE_PIECE:  # the GPU shapes: piece p = program id in one tile, kept in registers throughout
