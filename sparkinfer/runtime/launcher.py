@@ -15,9 +15,10 @@ import faulthandler
 import multiprocessing as mp
 import os
 import queue
+import shutil
 import signal
-import socket
 import sys
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass
@@ -66,13 +67,7 @@ def resolve_backend(backend: str, world_size: int) -> str:
     return "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= world_size else "cpu"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _child(fn, rank, world_size, backend, port, args, env, results):
+def _child(fn, rank, world_size, backend, init_method, args, env, results):
     os.environ.update(env)
     if backend == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"
@@ -85,7 +80,7 @@ def _child(fn, rank, world_size, backend, port, args, env, results):
             torch.cuda.set_device(rank)
         dist.init_process_group(
             "nccl" if backend == "cuda" else "gloo",
-            init_method=f"tcp://127.0.0.1:{port}",
+            init_method=init_method,
             rank=rank,
             world_size=world_size,
             **({"device_id": torch.device(f"cuda:{rank}")} if backend == "cuda" else {}),
@@ -127,11 +122,14 @@ def launch(
     backend = resolve_backend(backend, world_size)
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = _free_port()
+    # Rendezvous through a file in a fresh directory: a free TCP port picked here
+    # could be taken by another process before rank 0 binds it.
+    store_dir = tempfile.mkdtemp(prefix="sparkinfer_launch_")
+    init_method = "file://" + os.path.join(store_dir, "store")
     procs = [
         ctx.Process(
             target=_child,
-            args=(fn, r, world_size, backend, port, tuple(args), dict(env or {}), results),
+            args=(fn, r, world_size, backend, init_method, tuple(args), dict(env or {}), results),
             daemon=True,
         )
         for r in range(world_size)
@@ -173,4 +171,5 @@ def launch(
                 p.kill()
                 p.join(timeout=5.0)
         results.close()
+        shutil.rmtree(store_dir, ignore_errors=True)
     return [done[r] for r in range(world_size)]
