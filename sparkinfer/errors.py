@@ -21,6 +21,7 @@ __all__ = [
     "CollectiveTimeout",
     "CollectiveMismatch",
     "PlanError",
+    "KernelWaitTimeout",
 ]
 
 
@@ -104,3 +105,12 @@ class CollectiveMismatch(CollectiveError):
 
 class PlanError(SparkInferError, ValueError):
     """Capacities or a spec that no plan can serve."""
+
+
+class KernelWaitTimeout(SparkInferError, RuntimeError):
+    """A wait between the programs of one kernel (the MoE `resident` family)
+    passed its deadline; `slot` is the route slot whose rows never became ready."""
+
+    def __init__(self, message: str, *, slot: int):
+        super().__init__(message)
+        self.slot = slot

@@ -14,6 +14,8 @@ command) go to --out. Timing only: bench_moe.py checks the plan's configs.
 
     python3 benchmarks/sweeps/moe_micro_ab.py --m 1,8 \
         --cfg "bn2:block_n2=128;s2_6:stages2=6" --profile
+    python3 benchmarks/sweeps/moe_micro_ab.py --m 1,8 \
+        --cfg "res:family=resident,grid_per_sm=2,prefetch=1"
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ def parse_cfgs(text: str) -> list[tuple[str, dict]]:
     out = [("planned", {})]
     for item in filter(None, (text or "").split(";")):
         name, kvs = item.split(":")
-        out.append((name, {k: int(v) for k, v in (a.split("=") for a in kvs.split(","))}))
+        out.append((name, {k: int(v) if v.lstrip("-").isdigit() else v
+                           for k, v in (a.split("=") for a in kvs.split(","))}))
     return out
 
 

@@ -19,7 +19,10 @@ from sparkinfer.moe.spec import MoECaps, MoESpec
 
 __all__ = ["LaunchConfig", "MoEPlan", "plan", "plan_supports_aux_stream_overlap", "FAMILIES"]
 
-FAMILIES = ("micro", "grouped")
+FAMILIES = ("micro", "grouped", "resident")
+# Families whose kernels never wait for other programs (safe beside work on an
+# auxiliary stream, `plan_supports_aux_stream_overlap`).
+OVERLAP_SAFE_FAMILIES = ("micro", "grouped")
 
 # micro serves every token of a batch in one tile of BM = 16 rows (the
 # smallest tensor-core N), so it stops at 16 tokens. Whether grouped already
@@ -88,7 +91,8 @@ BF16_WIDE_BM64_MAX_ROWS = 96
 class LaunchConfig:
     """Kernels and launch parameters for one bucket of token counts.
 
-    family: "micro" or "grouped". block_m: routed rows per tile. block_n1 /
+    family: "micro", "grouped" or "resident" (micro's tiles and splits in one
+    persistent cooperative kernel, kernels/resident.py). block_m: routed rows per tile. block_n1 /
     block_n2: weight rows per FC1 / FC2 program. split1 / split2: programs per
     FC1 / FC2 reduction (micro only; grouped uses 1). num_warps: both GEMMs.
     stages1 / stages2: software-pipeline depth of FC1 / FC2 (Triton num_stages).
@@ -104,6 +108,10 @@ class LaunchConfig:
     (tests/moe/test_gpu.py, 12 passed) and was faster at every NVFP4 point of
     `bench_moe.py --quick` (moe_h200.json vs moe_h200_arith_ac6412e.json; e.g.
     Mixtral M = 8: 342 vs 398 us, DeepSeek-V3 M = 4096: 15542 vs 17308 us).
+    grid_per_sm (resident only): programs per SM of the cooperative grid.
+    prefetch (resident only): FC2 weights into L2, 0 never, 1 before each FC2
+    tile waits for its activation rows, 2 when the program starts
+    (kernels/resident.py).
     """
 
     family: str
@@ -117,6 +125,8 @@ class LaunchConfig:
     stages2: int = 3
     decode: str = "ptx"
     block_k: int = 0
+    grid_per_sm: int = 0
+    prefetch: int = 0
 
 
 @dataclass(frozen=True)
@@ -240,10 +250,12 @@ def plan(caps: MoECaps, spec: MoESpec) -> MoEPlan:
 
 def plan_supports_aux_stream_overlap(p: MoEPlan) -> bool:
     """Whether shared-expert work on an auxiliary stream may overlap this plan's
-    kernels. True: no family in this plan waits at a grid-wide barrier (the
-    `resident` cooperative family, the only one that would, is not built yet),
-    so every launch makes progress whatever else occupies the SMs. The micro
+    kernels. False when any bucket runs the `resident` family: its programs wait
+    for each other, so it is launched cooperatively (all programs admitted
+    together) and the serving contract applies (submit the shared experts on the
+    auxiliary stream first, join it before the MoE launch). True otherwise: the
+    micro and grouped kernels never wait for other programs, and the micro
     family's programmatic dependent launches wait only for the previous grid of
     the same call, whose programs have all started before the dependents may
     launch, so they cannot hold SMs that it still needs. Pure."""
-    return all(cfg.family in FAMILIES for _, cfg in p.buckets)
+    return all(cfg.family in OVERLAP_SAFE_FAMILIES for _, cfg in p.buckets)

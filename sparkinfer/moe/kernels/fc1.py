@@ -37,12 +37,26 @@ def moe_fc1_kernel(
     NVFP4: tl.constexpr, WEIGHT_BEFORE: tl.constexpr, PTX_DECODE: tl.constexpr,
     INTERPRET: tl.constexpr, PDL: tl.constexpr = False,
 ):
-    i_m = tl.program_id(0)
-    i_n = tl.program_id(1)
-    i_s = tl.program_id(2)
-    e, route, o_row = program_rows(ids_ptr, sorted_ptr, tile_e_ptr, i_m, T, E, K, BM, KP, RP, MICRO)
-    if e < 0:
-        return
+    e, route, o_row = program_rows(ids_ptr, sorted_ptr, tile_e_ptr, tl.program_id(0), T, E, K, BM,
+                                   KP, RP, MICRO)
+    if e >= 0:
+        fc1_tile(x_ptr, w_ptr, s_ptr, gs_ptr, topk_w_ptr, out_ptr, e, route, o_row,
+                 tl.program_id(1), tl.program_id(2), I, num_chunks, chunks_per_split,
+                 stride_x, stride_we, stride_wn, stride_se, stride_os, stride_or, alpha, limit,
+                 K, BM, BN, BK, PARTIALS, GATED, ACT, NVFP4, WEIGHT_BEFORE, PTX_DECODE,
+                 INTERPRET, PDL)
+
+
+@triton.jit
+def fc1_tile(x_ptr, w_ptr, s_ptr, gs_ptr, topk_w_ptr, out_ptr, e, route, o_row, i_n, i_s, I,
+             num_chunks, chunks_per_split, stride_x, stride_we, stride_wn, stride_se, stride_os,
+             stride_or, alpha, limit, K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+             BK: tl.constexpr, PARTIALS: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr,
+             NVFP4: tl.constexpr, WEIGHT_BEFORE: tl.constexpr, PTX_DECODE: tl.constexpr,
+             INTERPRET: tl.constexpr, PDL: tl.constexpr):
+    """One FC1 tile: expert e (>= 0), rows route [BM] (-1: inactive) stored at
+    rows o_row, weight rows i_n*BN.., reduction split i_s (the kernel's program;
+    also one work item of the `resident` kernel)."""
     m_row = route >= 0
     tok = tl.where(m_row, route // K, 0)
     o_n = i_n * BN + tl.arange(0, BN)

@@ -28,15 +28,16 @@ from sparkinfer.moe.kernels.common import (DECODE_UNSCALE, activation, dot_opera
 def act_tile(a_ptr, route, m_row, o_k, k0, I, stride_as, stride_ar, topk_w_ptr, alpha, limit,
              S1: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr, WEIGHT_BEFORE: tl.constexpr,
              INTERPRET: tl.constexpr):
-    """Activation tile [len(o_k), BM] for reduction elements k0 + o_k of routes `route`,
-    from FC1 partials a_ptr -> fp32 [S1, R, (2)I]."""
+    """Activation tile [len(o_k), BM] for reduction elements k0 + o_k (those < I;
+    the rest are 0) of routes `route`, from FC1 partials a_ptr -> fp32 [S1, R, (2)I]."""
+    m_a = m_row[None, :] & (k0 + o_k < I)[:, None]
     p_a = a_ptr + route[None, :].to(tl.int64) * stride_ar + k0 + o_k[:, None]
     b_g = tl.zeros([o_k.shape[0], route.shape[0]], dtype=tl.float32)
     b_u = tl.zeros([o_k.shape[0], route.shape[0]], dtype=tl.float32)
     for s in tl.static_range(S1):
-        b_g += tl.load(p_a + s * stride_as, mask=m_row[None, :], other=0.0)
+        b_g += tl.load(p_a + s * stride_as, mask=m_a, other=0.0)
         if GATED:
-            b_u += tl.load(p_a + s * stride_as + I, mask=m_row[None, :], other=0.0)
+            b_u += tl.load(p_a + s * stride_as + I, mask=m_a, other=0.0)
     b_h = activation(b_g, b_u, ACT, alpha, limit, INTERPRET)
     if WEIGHT_BEFORE:
         b_h *= tl.load(topk_w_ptr + route, mask=m_row, other=0.0)[None, :]
@@ -75,12 +76,24 @@ def moe_fc2_kernel(
     NVFP4: tl.constexpr, PTX_DECODE: tl.constexpr, INTERPRET: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
-    i_m = tl.program_id(0)
-    i_n = tl.program_id(1)
-    i_s = tl.program_id(2)
-    e, route, o_arow = program_rows(ids_ptr, sorted_ptr, tile_e_ptr, i_m, T, E, K, BM, KP, RP, MICRO)
-    if e < 0:
-        return
+    e, route, o_arow = program_rows(ids_ptr, sorted_ptr, tile_e_ptr, tl.program_id(0), T, E, K,
+                                    BM, KP, RP, MICRO)
+    if e >= 0:
+        fc2_tile(a_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, e, route, o_arow, tl.program_id(1),
+                 tl.program_id(2), H, num_chunks, chunks_per_split, stride_ar, stride_we,
+                 stride_wn, stride_se, stride_os, stride_or, BM, BN, BK, NVFP4, PTX_DECODE,
+                 INTERPRET, PDL)
+
+
+@triton.jit
+def fc2_tile(a_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, e, route, o_arow, i_n, i_s, H, num_chunks,
+             chunks_per_split, stride_ar, stride_we, stride_wn, stride_se, stride_os, stride_or,
+             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NVFP4: tl.constexpr,
+             PTX_DECODE: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr):
+    """One FC2 tile: expert e (>= 0), activation rows o_arow for routes `route`
+    [BM] (-1: inactive), weight rows i_n*BN.., reduction split i_s; stores
+    out[i_s, route, n] (the kernel's program; also one work item of the
+    `resident` kernel)."""
     m_row = route >= 0
     o_n = i_n * BN + tl.arange(0, BN)
     m_n = o_n < H

@@ -25,8 +25,17 @@ def moe_reduce_kernel(part_ptr, ids_ptr, topk_w_ptr, out_ptr, H, S, stride_ps, s
                       BH: tl.constexpr, WEIGHT_AFTER: tl.constexpr, PDL: tl.constexpr = False):
     if PDL:  # launched early (programmatic dependent launch): FC2's partials after this
         gdc_wait()
-    t = tl.program_id(0)
-    o_h = tl.program_id(1) * BH + tl.arange(0, BH)
+    reduce_row(part_ptr, ids_ptr, topk_w_ptr, out_ptr, tl.program_id(0),
+               tl.program_id(1) * BH + tl.arange(0, BH), H, S, stride_ps, stride_pr, stride_o,
+               E, K, KP, WEIGHT_AFTER)
+
+
+@triton.jit
+def reduce_row(part_ptr, ids_ptr, topk_w_ptr, out_ptr, t, o_h, H, S, stride_ps, stride_pr,
+               stride_o, E: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
+               WEIGHT_AFTER: tl.constexpr):
+    """out[t, o_h] of token t (the kernel's program; also the `resident` kernel's
+    last FC2 tile of a column block, for each token)."""
     m_h = o_h < H
     o_k = tl.arange(0, KP)
     r = t * K + o_k
@@ -34,11 +43,11 @@ def moe_reduce_kernel(part_ptr, ids_ptr, topk_w_ptr, out_ptr, H, S, stride_ps, s
     ok = (o_k < K) & (e >= 0) & (e < E)
     p = part_ptr + r[:, None].to(tl.int64) * stride_pr + o_h[None, :]
     m = ok[:, None] & m_h[None, :]
-    b_r = tl.zeros([KP, BH], dtype=tl.float32)
+    b_r = tl.zeros([KP, o_h.shape[0]], dtype=tl.float32)
     for s in range(S):
         b_r += tl.load(p + s * stride_ps, mask=m, other=0.0).to(tl.float32)
     if WEIGHT_AFTER:
         b_r *= tl.load(topk_w_ptr + r, mask=ok, other=0.0)[:, None]
     b_out = tl.sum(b_r, axis=0)
-    tl.store(out_ptr + t.to(tl.int64) * stride_o + o_h, b_out.to(out_ptr.dtype.element_ty),
+    tl.store(out_ptr + tl.cast(t, tl.int64) * stride_o + o_h, b_out.to(out_ptr.dtype.element_ty),
              mask=m_h)
