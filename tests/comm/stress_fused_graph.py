@@ -1,0 +1,123 @@
+"""Stress the fused all-reduce + residual + RMSNorm graph test in one launch
+(not collected by pytest): the ops of test_fused_norm's graph test (GRAPH_CASES)
+run many times on fresh inputs, alternating eager calls and replays of a
+captured graph (captured again every 16 iterations), each result checked against the fp32 reference; the first
+failures are reported with what was wrong (element counts, rows, NaN poison
+left, values), and the ranks' result digests are compared.
+
+    python -m tests.comm.stress_fused_graph [ITERS] [BUDGET_S] [--cpu]
+
+Prints one JSON line: iterations run per rank, failures, rank digest mismatches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+
+import torch
+
+
+def _check(out, ref, ulps, what):
+    from tests.comm.test_fused_norm import assert_close_ulps
+
+    try:
+        assert_close_ulps(out, ref, ulps, what)
+        return None
+    except AssertionError as e:
+        a, r = out.float(), ref.float()
+        nan = ~torch.isfinite(a)
+        bad = ((a - r).abs() > ulps * torch.finfo(out.dtype).eps * (r.abs() + 1e-3)) | nan
+        rows = sorted({int(i) for i in bad.nonzero()[:, 0].tolist()})
+        cols = bad.nonzero()[:, -1]
+        return dict(what=what, msg=str(e)[:300], bad=int(bad.sum()), nan=int(nan.sum()),
+                    numel=bad.numel(), rows=rows[:16],
+                    col_lo=int(cols.min()), col_hi=int(cols.max()),
+                    sample=[(float(x), float(y)) for x, y in zip(a[bad][:4], r[bad][:4])])
+
+
+def _stress_worker(world, iters: int, seed0: int, budget_s: float):
+    from sparkinfer.comm import Communicator
+    from sparkinfer.comm.fused_norm.reference import all_reduce_add_rms_norm_reference
+    from tests.comm.graphs import Captured
+    from tests.comm.test_fused_norm import CAP, EPS, GRAPH_CASES, make_inputs
+
+    comm = Communicator(capacity_bytes=CAP, timeout_s=10, channel_ids=("g",))
+    W, rank, dev = world.world_size, world.rank, comm.device
+    bufs = []
+    for c in GRAPH_CASES:
+        x = torch.empty(c.shape, dtype=c.dtype, device=dev)
+        res, w = torch.empty_like(x), torch.empty(c.shape[-1], dtype=c.dtype, device=dev)
+        o, r = (x, res) if c.inplace else (torch.empty_like(x), torch.empty_like(x))
+        bufs.append((c, x, res, w, o, r))
+
+    def load(s):
+        for c, x, res, w, o, r in bufs:
+            xs, residual, weight = make_inputs(c, W, s)
+            x.copy_(xs[rank])
+            res.copy_(residual)
+            w.copy_(weight)
+            if not c.inplace:
+                o.fill_(float("nan"))
+                r.fill_(float("nan"))
+
+    def run():
+        for c, x, res, w, o, r in bufs:
+            comm.all_reduce_add_rms_norm(x, res, w, EPS, out=o, residual_out=r, algorithm=c.algorithm)
+
+    load(seed0)
+    run()
+    g = Captured(comm, run, "g")
+    failures, digests = [], []
+    t0 = time.time()
+    done = 0
+    for it in range(iters):
+        if time.time() - t0 > budget_s:
+            break
+        s = seed0 + 1 + it
+        replay = it % 2 == 1
+        if it % 16 == 15:  # a fresh capture now and then (the test captures once per launch)
+            del g
+            g = Captured(comm, run, "g")
+        load(s)
+        if replay:
+            g.replay()
+        else:
+            run()
+        h = hashlib.sha1()
+        for c, x, res, w, o, r in bufs:
+            out, res_out = o.cpu(), r.cpu()
+            h.update(out.view(torch.uint8).numpy().tobytes())
+            ref_out, ref_res = all_reduce_add_rms_norm_reference(*make_inputs(c, W, s), EPS)
+            for f in (_check(res_out, ref_res, 2, f"{c.id} residual_out"),
+                      _check(out, ref_out, 4, f"{c.id} out")):
+                if f is not None and len(failures) < 12:
+                    failures.append(dict(iter=it, replay=replay, rank=rank, **f))
+        digests.append(h.hexdigest())
+        done += 1
+    del g
+    comm.close()
+    return dict(rank=rank, iters=done, failures=failures, digests=digests, seconds=time.time() - t0)
+
+
+def main(argv=None) -> int:
+    from sparkinfer.runtime import launch
+
+    args = [a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith("--")]
+    iters = int(args[0]) if args else 200
+    budget = float(args[1]) if len(args) > 1 else 120.0
+    backend = "cpu" if "--cpu" in (argv or sys.argv) else "cuda"
+    res = launch(_stress_worker, 2, backend=backend, args=(iters, 1000, budget),
+                 timeout_s=budget + 240)
+    n = min(r["iters"] for r in res)
+    differ = [i for i in range(n) if res[0]["digests"][i] != res[1]["digests"][i]]
+    print(json.dumps(dict(iters=[r["iters"] for r in res], seconds=[round(r["seconds"], 1) for r in res],
+                          failures=[f for r in res for f in r["failures"]],
+                          rank_digest_mismatch_iters=differ[:20])))
+    return 0 if not differ and not any(r["failures"] for r in res) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
