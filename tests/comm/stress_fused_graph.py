@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 import time
 
@@ -41,7 +42,7 @@ def _check(out, ref, ulps, what):
 def _stress_worker(world, iters: int, seed0: int, budget_s: float):
     from sparkinfer.comm import Communicator
     from sparkinfer.comm.fused_norm.reference import all_reduce_add_rms_norm_reference
-    from tests.comm.graphs import Captured
+    from tests.comm.graphs import Captured, pack
     from tests.comm.test_fused_norm import CAP, EPS, GRAPH_CASES, make_inputs
 
     comm = Communicator(capacity_bytes=CAP, timeout_s=10, channel_ids=("g",))
@@ -70,7 +71,7 @@ def _stress_worker(world, iters: int, seed0: int, budget_s: float):
     load(seed0)
     run()
     g = Captured(comm, run, "g")
-    failures, digests = [], []
+    failures, digests, case_digests, ring = [], [], [], {}
     t0 = time.time()
     done = 0
     for it in range(iters):
@@ -84,19 +85,40 @@ def _stress_worker(world, iters: int, seed0: int, budget_s: float):
         else:
             run()
         h = hashlib.sha1()
+        per_case = []
+        ring[it % 512] = (it, [])
         for c, x, res, w, o, r in bufs:
             out, res_out = o.cpu(), r.cpu()
             h.update(out.view(torch.uint8).numpy().tobytes())
+            per_case.append(hashlib.sha1(out.view(torch.uint8).numpy().tobytes()
+                                         + res_out.view(torch.uint8).numpy().tobytes()).hexdigest())
+            ring[it % 512][1].append((out, res_out))
             ref_out, ref_res = all_reduce_add_rms_norm_reference(*make_inputs(c, W, s), EPS)
             for f in (_check(res_out, ref_res, 2, f"{c.id} residual_out"),
                       _check(out, ref_out, 4, f"{c.id} out")):
                 if f is not None and len(failures) < 12:
                     failures.append(dict(iter=it, replay=replay, rank=rank, **f))
         digests.append(h.hexdigest())
+        case_digests.append(per_case)
         done += 1
     del g
+    # which (iteration, case) differ between the ranks: keep both ranks' tensors of the first few
+    import torch.distributed as dist
+
+    peers = [None] * W
+    dist.all_gather_object(peers, (done, case_digests))
+    n = min(d for d, _ in peers)
+    diff = [(it, i) for it in range(max(0, n - 512), n) for i in range(len(bufs))
+            if peers[0][1][it][i] != peers[1][1][it][i]]
+    saved = []
+    for it, i in diff[:6]:
+        if ring[it % 512][0] == it:
+            out, res_out = ring[it % 512][1][i]
+            saved.append(dict(iter=it, case=GRAPH_CASES[i].id, replay=it % 2 == 1,
+                              out=pack(out), res_out=pack(res_out)))
     comm.close()
-    return dict(rank=rank, iters=done, failures=failures, digests=digests, seconds=time.time() - t0)
+    return dict(rank=rank, iters=done, failures=failures, digests=digests, seconds=time.time() - t0,
+                diff=[(it, GRAPH_CASES[i].id) for it, i in diff], saved=saved)
 
 
 def main(argv=None) -> int:
@@ -112,7 +134,10 @@ def main(argv=None) -> int:
     differ = [i for i in range(n) if res[0]["digests"][i] != res[1]["digests"][i]]
     print(json.dumps(dict(iters=[r["iters"] for r in res], seconds=[round(r["seconds"], 1) for r in res],
                           failures=[f for r in res for f in r["failures"]],
-                          rank_digest_mismatch_iters=differ[:20])))
+                          rank_digest_mismatch_iters=differ[:20], case_diff=res[0]["diff"][:60])))
+    if "--save" in (argv or sys.argv):
+        torch.save([r["saved"] for r in res], "stress_saved.pt" if "OUT" not in os.environ
+                   else os.path.join(os.environ["OUT"], "stress_saved.pt"))
     return 0 if not differ and not any(r["failures"] for r in res) else 1
 
 
