@@ -15,7 +15,7 @@ from sparkinfer.comm.protocol import (
 )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rank"])  # same code on every rank (rank 1 would be a constant)
 def all_gather_kernel(
     p_x, p_out, m, table, rank, fp, timeout_ns, stage_off, slot_bytes, lane_bytes,
     OP: tl.constexpr, W: tl.constexpr, BLOCK: tl.constexpr, INTERP: tl.constexpr,

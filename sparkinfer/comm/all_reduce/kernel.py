@@ -34,7 +34,7 @@ def sub_range(lo, hi, s, PIPE: tl.constexpr, BLOCK: tl.constexpr):
     return s_lo, tl.minimum(s_lo + step, hi)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rank"])  # same code on every rank (rank 1 would be a constant)
 def oneshot_all_reduce_kernel(
     p_x, p_out, n, table, rank, fp, timeout_ns, stage_off, slot_bytes, lane_bytes,
     OP: tl.constexpr, W: tl.constexpr, BLOCK: tl.constexpr, PIPE: tl.constexpr, INTERP: tl.constexpr,
@@ -64,7 +64,7 @@ def oneshot_all_reduce_kernel(
     finish(table, rank, epoch)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rank"])  # same code on every rank (rank 1 would be a constant)
 def twoshot_all_reduce_kernel(
     p_x, p_out, n, chunk, table, rank, fp, timeout_ns, stage_off, slot_bytes, lane_bytes,
     OP: tl.constexpr, W: tl.constexpr, BLOCK: tl.constexpr, GATHER: tl.constexpr, PIPE: tl.constexpr,
@@ -124,7 +124,7 @@ def twoshot_all_reduce_kernel(
     finish(table, rank, epoch)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rank"])  # same code on every rank (rank 1 would be a constant)
 def oneshot_ll_all_reduce_kernel(
     p_x, p_out, nwords, table, rank, fp, timeout_ns, stage_off, slot_bytes, lane_bytes,
     OP: tl.constexpr, W: tl.constexpr, BLOCK: tl.constexpr, HALF: tl.constexpr, INTERP: tl.constexpr,

@@ -92,7 +92,7 @@ def _merge_rows(p_o, s_t, s_h, p_lse, l_t, l_h, h0, p_out, u_t, u_h, p_lse_out, 
             tl.store(p_lse_out + o_i, tl.where(full, b_lse, float("-inf")), mask=m_i)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rank"])  # same code on every rank (rank 1 would be a constant)
 def dcp_merge_kernel(
     p_o, s_t, s_h, p_lse, l_t, l_h, p_out, u_t, u_h, p_lse_out, n_rows, Hs, D, lse_off,
     table, rank, fp, timeout_ns, stage_off, slot_bytes, lane_bytes,
@@ -126,7 +126,7 @@ def dcp_merge_kernel(
     finish(table, rank, epoch)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rank"])  # same code on every rank (rank 1 would be a constant)
 def all_gather_heads_kernel(
     p_x, s_t, s_h, p_out, u_t, u_h, n_rows, Hs, D,
     table, rank, fp, timeout_ns, stage_off, slot_bytes, lane_bytes,

@@ -75,7 +75,7 @@ def _out_tile(b_r, rstd, b_w, p_out, o, m):
     tl.store(p_out + o, (b_r * rstd * b_w).to(p_out.dtype.element_ty), mask=m)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rank"])  # same code on every rank (rank 1 would be a constant)
 def all_reduce_add_rms_norm_kernel(
     p_x, p_res, p_w, p_out, p_res_out, n_rows, H, S, CH, per, eps,
     table, rank, fp, timeout_ns, stage_off, slot_bytes, lane_bytes,
@@ -203,7 +203,7 @@ def _weight_halves(p_w, o_e, m, HALF: tl.constexpr):
     return b_lo, b_hi
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rank"])  # same code on every rank (rank 1 would be a constant)
 def all_reduce_add_rms_norm_ll_kernel(
     p_x, p_res, p_w, p_out, p_res_out, n_rows, H, S, CH, per, eps,
     table, rank, fp, timeout_ns, stage_off, slot_bytes, lane_bytes, ll_off, ll_slot_bytes, ll_lane_bytes,
