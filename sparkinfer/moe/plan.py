@@ -19,6 +19,13 @@ from sparkinfer.moe.spec import MoECaps, MoESpec
 
 __all__ = ["LaunchConfig", "MoEPlan", "plan", "plan_supports_aux_stream_overlap", "FAMILIES"]
 
+# `resident` (micro's work in one cooperative kernel) is never planned: on the
+# H200 it was slower than micro at every measured point, NVFP4 M = 1 / 4 / 8 on
+# all four bench shapes and bf16 Qwen3 M = 1 / 8, with 1 or 2 programs per SM
+# and every prefetch mode (benchmarks/results/moe_resident_ab_h200.json,
+# 8bfc66a; best variant vs micro, us: Qwen3 NVFP4 M=1 27.2 vs 19.6, TP8 shard
+# M=1 27.9 vs 20.2, DeepSeek-V3 M=1 82.3 vs 76.2, Mixtral M=8 368.1 vs 250.3).
+# Benchmarks force it with LaunchConfig(family="resident", ...).
 FAMILIES = ("micro", "grouped", "resident")
 # Families whose kernels never wait for other programs (safe beside work on an
 # auxiliary stream, `plan_supports_aux_stream_overlap`).

@@ -74,9 +74,14 @@ def _stress_worker(world, iters: int, seed0: int, budget_s: float):
     failures, digests, case_digests, ring = [], [], [], {}
     t0 = time.time()
     done = 0
+    import torch.distributed as dist
+
     for it in range(iters):
-        if time.time() - t0 > budget_s:
-            break
+        if it % 64 == 0:  # the ranks stop together (a lone extra call would wait for its peer)
+            over = torch.tensor([float(time.time() - t0 > budget_s)], device=dev)
+            dist.all_reduce(over, op=dist.ReduceOp.MAX)
+            if over.item() > 0:
+                break
         s = seed0 + 1 + it
         replay = it % 2 == 1
         load(s)
@@ -103,8 +108,6 @@ def _stress_worker(world, iters: int, seed0: int, budget_s: float):
         done += 1
     del g
     # which (iteration, case) differ between the ranks: keep both ranks' tensors of the first few
-    import torch.distributed as dist
-
     peers = [None] * W
     dist.all_gather_object(peers, (done, case_digests))
     n = min(d for d, _ in peers)

@@ -1,8 +1,14 @@
 """GPU checks of the `resident` family (skipped without CUDA or under the
-interpreter): the full cooperative grid gives bitwise the micro family's output
-(same tiles, splits and sums), at real layer dims with split and unsplit FC1,
-for every prefetch mode and grid size; repeats and CUDA-graph replays with new
-inputs are bitwise equal to eager runs; the counters are zero afterwards."""
+interpreter): the full cooperative grid matches the reference (and the micro
+family to cosine 0.99999) at real layer dims with split and unsplit FC1, for
+every prefetch mode and grid size; repeats and CUDA-graph replays with new
+inputs are bitwise equal to eager runs; the counters are zero afterwards.
+
+Not bitwise equal to micro on the GPU: its top-k sum runs on [K, BN2] tiles
+where micro's reduce kernel uses [K, BH] (BH from the grid), and the compiled
+tree sums associate differently (H200 at 23874e4: 13 of 28 cases differed,
+benchmarks/results/moe_gpu_tests_resident_23874e4.log). Under the interpreter
+the two are bitwise equal (tests/moe/test_resident.py)."""
 
 import dataclasses
 import os
@@ -62,6 +68,7 @@ def test_gpu_resident_is_bitwise_micro_and_replays(shape, fmt, t):
     micro = out.clone()
     ref = moe_reference(x, src, (bm.topk_ids, bm.topk_weights), spec=spec)
     assert cosine(micro, ref) >= 0.9999
+    first = None
     for gps, pf in ((2, 1), (1, 0), (2, 2), (1, 1)):
         pr = p.forced(dataclasses.replace(cfg, family="resident", grid_per_sm=gps, prefetch=pf))
         scratch = allocate_scratch(pr, "cuda")
@@ -69,7 +76,10 @@ def test_gpu_resident_is_bitwise_micro_and_replays(shape, fmt, t):
         for _ in range(5):
             out.fill_(float("nan"))
             run(b)
-            assert torch.equal(out, micro), (gps, pf)
+            if first is None:
+                first = out.clone()
+                assert cosine(first, ref) >= 0.9999 and cosine(first, micro) >= 0.99999
+            assert torch.equal(out, first), (gps, pf)  # same tiles and order: same bits
         torch.cuda.synchronize()
         resident_status(scratch)
         assert not scratch["resident_sync"].any()
@@ -80,7 +90,7 @@ def test_gpu_resident_is_bitwise_micro_and_replays(shape, fmt, t):
         torch.manual_seed(100 + seed)
         x.copy_(torch.randn(t, caps.hidden, device="cuda").bfloat16())
         logits.copy_(torch.randn(t, caps.num_experts, device="cuda"))
-        run(bm)
+        run(b)
         want = out.clone()
         out.fill_(float("nan"))
         g.replay()
