@@ -43,30 +43,11 @@ def _stress_worker(world, iters: int, seed0: int, budget_s: float):
     from sparkinfer.comm import Communicator
     from sparkinfer.comm.fused_norm.reference import all_reduce_add_rms_norm_reference
     from tests.comm.graphs import Captured, pack
-    from tests.comm.test_fused_norm import CAP, EPS, GRAPH_CASES, make_inputs
+    from tests.comm.test_fused_norm import CAP, EPS, GRAPH_CASES, graph_ops, make_inputs
 
     comm = Communicator(capacity_bytes=CAP, timeout_s=10, channel_ids=("g",))
     W, rank, dev = world.world_size, world.rank, comm.device
-    bufs = []
-    for c in GRAPH_CASES:
-        x = torch.empty(c.shape, dtype=c.dtype, device=dev)
-        res, w = torch.empty_like(x), torch.empty(c.shape[-1], dtype=c.dtype, device=dev)
-        o, r = (x, res) if c.inplace else (torch.empty_like(x), torch.empty_like(x))
-        bufs.append((c, x, res, w, o, r))
-
-    def load(s):
-        for c, x, res, w, o, r in bufs:
-            xs, residual, weight = make_inputs(c, W, s)
-            x.copy_(xs[rank])
-            res.copy_(residual)
-            w.copy_(weight)
-            if not c.inplace:
-                o.fill_(float("nan"))
-                r.fill_(float("nan"))
-
-    def run():
-        for c, x, res, w, o, r in bufs:
-            comm.all_reduce_add_rms_norm(x, res, w, EPS, out=o, residual_out=r, algorithm=c.algorithm)
+    bufs, load, run = graph_ops(comm, world)
 
     load(seed0)
     run()

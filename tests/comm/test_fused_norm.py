@@ -233,10 +233,10 @@ GRAPH_CASES = [  # seven ops in one graph (an odd count): LL (rows split on the 
 ]
 
 
-def _graph_worker(world, seed):
-    from sparkinfer.comm import Communicator
-
-    comm = Communicator(capacity_bytes=CAP, timeout_s=10, channel_ids=("g",))
+def graph_ops(comm, world):
+    """Fixed buffers for GRAPH_CASES on this rank: (bufs, load(seed), run()).
+    load writes fresh inputs in place (poisoning out-of-place outputs); run
+    launches the seven ops. Shared with tests/comm/stress_fused_graph.py."""
     W, rank, dev = world.world_size, world.rank, comm.device
     bufs = []
     for c in GRAPH_CASES:
@@ -258,6 +258,15 @@ def _graph_worker(world, seed):
     def run():
         for c, x, res, w, o, r in bufs:
             comm.all_reduce_add_rms_norm(x, res, w, EPS, out=o, residual_out=r, algorithm=c.algorithm)
+
+    return bufs, load, run
+
+
+def _graph_worker(world, seed):
+    from sparkinfer.comm import Communicator
+
+    comm = Communicator(capacity_bytes=CAP, timeout_s=10, channel_ids=("g",))
+    bufs, load, run = graph_ops(comm, world)
 
     def results():
         return [(pack(o.cpu()), pack(r.cpu())) for c, x, res, w, o, r in bufs]

@@ -26,23 +26,28 @@ CASES = [("qwen3", fmt, t) for fmt in ("bf16", "nvfp4") for t in (1, 64, 1024)] 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def _compile(cases: list) -> list:
+    """Rows of `tests.moe.sm90_compile` for each case, compiled in a subprocess
+    (no TRITON_INTERPRET) with a private Triton cache (no races with other runs)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    with tempfile.TemporaryDirectory() as cache:
+        env["TRITON_CACHE_DIR"] = cache
+        res = subprocess.run([sys.executable, "-m", "tests.moe.sm90_compile", json.dumps(cases)],
+                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    if res.returncode != 0 and "ptxas" in res.stderr and "not found" in res.stderr:
+        pytest.skip("no ptxas in this environment")
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
 @pytest.fixture(scope="module")
 def compiled():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     shapes = {"qwen3": (QWEN3, 1024, {}), "dsv3_tp8": (DSV3_TP8, 4096, DSV3_ROUTING),
               "mixtral": (MIXTRAL, 16, {})}
     case = [(*shapes[name.split("-")[0]], "ptx" if name.endswith("-ptx") else "arith")
             for name, _, _ in CASES]
-    arg = json.dumps([[s, fmt, t, mt, kw, dec]
-                      for (s, mt, kw, dec), (_, fmt, t) in zip(case, CASES)])
-    with tempfile.TemporaryDirectory() as cache:  # private cache: no races with other runs
-        env["TRITON_CACHE_DIR"] = cache
-        res = subprocess.run([sys.executable, "-m", "tests.moe.sm90_compile", arg], cwd=ROOT,
-                             env=env, capture_output=True, text=True, timeout=600)
-    if res.returncode != 0 and "ptxas" in res.stderr and "not found" in res.stderr:
-        pytest.skip("no ptxas in this environment")
-    assert res.returncode == 0, res.stderr[-3000:]
-    return dict(zip(CASES, json.loads(res.stdout.strip().splitlines()[-1])))
+    return dict(zip(CASES, _compile([[s, fmt, t, mt, kw, dec]
+                                     for (s, mt, kw, dec), (_, fmt, t) in zip(case, CASES)])))
 
 
 @pytest.mark.parametrize("name,fmt,t", CASES, ids=[f"{n}-{f}-T{t}" for n, f, t in CASES])
@@ -73,16 +78,8 @@ RESIDENT = [("qwen3", QWEN3, "nvfp4", 1), ("dsv3_tp8", DSV3_TP8, "nvfp4", 8),
 def test_resident_kernel_compiles_for_sm90_cooperatively():
     """The resident family at real dims: one cooperative launch after the router,
     within the H200's shared memory, no spills, two programs' registers per SM."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    arg = json.dumps([[shape, fmt, t, 16, {}, "ptx", "resident"] for _, shape, fmt, t in RESIDENT])
-    with tempfile.TemporaryDirectory() as cache:
-        env["TRITON_CACHE_DIR"] = cache
-        res = subprocess.run([sys.executable, "-m", "tests.moe.sm90_compile", arg], cwd=ROOT,
-                             env=env, capture_output=True, text=True, timeout=600)
-    if res.returncode != 0 and "ptxas" in res.stderr and "not found" in res.stderr:
-        pytest.skip("no ptxas in this environment")
-    assert res.returncode == 0, res.stderr[-3000:]
-    for (name, *_), rows in zip(RESIDENT, json.loads(res.stdout.strip().splitlines()[-1])):
+    rows_all = _compile([[shape, fmt, t, 16, {}, "ptx", "resident"] for _, shape, fmt, t in RESIDENT])
+    for (name, *_), rows in zip(RESIDENT, rows_all):
         assert [r["kernel"] for r in rows] == ["routing_kernel", "moe_resident_kernel"], name
         r = rows[1]
         assert r["cooperative"] and r["family"] == "resident", r
