@@ -13,3 +13,8 @@ timeout 240 python3 benchmarks/bench_fused.py --only norm --budget-s 180 --out "
 timeout 150 python -m pytest -q tests/moe/test_gpu_resident.py --tb=short > "$out/moe_gpu_resident.log" 2>&1
 echo "resident tests rc=$? $(tail -1 "$out/moe_gpu_resident.log")"
 bash benchmarks/sweeps/session4_fused/repeat_gpu2.sh 20 $((560 - SECONDS))
+# Second call (nvidia-h200, about 9 minutes): the planner's provisional thresholds
+# (MICRO_MAX_TOKENS, PROGRAMS_PER_SM, GROUPED_BLOCK_M: plan.py) against their
+# neighbours at the current kernels, for issue 5:
+#   python3 benchmarks/bench_moe.py --sweep --m 4,8,16,32,64,256 --budget-s 500 \
+#       --out $OUT/moe_sweep_h200.json
