@@ -58,8 +58,8 @@ def scratch_specs(plan: MoEPlan) -> tuple[ScratchSpec, ...]:
     specs = [ScratchSpec("topk_ids", (c.max_tokens, k), torch.int32),
              ScratchSpec("topk_weights", (c.max_tokens, k), torch.float32)]
     micro = [(t, cfg) for t, cfg in plan.buckets if cfg.family in ("micro", "resident")]
+    rm = min(c.max_tokens, MICRO_BLOCK_M) * k  # routes of a micro / resident call
     if micro:
-        rm = min(c.max_tokens, MICRO_BLOCK_M) * k
         s1 = max(cfg.split1 for _, cfg in micro)
         s2 = max(cfg.split2 for _, cfg in micro)
         specs += [ScratchSpec("fc1_partial", (s1, rm, n1), torch.float32),
@@ -67,7 +67,6 @@ def scratch_specs(plan: MoEPlan) -> tuple[ScratchSpec, ...]:
                   ScratchSpec("fc2_partial", (s2, rm, h), torch.float32)]
     resident = [cfg for _, cfg in plan.buckets if cfg.family == "resident"]
     if resident:
-        rm = min(c.max_tokens, MICRO_BLOCK_M) * k
         nb1 = max(triton.cdiv(i, cfg.block_n1) for cfg in resident)
         nb2 = max(triton.cdiv(h, cfg.block_n2) for cfg in resident)
         specs.append(ScratchSpec("resident_sync", (RESIDENT_CTL_WORDS + rm + rm * nb1 + nb2,),

@@ -48,6 +48,13 @@ ACT_BLOCK_R = 16
 MICRO_PDL = True
 
 
+def _splits(chunks: int, split: int) -> tuple[int, int]:
+    """(chunks per split, splits actually launched) for a reduction of `chunks`
+    steps cut `split` ways (every launched split gets >= 1 chunk)."""
+    per = triton.cdiv(chunks, split)
+    return per, triton.cdiv(chunks, per)
+
+
 def _gemm_common(b: MoEBinding, bk: int) -> dict:
     spec, c = b.plan.spec, b.plan.caps
     return dict(E=c.num_experts, K=c.top_k, KP=triton.next_power_of_2(c.top_k),
@@ -103,9 +110,7 @@ def run(b: MoEBinding) -> None:
         _run_resident(b, common, sw1, sw2, (s1, g1, s2, g2), bk)
         return
     if cfg.family == "micro":
-        cps1 = triton.cdiv(chunks1, cfg.split1)
-        cps2 = triton.cdiv(chunks2, cfg.split2)
-        sp1, sp2 = triton.cdiv(chunks1, cps1), triton.cdiv(chunks2, cps2)
+        (cps1, sp1), (cps2, sp2) = _splits(chunks1, cfg.split1), _splits(chunks2, cfg.split2)
         # one FC1 split: FC1 applies the activation and stores bf16 rows; more:
         # fp32 gate/up partials, which moe_act_kernel turns into those rows
         split = sp1 > 1
@@ -158,8 +163,7 @@ def _run_resident(b: MoEBinding, common: dict, sw1: tuple, sw2: tuple, sg: tuple
     t, h, i = b.tokens, c.hidden, c.intermediate
     routes = t * c.top_k
     chunks1, chunks2 = h // bk, i // bk
-    cps1, cps2 = triton.cdiv(chunks1, cfg.split1), triton.cdiv(chunks2, cfg.split2)
-    sp1, sp2 = triton.cdiv(chunks1, cps1), triton.cdiv(chunks2, cps2)
+    (cps1, sp1), (cps2, sp2) = _splits(chunks1, cfg.split1), _splits(chunks2, cfg.split2)
     nb1, nb2 = triton.cdiv(i, cfg.block_n1), triton.cdiv(h, cfg.block_n2)
     rm = s["fc1_act"].shape[0]
     sync = s["resident_sync"]
