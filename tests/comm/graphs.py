@@ -54,6 +54,18 @@ def unpack(p):
     return torch.from_numpy(raw).view(dtype).reshape(shape)
 
 
+def bits_diff(a, b, what):
+    """Where two results of one input differ: counts, rows, the largest difference in ulps."""
+    ia = a.contiguous().view(torch.int16 if a.element_size() == 2 else torch.int32).long()
+    ib = b.contiguous().view(torch.int16 if b.element_size() == 2 else torch.int32).long()
+    bad = ia != ib
+    if not bad.any():
+        return None
+    return dict(what=what, bad=int(bad.sum()), numel=bad.numel(),
+                rows=sorted({int(i) for i in bad.nonzero()[:, 0].tolist()})[:16],
+                cols=bad.nonzero()[:8, -1].tolist(), max_ulps=int((ia - ib)[bad].abs().max()))
+
+
 def graph_steps(comm, run, load, results, seed: int) -> dict:
     """eager -> capture -> replay -> new inputs -> replay. load(seed) writes the
     inputs in place; run() launches the ops on fixed buffers; results() snapshots

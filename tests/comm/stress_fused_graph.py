@@ -5,9 +5,13 @@ captured graph, each result checked against the fp32 reference; the first
 failures are reported with what was wrong (element counts, rows, NaN poison
 left, values), and the ranks' result digests are compared.
 
-    python -m tests.comm.stress_fused_graph [ITERS] [BUDGET_S] [--cpu]
+    python -m tests.comm.stress_fused_graph [ITERS] [BUDGET_S] [--cpu] [--same [--jitter]]
 
 Prints one JSON line: iterations run per rank, failures, rank digest mismatches.
+--same: every iteration runs one input twice eagerly and twice as a replay and
+compares the four results bitwise (the graph test's eager == replay check, which
+the default mode cannot make); --jitter: rank 1 sleeps a random 0-300 us before
+some eager ops, so that the ranks arrive skewed.
 """
 
 from __future__ import annotations
@@ -37,6 +41,69 @@ def _check(out, ref, ulps, what):
                     numel=bad.numel(), rows=rows[:16],
                     col_lo=int(cols.min()), col_hi=int(cols.max()),
                     sample=[(float(x), float(y)) for x, y in zip(a[bad][:4], r[bad][:4])])
+
+
+def _err_ulps(out, ref):
+    """Largest |out - ref| in units of out's eps * |ref| (how far from the fp32 reference)."""
+    a, r = out.float(), ref.float()
+    return float(((a - r).abs() / (torch.finfo(out.dtype).eps * r.abs() + 1e-30)).max())
+
+
+def _same_worker(world, iters: int, seed0: int, budget_s: float, jitter: bool):
+    """--same: eager, eager, replay, replay on one input per iteration, compared bitwise."""
+    import random
+
+    from sparkinfer.comm import Communicator
+    from sparkinfer.comm.fused_norm.reference import all_reduce_add_rms_norm_reference
+    from tests.comm.graphs import Captured, bits_diff
+    from tests.comm.test_fused_norm import CAP, EPS, graph_ops, make_inputs
+
+    comm = Communicator(capacity_bytes=CAP, timeout_s=10, channel_ids=("g",))
+    W, rank, dev = world.world_size, world.rank, comm.device
+    bufs, load, run = graph_ops(comm, world)
+    rng = random.Random(rank)
+
+    def run_jittered():
+        for c, x, res, w, o, r in bufs:
+            if jitter and rank == 1 and rng.random() < 0.5:
+                torch.cuda.synchronize() if dev.type == "cuda" else None
+                time.sleep(rng.random() * 3e-4)
+            comm.all_reduce_add_rms_norm(x, res, w, EPS, out=o, residual_out=r, algorithm=c.algorithm)
+
+    load(seed0)
+    run()
+    g = Captured(comm, run, "g")
+    import torch.distributed as dist
+
+    diffs, counts, t0, done = [], {}, time.time(), 0
+    for it in range(iters):
+        if it % 16 == 0:
+            over = torch.tensor([float(time.time() - t0 > budget_s)], device=dev)
+            dist.all_reduce(over, op=dist.ReduceOp.MAX)
+            if over.item() > 0:
+                break
+        s = seed0 + 1 + it
+        snaps = []
+        for step in ("eager", "eager", "replay", "replay"):
+            load(s)
+            run_jittered() if step == "eager" else g.replay()
+            snaps.append([(o.cpu(), r.cpu()) for c, x, res, w, o, r in bufs])
+        for i, (c, *_rest) in enumerate(bufs):
+            for (a, b), pair in (((0, 1), "eager/eager"), ((2, 3), "replay/replay"), ((0, 2), "eager/replay")):
+                for k, name in ((0, "out"), (1, "residual_out")):
+                    d = bits_diff(snaps[a][i][k], snaps[b][i][k], name)
+                    if d is None:
+                        continue
+                    counts[f"{c.id} {pair} {name}"] = counts.get(f"{c.id} {pair} {name}", 0) + 1
+                    if len(diffs) < 16:
+                        ref_out, ref_res = all_reduce_add_rms_norm_reference(*make_inputs(c, W, s), EPS)
+                        ref = ref_out if k == 0 else ref_res
+                        diffs.append(dict(iter=it, rank=rank, case=c.id, pair=pair, **d,
+                                          err_ulps=[round(_err_ulps(snaps[j][i][k], ref), 2) for j in (a, b)]))
+        done += 1
+    del g
+    comm.close()
+    return dict(rank=rank, iters=done, seconds=time.time() - t0, counts=counts, diffs=diffs)
 
 
 def _stress_worker(world, iters: int, seed0: int, budget_s: float):
@@ -111,7 +178,15 @@ def main(argv=None) -> int:
     args = [a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith("--")]
     iters = int(args[0]) if args else 200
     budget = float(args[1]) if len(args) > 1 else 120.0
-    backend = "cpu" if "--cpu" in (argv or sys.argv) else "cuda"
+    flags = argv if argv is not None else sys.argv[1:]
+    backend = "cpu" if "--cpu" in flags else "cuda"
+    if "--same" in flags:
+        res = launch(_same_worker, 2, backend=backend, args=(iters, 5000, budget, "--jitter" in flags),
+                     timeout_s=budget + 240)
+        print(json.dumps(dict(iters=[r["iters"] for r in res], seconds=[round(r["seconds"], 1) for r in res],
+                              jitter="--jitter" in flags, counts=[r["counts"] for r in res],
+                              diffs=[d for r in res for d in r["diffs"]])))
+        return 0 if not any(r["counts"] for r in res) else 1
     res = launch(_stress_worker, 2, backend=backend, args=(iters, 1000, budget),
                  timeout_s=budget + 240)
     n = min(r["iters"] for r in res)
