@@ -5,13 +5,14 @@ captured graph, each result checked against the fp32 reference; the first
 failures are reported with what was wrong (element counts, rows, NaN poison
 left, values), and the ranks' result digests are compared.
 
-    python -m tests.comm.stress_fused_graph [ITERS] [BUDGET_S] [--cpu] [--same [--jitter]]
+    python -m tests.comm.stress_fused_graph [ITERS] [BUDGET_S] [--cpu] [--same [--jitter] | --fresh]
 
 Prints one JSON line: iterations run per rank, failures, rank digest mismatches.
 --same: every iteration runs one input twice eagerly and twice as a replay and
 compares the four results bitwise (the graph test's eager == replay check, which
 the default mode cannot make); --jitter: rank 1 sleeps a random 0-300 us before
-some eager ops, so that the ranks arrive skewed.
+some eager ops, so that the ranks arrive skewed. --fresh: the test's own sequence
+(graph_steps) per iteration on a new Communicator and new buffers.
 """
 
 from __future__ import annotations
@@ -106,6 +107,35 @@ def _same_worker(world, iters: int, seed0: int, budget_s: float, jitter: bool):
     return dict(rank=rank, iters=done, seconds=time.time() - t0, counts=counts, diffs=diffs)
 
 
+def _fresh_worker(world, iters: int, seed0: int, budget_s: float):
+    """--fresh: the graph test's whole sequence (graph_steps) per iteration on a new
+    Communicator (fresh channels) and new buffers, checked the way the test checks."""
+    from sparkinfer.comm import Communicator
+    from tests.comm.graphs import bits_diff, graph_steps
+    from tests.comm.test_fused_norm import CAP, graph_ops
+
+    import torch.distributed as dist
+
+    diffs, t0, done = [], time.time(), 0
+    for it in range(iters):
+        over = torch.tensor([float(time.time() - t0 > budget_s)], device="cuda" if torch.cuda.is_available() else "cpu")
+        dist.all_reduce(over, op=dist.ReduceOp.MAX)
+        if over.item() > 0:
+            break
+        comm = Communicator(capacity_bytes=CAP, timeout_s=10, channel_ids=("g",))
+        bufs, load, run = graph_ops(comm, world)
+        res = [(o, r) for c, x, rr, w, o, r in bufs]
+        steps = graph_steps(comm, run, load, lambda: [(o.cpu(), r.cpu()) for o, r in res], seed0 + it)
+        comm.close()
+        for i, (c, *_rest) in enumerate(bufs):
+            for k, name in ((0, "out"), (1, "residual_out")):
+                d = bits_diff(steps["eager"][i][k], steps["replay"][i][k], name)
+                if d is not None and len(diffs) < 16:
+                    diffs.append(dict(iter=it, rank=world.rank, case=c.id, seed=seed0 + it, **d))
+        done += 1
+    return dict(rank=world.rank, iters=done, seconds=time.time() - t0, diffs=diffs)
+
+
 def _stress_worker(world, iters: int, seed0: int, budget_s: float):
     from sparkinfer.comm import Communicator
     from sparkinfer.comm.fused_norm.reference import all_reduce_add_rms_norm_reference
@@ -180,6 +210,11 @@ def main(argv=None) -> int:
     budget = float(args[1]) if len(args) > 1 else 120.0
     flags = argv if argv is not None else sys.argv[1:]
     backend = "cpu" if "--cpu" in flags else "cuda"
+    if "--fresh" in flags:
+        res = launch(_fresh_worker, 2, backend=backend, args=(iters, 9000, budget), timeout_s=budget + 240)
+        print(json.dumps(dict(mode="fresh", iters=[r["iters"] for r in res],
+                              seconds=[round(r["seconds"], 1) for r in res], diffs=[d for r in res for d in r["diffs"]])))
+        return 0 if not any(r["diffs"] for r in res) else 1
     if "--same" in flags:
         res = launch(_same_worker, 2, backend=backend, args=(iters, 5000, budget, "--jitter" in flags),
                      timeout_s=budget + 240)
