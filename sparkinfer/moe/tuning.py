@@ -73,7 +73,7 @@ def candidates(p: MoEPlan, tokens: int) -> tuple[tuple[str, LaunchConfig], ...]:
     micro buckets (T <= 16): FC1 unsplit where the plan splits it, twice the
     reduction splits (more programs in flight at tiny T), and grouped BM 16
     from T 4 (where micro stops paying).
-    grouped: the neighbouring BM; at BM >= 64 also BM 64 and, for bf16, wider
+    grouped: the neighbouring BMs (BM 32: 16 and 64); at BM >= 64 also BM 64 and, for bf16, wider
     FC1 tiles (BN1 128: m64 wgmma per warpgroup on gate and up), for nvfp4 a
     deeper pipeline (up to 4 stages). nvfp4 grouped, T <= 64: the other decode.
     At most four per T, so a sweep of 4 shapes x 2 formats x 4 T compiles in
@@ -98,6 +98,8 @@ def candidates(p: MoEPlan, tokens: int) -> tuple[tuple[str, LaunchConfig], ...]:
     if chosen.block_m <= 32:
         bm = 32 if chosen.block_m == 16 else 16
         out.append((f"grouped-bm{bm}", grouped_config(p, bm, 64, 64, chosen.decode)))
+        if chosen.block_m == 32:  # the other neighbour
+            out.append(("grouped-bm64", grouped_config(p, 64, 64, 128, chosen.decode)))
     elif nvfp4:  # BN1 128 spills at 255 registers with the decode; try a deeper pipeline
         out.append((f"grouped-bm{chosen.block_m}-deep",
                     grouped_config(p, chosen.block_m, 64, 128, chosen.decode)))
