@@ -75,7 +75,8 @@ def fused_tables(rows: list) -> str:
     for r in rows:
         if r.get("op") == "dcp_merge" and "us" in r:
             t[(r["H"], r["D"], r["T"], r["scatter"])][r["impl"]] = r["us"]
-    out += ["", "dcp_merge (2 ranks, bf16), µs per op in a CUDA graph (same run):", "",
+    dcp_meta = [r for r in rows if "--only dcp" in str(r.get("command", ""))]  # a separate run, appended
+    out += ["", f"dcp_merge (2 ranks, bf16), µs per op in a CUDA graph, {_meta(dcp_meta) if dcp_meta else 'same run'}:", "",
             "| H | D | T | scatter | ours | NCCL composition | speedup (target ≥ 2 at T ≤ 64) |",
             "| --- | --- | --- | --- | --- | --- | --- |"]
     for (h, dd, tk, sc), d in sorted(t.items()):

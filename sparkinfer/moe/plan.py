@@ -32,13 +32,23 @@ FAMILIES = ("micro", "grouped", "resident")
 OVERLAP_SAFE_FAMILIES = ("micro", "grouped")
 
 # micro serves every token of a batch in one tile of BM = 16 rows (the
-# smallest tensor-core N), so it stops at 16 tokens. Whether grouped already
-# wins below 16 (sort cost vs. micro's fp32 partial traffic): provisional,
-# not yet measured on the H200.
+# smallest tensor-core N), so it stops at 16 tokens; below that it beats
+# grouped (BM 16) in all 24 measured cases. H200 `bench_moe.py --sweep --m
+# 4,8,16,32,64,256` at f0ff9ac (benchmarks/results/moe_sweep_h200_f0ff9ac.json),
+# us micro vs grouped at M = 4 / 8 / 16, NVFP4: DeepSeek-V3 240 vs 284 / 420
+# vs 495 / 739 vs 864; Qwen3 37.4 vs 49.5 / 58.6 vs 72.0 / 87.9 vs 110.6; TP8
+# shard 53.8 vs 78.5 / 82.2 vs 102.5 / 146 vs 176; Mixtral 220 vs 261 / 252 vs
+# 306 / 270 vs 324. bf16 by 0.7-12% (closest: DeepSeek-V3 M = 16 1976 vs 1990).
 MICRO_MAX_TOKENS = 16
 MICRO_BLOCK_M = 16
-# Launch at least this many programs per SM before splitting a reduction:
-# provisional, not yet measured (2 programs per SM hide one program's tail).
+# Launch at least this many programs per SM before splitting a reduction
+# (2 programs per SM hide one program's tail). Same sweep, micro at M = 4 / 8
+# / 16 against twice both splits (about 4 programs per SM): the plan is faster
+# in 19 of 24 cases (DeepSeek-V3 NVFP4 M = 8 420 vs 454 us, Qwen3 NVFP4 M = 16
+# 87.9 vs 97.7, Mixtral NVFP4 M = 16 270 vs 327); twice the splits win at the
+# TP8 shard M = 4 (bf16 104.8 vs 93.8, NVFP4 53.8 vs 50.9) and by <= 2.3%
+# elsewhere (TP8 bf16 M = 16 308 vs 301, Mixtral NVFP4 M = 4 220 vs 217,
+# Mixtral bf16 M = 8 a tie).
 PROGRAMS_PER_SM = 2
 MAX_SPLIT = 8
 # FC2 of micro pipelines S1 fp32 partials per step (16 KiB each at BK 128), so
@@ -77,9 +87,22 @@ MICRO_FC2_DEEP_STAGES = 6
 SMEM_TWO_PER_SM = 112 * 1024
 SMEM_ONE_PER_SM = 220 * 1024
 SMEM_FIXED = 8 * 1024
-# grouped: rows per tile from the mean routes per active expert; provisional,
-# not yet measured.
-GROUPED_BLOCK_M = ((16, 16), (32, 32), (96, 64))  # (mean rows per expert <=, BM)
+# grouped: rows per tile from the mean routes per active expert, (mean rows
+# <=, BM). H200 sweeps (moe_sweep_h200_f0ff9ac.json; moe_sweep_h200_57e880e.json
+# for M = 128, 512), us planned vs the neighbour BMs:
+# - NVFP4, BM 16 up to 16 rows: BM 32 loses at every mean <= 16 (M = 32..256
+#   at means 1-8: 1.06-1.48x slower; mean 16: Qwen3 M = 256 208 vs 221,
+#   Mixtral M = 64 413 vs 431, TP8 shard M = 512 533 vs 569).
+# - NVFP4, BM 32 up to 32 rows: Mixtral M = 128 611 vs 668 (BM 16) and 711
+#   (BM 64); Qwen3 M = 512 305 vs 332 and 372.
+# - NVFP4, BM 128 above 96 rows: Mixtral M = 512 (mean 128) 1570 vs 1702 (BM 64).
+# - bf16, BM 32 above 8 rows: at mean 16 BM 32 wins (Qwen3 M = 256 317 vs 332
+#   at BM 16, Mixtral M = 64 677 vs 707, TP8 shard M = 512 760 vs 834); at
+#   mean 8 BM 16 still does (Qwen3 M = 128 305 vs 313, TP8 shard M = 256 700
+#   vs 718, DeepSeek-V3 M = 256 5275 vs 5407, Mixtral M = 32 654 vs 672).
+# bf16 above BF16_WIDE_MIN_ROWS takes the wide tiles below instead.
+GROUPED_BLOCK_M = ((16, 16), (32, 32), (96, 64))
+GROUPED_BLOCK_M_BF16 = ((8, 16), (32, 32), (96, 64))
 GROUPED_BLOCK_M_LARGE = 128
 # bf16 weights above 16 mean rows per expert: "wide" tiles, BN1 128 (gate and up:
 # 256 rows a step), BN2 256, BK 64 (bf16 weights are plain rows, so BK is a
@@ -221,7 +244,8 @@ def _config(caps: MoECaps, spec: MoESpec, tokens: int, chunk: int) -> LaunchConf
     if not nvfp4 and mean_rows > BF16_WIDE_MIN_ROWS and caps.hidden % 64 == 0 and caps.intermediate % 64 == 0:
         bm = 64 if mean_rows <= BF16_WIDE_BM64_MAX_ROWS else 128
         return LaunchConfig("grouped", bm, 128, 256, num_warps=8, stages1=4, stages2=4, block_k=64)
-    bm = next((b for limit, b in GROUPED_BLOCK_M if mean_rows <= limit), GROUPED_BLOCK_M_LARGE)
+    table = GROUPED_BLOCK_M if nvfp4 else GROUPED_BLOCK_M_BF16
+    bm = next((b for limit, b in table if mean_rows <= limit), GROUPED_BLOCK_M_LARGE)
     if bm <= 32:
         bn1 = bn2 = 64
         budget, warps = SMEM_TWO_PER_SM, 4

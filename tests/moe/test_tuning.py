@@ -45,7 +45,8 @@ def test_candidates_start_with_the_plan_and_bind(shape, fmt, t):
 
 def test_grouped_config_matches_the_planner_and_sizes_stages_by_shared_memory():
     p = plan(MoECaps(max_tokens=4096, **SHAPES["mixtral"]), MoESpec())  # bf16, gated
-    assert grouped_config(p, 16, 64, 64, "ptx") == p.config_for(64)  # BM 16
+    assert grouped_config(p, 16, 64, 64, "ptx") == p.config_for(32)  # mean 8 rows per expert: BM 16
+    assert grouped_config(p, 32, 64, 64, "ptx") == p.config_for(64)  # bf16, mean 16: BM 32 (plan.py)
     pn = plan(MoECaps(max_tokens=4096, **SHAPES["mixtral"]), MoESpec(weight_format="nvfp4"))
     g, c = grouped_config(pn, 128, 64, 128, "ptx"), pn.config_for(4096)  # (bf16 plans wide tiles there)
     assert (g.block_m, g.block_n1, g.block_n2, g.num_warps) == (c.block_m, c.block_n1, c.block_n2, c.num_warps)

@@ -22,7 +22,8 @@ QWEN3 = dict(num_experts=128, top_k=8, hidden=2048, intermediate=768)
 @pytest.mark.parametrize("shape,t,bm,wide", [
     (DSV3, 1024, 64, True),      # mean 32 rows per expert
     (DSV3, 4096, 128, True),     # mean 128
-    (QWEN3, 256, 16, False),     # mean 16: small tiles stay
+    (QWEN3, 256, 32, False),     # mean 16: small tiles stay (BM 32 from 8 rows, plan.py)
+    (QWEN3, 128, 16, False),     # mean 8: BM 16
     (MIXTRAL, 256, 64, True),    # mean 64
     (MIXTRAL, 4096, 128, True),
 ])
