@@ -5,7 +5,7 @@ captured graph, each result checked against the fp32 reference; the first
 failures are reported with what was wrong (element counts, rows, NaN poison
 left, values), and the ranks' result digests are compared.
 
-    python -m tests.comm.stress_fused_graph [ITERS] [BUDGET_S] [--cpu] [--same [--jitter] | --fresh [--reload]]
+    python -m tests.comm.stress_fused_graph [ITERS] [BUDGET_S] [--cpu] [--same [--jitter] | --fresh [--reload] [--with-dcp]]
 
 Prints one JSON line: iterations run per rank, failures, rank digest mismatches.
 --same: every iteration runs one input twice eagerly and twice as a replay and
@@ -13,7 +13,8 @@ compares the four results bitwise (the graph test's eager == replay check, which
 the default mode cannot make); --jitter: rank 1 sleeps a random 0-300 us before
 some eager ops, so that the ranks arrive skewed. --fresh: the test's own sequence
 (graph_steps) per iteration on a new Communicator and new buffers; --reload:
-with the kernels loaded again each time.
+with the kernels loaded again each time; --with-dcp: after test_dcp's graph
+sequence each time (the 2-GPU suite's order).
 """
 
 from __future__ import annotations
@@ -108,11 +109,13 @@ def _same_worker(world, iters: int, seed0: int, budget_s: float, jitter: bool):
     return dict(rank=rank, iters=done, seconds=time.time() - t0, counts=counts, diffs=diffs)
 
 
-def _fresh_worker(world, iters: int, seed0: int, budget_s: float, reload: bool):
+def _fresh_worker(world, iters: int, seed0: int, budget_s: float, reload: bool, with_dcp: bool = False):
     """--fresh: the graph test's whole sequence (graph_steps) per iteration on a new
     Communicator (fresh channels) and new buffers, checked the way the test checks.
     reload: drop Triton's in-process kernel caches first, so every iteration's first
-    calls load their kernels again (as a new test process does)."""
+    calls load their kernels again (as a new test process does). with_dcp: run
+    test_dcp's graph sequence (its own Communicator) first, as the 2-GPU suite
+    does, the only setting in which the test has failed since the rank fix."""
     from sparkinfer.comm import Communicator
     from sparkinfer.comm.fused_norm import kernel as fk
     from tests.comm.graphs import bits_diff, graph_steps
@@ -126,6 +129,10 @@ def _fresh_worker(world, iters: int, seed0: int, budget_s: float, reload: bool):
         dist.all_reduce(over, op=dist.ReduceOp.MAX)
         if over.item() > 0:
             break
+        if with_dcp:
+            from tests.comm.test_dcp import _graph_worker as dcp_sequence
+
+            dcp_sequence(world, seed0 + it)
         if reload:
             for k in (fk.all_reduce_add_rms_norm_kernel, fk.all_reduce_add_rms_norm_ll_kernel):
                 getattr(k, "device_caches", {}).clear()  # (interpreted kernels keep none)
@@ -218,8 +225,8 @@ def main(argv=None) -> int:
     flags = argv if argv is not None else sys.argv[1:]
     backend = "cpu" if "--cpu" in flags else "cuda"
     if "--fresh" in flags:
-        res = launch(_fresh_worker, 2, backend=backend, args=(iters, 9000, budget, "--reload" in flags), timeout_s=budget + 240)
-        print(json.dumps(dict(mode="fresh", reload="--reload" in flags, iters=[r["iters"] for r in res],
+        res = launch(_fresh_worker, 2, backend=backend, args=(iters, 9000, budget, "--reload" in flags, "--with-dcp" in flags), timeout_s=budget + 240)
+        print(json.dumps(dict(mode="fresh", reload="--reload" in flags, with_dcp="--with-dcp" in flags, iters=[r["iters"] for r in res],
                               seconds=[round(r["seconds"], 1) for r in res], diffs=[d for r in res for d in r["diffs"]])))
         return 0 if not any(r["diffs"] for r in res) else 1
     if "--same" in flags:

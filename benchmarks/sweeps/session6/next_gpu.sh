@@ -9,7 +9,8 @@
 # when the whole 2-GPU comm suite ran (3 failures in 38 runs of `tests/comm -m gpu2`
 # over three sessions, 0 in 18 runs of the fused test alone), so repeat the suite;
 # a failure now says which elements differ, by how many ulps, and how far eager and
-# replay are from the fp32 reference. Then the dcp timings after do_not_specialize.
+# replay are from the fp32 reference. First the dcp timings after do_not_specialize,
+# and the in-process sequence with test_dcp's graph sequence before each fused one.
 #   bash benchmarks/sweeps/session6/next_gpu.sh comm
 export NCCL_NVLS_ENABLE=0 TRITON_INTERPRET=0
 out=${OUT:-/tmp/out}; mkdir -p "$out"
@@ -27,6 +28,8 @@ moe)
 comm)
   timeout 100 python3 benchmarks/bench_fused.py --quick --only dcp --budget-s 80 --out "$out/fused_dcp_2xh200.json" \
     > "$out/bench_dcp.log" 2>&1; echo "dcp rc=$? $(tail -1 "$out/bench_dcp.log")"
+  timeout 150 python -m tests.comm.stress_fused_graph 100000 100 --fresh --reload --with-dcp \
+    > "$out/stress_fresh_dcp.json" 2>&1; echo "fresh+dcp rc=$?"; tail -c 1500 "$out/stress_fresh_dcp.json"; echo
   bash benchmarks/sweeps/session4_fused/repeat_gpu2.sh 40 $((570 - SECONDS))
   for f in "$out"/gpu2_fail_*.log; do [ -f "$f" ] && grep -h "AssertionError\|differs" "$f" | head -4; done
   ;;
