@@ -66,6 +66,12 @@ def bits_diff(a, b, what):
                 cols=bad.nonzero()[:8, -1].tolist(), max_ulps=int((ia - ib)[bad].abs().max()))
 
 
+def worst_ulps(actual, ref) -> float:
+    """Largest |actual - ref| in units of eps(actual's dtype) * |ref| (failure reports)."""
+    a, r = actual.float(), ref.float()
+    return round(float(((a - r).abs() / (torch.finfo(actual.dtype).eps * r.abs() + 1e-30)).max()), 2)
+
+
 def graph_steps(comm, run, load, results, seed: int) -> dict:
     """eager -> capture -> replay -> new inputs -> replay. load(seed) writes the
     inputs in place; run() launches the ops on fixed buffers; results() snapshots

@@ -46,19 +46,13 @@ def _check(out, ref, ulps, what):
                     sample=[(float(x), float(y)) for x, y in zip(a[bad][:4], r[bad][:4])])
 
 
-def _err_ulps(out, ref):
-    """Largest |out - ref| in units of out's eps * |ref| (how far from the fp32 reference)."""
-    a, r = out.float(), ref.float()
-    return float(((a - r).abs() / (torch.finfo(out.dtype).eps * r.abs() + 1e-30)).max())
-
-
 def _same_worker(world, iters: int, seed0: int, budget_s: float, jitter: bool):
     """--same: eager, eager, replay, replay on one input per iteration, compared bitwise."""
     import random
 
     from sparkinfer.comm import Communicator
     from sparkinfer.comm.fused_norm.reference import all_reduce_add_rms_norm_reference
-    from tests.comm.graphs import Captured, bits_diff
+    from tests.comm.graphs import Captured, bits_diff, worst_ulps
     from tests.comm.test_fused_norm import CAP, EPS, graph_ops, make_inputs
 
     comm = Communicator(capacity_bytes=CAP, timeout_s=10, channel_ids=("g",))
@@ -102,7 +96,7 @@ def _same_worker(world, iters: int, seed0: int, budget_s: float, jitter: bool):
                         ref_out, ref_res = all_reduce_add_rms_norm_reference(*make_inputs(c, W, s), EPS)
                         ref = ref_out if k == 0 else ref_res
                         diffs.append(dict(iter=it, rank=rank, case=c.id, pair=pair, **d,
-                                          err_ulps=[round(_err_ulps(snaps[j][i][k], ref), 2) for j in (a, b)]))
+                                          err_ulps=[worst_ulps(snaps[j][i][k], ref) for j in (a, b)]))
         done += 1
     del g
     comm.close()

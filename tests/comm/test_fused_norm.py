@@ -28,7 +28,7 @@ from sparkinfer.errors import (
     ShapeError,
 )
 from sparkinfer.runtime import LocalGroup, launch
-from tests.comm.graphs import GRAPH_BACKENDS, bits_diff, graph_steps, pack, unpack
+from tests.comm.graphs import GRAPH_BACKENDS, bits_diff, graph_steps, pack, unpack, worst_ulps
 
 CAP = 256 << 10  # bytes of staging per lane: [17, 7168] bf16 fits, [20, 7168] does not
 EPS = 1e-5
@@ -189,12 +189,6 @@ def assert_close_ulps(actual, ref, ulps: int, what: str):
     )
 
 
-def _worst_ulps(actual, ref):
-    """Largest |actual - ref| in eps(dtype) * |ref| units (failure messages)."""
-    a, r = actual.float(), ref.float()
-    return round(float(((a - r).abs() / (torch.finfo(actual.dtype).eps * r.abs() + 1e-30)).max()), 2)
-
-
 @pytest.mark.parametrize(
     "world,case", [(2, c) for c in CASES_2] + [(3, c) for c in CASES_3], ids=lambda v: v if isinstance(v, int) else v.id
 )
@@ -290,7 +284,7 @@ def test_eager_capture_replay_new_inputs_replay(backend):
             eager, replay = [tuple(map(unpack, st[k][i])) for k in ("eager", "replay")]
             diff = [d for a, b, n in zip(eager, replay, ("out", "residual_out")) if (d := bits_diff(a, b, n))]
             assert not diff, f"rank {rank} {c.id}: replay differs from eager (seed {SEED}): {diff}; " + "; ".join(
-                f"{k} {n} {_worst_ulps(unpack(st[k][i][j]), ref)}" for k in ("eager", "replay")
+                f"{k} {n} {worst_ulps(unpack(st[k][i][j]), ref)}" for k in ("eager", "replay")
                 for j, (n, ref) in enumerate(zip(("out", "res"), all_reduce_add_rms_norm_reference(
                     *make_inputs(c, 2, SEED), EPS))))
             for seed, key in ((SEED, "eager"), (SEED + 1, "replay_new_inputs")):
