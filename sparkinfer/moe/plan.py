@@ -38,7 +38,8 @@ OVERLAP_SAFE_FAMILIES = ("micro", "grouped")
 # us micro vs grouped at M = 4 / 8 / 16, NVFP4: DeepSeek-V3 240 vs 284 / 420
 # vs 495 / 739 vs 864; Qwen3 37.4 vs 49.5 / 58.6 vs 72.0 / 87.9 vs 110.6; TP8
 # shard 53.8 vs 78.5 / 82.2 vs 102.5 / 146 vs 176; Mixtral 220 vs 261 / 252 vs
-# 306 / 270 vs 324. bf16 by 0.7-12% (closest: DeepSeek-V3 M = 16 1976 vs 1990).
+# 306 / 270 vs 324 (grouped 1.17-1.46x slower); bf16 grouped 1.007-1.14x
+# slower (closest: DeepSeek-V3 M = 16 1976 vs 1990).
 MICRO_MAX_TOKENS = 16
 MICRO_BLOCK_M = 16
 # Launch at least this many programs per SM before splitting a reduction
@@ -91,7 +92,7 @@ SMEM_FIXED = 8 * 1024
 # <=, BM). H200 sweeps (moe_sweep_h200_f0ff9ac.json; moe_sweep_h200_57e880e.json
 # for M = 128, 512), us planned vs the neighbour BMs:
 # - NVFP4, BM 16 up to 16 rows: BM 32 loses at every mean <= 16 (M = 32..256
-#   at means 1-8: 1.06-1.48x slower; mean 16: Qwen3 M = 256 208 vs 221,
+#   at means 1-8: 1.32-1.49x slower; mean 16: Qwen3 M = 256 208 vs 221,
 #   Mixtral M = 64 413 vs 431, TP8 shard M = 512 533 vs 569).
 # - NVFP4, BM 32 up to 32 rows: Mixtral M = 128 611 vs 668 (BM 16) and 711
 #   (BM 64); Qwen3 M = 512 305 vs 332 and 372.
