@@ -17,7 +17,7 @@ from sparkinfer.comm.protocol import ERR_MISMATCH, ERR_TIMEOUT, HDR_ABORT, _repo
 
 LOW32 = tl.constexpr(0xFFFFFFFF)
 # ll_wait_sum: spin rounds between the slow checks (an acquire load of the abort word,
-# the timer); a round that finds the words late costs a load and one block reduction.
+# the timer); a round that finds the words late costs a load and one reduction.
 STUCK_EVERY = tl.constexpr(32)
 SPIN_LOADS = 64  # _spin_word: loads per thread per round
 
@@ -102,7 +102,7 @@ def _spin_word(p, flag, active):
 def _poll_sum(p_words, o_n, m, own, own_val, flag, INTERP: tl.constexpr):
     """One poll of LL words p_words[o_n] (where m): (their flag halves, 1 if all
     carry `flag`, the fp32 sum of their payloads with own_val at index own), from
-    one block reduction. On the GPU each thread first spins on its own word
+    one reduction (inside each warp: NP words are copied in every warp). On the GPU each thread first spins on its own word
     (_spin_word), so a late word is seen one load after it lands."""
     if INTERP:
         v = tl.load(p_words + o_n, mask=m, other=0, volatile=True)
@@ -122,9 +122,13 @@ def ll_wait_sum(p_words, lo, n, own, own_val, flag, table, rank, epoch, deadline
     this rank: a timeout names this rank. Word `own` (-1: none) was posted by
     this block with payload own_val: it is taken from registers, not awaited
     (its store need not be visible to every thread yet). A round is one load
-    and one block reduction (readiness and sum together); the foreign-flag,
+    and one reduction (readiness and sum together); the foreign-flag,
     abort and deadline checks run every STUCK_EVERY rounds. The sum's order
-    depends only on n and NP, so every block of the row gets the same bits."""
+    depends only on n and NP, so every block of the row gets the same bits.
+    NP is below the block's thread count, so every warp holds its own copy of
+    the words and decides readiness on its own: warps leave the loop at
+    different times, and a caller that zeroes the words must put a block
+    barrier before that store (tests/comm/test_ll_zeroing.py)."""
     o_n = tl.arange(0, NP)
     m = (o_n < n) & (o_n != own)
     got, ready, total = _poll_sum(p_words + lo, o_n, m, own, own_val, flag, INTERP)

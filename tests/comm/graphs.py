@@ -75,19 +75,23 @@ def worst_ulps(actual, ref) -> float:
 def graph_steps(comm, run, load, results, seed: int) -> dict:
     """eager -> capture -> replay -> new inputs -> replay. load(seed) writes the
     inputs in place; run() launches the ops on fixed buffers; results() snapshots
-    the outputs. Returns {step: results()}."""
+    the outputs. Returns {step: results()}. Raises the collective error a kernel
+    recorded during any step (comm.synchronize)."""
     steps = {}
     load(seed)
     run()
     steps["eager"] = results()
+    comm.synchronize()  # an error a kernel recorded (a timeout: who was stuck) fails here, typed
     load(seed)
     g = Captured(comm, run, "g")
     load(seed)
     g.replay()
     steps["replay"] = results()
+    comm.synchronize()  # a replay's errors reach no Python call on their own
     load(seed + 1)
     g.replay()
     steps["replay_new_inputs"] = results()
+    comm.synchronize()
     del g
     return steps
 

@@ -85,6 +85,7 @@ def _same_worker(world, iters: int, seed0: int, budget_s: float, jitter: bool):
             load(s)
             run_jittered() if step == "eager" else g.replay()
             snaps.append([(o.cpu(), r.cpu()) for c, x, res, w, o, r in bufs])
+            comm.synchronize()  # a recorded error (a timeout) raises, typed
         for i, (c, *_rest) in enumerate(bufs):
             for (a, b), pair in (((0, 1), "eager/eager"), ((2, 3), "replay/replay"), ((0, 2), "eager/replay")):
                 for k, name in ((0, "out"), (1, "residual_out")):
@@ -189,6 +190,7 @@ def _stress_worker(world, iters: int, seed0: int, budget_s: float):
                       _check(out, ref_out, 4, f"{c.id} out")):
                 if f is not None and len(failures) < 12:
                     failures.append(dict(iter=it, replay=replay, rank=rank, **f))
+        comm.synchronize()
         digests.append(h.hexdigest())
         case_digests.append(per_case)
         done += 1

@@ -30,11 +30,12 @@ following it. Its split path posts each piece's sum of squares as one LL word
 (flag | fp32) in this rank's own LL lane, which no peer writes: step 3 polls
 all S partials of a row with one vector load and no atomics (a partial per
 load with an atomic round trip each cost more than the split saved),
-readiness and sum from one block reduction (ll_wait_sum). With one piece per
+readiness and sum from one reduction (ll_wait_sum). With one piece per
 block (ONE_PIECE, the GPU shapes) the block runs straight-line code, keeps its
 residual_out and weight tiles in registers, posts its partial into a private
 128-byte line of each other block of the row, takes its own from registers,
-zeroes its line once read, and counts itself done (arrive_last) before it
+zeroes its line once every warp has read it (a block barrier: each warp polls
+its own copy of the line), and counts itself done (arrive_last) before it
 waits, so that round trip overlaps the wait. Otherwise a row's partials share
 one line, which the last block to finish clears (every block of the row read
 them).
@@ -170,12 +171,15 @@ def _ll_push(p_x32, w_lo, w_hi, flag, table, rank, epoch, ll_off, ll_slot_bytes,
 @triton.jit
 def _ll_residual_tile(p_x32, p_res32, o, m, flag, table, rank, epoch, deadline, ll_off, ll_slot_bytes,
                       ll_lane_bytes, OP: tl.constexpr, W: tl.constexpr, HALF: tl.constexpr, DT: tl.constexpr,
-                      INTERP: tl.constexpr):
+                      INTERP: tl.constexpr, SYNC: tl.constexpr):
     """residual_out at words o (where m) as fp32 (lo, hi) halves, and the wait status.
 
     Sum in rank order 0..W-1 in fp32 (this rank's x in its place), plus the
     residual, rounded to DT. x and residual are loaded before the first spin;
-    every peer word is zeroed once consumed (ll.py)."""
+    every peer word is zeroed once consumed (ll.py). SYNC: the tile has fewer
+    words than the block has threads, so warps hold copies of the same words and
+    poll them each on their own (the readiness reduction stays inside a warp):
+    a barrier keeps the zeroing until every warp has seen its copy."""
     d_x = tl.load(p_x32 + o, mask=m, other=0)
     d_res = tl.load(p_res32 + o, mask=m, other=0)
     acc_lo = tl.zeros(o.shape, tl.float32)
@@ -189,6 +193,8 @@ def _ll_residual_tile(p_x32, p_res32, o, m, flag, table, rank, epoch, deadline, 
             v, st = ll_wait_tile(p_lane, o, m, flag, table, rank, r, epoch, deadline, OP, W, INTERP)
             status = tl.maximum(status, st)
             d = (v & LOW32).to(tl.int32)
+            if SYNC:
+                tl.debug_barrier()
             tl.store(p_lane + o, tl.zeros_like(v), mask=m)  # consumed: 0 never passes for a flag
         acc_lo, acc_hi = unpack_add(acc_lo, acc_hi, d, HALF, DT)
     acc_lo, acc_hi = unpack_add(acc_lo, acc_hi, d_res, HALF, DT)
@@ -209,12 +215,14 @@ def all_reduce_add_rms_norm_ll_kernel(
     table, rank, fp, timeout_ns, stage_off, slot_bytes, lane_bytes, ll_off, ll_slot_bytes, ll_lane_bytes,
     OP: tl.constexpr, W: tl.constexpr, BLOCK_W: tl.constexpr, HALF: tl.constexpr, EPW: tl.constexpr,
     NP: tl.constexpr, ONE_PASS: tl.constexpr, ONE_PIECE: tl.constexpr, INTERP: tl.constexpr,
+    SYNC: tl.constexpr = False,
 ):
     """all_reduce_add_rms_norm_kernel over the LL transport (same pieces, same math;
     sums of squares are taken over (lo, hi) halves). BLOCK_W: tile in int32 words
     (ONE_PASS: a whole row); HALF: 16-bit dtype (EPW = 2 elements per word), else fp32;
     NP: S rounded up to a power of two; ONE_PIECE: split rows with one piece per
-    block that fits one tile."""
+    block that fits one tile; SYNC: BLOCK_W is under the block's thread count
+    (_ll_residual_tile)."""
     DT: tl.constexpr = p_x.dtype.element_ty
     epoch, deadline = begin(table, rank, timeout_ns, INTERP)
     flag = ll_flag(epoch, fp)
@@ -236,7 +244,7 @@ def all_reduce_add_rms_norm_ll_kernel(
             w_lo, w_hi = _piece_words(row, 1, H, H, EPW)
             o = w_lo + o_w
             r_lo, r_hi, st = _ll_residual_tile(p_x32, p_res32, o, m, flag, table, rank, epoch, deadline, ll_off,
-                                               ll_slot_bytes, ll_lane_bytes, OP, W, HALF, DT, INTERP)
+                                               ll_slot_bytes, ll_lane_bytes, OP, W, HALF, DT, INTERP, SYNC)
             status = tl.maximum(status, st)
             rstd = tl.math.rsqrt(tl.sum(r_lo * r_lo + r_hi * r_hi, axis=0) / H + eps)
             if status == 0:
@@ -259,7 +267,7 @@ def all_reduce_add_rms_norm_ll_kernel(
             m = o < w_hi
             b_lo, b_hi = _weight_halves(p_w, o * EPW - row * H, m, HALF)  # issued before the spin
             r_lo, r_hi, status = _ll_residual_tile(p_x32, p_res32, o, m, flag, table, rank, epoch, deadline, ll_off,
-                                                   ll_slot_bytes, ll_lane_bytes, OP, W, HALF, DT, INTERP)
+                                                   ll_slot_bytes, ll_lane_bytes, OP, W, HALF, DT, INTERP, SYNC)
             ss = tl.sum(r_lo * r_lo + r_hi * r_hi, axis=0)
             o_n = tl.arange(0, NP)
             others = (o_n < S) & (o_n != c)
@@ -276,6 +284,11 @@ def all_reduce_add_rms_norm_ll_kernel(
             if status == 0:
                 p_line = p_part + (row * S + c) * NPAD
                 total, status = ll_wait_sum(p_line, 0, S, c, ss, flag, table, rank, epoch, deadline, OP, W, NP, INTERP)
+                # The NP words are copied in every warp and each warp polls its copies on its
+                # own (ll_wait_sum's reduction stays inside a warp): zeroing the line as soon
+                # as the first warp is done could hide a word from a warp yet to see it, which
+                # would then wait out the deadline and leave its part of `out` unwritten.
+                tl.debug_barrier()
                 tl.store(p_line + o_n, tl.zeros([NP], tl.int64), mask=others)  # consumed
                 rstd = tl.math.rsqrt(total / H + eps)
                 if status == 0:
@@ -288,7 +301,8 @@ def all_reduce_add_rms_norm_ll_kernel(
                     o = tl.multiple_of(k, 4) + o_w
                     m = o < w_hi
                     r_lo, r_hi, st = _ll_residual_tile(p_x32, p_res32, o, m, flag, table, rank, epoch, deadline,
-                                                       ll_off, ll_slot_bytes, ll_lane_bytes, OP, W, HALF, DT, INTERP)
+                                                       ll_off, ll_slot_bytes, ll_lane_bytes, OP, W, HALF, DT, INTERP,
+                                                       SYNC)
                     status = tl.maximum(status, st)
                     if status == 0:
                         tl.store(p_res_out32 + o, pack_out(r_lo, r_hi, HALF, DT), mask=m)

@@ -336,7 +336,7 @@ def all_reduce_add_rms_norm(comm, x, residual, weight, eps: float = 1e-6, *, out
         consts = dict(OP=OP_CODES[OP], W=comm.world_size, BLOCK_W=cfg.block_w, HALF=half, EPW=2 if half else 1,
                       NP=_pow2(cfg.pieces), ONE_PASS=cfg.one_pass,
                       ONE_PIECE=_one_piece(cfg, x.element_size(), T, ch.layout.ll_lane_bytes),
-                      INTERP=comm.caps.interpret)
+                      INTERP=comm.caps.interpret, SYNC=cfg.block_w < 32 * cfg.num_warps)
     else:
         kernel = all_reduce_add_rms_norm_kernel
         consts = dict(OP=OP_CODES[OP], W=comm.world_size, BLOCK=cfg.block, BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c,
