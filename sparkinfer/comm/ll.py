@@ -102,8 +102,9 @@ def _spin_word(p, flag, active):
 def _poll_sum(p_words, o_n, m, own, own_val, flag, INTERP: tl.constexpr):
     """One poll of LL words p_words[o_n] (where m): (their flag halves, 1 if all
     carry `flag`, the fp32 sum of their payloads with own_val at index own), from
-    one reduction (inside each warp: NP words are copied in every warp). On the GPU each thread first spins on its own word
-    (_spin_word), so a late word is seen one load after it lands."""
+    one reduction (inside each warp: every warp holds a copy of the words). On the
+    GPU each thread first spins on its own word (_spin_word), so a late word is
+    seen one load after it lands."""
     if INTERP:
         v = tl.load(p_words + o_n, mask=m, other=0, volatile=True)
     else:
