@@ -63,7 +63,8 @@ def _same_worker(world, iters: int, seed0: int, budget_s: float, jitter: bool):
     def run_jittered():
         for c, x, res, w, o, r in bufs:
             if jitter and rank == 1 and rng.random() < 0.5:
-                torch.cuda.synchronize() if dev.type == "cuda" else None
+                if dev.type == "cuda":
+                    torch.cuda.synchronize()
                 time.sleep(rng.random() * 3e-4)
             comm.all_reduce_add_rms_norm(x, res, w, EPS, out=o, residual_out=r, algorithm=c.algorithm)
 
