@@ -18,8 +18,8 @@ for i in $(seq 1 "$n"); do
   timeout 120 $cmd > /tmp/gpu2_run.log 2>&1
   rc=$?
   last=$(tail -1 /tmp/gpu2_run.log)
-  # the first 4 failing logs only (the device tool returns at most 8 files)
-  [ "$rc" != 0 ] && [ "$(ls "$out"/gpu2_fail_*.log 2>/dev/null | wc -l)" -lt 4 ] && cp /tmp/gpu2_run.log "$out/gpu2_fail_$i.log"
+  # the first MAXFAIL (default 4) failing logs only (the device tool returns at most 8 files)
+  [ "$rc" != 0 ] && [ "$(ls "$out"/gpu2_fail_*.log 2>/dev/null | wc -l)" -lt "${MAXFAIL:-4}" ] && cp /tmp/gpu2_run.log "$out/gpu2_fail_$i.log"
   echo "run $i rc=$rc $last"
   python - "$i" "$rc" "$last" "$cmd" "$((`date +%s` - t0))" >> "$out/gpu2_runs.jsonl" <<'PY'
 import json, sys

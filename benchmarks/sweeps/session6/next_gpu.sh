@@ -32,10 +32,11 @@ comm)
     > "$out/bench_fused.log" 2>&1; echo "norm rc=$? $(grep -c MEETS "$out/bench_fused.log") meet"
   grep "fused/ar_auto" "$out/bench_fused.log" | grep -v MEETS
   timeout 100 python3 benchmarks/bench_fused.py --quick --only dcp --budget-s 80 --out "$out/fused_dcp_2xh200.json" \
-    > "$out/bench_dcp.log" 2>&1; echo "dcp rc=$? $(tail -1 "$out/bench_dcp.log")"
+    >> "$out/bench_fused.log" 2>&1; echo "dcp rc=$? $(tail -1 "$out/bench_fused.log")"
+  rm -f "$out/fused_dcp_2xh200.png"
   timeout 120 python -m tests.comm.stress_fused_graph 100000 70 --fresh --reload --with-dcp \
     > "$out/stress_fresh_dcp.json" 2>&1; echo "fresh+dcp rc=$?"; tail -c 1500 "$out/stress_fresh_dcp.json"; echo
-  bash benchmarks/sweeps/session4_fused/repeat_gpu2.sh 40 $((570 - SECONDS))
+  MAXFAIL=2 bash benchmarks/sweeps/session4_fused/repeat_gpu2.sh 40 $((570 - SECONDS))
   for f in "$out"/gpu2_fail_*.log; do [ -f "$f" ] && grep -h "AssertionError\|differs" "$f" | head -4; done
   ;;
 *) echo "usage: $0 moe|comm"; exit 2 ;;
