@@ -54,8 +54,11 @@ def comm_tables(rows: list) -> str:
 
 
 def _meta(rows: list) -> str:
+    """Commit, date, versions and every distinct command the rows came from (one run may be in parts)."""
     m = next((r for r in rows if "commit" in r), {})
-    return (f"commit {m.get('commit')}, {m.get('date', '')[:10]}, `{m.get('command', '')}` "
+    cmds = list(dict.fromkeys(r["command"] for r in rows if r.get("command")))
+    shown = " and ".join(f"`{c}`" for c in cmds) or "``"
+    return (f"commit {m.get('commit')}, {m.get('date', '')[:10]}, {shown} "
             f"(torch {m.get('torch')}, triton {m.get('triton')}, driver {m.get('driver')})")
 
 
@@ -64,7 +67,8 @@ def fused_tables(rows: list) -> str:
     for r in rows:
         if r.get("op") == "fused_norm" and "us" in r and r.get("dtype", "bfloat16") == "bfloat16":
             t[(r["H"], r["T"])][r["impl"]] = r["us"]
-    out = [f"Fused all-reduce + residual + RMSNorm, bf16, 2x H200, µs per op in a CUDA graph, {_meta(rows)}:", "",
+    norm = [r for r in rows if r.get("op") == "fused_norm"]
+    out = [f"Fused all-reduce + residual + RMSNorm, bf16, 2x H200, µs per op in a CUDA graph, {_meta(norm)}:", "",
            "| H | T | fused | our all_reduce (auto) | fused / all_reduce (target ≤ 1.15) | our AR + torch | NCCL + torch |",
            "| --- | --- | --- | --- | --- | --- | --- |"]
     for (h, tk), d in sorted(t.items()):
@@ -91,10 +95,12 @@ def moe_tables(rows: list) -> str:
     for r in rows:
         if r.get("kind") == "time" and "us" in r:
             t[(r["shape"], r["M"])][(r["impl"], r.get("format"))] = r
-    dev = next((r for r in rows if r.get("kind") == "device"), {})
+    devs = [r for r in rows if r.get("kind") == "device"] or [{}]
+    gbs = " / ".join(f"{d.get('copy_gbs', 0):.0f}" for d in devs)
+    tfl = " / ".join(f"{d.get('bf16_tflops', 0):.0f}" for d in devs)
     out = [f"MoE layer, one H200, µs per call in a CUDA graph; floor = active experts' weight bytes at the copy "
-           f"bandwidth measured in the same run ({dev.get('copy_gbs', 0):.0f} GB/s counting read + write); "
-           f"tc = fraction of the measured bf16 matmul rate ({dev.get('bf16_tflops', 0):.0f} TFLOP/s); {_meta(rows)}:", "",
+           f"bandwidth measured in the same run ({gbs} GB/s counting read + write, one per part); "
+           f"tc = fraction of the measured bf16 matmul rate ({tfl} TFLOP/s); {_meta(rows)}:", "",
            "| shape | M | nvfp4 µs | nvfp4 % floor | bf16 µs | bf16 % floor | bf16 % tc | torch._grouped_mm bf16 µs | nvfp4 speedup vs grouped_mm |",
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for (shape, m), d in sorted(t.items()):
