@@ -80,13 +80,20 @@ def fused_tables(rows: list) -> str:
         if r.get("op") == "dcp_merge" and "us" in r:
             t[(r["H"], r["D"], r["T"], r["scatter"])][r["impl"]] = r["us"]
     dcp_meta = [r for r in rows if "--only dcp" in str(r.get("command", ""))]  # a separate run, appended
-    out += ["", f"dcp_merge (2 ranks, bf16), µs per op in a CUDA graph, {_meta(dcp_meta) if dcp_meta else 'same run'}:", "",
-            "| H | D | T | scatter | ours | NCCL composition | speedup (target ≥ 2 at T ≤ 64) |",
-            "| --- | --- | --- | --- | --- | --- | --- |"]
-    for (h, dd, tk, sc), d in sorted(t.items()):
-        if "dcp_kernel" in d and "dcp_nccl" in d:
-            out.append(f"| {h} | {dd} | {tk} | {sc} | {d['dcp_kernel']:.2f} | {d['dcp_nccl']:.2f} | "
-                       f"{d['dcp_nccl'] / d['dcp_kernel']:.1f}x |")
+    ts = sorted({k[2] for k in t})
+    out += ["", f"dcp_merge (2 ranks, bf16), µs per op in a CUDA graph, ours / NCCL composition (all_gather + "
+            f"local merge) and the speedup (target ≥ 2x at T ≤ 64), "
+            f"{_meta(dcp_meta) if dcp_meta else 'same run'}:", "",
+            "| H | D | scatter | " + " | ".join(f"T = {tk}" for tk in ts) + " |",
+            "| --- | --- | --- | " + " | ".join("---" for _ in ts) + " |"]
+    for h, dd, sc in sorted({(k[0], k[1], k[3]) for k in t}):
+        cells = []
+        for tk in ts:
+            d = t.get((h, dd, tk, sc), {})
+            ok = "dcp_kernel" in d and "dcp_nccl" in d
+            cells.append(f"{d['dcp_kernel']:.1f} / {d['dcp_nccl']:.1f} ({d['dcp_nccl'] / d['dcp_kernel']:.1f}x)"
+                         if ok else "–")
+        out.append(f"| {h} | {dd} | {sc} | " + " | ".join(cells) + " |")
     return "\n".join(out)
 
 
