@@ -106,7 +106,7 @@ def moe_tables(rows: list) -> str:
     gbs = " / ".join(f"{d.get('copy_gbs', 0):.0f}" for d in devs)
     tfl = " / ".join(f"{d.get('bf16_tflops', 0):.0f}" for d in devs)
     out = [f"MoE layer, one H200, µs per call in a CUDA graph; floor = active experts' weight bytes at the copy "
-           f"bandwidth measured in the same run ({gbs} GB/s counting read + write, one per part); "
+           f"bandwidth measured in the same run ({gbs} GB/s counting read + write{', one per part' if len(devs) > 1 else ''}); "
            f"tc = fraction of the measured bf16 matmul rate ({tfl} TFLOP/s); {_meta(rows)}:", "",
            "| shape | M | nvfp4 µs | nvfp4 % floor | bf16 µs | bf16 % floor | bf16 % tc | torch._grouped_mm bf16 µs | nvfp4 speedup vs grouped_mm |",
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
