@@ -57,7 +57,7 @@ def _meta(rows: list) -> str:
     """Commit, date, versions and every distinct command the rows came from (one run may be in parts)."""
     m = next((r for r in rows if "commit" in r), {})
     cmds = list(dict.fromkeys(r["command"] for r in rows if r.get("command")))
-    shown = " and ".join(f"`{c}`" for c in cmds) or "``"
+    shown = " and ".join(f"`{c}`" for c in cmds) or "command not recorded"
     return (f"commit {m.get('commit')}, {m.get('date', '')[:10]}, {shown} "
             f"(torch {m.get('torch')}, triton {m.get('triton')}, driver {m.get('driver')})")
 

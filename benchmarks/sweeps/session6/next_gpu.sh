@@ -1,5 +1,9 @@
 #!/bin/bash
 # What the next GPU session should run (this one's 30 device minutes are spent).
+# Both calls ran in the seventh session at c5f7031: fused_2xh200.json (norm rows),
+# fused_dcp_quick_2xh200_c5f7031.json, gpu2_repeat_2xh200_c5f7031.json,
+# gpu2_fused_eager_replay_stress_2xh200.json, moe_h200_parts_c5f7031.json and
+# moe_gpu_tests_c5f7031.log in benchmarks/results/.
 # Call 1, nvidia-h200 (about 9 minutes): issue 5's full benchmark, which has never
 # run with every M of the issue (only --quick: M = 1, 4, 8, 64, 4096), with its
 # checks (correctness at real shapes, replay bitwise equal to eager), then every
