@@ -10,25 +10,12 @@ graph test failed that way (rank 0's in-place T = 8, H = 4096 case, about
 The interpreter has no warps, so this checks the compiled sm_90 PTX instead.
 """
 
-import json
-import os
-import subprocess
-import sys
-import tempfile
-
 import pytest
 
+from tests.sm90 import run_sm90_module
+
 pytest.importorskip("triton.backends.nvidia")
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_one_piece_line_is_zeroed_after_a_block_barrier():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    with tempfile.TemporaryDirectory() as cache:
-        env["TRITON_CACHE_DIR"] = cache
-        res = subprocess.run([sys.executable, "-m", "tests.comm.sm90_ptx"], cwd=ROOT, env=env,
-                             capture_output=True, text=True, timeout=600)
-    if res.returncode != 0 and "ptxas" in res.stderr and "not found" in res.stderr:
-        pytest.skip("no ptxas in this environment")
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert json.loads(res.stdout.strip().splitlines()[-1]) == {"one_piece_fenced": True}
+    assert run_sm90_module("tests.comm.sm90_ptx") == {"one_piece_fenced": True}

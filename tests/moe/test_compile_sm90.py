@@ -6,12 +6,10 @@ compiled), one subprocess for all cases.
 """
 
 import json
-import os
-import subprocess
-import sys
-import tempfile
 
 import pytest
+
+from tests.sm90 import run_sm90_module
 
 pytest.importorskip("triton.backends.nvidia")
 
@@ -23,21 +21,11 @@ MIXTRAL = dict(num_experts=8, top_k=2, hidden=4096, intermediate=14336)
 CASES = [("qwen3", fmt, t) for fmt in ("bf16", "nvfp4") for t in (1, 64, 1024)] + [
     ("dsv3_tp8", "nvfp4", 1), ("dsv3_tp8", "bf16", 4096), ("qwen3-ptx", "nvfp4", 64),
     ("mixtral", "nvfp4", 4), ("mixtral-ptx", "nvfp4", 4)]
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _compile(cases: list) -> list:
-    """Rows of `tests.moe.sm90_compile` for each case, compiled in a subprocess
-    (no TRITON_INTERPRET) with a private Triton cache (no races with other runs)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    with tempfile.TemporaryDirectory() as cache:
-        env["TRITON_CACHE_DIR"] = cache
-        res = subprocess.run([sys.executable, "-m", "tests.moe.sm90_compile", json.dumps(cases)],
-                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    if res.returncode != 0 and "ptxas" in res.stderr and "not found" in res.stderr:
-        pytest.skip("no ptxas in this environment")
-    assert res.returncode == 0, res.stderr[-3000:]
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    """Rows of `tests.moe.sm90_compile` for each case (one subprocess for all)."""
+    return run_sm90_module("tests.moe.sm90_compile", json.dumps(cases))
 
 
 @pytest.fixture(scope="module")
