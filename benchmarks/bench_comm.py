@@ -396,7 +396,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     ensure_repo_on_path()
     from sparkinfer.errors import RankFailed
-    from sparkinfer.runtime import launch
+    from sparkinfer.runtime import run_ranks
 
     out = Path("/tmp/sparkinfer_comm_dryrun.json" if args.dry_run and args.out == p.get_default("out") else args.out)
     cfg, meta = plan(args), metadata()
@@ -404,7 +404,7 @@ def main(argv=None) -> int:
     cfg["partial"] = f"/tmp/sparkinfer_bench_comm_{os.getpid()}"
     failure = None
     try:
-        per_rank = launch(_bench_rank, 2, backend="cpu" if args.dry_run else "cuda", args=(cfg,), timeout_s=args.timeout)
+        per_rank = run_ranks(_bench_rank, 2, backend="cpu" if args.dry_run else "cuda", args=(cfg,), timeout_s=args.timeout)
     except RankFailed as e:  # keep what the ranks measured before it
         failure = f"rank {e.rank}: {e.detail[-3000:]}"
         per_rank = [_read_partial(f"{cfg['partial']}.rank{r}.jsonl") for r in range(2)]

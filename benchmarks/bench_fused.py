@@ -461,16 +461,16 @@ def main(argv=None) -> int:
         os.environ["TRITON_INTERPRET"] = "1"  # before Triton is imported
     _common.ensure_repo_on_path()
     from sparkinfer.errors import RankFailed
-    from sparkinfer.runtime import launch
+    from sparkinfer.runtime import run_ranks
 
     opt = options(args)
     out = args.out or (os.path.join(tempfile.gettempdir(), "bench_fused_dry_run.json") if args.dry_run
                        else f"benchmarks/results/fused_2xh200{'_sweep' if args.sweep else ''}.json")
-    faulthandler.dump_traceback_later(opt["timeout_s"] + 60, exit=True)  # never hang, even if launch() did
+    faulthandler.dump_traceback_later(opt["timeout_s"] + 60, exit=True)  # never hang, even if run_ranks() did
     meta = _common.metadata(sys.argv if argv is None else ["benchmarks/bench_fused.py", *argv])
     t0 = time.time()
     try:
-        ranks = launch(_worker, opt["world"], backend="cpu" if args.dry_run else "cuda", args=(opt,),
+        ranks = run_ranks(_worker, opt["world"], backend="cpu" if args.dry_run else "cuda", args=(opt,),
                        timeout_s=opt["timeout_s"])
         rows, failed = ranks[0], None
     except RankFailed as e:

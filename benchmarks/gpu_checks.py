@@ -434,7 +434,7 @@ def main(argv=None) -> int:
         p.error(f"unknown sections {unknown}; choose from {SECTIONS + EXTRA}")
     ensure_repo_on_path()
     from sparkinfer.errors import RankFailed
-    from sparkinfer.runtime import launch
+    from sparkinfer.runtime import run_ranks
 
     backend = "cpu" if args.dry_run else "cuda"
     out = "/tmp/sparkinfer_gpu_checks_dryrun.json" if args.dry_run and args.out == p.get_default("out") else args.out
@@ -451,7 +451,7 @@ def main(argv=None) -> int:
             continue
         tmo = min(tmo, left)
         try:
-            ranks = launch(_worker, 2, backend=backend, args=(sec, opt), timeout_s=tmo)
+            ranks = run_ranks(_worker, 2, backend=backend, args=(sec, opt), timeout_s=tmo)
             ok = all(r["ok"] for r in ranks)
             res = {**ranks[0], "failures": [f"rank {i}: {f}" for i, r in enumerate(ranks) for f in r["failures"]]}
             res["per_rank"] = [{k: v for k, v in r.items() if k != "failures"} for r in ranks[1:]]

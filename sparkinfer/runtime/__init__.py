@@ -2,12 +2,12 @@
 with gloo and the Triton interpreter) and the group facade the pool uses."""
 
 from sparkinfer.runtime.group import LocalGroup, PeerGroup, TorchGroup
-from sparkinfer.runtime.launcher import World, launch
+from sparkinfer.runtime.ranks import World, run_ranks
 from sparkinfer.runtime.streams import CpuStreams, CudaStreams, StreamOracle
 
 __all__ = [
     "World",
-    "launch",
+    "run_ranks",
     "PeerGroup",
     "TorchGroup",
     "LocalGroup",

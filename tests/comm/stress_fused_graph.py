@@ -214,7 +214,7 @@ def _stress_worker(world, iters: int, seed0: int, budget_s: float):
 
 
 def main(argv=None) -> int:
-    from sparkinfer.runtime import launch
+    from sparkinfer.runtime import run_ranks
 
     args = [a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith("--")]
     iters = int(args[0]) if args else 200
@@ -222,18 +222,18 @@ def main(argv=None) -> int:
     flags = argv if argv is not None else sys.argv[1:]
     backend = "cpu" if "--cpu" in flags else "cuda"
     if "--fresh" in flags:
-        res = launch(_fresh_worker, 2, backend=backend, args=(iters, 9000, budget, "--reload" in flags, "--with-dcp" in flags), timeout_s=budget + 240)
+        res = run_ranks(_fresh_worker, 2, backend=backend, args=(iters, 9000, budget, "--reload" in flags, "--with-dcp" in flags), timeout_s=budget + 240)
         print(json.dumps(dict(mode="fresh", reload="--reload" in flags, with_dcp="--with-dcp" in flags, iters=[r["iters"] for r in res],
                               seconds=[round(r["seconds"], 1) for r in res], diffs=[d for r in res for d in r["diffs"]])))
         return 0 if not any(r["diffs"] for r in res) else 1
     if "--same" in flags:
-        res = launch(_same_worker, 2, backend=backend, args=(iters, 5000, budget, "--jitter" in flags),
+        res = run_ranks(_same_worker, 2, backend=backend, args=(iters, 5000, budget, "--jitter" in flags),
                      timeout_s=budget + 240)
         print(json.dumps(dict(iters=[r["iters"] for r in res], seconds=[round(r["seconds"], 1) for r in res],
                               jitter="--jitter" in flags, counts=[r["counts"] for r in res],
                               diffs=[d for r in res for d in r["diffs"]])))
         return 0 if not any(r["counts"] for r in res) else 1
-    res = launch(_stress_worker, 2, backend=backend, args=(iters, 1000, budget),
+    res = run_ranks(_stress_worker, 2, backend=backend, args=(iters, 1000, budget),
                  timeout_s=budget + 240)
     n = min(r["iters"] for r in res)
     differ = [i for i in range(n) if res[0]["digests"][i] != res[1]["digests"][i]]

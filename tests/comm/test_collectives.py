@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from sparkinfer.errors import CollectiveMismatch, CollectiveTimeout
-from sparkinfer.runtime import launch
+from sparkinfer.runtime import run_ranks
 
 CAP = 8192  # bytes: small, so "capacity" and "capacity + 1" are cheap to test
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
@@ -64,7 +64,7 @@ def _all_ops(world):
 
 @pytest.mark.parametrize("world", [2, 3, 4], ids=lambda w: f"{w}ranks")
 def test_every_op_every_dtype_exact(world):
-    assert launch(_all_ops, world, backend="cpu", timeout_s=600) == [[]] * world
+    assert run_ranks(_all_ops, world, backend="cpu", timeout_s=600) == [[]] * world
 
 
 def _parity(world):
@@ -87,7 +87,7 @@ def _parity(world):
 
 
 def test_odd_op_parity_and_epoch_count():
-    out = launch(_parity, 2, backend="cpu", timeout_s=300)
+    out = run_ranks(_parity, 2, backend="cpu", timeout_s=300)
     assert out == [(True, 21)] * 2
 
 
@@ -109,7 +109,7 @@ def _skip(world, victim, algo):
 
 @pytest.mark.parametrize("world,victim,algo", [(2, 1, "oneshot"), (3, 2, "oneshot"), (2, 1, "ll"), (3, 0, "twoshot")])
 def test_rank_that_stops_participating_is_named(world, victim, algo):
-    out = launch(_skip, world, backend="cpu", args=(victim, algo), timeout_s=120)
+    out = run_ranks(_skip, world, backend="cpu", args=(victim, algo), timeout_s=120)
     for r, res in enumerate(out):
         if r == victim:
             assert res is None
@@ -141,7 +141,7 @@ def _mismatch(world, what, algo="oneshot"):
 
 @pytest.mark.parametrize("what,algo", [("size", "oneshot"), ("size", "ll"), ("kind", "oneshot")])
 def test_ranks_calling_different_collectives_raise_mismatch(what, algo):
-    out = launch(_mismatch, 2, backend="cpu", args=(what, algo), timeout_s=120)
+    out = run_ranks(_mismatch, 2, backend="cpu", args=(what, algo), timeout_s=120)
     for r, res in enumerate(out):
         assert res is not None, f"rank {r} did not detect the mismatch"
         assert res[0] == 1 - r and "different collective or size" in res[1]
@@ -189,7 +189,7 @@ def _rejections(world):
 
 
 def test_bad_inputs_raise_typed_errors():
-    assert launch(_rejections, 2, backend="cpu", timeout_s=120) == [[], []]
+    assert run_ranks(_rejections, 2, backend="cpu", timeout_s=120) == [[], []]
 
 
 def _wrap(world, start):
@@ -212,7 +212,7 @@ def _wrap(world, start):
 
 @pytest.mark.parametrize("start", [(1 << 15) - 3, (1 << 16) - 4, (1 << 32) - 5], ids=["ll-sign-bit", "ll-wrap", "flag-wrap"])
 def test_sequence_numbers_wrap(start):
-    assert launch(_wrap, 2, backend="cpu", args=(start,), timeout_s=300) == [True, True]
+    assert run_ranks(_wrap, 2, backend="cpu", args=(start,), timeout_s=300) == [True, True]
 
 
 def _ll_region_stays_clean(world):
@@ -241,7 +241,7 @@ def _ll_region_stays_clean(world):
 
 
 def test_ll_region_holds_only_fresh_words():
-    assert launch(_ll_region_stays_clean, 2, backend="cpu", timeout_s=300) == [(0, 0)] * 2
+    assert run_ranks(_ll_region_stays_clean, 2, backend="cpu", timeout_s=300) == [(0, 0)] * 2
 
 
 def _pipelined(world):
@@ -270,4 +270,4 @@ def _pipelined(world):
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_pipelined_pieces_are_exact(world):
-    assert launch(_pipelined, world, backend="cpu", timeout_s=600) == [[]] * world
+    assert run_ranks(_pipelined, world, backend="cpu", timeout_s=600) == [[]] * world

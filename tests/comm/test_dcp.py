@@ -160,7 +160,7 @@ def _worker(world, seed):
 
 @pytest.fixture(scope="module")
 def ranks():
-    return {w: launch(_worker, w, backend="cpu", args=(SEED,), timeout_s=300) for w in (2, 3)}
+    return {w: run_ranks(_worker, w, backend="cpu", args=(SEED,), timeout_s=300) for w in (2, 3)}
 
 
 TOL_ULPS = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 16}
@@ -272,7 +272,7 @@ def _graph_worker(world, seed):
 
 @pytest.mark.parametrize("backend", GRAPH_BACKENDS)
 def test_eager_capture_replay_new_inputs_replay(backend):
-    steps = launch(_graph_worker, 2, backend=backend, args=(SEED,), timeout_s=300)
+    steps = run_ranks(_graph_worker, 2, backend=backend, args=(SEED,), timeout_s=300)
     for rank, st in enumerate(steps):
         for a, b in zip(st["eager"][:-1], st["replay"][:-1]):
             assert all(torch.equal(unpack(x).view(torch.uint8), unpack(y).view(torch.uint8)) for x, y in zip(a, b))

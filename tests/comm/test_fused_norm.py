@@ -171,8 +171,8 @@ def _worker(world, cases, seed):
 @pytest.fixture(scope="module")
 def ranks():
     return {
-        2: launch(_worker, 2, backend="cpu", args=(CASES_2, SEED), timeout_s=300),
-        3: launch(_worker, 3, backend="cpu", args=(CASES_3, SEED), timeout_s=300),
+        2: run_ranks(_worker, 2, backend="cpu", args=(CASES_2, SEED), timeout_s=300),
+        3: run_ranks(_worker, 3, backend="cpu", args=(CASES_3, SEED), timeout_s=300),
     }
 
 
@@ -278,7 +278,7 @@ def _graph_worker(world, seed):
 
 @pytest.mark.parametrize("backend", GRAPH_BACKENDS)
 def test_eager_capture_replay_new_inputs_replay(backend):
-    steps = launch(_graph_worker, 2, backend=backend, args=(SEED,), timeout_s=300)
+    steps = run_ranks(_graph_worker, 2, backend=backend, args=(SEED,), timeout_s=300)
     for rank, st in enumerate(steps):
         for i, c in enumerate(GRAPH_CASES):
             eager, replay = [tuple(map(unpack, st[k][i])) for k in ("eager", "replay")]

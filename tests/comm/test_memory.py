@@ -8,7 +8,7 @@ import torch
 
 from sparkinfer.comm.memory import HostSlabBackend, make_backend
 from sparkinfer.errors import PeerMemoryError
-from sparkinfer.runtime import launch
+from sparkinfer.runtime import run_ranks
 
 
 def test_host_slab_zeroed_shared_and_sealed():
@@ -71,7 +71,7 @@ def _group_order(world):
 
 
 def test_non_monotonic_group_maps_handle_n_to_group_rank_n():
-    out = launch(_group_order, 3, backend="cpu", timeout_s=120)
+    out = run_ranks(_group_order, 3, backend="cpu", timeout_s=120)
     for global_rank, (g, seen, ptr_ok, gathered) in enumerate(out):
         assert g == [2, 0, 1].index(global_rank)
         assert seen == {r: 100 + r for r in range(3) if r != g}

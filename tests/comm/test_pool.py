@@ -227,7 +227,7 @@ def _mp_capture_orders(world):
 
 
 def test_ranks_capturing_in_different_orders_agree():
-    out = launch(_mp_capture_orders, 2, backend="cpu", timeout_s=120)
+    out = run_ranks(_mp_capture_orders, 2, backend="cpu", timeout_s=120)
     assert out == [{"target": 3.0, "draft": 3.0}] * 2
 
 
@@ -246,7 +246,7 @@ def _mp_unmap_failure(world):
 
 
 def test_one_rank_failing_unmap_blocks_every_free():
-    out = launch(_mp_unmap_failure, 3, backend="cpu", timeout_s=120)
+    out = run_ranks(_mp_unmap_failure, 3, backend="cpu", timeout_s=120)
     for first, frees_after_failure, frees, closed in out:
         assert "phase 'unmap imports' failed on rank 1" in first
         assert frees_after_failure == 0  # nobody freed memory a peer may still map
@@ -270,7 +270,7 @@ def _mp_setup_failure(world, phase):
 
 @pytest.mark.parametrize("phase", ["allocate", "open"])
 def test_rank_failing_setup_raises_everywhere(phase):
-    out = launch(_mp_setup_failure, 3, backend="cpu", args=(phase,), timeout_s=120)
+    out = run_ranks(_mp_setup_failure, 3, backend="cpu", args=(phase,), timeout_s=120)
     for r, (msg, ids, frees) in enumerate(out):
         assert "on rank 2" in msg and "no channel was created" in msg
         assert ids == []

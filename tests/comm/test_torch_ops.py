@@ -2,7 +2,7 @@
 
 import torch
 
-from sparkinfer.runtime import launch
+from sparkinfer.runtime import run_ranks
 
 
 def _compiled(world):
@@ -25,4 +25,4 @@ def _compiled(world):
 
 
 def test_ops_run_eagerly_and_under_torch_compile():
-    assert launch(_compiled, 2, backend="cpu", timeout_s=300) == [(True, True)] * 2
+    assert run_ranks(_compiled, 2, backend="cpu", timeout_s=300) == [(True, True)] * 2

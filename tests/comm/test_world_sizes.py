@@ -4,7 +4,7 @@ kernels, protocol and policy code paths that serve 2..16 GPUs."""
 import pytest
 import torch
 
-from sparkinfer.runtime import launch
+from sparkinfer.runtime import run_ranks
 from tests.comm.test_collectives import expected_sum, payload
 
 
@@ -32,4 +32,4 @@ def _every_collective(world):
 
 @pytest.mark.parametrize("world", [4, 8], ids=lambda w: f"{w}ranks")
 def test_every_collective_on_many_ranks(world):
-    assert launch(_every_collective, world, backend="cpu", timeout_s=900) == [[]] * world
+    assert run_ranks(_every_collective, world, backend="cpu", timeout_s=900) == [[]] * world

@@ -6,7 +6,7 @@ same on every rank."""
 import pytest
 import torch
 
-from sparkinfer.runtime import launch
+from sparkinfer.runtime import run_ranks
 
 H, I_FULL, E, K, T = 64, 256, 4, 2, 3
 
@@ -47,7 +47,7 @@ def _block(world, fmt):
 
 @pytest.mark.parametrize("world,fmt", [(2, "bf16"), (4, "nvfp4"), (8, "bf16")], ids=["2r-bf16", "4r-nvfp4", "8r-bf16"])
 def test_tp_moe_block_matches_unsharded_reference(world, fmt):
-    res = launch(_block, world, backend="cpu", args=(fmt,), timeout_s=1200)
+    res = run_ranks(_block, world, backend="cpu", args=(fmt,), timeout_s=1200)
     for err_r, err_o, _, _ in res:
         assert err_r < 8e-3 and err_o < 8e-3  # seen 4.4e-3: bf16 activations and outputs, fp32 accumulation
     assert all(r[2] == res[0][2] and r[3] == res[0][3] for r in res)  # bitwise the same on every rank

@@ -4,7 +4,7 @@ import time
 import pytest
 
 from sparkinfer.errors import RankFailed, SetupError
-from sparkinfer.runtime import launch
+from sparkinfer.runtime import run_ranks
 
 
 def _ok(world, base):
@@ -33,30 +33,30 @@ def _hang(world):
 
 
 def test_results_in_rank_order():
-    out = launch(_ok, 3, backend="cpu", args=(10,), timeout_s=120)
+    out = run_ranks(_ok, 3, backend="cpu", args=(10,), timeout_s=120)
     assert out == [(r, 3, "cpu", 33.0, "1") for r in range(3)]
 
 
 def test_raising_rank_fails_fast_with_its_traceback():
     t0 = time.monotonic()
     with pytest.raises(RankFailed, match=r"rank 1 failed:(.|\n)*ValueError: rank one is unhappy") as ei:
-        launch(_raise_on_1, 2, backend="cpu", timeout_s=120)
+        run_ranks(_raise_on_1, 2, backend="cpu", timeout_s=120)
     assert ei.value.rank == 1
     assert time.monotonic() - t0 < 25
 
 
 def test_dead_rank_fails_the_launch():
     with pytest.raises(RankFailed, match=r"rank 0 failed:\nprocess exited with code 3"):
-        launch(_die_on_0, 2, backend="cpu", timeout_s=120)
+        run_ranks(_die_on_0, 2, backend="cpu", timeout_s=120)
 
 
 def test_hung_ranks_are_named_after_the_timeout():
     with pytest.raises(RankFailed, match=r"ranks \[0, 1\] still running after 3 s"):
-        launch(_hang, 2, backend="cpu", timeout_s=3)
+        run_ranks(_hang, 2, backend="cpu", timeout_s=3)
 
 
 @pytest.mark.parametrize("kw,match", [(dict(backend="tpu"), "backend must be"), (dict(backend="cpu", world_size=0), "world_size must be")])
 def test_bad_arguments(kw, match):
     ws = kw.pop("world_size", 2)
     with pytest.raises(SetupError, match=match):
-        launch(_ok, ws, args=(0,), **kw)
+        run_ranks(_ok, ws, args=(0,), **kw)

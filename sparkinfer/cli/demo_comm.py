@@ -1,8 +1,8 @@
-"""Command line: `sparkinfer info | demo | verify`.
+"""`sparkinfer demo-comm`: every collective on N ranks, checked exactly.
 
-    sparkinfer demo [--world-size 2] [--backend auto|cpu|cuda]
+    sparkinfer demo-comm [--world-size 2] [--backend auto|cpu|cuda|cuda_shared]
 
-The demo starts N ranks (GPUs if this host has N, else CPU processes running
+It starts N ranks (GPUs if this host has N, else CPU processes running
 the same Triton kernels through the interpreter), builds a Communicator through
 the channel pool, runs every collective on rank-encoded payloads, checks each
 result exactly against the fp32 reference, and closes the pool collectively.
@@ -14,7 +14,7 @@ import argparse
 import sys
 import time
 
-__all__ = ["main"]
+__all__ = ["add_parser", "demo"]
 
 
 def _demo_rank(world, sizes):
@@ -68,14 +68,14 @@ def _demo_rank(world, sizes):
 
 
 def demo(args) -> int:
-    from sparkinfer.runtime.launcher import launch, resolve_backend
+    from sparkinfer.runtime.ranks import resolve_backend, run_ranks
 
     backend = resolve_backend(args.backend, args.world_size)
-    print(f"sparkinfer demo: {args.world_size} ranks on {backend}"
+    print(f"sparkinfer demo-comm: {args.world_size} ranks on {backend}"
           + (" (Triton interpreter; no GPU found for every rank)" if backend == "cpu" else ""), flush=True)
     sizes = [1, 1000, 20000] if backend == "cpu" else [1, 4096, 1 << 18]
     t0 = time.perf_counter()
-    results = launch(_demo_rank, args.world_size, backend=backend, args=(sizes,), timeout_s=600)
+    results = run_ranks(_demo_rank, args.world_size, backend=backend, args=(sizes,), timeout_s=600)
     for r, lines in enumerate(results):
         for line in lines:
             print(f"  rank {r}: {line}")
@@ -85,32 +85,8 @@ def demo(args) -> int:
     return 1 if bad else 0
 
 
-def info(args) -> int:
-    import torch
-    import triton
-
-    import sparkinfer
-
-    print(f"sparkinfer {sparkinfer.__version__}, torch {torch.__version__}, triton {triton.__version__}")
-    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    print(f"GPUs: {n}")
-    for i in range(n):
-        p = torch.cuda.get_device_properties(i)
-        peers = [j for j in range(n) if j != i and torch.cuda.can_device_access_peer(i, j)]
-        print(f"  cuda:{i} {p.name} {p.multi_processor_count} SMs, peer access to {peers}")
-    return 0
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="sparkinfer", description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    d = sub.add_parser("demo", help="run every collective across N ranks and check the results")
+def add_parser(sub) -> None:
+    d = sub.add_parser("demo-comm", help="run every collective across N ranks and check the results")
     d.add_argument("--world-size", type=int, default=2)
-    d.add_argument("--backend", default="auto", choices=("auto", "cpu", "cuda"))
-    sub.add_parser("info", help="library, torch, triton and GPU topology")
-    args = ap.parse_args(argv)
-    return {"demo": demo, "info": info}[args.cmd](args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    d.add_argument("--backend", default="auto", choices=("auto", "cpu", "cuda", "cuda_shared"))
+    d.set_defaults(run=demo)

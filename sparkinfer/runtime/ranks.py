@@ -1,12 +1,17 @@
 """Start N ranks and join them; a rank that raises or dies fails the launch
 with that rank's traceback instead of hanging the others.
 
-    results = launch(fn, 2, backend="cpu", args=(payload,))
+    results = run_ranks(fn, 2, backend="cpu", args=(payload,))
 
 `fn(world, *args)` runs once per rank in a fresh (spawned) process; `world` is a
 `World` with the rank, the world size, the torch.distributed group and the
 device. CPU ranks use gloo and run Triton kernels through the interpreter
 (TRITON_INTERPRET=1 is set in the child before Triton is imported).
+
+Backends: "cuda" (rank r on cuda:r, NCCL group), "cpu" (gloo, interpreter) and
+"cuda_shared" (every rank on cuda:0, gloo group): several ranks on one GPU, for
+multi-rank correctness on a one-GPU host. Start MPS first so the ranks' kernels
+run concurrently; its timings mean nothing.
 """
 
 from __future__ import annotations
@@ -26,7 +31,9 @@ from typing import Any, Callable, Sequence
 
 from sparkinfer.errors import RankFailed, SetupError
 
-__all__ = ["World", "launch", "resolve_backend"]
+__all__ = ["World", "run_ranks", "resolve_backend", "BACKENDS"]
+
+BACKENDS = ("auto", "cpu", "cuda", "cuda_shared")
 
 
 @dataclass(frozen=True)
@@ -34,8 +41,9 @@ class World:
     """One rank's view of the launched world.
 
     rank, world_size: this process's global rank and the number of ranks.
-    backend: "cuda" (one GPU per rank, NCCL group) or "cpu" (gloo group).
-    device: torch.device of this rank (cuda:rank or cpu).
+    backend: "cuda" (one GPU per rank, NCCL group), "cuda_shared" (all ranks on
+        cuda:0, gloo group) or "cpu" (gloo group).
+    device: torch.device of this rank (cuda:rank, cuda:0 or cpu).
     """
 
     rank: int
@@ -46,7 +54,9 @@ class World:
     def device(self):
         import torch
 
-        return torch.device(f"cuda:{self.rank}") if self.backend == "cuda" else torch.device("cpu")
+        if self.backend == "cuda":
+            return torch.device(f"cuda:{self.rank}")
+        return torch.device("cuda:0") if self.backend == "cuda_shared" else torch.device("cpu")
 
     @property
     def group(self):
@@ -58,8 +68,8 @@ class World:
 
 def resolve_backend(backend: str, world_size: int) -> str:
     """"auto" picks "cuda" when this host has at least `world_size` GPUs."""
-    if backend not in ("auto", "cpu", "cuda"):
-        raise SetupError(f"backend must be 'auto', 'cpu' or 'cuda', got {backend!r}")
+    if backend not in BACKENDS:
+        raise SetupError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend != "auto":
         return backend
     import torch
@@ -76,8 +86,8 @@ def _child(fn, rank, world_size, backend, init_method, args, env, results):
         import torch
         import torch.distributed as dist
 
-        if backend == "cuda":
-            torch.cuda.set_device(rank)
+        if backend != "cpu":
+            torch.cuda.set_device(rank if backend == "cuda" else 0)
         dist.init_process_group(
             "nccl" if backend == "cuda" else "gloo",
             init_method=init_method,
@@ -101,7 +111,7 @@ def _child(fn, rank, world_size, backend, init_method, args, env, results):
         os._exit(1)
 
 
-def launch(
+def run_ranks(
     fn: Callable[..., Any],
     world_size: int,
     *,

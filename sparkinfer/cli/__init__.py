@@ -1,0 +1,35 @@
+"""Command line: `sparkinfer demo | generate | bench | info`.
+
+Each subcommand lives in its own module with `add_parser(sub)`, which registers
+its arguments and sets `run(args) -> int`. Nothing heavy is imported until a
+subcommand runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+__all__ = ["main"]
+
+_SUBCOMMANDS = ("demo", "generate", "bench", "info", "demo_comm")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="sparkinfer", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name in _SUBCOMMANDS:
+        try:
+            mod = importlib.import_module(f"sparkinfer.cli.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"sparkinfer.cli.{name}":
+                raise
+            continue
+        mod.add_parser(sub)
+    args = ap.parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from sparkinfer.cli import main
+
+sys.exit(main())
