@@ -5,6 +5,8 @@ from __future__ import annotations
 
 __all__ = [
     "SparkInferError",
+    "UnsupportedModelError",
+    "CheckpointError",
     "ShapeError",
     "DTypeError",
     "DeviceError",
@@ -114,3 +116,13 @@ class KernelWaitTimeout(SparkInferError, RuntimeError):
     def __init__(self, message: str, *, slot: int):
         super().__init__(message)
         self.slot = slot
+
+
+class UnsupportedModelError(SparkInferError, ValueError):
+    """A checkpoint's architecture, or a config field whose value changes the
+    maths, is not one this library implements; the message names it."""
+
+
+class CheckpointError(SparkInferError, ValueError):
+    """A checkpoint tensor is missing, mis-shaped or of the wrong dtype, or a file is
+    truncated; the message names the tensor and the file."""
