@@ -1,0 +1,1 @@
+"""Whole models from Hugging Face checkpoints: config, loading, tensor-parallel decoder."""
