@@ -1,0 +1,85 @@
+"""Host side of `rope_qk_cache`: the rotary table, checks, launch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from sparkinfer.errors import DTypeError, LayoutError, ShapeError
+from sparkinfer.rope.kernel import rope_qk_cache_kernel
+
+__all__ = ["RotaryTable", "rotary_table", "rope_qk_cache"]
+
+
+@dataclass(frozen=True)
+class RotaryTable:
+    """cos, sin: fp32 [P, R/2] for positions 0..P-1 (rotate_half pairs dims i and
+    i + R/2, which share frequency i). rotary_dim: R."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    rotary_dim: int
+
+
+def rotary_table(rotary_dim: int, theta: float, positions: int, device) -> RotaryTable:
+    """The transformers default rope: inv_freq_i = theta^(-2i/R), angle = p * inv_freq
+    in fp32. Allocates; call once per model."""
+    if rotary_dim < 2 or rotary_dim % 2:
+        raise ShapeError(f"rotary_dim must be even and >= 2, got {rotary_dim}")
+    inv = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim))
+    ang = torch.arange(positions, dtype=torch.float32)[:, None] * inv[None, :]
+    return RotaryTable(ang.cos().to(device), ang.sin().to(device), rotary_dim)
+
+
+def rope_qk_cache(qkv: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, table: RotaryTable,
+                  caches: tuple, heads: tuple, *, norms: tuple | None = None, eps: float = 1e-6,
+                  kv_stride: int = 1, kv_offset: int = 0, q_out: torch.Tensor | None = None):
+    """Rotate q and k of one layer and write k, v into the cache.
+
+    qkv: [T, (Hq + 2 KVH) D] (q heads, k heads, v heads; bias already added);
+    positions, slots: int32 [T] global position and cache slot of each token;
+    caches: (k_cache, v_cache) [S, L, KVH, D], last dim contiguous; heads: (Hq, KVH, D);
+    norms: (q_norm [D], k_norm [D]) or None. Position p is stored at local index
+    p // kv_stride, on the rank with p % kv_stride == kv_offset only (decode-context
+    parallelism; 1, 0 stores every position). Returns q [T, Hq, D] (rotated; into
+    q_out when given). Allocates only q when q_out is None; no host sync;
+    capture-legal.
+    """
+    hq, kvh, d = heads
+    t = qkv.shape[0]
+    k_cache, v_cache = caches
+    if qkv.dim() != 2 or qkv.shape[1] != (hq + 2 * kvh) * d or qkv.stride(1) != 1:
+        raise ShapeError(f"qkv must be [T, (Hq + 2 KVH) D] = [T, {(hq + 2 * kvh) * d}] with a contiguous "
+                         f"last dim; got {tuple(qkv.shape)} strides {qkv.stride()}")
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if c.dim() != 4 or tuple(c.shape[2:]) != (kvh, d):
+            raise ShapeError(f"{name} must be [S, L, KVH={kvh}, D={d}]; got {tuple(c.shape)}")
+        if c.stride(3) != 1 or c.dtype != qkv.dtype:
+            raise LayoutError(f"{name} needs a contiguous D axis and qkv's dtype {qkv.dtype}; got "
+                              f"strides {c.stride()}, {c.dtype}")
+    for name, v in (("positions", positions), ("slots", slots)):
+        if v.dtype != torch.int32 or v.shape != (t,):
+            raise DTypeError(f"{name} must be int32 [T={t}]; got {v.dtype} {tuple(v.shape)}")
+    if table.rotary_dim > d:
+        raise ShapeError(f"rotary_dim {table.rotary_dim} exceeds head_dim {d}")
+    if q_out is None:
+        q_out = torch.empty((t, hq, d), dtype=qkv.dtype, device=qkv.device)
+    if tuple(q_out.shape) != (t, hq, d) or q_out.stride(2) != 1:
+        raise ShapeError(f"q_out must be [T, Hq, D] = {(t, hq, d)}; got {tuple(q_out.shape)}")
+    if t == 0:
+        return q_out
+    block_d = triton.next_power_of_2(d)
+    block_heads = max(1, min(triton.next_power_of_2(hq + kvh), 4096 // block_d))
+    qw, kw = norms if norms is not None else (table.cos, table.cos)
+    grid = (t, triton.cdiv(hq + kvh, block_heads))
+    rope_qk_cache_kernel[grid](
+        qkv, positions, slots, table.cos, table.sin, qw, kw, q_out, k_cache, v_cache,
+        qkv.stride(0), table.cos.stride(0), q_out.stride(0), q_out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        hq, kvh, d, table.rotary_dim, k_cache.shape[1], kv_stride, kv_offset, float(eps),
+        HAS_NORM=norms is not None, BLOCK_HEADS=block_heads, BLOCK_D=block_d,
+        num_warps=4)
+    return q_out

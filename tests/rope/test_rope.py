@@ -1,0 +1,58 @@
+import pytest
+import torch
+
+from sparkinfer.errors import DTypeError, LayoutError, ShapeError
+from sparkinfer.rope import rope_qk_cache, rotary_table
+from sparkinfer.rope.reference import rope_qk_cache_reference
+
+# (T, Hq, KVH, D, R, norm, kv_stride, kv_offset)
+CASES = [
+    (1, 4, 2, 32, 32, True, 1, 0),
+    (6, 4, 4, 64, 32, False, 1, 0),  # partial rotary (GLM-4.5 style)
+    (5, 8, 2, 128, 128, True, 2, 1),  # decode-context parallel: odd positions here
+    (7, 2, 1, 48, 24, True, 3, 0),
+]
+
+
+@pytest.mark.parametrize("t,hq,kvh,d,r,norm,stride,offset", CASES,
+                         ids=[f"t{c[0]}_hq{c[1]}_kv{c[2]}_d{c[3]}_r{c[4]}_s{c[6]}o{c[7]}" for c in CASES])
+def test_matches_reference(t, hq, kvh, d, r, norm, stride, offset):
+    g = torch.Generator().manual_seed(t * 1000 + d)
+    s, length = 3, 16
+    qkv = torch.randn(t, (hq + 2 * kvh) * d, generator=g).bfloat16()
+    pos = torch.randperm(length * stride, generator=g)[:t].int()
+    slots = torch.randint(0, s, (t,), generator=g).int()
+    table = rotary_table(r, 10000.0, length * stride, "cpu")
+    norms = ((1 + 0.1 * torch.randn(d, generator=g)).bfloat16(),
+             (1 + 0.1 * torch.randn(d, generator=g)).bfloat16()) if norm else None
+    kc = torch.full((s, length, kvh, d), float("nan"), dtype=torch.bfloat16)
+    vc = kc.clone()
+    q = rope_qk_cache(qkv, pos, slots, table, (kc, vc), (hq, kvh, d), norms=norms, kv_stride=stride,
+                      kv_offset=offset)
+    rq, rk, rv = rope_qk_cache_reference(qkv, pos, (hq, kvh, d), (table.cos, table.sin), norms)
+    tol = dict(atol=2e-2, rtol=2e-2)
+    assert torch.allclose(q.float(), rq, **tol)
+    written = torch.zeros(s, length, dtype=torch.bool)
+    for i in range(t):
+        p = int(pos[i])
+        if p % stride != offset:
+            continue
+        written[slots[i], p // stride] = True
+        assert torch.allclose(kc[slots[i], p // stride].float(), rk[i], **tol)
+        assert torch.equal(vc[slots[i], p // stride].float(), rv[i])
+    assert kc[~written].isnan().all() and vc[~written].isnan().all()  # nothing else touched
+
+
+def test_rejections():
+    table = rotary_table(16, 1e4, 8, "cpu")
+    kc = torch.zeros(2, 8, 1, 16, dtype=torch.bfloat16)
+    qkv = torch.zeros(1, 64, dtype=torch.bfloat16)
+    one = torch.zeros(1, dtype=torch.int32)
+    with pytest.raises(ShapeError, match=r"qkv must be \[T, \(Hq \+ 2 KVH\) D\]"):
+        rope_qk_cache(qkv[:, :32], one, one, table, (kc, kc), (2, 1, 16))
+    with pytest.raises(DTypeError, match="positions must be int32"):
+        rope_qk_cache(qkv, one.long(), one, table, (kc, kc), (2, 1, 16))
+    with pytest.raises(LayoutError, match="k_cache"):
+        rope_qk_cache(qkv, one, one, table, (kc.float(), kc), (2, 1, 16))
+    with pytest.raises(ShapeError, match="rotary_dim must be even"):
+        rotary_table(15, 1e4, 8, "cpu")
