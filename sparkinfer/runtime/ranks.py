@@ -67,14 +67,22 @@ class World:
 
 
 def resolve_backend(backend: str, world_size: int) -> str:
-    """"auto" picks "cuda" when this host has at least `world_size` GPUs."""
+    """"auto" picks "cuda" when this host has at least `world_size` GPUs,
+    "cuda_shared" when it has fewer but at least one (the GPU kernels, every rank
+    on cuda:0: the interpreter would need the test setup's numpy pin), else "cpu".
+    An explicit "cuda" or "cuda_shared" on a host without enough GPUs raises SetupError."""
     if backend not in BACKENDS:
         raise SetupError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if backend != "auto":
-        return backend
     import torch
 
-    return "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= world_size else "cpu"
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if backend == "auto":
+        return "cuda" if gpus >= world_size else "cuda_shared" if gpus else "cpu"
+    need = world_size if backend == "cuda" else 1 if backend == "cuda_shared" else 0
+    if gpus < need:
+        raise SetupError(f"backend {backend!r} with {world_size} ranks needs {need} GPU(s); this host has "
+                         f"{gpus}. Use backend 'cpu' (Triton interpreter) or 'auto'")
+    return backend
 
 
 def _child(fn, rank, world_size, backend, init_method, args, env, results):

@@ -60,3 +60,14 @@ def test_bad_arguments(kw, match):
     ws = kw.pop("world_size", 2)
     with pytest.raises(SetupError, match=match):
         run_ranks(_ok, ws, args=(0,), **kw)
+
+
+def test_gpu_backends_without_gpus_raise():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this host has a GPU")
+    with pytest.raises(SetupError, match="needs 1 GPU"):
+        run_ranks(_ok, 2, backend="cuda_shared", args=(0,))
+    with pytest.raises(SetupError, match="needs 2 GPU"):
+        run_ranks(_ok, 2, backend="cuda", args=(0,))

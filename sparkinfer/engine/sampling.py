@@ -1,0 +1,52 @@
+"""Token sampling: greedy, or temperature + top-p, on logits that every rank holds
+bitwise alike (so every rank samples the same token from the same seed).
+
+Legend: N rows, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from sparkinfer.errors import ShapeError
+
+__all__ = ["SamplingParams", "sample"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """temperature: 0 is greedy (argmax); > 0 divides the logits. top_p: keep the
+    smallest set of tokens whose probability reaches top_p (1.0 keeps all).
+    seed: the generator seed (every rank must use the same). max_new_tokens:
+    tokens generated per sequence at most; stop_ids: tokens that end a sequence
+    (the stop token is kept in the output)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    max_new_tokens: int = 32
+    stop_ids: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.max_new_tokens < 1:
+            raise ShapeError(f"SamplingParams: temperature={self.temperature} (>= 0), top_p={self.top_p} "
+                             f"(in (0, 1]), max_new_tokens={self.max_new_tokens} (>= 1)")
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Token ids int64 [N] from logits [N, V]. Greedy takes the first maximum.
+    Sampling draws u ~ U(0, 1) per token and takes argmax p / -log(u) (an exact
+    draw from p, the exponential race), after top-p filtering. No host sync;
+    capture-legal (the draw comes from `generator`, or the default one, which
+    CUDA graphs advance per replay)."""
+    if params.temperature == 0:
+        return logits.argmax(dim=-1)
+    p = torch.softmax(logits.float() / params.temperature, dim=-1)
+    if params.top_p < 1:
+        sp, idx = p.sort(dim=-1, descending=True)
+        drop = (sp.cumsum(dim=-1) - sp) >= params.top_p  # mass before this token already reaches top_p
+        p = p.scatter(-1, idx, sp.masked_fill(drop, 0.0))
+    u = torch.rand(p.shape, device=p.device, generator=generator).clamp_(min=1e-20)
+    return (p / -torch.log(u)).argmax(dim=-1)

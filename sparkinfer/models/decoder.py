@@ -1,0 +1,196 @@
+"""The tensor-parallel decoder: one rank's share of a MoE model's forward.
+
+Legend: T tokens in a step, B rows (sequences) of Q queries each (T = B * Q),
+H hidden, D head dim, Hq_l / KVH_l this rank's query / KV heads, V vocabulary,
+W tensor-parallel ranks.
+
+    dec = Decoder(spec, weights, sharding, comm=comm, cache=cache, max_tokens=256)
+    logits = dec(step)              # [rows of step.logit_rows, V], bitwise equal on every rank
+
+One layer at a step: qkv projection -> q/k norm + rotary + KV-cache write (one
+kernel) -> attention over the cache (with DCP: all heads over this rank's
+token share, merged by log-sum-exp) -> o projection (a partial sum per rank)
+-> all-reduce + residual + RMSNorm (one kernel) -> routed experts (+ shared
+experts) or a dense MLP, partial per rank -> all-reduce + residual + RMSNorm
+with the next layer's input norm (the final norm after the last layer).
+Every rank holds bitwise the same hidden state after each layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from sparkinfer.attention import decode_attention
+from sparkinfer.errors import CapacityError, ShapeError
+from sparkinfer.models.weights import DenseMLPWeights, ExpertWeights, ModelWeights, Sharding
+from sparkinfer.moe import MoECaps, MoELayer, MoESpec
+from sparkinfer.norm import add_rms_norm, rms_norm
+from sparkinfer.rope import rope_qk_cache, rotary_table
+
+__all__ = ["Step", "KVCache", "Decoder"]
+
+
+@dataclass(frozen=True)
+class Step:
+    """The inputs of one forward: B rows of Q consecutive positions each.
+
+    tokens: int64 [T]; positions, slots: int32 [T] (global position and cache slot
+    of each token); row_slots, q_pos: int32 [B] (each row's slot and first
+    position); q_len: Q; logit_rows: int64 [N] rows of T whose logits are wanted,
+    or None for all T. For CUDA graphs keep every tensor at a fixed address.
+    """
+
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    slots: torch.Tensor
+    row_slots: torch.Tensor
+    q_pos: torch.Tensor
+    q_len: int
+    logit_rows: torch.Tensor | None = None
+
+
+class KVCache:
+    """k, v: [layers, S, L, KVH_l, D] bf16 for S slots of L local positions (with
+    decode-context parallelism L = ceil(max_len / W): position p at p // W on rank
+    p % W). Allocated once; zeroed so a stale read is finite."""
+
+    def __init__(self, layers: int, slots: int, max_len: int, kv_heads: int, head_dim: int,
+                 sharding: Sharding, device):
+        self.max_len, self.slots = max_len, slots
+        local = -(-max_len // sharding.dcp)
+        shape = (layers, slots, local, kv_heads, head_dim)
+        self.k = torch.zeros(shape, dtype=torch.bfloat16, device=device)
+        self.v = torch.zeros(shape, dtype=torch.bfloat16, device=device)
+
+
+def _moe_spec(spec, fmt: str) -> MoESpec:
+    grouped = spec.routing == "sigmoid_grouped"
+    return MoESpec(weight_format=fmt, activation="silu", gate_up_order="gate_up", routing=spec.routing,
+                   renormalize=spec.renormalize, n_group=spec.n_group if grouped else 1,
+                   topk_group=spec.topk_group if grouped else 1,
+                   routed_scaling_factor=spec.routed_scaling_factor)
+
+
+class Decoder:
+    """One rank of a tensor-parallel decoder.
+
+    spec: `ModelSpec`; weights: this rank's `ModelWeights`; sharding: its `Sharding`;
+    comm: a `Communicator` over the W ranks (None when W = 1); cache: `KVCache`;
+    max_tokens: the largest T of any step (sizes the MoE plan and scratch);
+    moe_format: "bf16" or "nvfp4" (must match the loaded expert weights).
+    Construction plans the MoE layers and prepares their weights: not capture-legal.
+    """
+
+    def __init__(self, spec, weights: ModelWeights, sharding: Sharding, *, comm=None, cache: KVCache,
+                 max_tokens: int, moe_format: str = "bf16"):
+        if sharding.world > 1 and comm is None:
+            raise ShapeError(f"a decoder over {sharding.world} ranks needs a Communicator (comm=None given)")
+        self.spec, self.w, self.sh, self.comm, self.cache = spec, weights, sharding, comm, cache
+        self.max_tokens = max_tokens
+        dev = weights.final_norm.device
+        self.device = dev
+        d = spec.head_dim
+        self.heads_l = weights.layers[0].attn.o.shape[1] // d  # Hq_l
+        self.table = rotary_table(spec.rotary_dim, spec.rope_theta, cache.max_len, dev)
+        self.scale = d ** -0.5
+        num_sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 132
+        self.moe: list[MoELayer | None] = []
+        for lw in weights.layers:
+            m = lw.mlp
+            if not isinstance(m, ExpertWeights):
+                self.moe.append(None)
+                continue
+            caps = MoECaps(max_tokens=max_tokens, num_experts=spec.num_experts, top_k=spec.top_k,
+                           hidden=spec.hidden, intermediate=_local_inter(m), tp_rank=0, tp_size=1,
+                           num_sms=num_sms)
+            bias = m.correction_bias.float() if m.correction_bias is not None else None
+            self.moe.append(MoELayer(caps, _moe_spec(spec, moe_format), (m.w1, m.w2), device=dev, bias=bias))
+            if spec.routing == "sigmoid_grouped":  # transformers routes these in fp32
+                m.router = m.router.float()
+        self._moe_out = torch.empty((max_tokens, spec.hidden), dtype=torch.bfloat16, device=dev)
+
+    # ------------------------------------------------------------------ pieces
+    def _norm(self, partial, residual, weight):
+        """(normed, residual_out) = the all-reduce of the partial sums + residual, RMSNorm."""
+        eps = self.spec.rms_eps
+        if self.sh.world == 1:
+            return add_rms_norm(partial, residual, weight, eps)
+        return self.comm.all_reduce_add_rms_norm(partial, residual, weight, eps)
+
+    def _embed(self, tokens):
+        w = self.w
+        if self.sh.world == 1:
+            h = F.embedding(tokens, w.embed)
+            return rms_norm(h, w.layers[0].input_norm, self.spec.rms_eps), h
+        local = tokens - w.vocab_start
+        mine = (local >= 0) & (local < w.embed.shape[0])
+        part = F.embedding(torch.where(mine, local, 0), w.embed) * mine[:, None].to(w.embed.dtype)
+        return self._norm(part, torch.zeros_like(part), w.layers[0].input_norm)
+
+    def _attention(self, i: int, x, step: Step):
+        a, spec, sh = self.w.layers[i].attn, self.spec, self.sh
+        d, t = spec.head_dim, x.shape[0]
+        qkv = F.linear(x, a.qkv, a.qkv_bias)
+        norms = (a.q_norm, a.k_norm) if a.q_norm is not None else None
+        caches = (self.cache.k[i], self.cache.v[i])
+        q = rope_qk_cache(qkv, step.positions, step.slots, self.table, caches, (self.heads_l, a.kv_heads, d),
+                          norms=norms, eps=spec.rms_eps, kv_stride=sh.dcp, kv_offset=sh.rank if sh.dcp > 1 else 0)
+        b = step.row_slots.shape[0]
+        if sh.dcp == 1:
+            out, _ = decode_attention(q.view(b, step.q_len, self.heads_l, d), *caches, step.row_slots, step.q_pos,
+                                      sm_scale=self.scale)
+            out = out.view(t, self.heads_l * d)
+        else:
+            q_all = self.comm.all_gather_heads(q)  # [T, Hq, D]
+            hq = q_all.shape[1]
+            part, lse = decode_attention(q_all.view(b, step.q_len, hq, d), *caches, step.row_slots, step.q_pos,
+                                         sm_scale=self.scale, kv_stride=sh.dcp, kv_offset=sh.rank)
+            out = self.comm.dcp_merge(part.view(t, hq, d), lse.view(t, hq), scatter_heads=True)
+            out = out.reshape(t, self.heads_l * d)
+        return F.linear(out, a.o)
+
+    @staticmethod
+    def _dense(m: DenseMLPWeights, x):
+        g, u = F.linear(x, m.gate_up).chunk(2, dim=-1)
+        return F.linear(F.silu(g) * u, m.down)
+
+    def _mlp(self, i: int, x):
+        m = self.w.layers[i].mlp
+        if isinstance(m, DenseMLPWeights):
+            return self._dense(m, x)
+        logits = F.linear(x.to(m.router.dtype), m.router)
+        out = self.moe[i](x, logits, out=self._moe_out[:x.shape[0]])
+        if m.shared is not None:
+            out = out + self._dense(m.shared, x)
+        return out
+
+    # ------------------------------------------------------------------ forward
+    def __call__(self, step: Step) -> torch.Tensor:
+        """Logits [N, V] (bf16) of step.logit_rows (all T rows if None), the same bits
+        on every rank. Writes this step's keys and values into the cache. No host
+        sync; capture-legal (torch ops allocate from the graph's pool)."""
+        t = step.tokens.shape[0]
+        if t > self.max_tokens:
+            raise CapacityError(f"step of {t} tokens exceeds the decoder's max_tokens={self.max_tokens}; "
+                                "prefill in chunks or build the decoder with a larger max_tokens")
+        layers = self.w.layers
+        x, residual = self._embed(step.tokens)
+        for i, lw in enumerate(layers):
+            x, residual = self._norm(self._attention(i, x, step), residual, lw.post_attn_norm)
+            nxt = layers[i + 1].input_norm if i + 1 < len(layers) else self.w.final_norm
+            x, residual = self._norm(self._mlp(i, x), residual, nxt)
+        if step.logit_rows is not None:
+            x = x.index_select(0, step.logit_rows)
+        logits = F.linear(x, self.w.lm_head)  # [N, V_l]
+        if self.sh.world > 1:
+            n, v_l = logits.shape
+            logits = self.comm.all_gather(logits).view(self.sh.world, n, v_l).transpose(0, 1).reshape(n, -1)
+        return logits[:, :self.spec.vocab_size]
+
+
+def _local_inter(m: ExpertWeights) -> int:
+    """I_l of a rank's expert weights: w2 is [E, H, I_l] (an NVFP4Tensor reports its logical shape)."""
+    return int(m.w2.shape[-1])
