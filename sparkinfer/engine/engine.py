@@ -157,9 +157,10 @@ class Engine:
         return logits
 
     def generate(self, prompts: list[list[int]], params: SamplingParams = SamplingParams(), *,
-                 keep_logits: bool = False) -> GenerationResult:
+                 keep_logits: bool = False, on_token=None) -> GenerationResult:
         """New tokens for each prompt (greedy or sampled per `params`), every rank alike.
-        keep_logits copies every step's logits to the host (for checks; slow)."""
+        keep_logits copies every step's logits to the host (for checks; slow);
+        on_token(seq, token) is called for each new token as it is sampled."""
         if not prompts or len(prompts) > self.max_batch:
             raise CapacityError(f"{len(prompts)} prompts; this engine takes 1 to max_batch={self.max_batch}")
         max_len = self.dec.cache.max_len
@@ -188,6 +189,8 @@ class Engine:
         while True:
             for i in list(live):
                 res.tokens[i].append(nxt[i])
+                if on_token is not None:
+                    on_token(i, nxt[i])
                 if (nxt[i] in params.stop_ids or len(res.tokens[i]) >= params.max_new_tokens
                         or lengths[i] + 1 >= max_len):
                     live.remove(i)
