@@ -154,9 +154,8 @@ def load_spec(src: str | os.PathLike | dict) -> ModelSpec:
     if act != "silu":
         _unsupported(where, "hidden_act", act, "only silu-gated MLPs are implemented")
     heads = int(get("num_attention_heads"))
-    kv = cfg.get("num_key_value_heads")
-    kv = heads if (kv is None and family == "mixtral") else int(kv if kv is not None
-                                                               else d["num_key_value_heads"])
+    kv = cfg.get("num_key_value_heads", d["num_key_value_heads"])
+    kv = int(heads if kv is None else kv)  # an explicit null means one KV head per query head
     hidden = int(get("hidden_size"))
     head_dim = cfg.get("head_dim")
     if head_dim is None:

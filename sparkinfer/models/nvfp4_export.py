@@ -68,7 +68,7 @@ def write_nvfp4_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, *,
                     q = quantize_nvfp4(w, gs)
                     out[f"{name}.weight"] = q.packed
                     out[f"{name}.weight_scale"] = q.scales
-                    out[f"{name}.weight_scale_2"] = q.global_scale.reshape(())
+                    out[f"{name}.weight_scale_2"] = q.global_scale.reshape(()).clone()
                     out[f"{name}.input_scale"] = torch.ones((), dtype=torch.float32)
                     quantized.add(f"{name}.weight")
         for name in ckpt.names:
