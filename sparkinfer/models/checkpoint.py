@@ -64,7 +64,7 @@ class Checkpoint:
             self._where = str(files[0]) if len(files) == 1 else f"{self.path}/*.safetensors"
             self._file_of = {}
             for f in files:
-                for name in self._open(f, None).keys():
+                for name in self._open(f, None).keys():  # noqa: SIM118 (a safe_open handle)
                     self._file_of[name] = f
 
     # -- lookup ---------------------------------------------------------------------------

@@ -128,7 +128,8 @@ class ModelSpec:
 def rope_inv_freq(spec: ModelSpec, device="cpu") -> torch.Tensor:
     """fp32 [rotary_dim / 2] inverse frequencies, computed as transformers does. Allocates."""
     rd = spec.rotary_dim
-    return 1.0 / (spec.rope_theta ** (torch.arange(0, rd, 2, dtype=torch.float32, device=device) / rd))
+    exponents = torch.arange(0, rd, 2, dtype=torch.float32, device=device) / rd
+    return 1.0 / (spec.rope_theta ** exponents)
 
 
 def load_spec(src: str | os.PathLike | dict) -> ModelSpec:
@@ -211,10 +212,10 @@ def _qwen3(cfg, where, get, common) -> dict:
     e = common["num_experts"]
     moe_layers = tuple(i not in dense_only and e > 0 and (i + 1) % step == 0
                        for i in range(common["num_layers"]))
-    return dict(attention_bias=False, qk_norm=True, moe_intermediate=int(get("moe_intermediate_size")),
-                routing="softmax", renormalize=bool(get("norm_topk_prob")), n_group=1,
-                topk_group=1, routed_scaling_factor=1.0, num_shared_experts=0,
-                shared_intermediate=0,
+    return dict(attention_bias=False, qk_norm=True,
+                moe_intermediate=int(get("moe_intermediate_size")), routing="softmax",
+                renormalize=bool(get("norm_topk_prob")), n_group=1, topk_group=1,
+                routed_scaling_factor=1.0, num_shared_experts=0, shared_intermediate=0,
                 dense_intermediate=int(get("intermediate_size")) if not all(moe_layers) else 0,
                 moe_layers=moe_layers)
 

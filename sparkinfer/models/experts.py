@@ -20,7 +20,7 @@ w2 [E, H, I_l], bf16 tensors or NVFP4Tensors with global_scale [E].
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -62,7 +62,7 @@ class RoutedExperts:
 
     w1: object
     w2: object
-    fold: FoldStats = FoldStats()
+    fold: FoldStats = field(default_factory=FoldStats)
 
 
 def expert_layout(ckpt: Checkpoint, spec: ModelSpec, layer: int) -> ExpertLayout:
@@ -93,8 +93,9 @@ def load_routed(ckpt: Checkpoint, spec: ModelSpec, sharding: Sharding, layer: in
     """Read this rank's share of layer `layer`'s routed experts.
 
     Returns w1 [E, 2 * I_l, H], w2 [E, H, I_l] as bf16 tensors (moe_format
-    "bf16") or NVFP4Tensors with global_scale [E] ("nvfp4"). bf16 checkpoints with "nvfp4" are quantized
-    here, after slicing, one global scale per expert's stacked w1 and per w2.
+    "bf16") or NVFP4Tensors with global_scale [E] ("nvfp4"). bf16 checkpoints
+    with "nvfp4" are quantized here, after slicing, one global scale per
+    expert's stacked w1 and per w2.
     NVFP4 checkpoints with "nvfp4" load as stored (no bf16 round trip); with
     "bf16" they are dequantized. Allocates on `device`; reads only this rank's
     rows/columns.
@@ -104,12 +105,11 @@ def load_routed(ckpt: Checkpoint, spec: ModelSpec, sharding: Sharding, layer: in
     e, h, i = spec.num_experts, spec.hidden, spec.moe_intermediate
     a, b = sharding.split(i, "moe_intermediate_size")
     lay = expert_layout(ckpt, spec, layer)
-    if lay.nvfp4 or moe_format == "nvfp4":
-        if (b - a) % BLOCK or h % BLOCK:
-            raise ShapeError(f"layer {layer}: NVFP4 experts need hidden ({h}) and the per-rank "
-                             f"moe_intermediate_size ({i} / {sharding.world} = {b - a}) to be "
-                             f"multiples of {BLOCK} (down_proj shards on its reduction axis I); "
-                             "choose another world size or moe_format='bf16'")
+    if (lay.nvfp4 or moe_format == "nvfp4") and ((b - a) % BLOCK or h % BLOCK):
+        raise ShapeError(f"layer {layer}: NVFP4 experts need hidden ({h}) and the per-rank "
+                         f"moe_intermediate_size ({i} / {sharding.world} = {b - a}) to be "
+                         f"multiples of {BLOCK} (down_proj shards on its reduction axis I); "
+                         "choose another world size or moe_format='bf16'")
     if lay.nvfp4:
         gate = _stack([read_nvfp4(ckpt, lay.expert(x, lay.gate), (i, h), dim=0, span=(a, b),
                                   device=device) for x in range(e)])

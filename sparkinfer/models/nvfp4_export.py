@@ -56,7 +56,8 @@ def write_nvfp4_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, *,
             lay = expert_layout(ckpt, spec, layer)
             if lay.fused:
                 raise CheckpointError(f"{lay.prefix}.experts.gate_up_proj in {src}: the fused "
-                                      "expert layout has no ModelOpt counterpart; re-save per expert")
+                                      "expert layout has no ModelOpt counterpart; re-save it "
+                                      "per expert")
             for e in range(spec.num_experts):
                 names = [lay.expert(e, p) for p in (lay.gate, lay.up, lay.down)]
                 mats = [ckpt.read(f"{n}.weight", dtype=torch.float32) for n in names]

@@ -61,7 +61,8 @@ def read_nvfp4(ckpt: Checkpoint, prefix: str, shape: tuple[int, int], *, dim: in
         if a % BLOCK or b % BLOCK:
             raise ShapeError(f"{prefix}: slice [{a}, {b}) of the NVFP4 reduction axis does not "
                              f"start and end on a {BLOCK}-element block; a tensor-parallel shard "
-                             f"of this axis must be a multiple of {BLOCK} (choose another world size)")
+                             f"of this axis must be a multiple of {BLOCK} (choose another world "
+                             "size)")
         packed = ckpt.read(f"{prefix}.weight", dim=1, span=(a // 2, b // 2), device=device)
         scales = ckpt.read(f"{prefix}.weight_scale", dim=1, span=(a // BLOCK, b // BLOCK),
                            device=device)

@@ -152,17 +152,18 @@ def _fill(model, hidden: int, seed: int):
     """Overwrite every parameter and the correction-bias buffers, in name order."""
     gen = torch.Generator().manual_seed(seed)
     tensors = dict(model.named_parameters())
-    tensors.update({n: b for n, b in model.named_buffers() if n.endswith("e_score_correction_bias")})
+    tensors.update({n: b for n, b in model.named_buffers()
+                    if n.endswith("e_score_correction_bias")})
     with torch.no_grad():
         for name in sorted(tensors):
             t = tensors[name]
             if name.endswith("norm.weight"):
                 std, mean = 0.1, 1.0
-            elif name.endswith(".bias") or name.endswith("e_score_correction_bias"):
+            elif name.endswith((".bias", "e_score_correction_bias")):
                 std, mean = 0.1, 0.0
             elif name.endswith("embed_tokens.weight"):
                 std, mean = 1.0, 0.0
-            elif name.endswith("lm_head.weight") or name.endswith("gate.weight"):
+            elif name.endswith(("lm_head.weight", "gate.weight")):
                 std, mean = 2.0 / math.sqrt(hidden), 0.0
             else:  # linears [out, in] and fused experts [E, out, in]
                 std, mean = 1.0 / math.sqrt(t.shape[-1]), 0.0

@@ -19,7 +19,8 @@ def test_headers_and_slices_match_the_full_tensors(ckpt_dir):
     name = "model.layers.1.self_attn.o_proj.weight"
     assert ckpt.has(name) and not ckpt.has("model.layers.9.self_attn.o_proj.weight")
     assert ckpt.shape(name) == tuple(full[name].shape) and ckpt.dtype(name) == torch.bfloat16
-    assert ckpt.dtype("model.layers.1.mlp.gate.weight") == torch.float32  # kept fp32 by transformers
+    # transformers keeps GLM's router in fp32 (_keep_in_fp32_modules_strict)
+    assert ckpt.dtype("model.layers.1.mlp.gate.weight") == torch.float32
     assert torch.equal(ckpt.read(name, dim=1, span=(32, 96)), full[name][:, 32:96])
     assert torch.equal(ckpt.read(name, dim=0, span=(8, 9)), full[name][8:9])
     got = ckpt.read(name, dim=0, span=(0, 4), dtype=torch.float32)
@@ -61,9 +62,10 @@ def test_missing_tensor_names_tensor_and_file(ckpt_dir, tmp_path):
 def test_misshaped_tensor_names_tensor_file_and_expectation(ckpt_dir, tmp_path):
     src = ckpt_dir("mixtral-tiny")
     name = "model.layers.1.self_attn.k_proj.weight"
-    path = copy_without(src, tmp_path / "c", replace={name: torch.zeros(190, 64, dtype=torch.bfloat16)})
-    with pytest.raises(CheckpointError, match=r"k_proj\.weight' in .*c/model\.safetensors has shape "
-                                              r"\(190, 64\); expected \(192, 64\)"):
+    bad = torch.zeros(190, 64, dtype=torch.bfloat16)
+    path = copy_without(src, tmp_path / "c", replace={name: bad})
+    with pytest.raises(CheckpointError, match=r"k_proj\.weight' in .*c/model\.safetensors has "
+                                              r"shape \(190, 64\); expected \(192, 64\)"):
         load_weights(Checkpoint(path), load_spec(path), Sharding())
 
 
@@ -83,7 +85,7 @@ def test_truncated_single_file(ckpt_dir, tmp_path, keep):
     size = f.stat().st_size
     with open(f, "r+b") as fh:
         fh.truncate(keep if keep > 0 else size + keep)
-    with pytest.raises(CheckpointError, match=r"file .*c/model\.safetensors is truncated or corrupt"):
+    with pytest.raises(CheckpointError, match=r"file .*c/model\.safetensors is truncated"):
         Checkpoint(path)
 
 

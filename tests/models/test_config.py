@@ -29,7 +29,8 @@ def agrees_with_transformers(spec, hf):
     assert spec.max_position_embeddings == hf.max_position_embeddings
     assert spec.bos_token_id == hf.bos_token_id
     eos = hf.eos_token_id
-    assert spec.eos_token_ids == tuple(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    eos = eos if isinstance(eos, list) else [] if eos is None else [eos]
+    assert spec.eos_token_ids == tuple(eos)
     assert spec.renormalize == getattr(hf, "norm_topk_prob", True)
     assert spec.tie_word_embeddings == hf.tie_word_embeddings
 
@@ -48,7 +49,8 @@ def test_defaults_match_transformers(arch):
 def test_saved_tiny_checkpoint_parses(preset, ckpt_dir, hf_model):
     path = ckpt_dir(preset)
     spec = load_spec(path)
-    assert spec == load_spec(path / "config.json") == load_spec(json.loads((path / "config.json").read_text()))
+    as_dict = json.loads((path / "config.json").read_text())
+    assert spec == load_spec(path / "config.json") == load_spec(as_dict)
     agrees_with_transformers(spec, transformers.AutoConfig.from_pretrained(path))
     model = hf_model(preset)
     assert spec.moe_layers == tuple(hasattr(layer.mlp, "experts") for layer in model.model.layers)
@@ -83,13 +85,16 @@ def test_realistic_presets_parse_with_a_layer_override(name):
     full, short = load_spec(preset_config(name)), load_spec(preset_config(name, layers=3))
     assert short.num_layers == 3 and len(short.moe_layers) == 3
     assert full.hidden == short.hidden and full.num_experts == short.num_experts
-    agrees_with_transformers(full, CONFIG_CLASSES[preset_config(name)["architectures"][0]](
-        **{k: v for k, v in preset_config(name).items() if k not in ("architectures", "torch_dtype")}))
+    cfg = preset_config(name)
+    arch = cfg.pop("architectures")[0]
+    cfg.pop("torch_dtype")
+    agrees_with_transformers(full, CONFIG_CLASSES[arch](**cfg))
 
 
 def test_published_dimensions():
     qwen = load_spec(preset_config("qwen3-30b-a3b"))
-    assert (qwen.head_dim, qwen.num_experts, qwen.top_k, qwen.moe_intermediate) == (128, 128, 8, 768)
+    assert (qwen.head_dim, qwen.num_experts, qwen.top_k, qwen.moe_intermediate) == \
+        (128, 128, 8, 768)
     glm = load_spec(preset_config("glm-4.5-air"))
     assert (glm.rotary_dim, glm.num_heads, glm.eos_token_ids) == (64, 96, (151329, 151336, 151338))
     mix = load_spec(preset_config("mixtral-8x7b"))
@@ -97,9 +102,11 @@ def test_published_dimensions():
 
 
 REJECTED = [  # (preset, overrides, message fragment)
-    ("mixtral-tiny", {"architectures": ["LlamaForCausalLM"]}, r"architectures\[0\]='LlamaForCausalLM'"),
+    ("mixtral-tiny", {"architectures": ["LlamaForCausalLM"]},
+     r"architectures\[0\]='LlamaForCausalLM'"),
     ("mixtral-tiny", {"hidden_act": "gelu"}, r"hidden_act='gelu'"),
-    ("qwen3_moe-tiny", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, r"rope_scaling=.*yarn"),
+    ("qwen3_moe-tiny", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
+     r"rope_scaling=.*yarn"),
     ("glm4_moe-tiny", {"rope_parameters": {"rope_type": "linear", "factor": 2.0}},
      r"rope_parameters=.*linear"),
     ("qwen3_moe-tiny", {"use_sliding_window": True}, r"use_sliding_window=True"),
@@ -112,7 +119,8 @@ REJECTED = [  # (preset, overrides, message fragment)
     ("mixtral-tiny", {"num_key_value_heads": 5}, r"num_key_value_heads=5"),
     ("qwen3_moe-tiny", {"num_experts_per_tok": 9}, r"num_experts_per_tok=9"),
     ("qwen3_moe-tiny", {"decoder_sparse_step": 0}, r"decoder_sparse_step=0"),
-    ("qwen3_moe-tiny", {"quantization_config": {"quant_method": "fp8"}}, r"quantization_config=.*fp8"),
+    ("qwen3_moe-tiny", {"quantization_config": {"quant_method": "fp8"}},
+     r"quantization_config=.*fp8"),
     ("qwen3_moe-tiny", {"quantization_config": {"quant_method": "modelopt", "quant_algo": "FP8"}},
      r"quantization_config=.*FP8"),
 ]

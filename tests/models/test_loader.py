@@ -117,7 +117,8 @@ def test_kv_head_mapping_when_world_exceeds_kv_heads(ckpt_dir, hf_model):
         assert w.layers[0].attn.kv_heads == 1
         k = w.layers[0].attn.qkv[2 * d:3 * d]
         assert torch.equal(k, k_proj[r // 2 * d:(r // 2 + 1) * d])
-    assert head_shard(spec, Sharding(3, 4)) == HeadShard(q_start=6, q_heads=2, kv_start=1, kv_heads=1)
+    assert head_shard(spec, Sharding(3, 4)) == HeadShard(q_start=6, q_heads=2, kv_start=1,
+                                                         kv_heads=1)
 
 
 def test_tied_embeddings_share_one_tensor(ckpt_dir):
@@ -177,7 +178,8 @@ DIVISION_CASES = [  # (preset overrides, world, what the message names)
 ]
 
 
-@pytest.mark.parametrize("over,world,match", DIVISION_CASES, ids=["heads", "kv-heads", "kv-straddle"])
+@pytest.mark.parametrize("over,world,match", DIVISION_CASES,
+                         ids=["heads", "kv-heads", "kv-straddle"])
 def test_heads_that_do_not_divide_raise(over, world, match):
     spec = load_spec(preset_config("qwen3_moe-tiny", **over))
     with pytest.raises(ShapeError, match=match):
