@@ -79,7 +79,9 @@ class DenseMLPWeights:
 
 @dataclass
 class ExpertWeights:
-    """router: [E, H] (replicated, checkpoint dtype kept as bf16). correction_bias:
+    """router: [E, H] (replicated): bf16 for softmax routing; fp32 for
+    "sigmoid_grouped" (GLM: transformers keeps that router in fp32 and computes
+    its logits in fp32, `_keep_in_fp32_modules_strict`). correction_bias:
     fp32 [E] (sigmoid grouped routing) or None. w1: [E, 2 * I_l, H], gate rows then
     up rows; w2: [E, H, I_l]; bf16 tensors or `sparkinfer.quant.NVFP4Tensor`s.
     shared: the shared experts (all of them concatenated along I, then sharded)

@@ -1,0 +1,162 @@
+"""The routed experts of one MoE layer, read for one rank and stacked for `MoELayer`.
+
+Legend: E experts, H hidden, I intermediate of one expert, W ranks, `_l` this
+rank's share (I_l = I / W, rows [a, b) = [r * I_l, (r + 1) * I_l)).
+
+Checkpoint layouts read (the first that the checkpoint holds):
+
+- per-expert 2-D tensors, as the Hub checkpoints and transformers 5.24
+  `save_pretrained` write them: `<moe>.experts.{e}.{gate,up,down}_proj.weight`
+  (Qwen3-MoE, GLM-4.5) or `<moe>.experts.{e}.{w1,w3,w2}.weight` (Mixtral: w1
+  gate, w3 up, w2 down), with `<moe>` = `model.layers.{i}.mlp` or
+  `model.layers.{i}.block_sparse_moe` (Mixtral);
+- fused 3-D tensors, transformers' in-memory layout: `<moe>.experts.gate_up_proj`
+  [E, 2I, H] (gate rows then up rows) and `<moe>.experts.down_proj` [E, H, I];
+- ModelOpt NVFP4 per-expert linears (see `nvfp4_io`).
+
+Output: w1 [E, 2 * I_l, H] (this rank's gate rows, then its up rows) and
+w2 [E, H, I_l], bf16 tensors or NVFP4Tensors with global_scale [E].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from sparkinfer.errors import PlanError, ShapeError
+from sparkinfer.models.checkpoint import FLOAT_DTYPES, Checkpoint
+from sparkinfer.models.config import ModelSpec
+from sparkinfer.models.nvfp4_io import FoldStats, is_nvfp4, join_gate_up, read_nvfp4
+from sparkinfer.models.weights import Sharding
+from sparkinfer.quant.nvfp4 import BLOCK, NVFP4Tensor, dequantize_nvfp4, quantize_nvfp4
+
+__all__ = ["ExpertLayout", "RoutedExperts", "expert_layout", "load_routed", "MOE_FORMATS"]
+
+MOE_FORMATS = ("bf16", "nvfp4")
+
+
+@dataclass(frozen=True)
+class ExpertLayout:
+    """Where one layer's routed experts live. prefix: the MoE module
+    (`model.layers.{i}.mlp`); fused: 3-D `experts.gate_up_proj` / `experts.down_proj`;
+    else gate, up, down: the per-expert projection names; nvfp4: ModelOpt packed."""
+
+    prefix: str
+    fused: bool
+    gate: str = "gate_proj"
+    up: str = "up_proj"
+    down: str = "down_proj"
+    nvfp4: bool = False
+
+    def expert(self, e: int, proj: str) -> str:
+        """Module name of expert e's projection `proj` (no `.weight`)."""
+        return f"{self.prefix}.experts.{e}.{proj}"
+
+
+@dataclass(frozen=True)
+class RoutedExperts:
+    """One rank's routed experts of a layer: w1 [E, 2 * I_l, H], w2 [E, H, I_l]
+    (bf16 tensors or NVFP4Tensors), and what joining an NVFP4 checkpoint's gate
+    and up global scales rounded (see `join_gate_up`)."""
+
+    w1: object
+    w2: object
+    fold: FoldStats = field(default_factory=FoldStats)
+
+
+def expert_layout(ckpt: Checkpoint, spec: ModelSpec, layer: int) -> ExpertLayout:
+    """Find layer `layer`'s MoE module and expert layout from the tensor names
+    (headers only). Raises CheckpointError naming the router tensor when no
+    candidate module has one."""
+    base = f"model.layers.{layer}"
+    cands = ([f"{base}.block_sparse_moe", f"{base}.mlp"] if spec.family == "mixtral"
+             else [f"{base}.mlp"])
+    prefix = next((p for p in cands if ckpt.has(f"{p}.gate.weight")), None)
+    if prefix is None:
+        ckpt.file_of(f"{cands[0]}.gate.weight")  # raises: missing, naming the checkpoint
+    if ckpt.has(f"{prefix}.experts.gate_up_proj"):
+        return ExpertLayout(prefix, fused=True)
+    names = [("w1", "w3", "w2"), ("gate_proj", "up_proj", "down_proj")]
+    if spec.family != "mixtral":
+        names.reverse()
+    for gate, up, down in names:
+        lay = ExpertLayout(prefix, False, gate, up, down)
+        if ckpt.has(f"{lay.expert(0, gate)}.weight"):
+            return ExpertLayout(prefix, False, gate, up, down,
+                                nvfp4=is_nvfp4(ckpt, lay.expert(0, gate)))
+    return ExpertLayout(prefix, False, *names[0])  # reads will name the missing tensor
+
+
+def load_routed(ckpt: Checkpoint, spec: ModelSpec, sharding: Sharding, layer: int, *,
+                device="cpu", moe_format: str = "bf16") -> RoutedExperts:
+    """Read this rank's share of layer `layer`'s routed experts.
+
+    Returns w1 [E, 2 * I_l, H], w2 [E, H, I_l] as bf16 tensors (moe_format
+    "bf16") or NVFP4Tensors with global_scale [E] ("nvfp4"). bf16 checkpoints
+    with "nvfp4" are quantized here, after slicing, one global scale per
+    expert's stacked w1 and per w2.
+    NVFP4 checkpoints with "nvfp4" load as stored (no bf16 round trip); with
+    "bf16" they are dequantized. Allocates on `device`; reads only this rank's
+    rows/columns.
+    """
+    if moe_format not in MOE_FORMATS:
+        raise PlanError(f"moe_format={moe_format!r}; choose one of {MOE_FORMATS}")
+    e, h, i = spec.num_experts, spec.hidden, spec.moe_intermediate
+    a, b = sharding.split(i, "moe_intermediate_size")
+    lay = expert_layout(ckpt, spec, layer)
+    if (lay.nvfp4 or moe_format == "nvfp4") and ((b - a) % BLOCK or h % BLOCK):
+        raise ShapeError(f"layer {layer}: NVFP4 experts need hidden ({h}) and the per-rank "
+                         f"moe_intermediate_size ({i} / {sharding.world} = {b - a}) to be "
+                         f"multiples of {BLOCK} (down_proj shards on its reduction axis I); "
+                         "choose another world size or moe_format='bf16'")
+    if lay.nvfp4:
+        gate = _stack([read_nvfp4(ckpt, lay.expert(x, lay.gate), (i, h), dim=0, span=(a, b),
+                                  device=device) for x in range(e)])
+        up = _stack([read_nvfp4(ckpt, lay.expert(x, lay.up), (i, h), dim=0, span=(a, b),
+                                device=device) for x in range(e)])
+        w2 = _stack([read_nvfp4(ckpt, lay.expert(x, lay.down), (h, i), dim=1, span=(a, b),
+                                device=device) for x in range(e)])
+        w1, fold = join_gate_up(gate, up)
+        if moe_format == "bf16":
+            return RoutedExperts(dequantize_nvfp4(w1, torch.bfloat16),
+                                 dequantize_nvfp4(w2, torch.bfloat16), fold)
+        return RoutedExperts(w1, w2, fold)
+    w1, w2 = _read_bf16(ckpt, lay, spec, (a, b), device)
+    if moe_format == "nvfp4":
+        return RoutedExperts(quantize_nvfp4(w1), quantize_nvfp4(w2))
+    return RoutedExperts(w1, w2)
+
+
+def _read_bf16(ckpt: Checkpoint, lay: ExpertLayout, spec: ModelSpec, span: tuple[int, int],
+               device) -> tuple[torch.Tensor, torch.Tensor]:
+    e, h, i = spec.num_experts, spec.hidden, spec.moe_intermediate
+    a, b = span
+    il = b - a
+    bf = torch.bfloat16
+    w1 = torch.empty(e, 2 * il, h, dtype=bf, device=device)  # [E, 2 I_l, H]
+    w2 = torch.empty(e, h, il, dtype=bf, device=device)  # [E, H, I_l]
+    if lay.fused:
+        gu, dn = f"{lay.prefix}.experts.gate_up_proj", f"{lay.prefix}.experts.down_proj"
+        ckpt.expect(gu, (e, 2 * i, h), what="[E, 2*I, H], gate rows then up rows")
+        ckpt.expect(dn, (e, h, i), what="[E, H, I]")
+        w1[:, :il] = ckpt.read(gu, dim=1, span=(a, b), dtype=bf, device=device)
+        w1[:, il:] = ckpt.read(gu, dim=1, span=(i + a, i + b), dtype=bf, device=device)
+        w2.copy_(ckpt.read(dn, dim=2, span=(a, b), dtype=bf, device=device))
+        return w1, w2
+    for x in range(e):
+        for rows, proj in ((slice(0, il), lay.gate), (slice(il, 2 * il), lay.up)):
+            name = f"{lay.expert(x, proj)}.weight"
+            ckpt.expect(name, (i, h), FLOAT_DTYPES, what="[moe_intermediate_size, hidden_size]")
+            w1[x, rows] = ckpt.read(name, dim=0, span=(a, b), dtype=bf, device=device)
+        name = f"{lay.expert(x, lay.down)}.weight"
+        ckpt.expect(name, (h, i), FLOAT_DTYPES, what="[hidden_size, moe_intermediate_size]")
+        w2[x] = ckpt.read(name, dim=1, span=(a, b), dtype=bf, device=device)
+    return w1, w2
+
+
+def _stack(parts: list[NVFP4Tensor]) -> NVFP4Tensor:
+    """[E] per-expert NVFP4Tensors -> one with a leading E axis (global_scale [E])."""
+    return NVFP4Tensor(torch.stack([p.packed for p in parts]),
+                       torch.stack([p.scales for p in parts]),
+                       torch.stack([p.global_scale for p in parts]))
