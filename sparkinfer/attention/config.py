@@ -71,9 +71,15 @@ class AttentionConfig:
     workspace_numel: int
 
 
-def num_splits_heuristic(programs: int, cache_len: int, *, num_sms: int = H200_SMS) -> int:
+def num_splits_heuristic(programs: int, cache_len: int, *, q_blocks: int = 1,
+                         num_sms: int = H200_SMS) -> int:
     """KV splits for `programs` = B * KVH * q_blocks unsplit programs over a cache of
     `cache_len` positions per slot. Pure.
+
+    Only decode and verify split (q_blocks == 1: one tile holds all of a row's
+    queries). A prefill's parallelism comes from its query blocks, and a split
+    would round-trip NS * B * Q * Hq * D fp32 partials through HBM (17 MB for a
+    512-token Qwen3 prompt at NS 2) to save less compute than that costs.
 
     A decode program streams its keys with a 3-stage cp.async pipeline (about 96 KiB
     in flight at BLOCK_N 64, D 128), enough for one SM's share of HBM bandwidth, so
@@ -83,7 +89,7 @@ def num_splits_heuristic(programs: int, cache_len: int, *, num_sms: int = H200_S
     and MAX_SPLITS. E.g. H200, B = 1, KVH = 4, L = 8192: NS = 33;
     B = 32, KVH = 4: NS = 2; B = 64, KVH = 4: 1.
     """
-    if programs <= 0 or programs >= num_sms:
+    if programs <= 0 or programs >= num_sms or q_blocks > 1:
         return 1
     cap = max(1, min(MAX_SPLITS, cache_len // MIN_SPLIT_KEYS))
     return max(1, min(cap, triton.cdiv(num_sms, programs)))
@@ -111,7 +117,7 @@ def attention_config(*, batch: int, q_len: int, num_q_heads: int, num_kv_heads: 
     q_blocks = triton.cdiv(q_len, qb)
     programs = batch * num_kv_heads * q_blocks
     if num_splits is None:
-        ns = num_splits_heuristic(programs, cache_len, num_sms=num_sms)
+        ns = num_splits_heuristic(programs, cache_len, q_blocks=q_blocks, num_sms=num_sms)
     elif isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 1 <= num_splits <= MAX_SPLITS:
         raise PlanError(f"num_splits={num_splits!r}: pass an int in 1..{MAX_SPLITS}, or None for the "
                         "heuristic")
@@ -125,7 +131,7 @@ def attention_config(*, batch: int, q_len: int, num_q_heads: int, num_kv_heads: 
         # (two programs per SM fit the H200's 227 KiB); D 256 halves the step
         block_n=64 if block_d <= 128 else 32,
         block_d=block_d, num_splits=ns,
-        num_warps=8 if block_m >= 128 else 4,
+        num_warps=4 if block_m <= 16 else 8,
         num_stages=3,
         grid=(programs, ns), rows=rows,
         workspace_numel=ns * rows * (head_dim + 1) if ns > 1 else 0,
