@@ -35,7 +35,8 @@ class Case:
     num_splits: int | None = None
 
 
-def make_inputs(c: Case, seed: int, *, kv_stride: int = 1, kv_offset: int = 0, strided: bool = False):
+def make_inputs(c: Case, seed: int, *, kv_stride: int = 1, kv_offset: int = 0, strided: bool = False,
+                device="cpu"):
     """q [B, Q, Hq, D], k/v caches [S, L, KVH, D] (bf16), slots, q_pos (int32).
 
     Cache positions no query may attend (global position > the row's last query)
@@ -43,15 +44,16 @@ def make_inputs(c: Case, seed: int, *, kv_stride: int = 1, kv_offset: int = 0, s
     head slice of a wider [B, Q, Hq + 2, D] buffer and k/v are halves of one
     [S, L, 2, KVH, D] buffer (the layouts a fused QKV projection and a joint KV
     cache give)."""
-    g = torch.Generator().manual_seed(seed)
-    qw = torch.randn(c.B, c.Q, c.Hq + (2 if strided else 0), c.D, generator=g).bfloat16()
+    g = torch.Generator(device=device).manual_seed(seed)
+    qw = torch.randn(c.B, c.Q, c.Hq + (2 if strided else 0), c.D, generator=g, device=device).bfloat16()
     q = qw[:, :, : c.Hq]
-    kv = torch.randn(c.S, c.L, 2, c.KVH, c.D, generator=g).bfloat16()
-    key_pos = torch.arange(c.L) * kv_stride + kv_offset  # [L]
+    kv = torch.randn(c.S, c.L, 2, c.KVH, c.D, generator=g, device=device).bfloat16()
+    key_pos = torch.arange(c.L, device=device) * kv_stride + kv_offset  # [L]
     for slot, p0 in zip(c.slots, c.q_pos):
         kv[slot, key_pos > p0 + c.Q - 1] = float("nan")
     k, v = (kv[:, :, 0], kv[:, :, 1]) if strided else (kv[:, :, 0].contiguous(), kv[:, :, 1].contiguous())
-    return q, k, v, torch.tensor(c.slots, dtype=torch.int32), torch.tensor(c.q_pos, dtype=torch.int32)
+    as_i32 = dict(dtype=torch.int32, device=device)
+    return q, k, v, torch.tensor(c.slots, **as_i32), torch.tensor(c.q_pos, **as_i32)
 
 
 def reference(q, k, v, slots, q_pos, **kw):

@@ -29,7 +29,7 @@ def test_tiles(shape, want):
     assert (c.block_m, c.queries_per_block, c.q_blocks) == want
     assert c.queries_per_block * (hq // kvh) <= c.block_m and c.q_blocks * c.queries_per_block >= q
     assert c.grid == (2 * kvh * c.q_blocks, c.num_splits)
-    assert c.num_warps == (8 if c.block_m == 128 else 4) and c.block_n == 64 and c.block_d == 128
+    assert c.num_warps == (4 if c.block_m == 16 else 8) and c.block_n == 64 and c.block_d == 128
 
 
 SPLITS = {  # B, (Hq, KVH), L -> splits on 132 SMs
