@@ -1,0 +1,222 @@
+#!/usr/bin/env python3
+"""Decode attention on one GPU: GB/s of KV cache read against the copy bandwidth.
+
+Legend: B batch rows, Hq / KVH query / KV heads, D head dim 128, C context
+(every row at position C - 1, so it reads C keys), NS KV splits.
+
+One run: 1. the device's copy bandwidth (large device-to-device copy, bytes
+read + written); 2. per model (Hq / KVH of Qwen3-30B-A3B, GLM-4.5-Air, Mixtral
+at TP 1), B and C: a check of `decode_attention` against the fp32 reference,
+then timing (CUDA graph, median) of `decode_attention` and its peers on the
+same cache: `flash_attn_with_kvcache` (same [S, L, KVH, D] cache and slot
+indices; where flash-attn is installed), torch SDPA after gathering the slots
+(what the decoder with torch ops would do), and torch SDPA on K / V gathered
+beforehand (reading the same bytes, no gather). A graph replays calls on
+distinct slots, >= 256 MiB of cache together, so L2 (50 MiB) rarely serves a
+repeat. Reported: us per call, KV GB/s (B * C * KVH * D * 2 B * 2 / time), and
+that as a fraction of the copy bandwidth.
+
+Writes JSON rows (GPU, versions, commit, date, command) to --out and prints a
+table. --sweep: also NS forced to 1, 2, 4, ..., 64 (the measurements the split
+heuristic's thresholds need). --capacity L: cache of L positions per slot with
+contexts C < L (the heuristic sees L, the kernel the real C). --dry-run: tiny
+shapes on CPU through the Triton interpreter, to check this script's logic.
+
+    python3 benchmarks/bench_attention.py                 # ~1-2 min on an H200
+    python3 benchmarks/bench_attention.py --sweep --models qwen3
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common  # noqa: E402  (imports nothing heavy)
+
+MODELS = {"qwen3": (32, 4), "glm-air": (96, 8), "mixtral": (32, 8)}
+BATCHES, CONTEXTS, HEAD_DIM = (1, 8, 32, 64), (1024, 4096), 128
+DRY = dict(models={"tiny": (4, 2)}, batches=(1, 2), contexts=(64, 160), head_dim=64)
+ROTATE_BYTES = 256 << 20
+SWEEP_SPLITS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default=",".join(MODELS), help="subset of %s" % (list(MODELS),))
+    ap.add_argument("--batches", default=",".join(map(str, BATCHES)))
+    ap.add_argument("--contexts", default=",".join(map(str, CONTEXTS)))
+    ap.add_argument("--capacity", type=int, default=0, help="cache positions per slot (default: the context)")
+    ap.add_argument("--sweep", action="store_true", help="also time NS in %s" % (SWEEP_SPLITS,))
+    ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--dry-run", action="store_true", help="tiny shapes, CPU, Triton interpreter")
+    ap.add_argument("--out", default=str(_common.REPO_ROOT / "benchmarks" / "results" / "attention_h200.json"))
+    return ap.parse_args(argv)
+
+
+def time_graph(torch, calls, cuda: bool, reps: int) -> float:
+    """Seconds per call of the callables `calls`, run back to back in one CUDA graph
+    (eagerly on CPU), median of `reps` replays."""
+    def all_calls():
+        for c in calls:
+            c()
+
+    if not cuda:
+        all_calls()
+        return _common.median(_common.time_calls(all_calls, reps, cuda=False)) / len(calls)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        all_calls()  # compile, keep workspaces
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        all_calls()
+    g.replay()
+    torch.cuda.synchronize()
+    return _common.median(_common.time_calls(g.replay, reps, cuda=True)) / len(calls)
+
+
+class Point:
+    """One (model, B, C): a cache of n * B slots and the n calls' slot tensors."""
+
+    def __init__(self, torch, dev, heads, b, context, capacity, head_dim):
+        hq, kvh = heads
+        self.b, self.context, self.hq, self.kvh, self.d = b, context, hq, kvh, head_dim
+        self.kv_bytes = b * context * kvh * head_dim * 2 * 2
+        self.n = max(1, min(32, -(-ROTATE_BYTES // self.kv_bytes))) if dev == "cuda" else 1
+        L = max(capacity, context)
+        shape = (self.n * b, L, kvh, head_dim)
+        self.k = torch.randn(shape, device=dev, dtype=torch.bfloat16)
+        self.v = torch.randn(shape, device=dev, dtype=torch.bfloat16)
+        self.q = torch.randn(b, 1, hq, head_dim, device=dev, dtype=torch.bfloat16)
+        i32 = dict(dtype=torch.int32, device=dev)
+        self.slots = [torch.arange(i * b, (i + 1) * b, **i32) for i in range(self.n)]
+        self.q_pos = torch.full((b,), context - 1, **i32)
+        self.out = torch.empty(b, 1, hq, head_dim, device=dev, dtype=torch.bfloat16)
+        self.lse = torch.empty(b, 1, hq, device=dev)
+        self.scale = head_dim ** -0.5
+
+
+def check(torch, p: Point) -> dict:
+    from sparkinfer.attention import attention_reference, decode_attention
+
+    out, lse = decode_attention(p.q, p.k, p.v, p.slots[0], p.q_pos, sm_scale=p.scale)
+    ref_out, ref_lse = attention_reference(p.q, p.k, p.v, p.slots[0], p.q_pos, sm_scale=p.scale)
+    err = (out.float() - ref_out).abs().max().item()
+    lerr = (lse - ref_lse).abs().max().item()
+    return dict(kind="check", out_max_err=err, lse_max_err=lerr, ok=err <= 2e-2 and lerr <= 1e-3)
+
+
+def peer_calls(torch, p: Point, impl: str):
+    """Callables of a peer over the same n calls (None where the peer is missing)."""
+    if impl == "flash_attn":
+        try:
+            from flash_attn import flash_attn_with_kvcache
+        except ImportError:
+            return None
+        seqlens = p.q_pos + 1
+        return [lambda s=s: flash_attn_with_kvcache(p.q, p.k, p.v, cache_seqlens=seqlens, cache_batch_idx=s,
+                                                    softmax_scale=p.scale, causal=True) for s in p.slots]
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    q = p.q.transpose(1, 2)  # [B, Hq, 1, D]
+    c = p.context
+    if impl == "torch_gather_sdpa":
+        def call(s):
+            k = p.k.index_select(0, s)[:, :c].transpose(1, 2)  # [B, KVH, C, D]
+            v = p.v.index_select(0, s)[:, :c].transpose(1, 2)
+            return sdpa(q, k, v, scale=p.scale, enable_gqa=True)
+        return [lambda s=s: call(s) for s in p.slots]
+    kv = [(p.k[s.long(), :c].transpose(1, 2).contiguous(), p.v[s.long(), :c].transpose(1, 2).contiguous())
+          for s in p.slots]
+    return [lambda k=k, v=v: sdpa(q, k, v, scale=p.scale, enable_gqa=True) for k, v in kv]
+
+
+def time_point(torch, p: Point, cuda: bool, lim: dict, args) -> list[dict]:
+    from sparkinfer.attention import decode_attention, plan_call
+
+    reps = 3 if args.dry_run else 20
+    base = dict(kind="time", batch=p.b, context=p.context, capacity=p.k.shape[1], hq=p.hq, kvh=p.kvh,
+                head_dim=p.d, kv_bytes=p.kv_bytes, calls_per_graph=p.n)
+    splits = [None] + ([s for s in SWEEP_SPLITS if s <= max(1, p.context // 64)] if args.sweep else [])
+    runs = [(f"sparkinfer-ns{ns}" if ns else "sparkinfer", ns, [
+        lambda s=s, ns=ns: decode_attention(p.q, p.k, p.v, s, p.q_pos, sm_scale=p.scale, out=p.out, lse=p.lse,
+                                            num_splits=ns) for s in p.slots]) for ns in splits]
+    if not args.no_peers:
+        runs += [(impl, None, peer_calls(torch, p, impl))
+                 for impl in ("flash_attn", "torch_gather_sdpa", "torch_sdpa_pregathered")]
+    rows = []
+    for impl, ns, calls in runs:
+        if calls is None:
+            continue
+        try:
+            sec = time_graph(torch, calls, cuda, reps)
+        except Exception as exc:  # noqa: BLE001 - a peer may not support a shape; say so in the row
+            rows.append(dict(base, impl=impl, error=f"{type(exc).__name__}: {str(exc)[:200]}"))
+            continue
+        gbs = p.kv_bytes / sec / 1e9
+        ns_used = plan_call(p.q, p.k, num_splits=ns).num_splits if impl.startswith("sparkinfer") else None
+        rows.append(dict(base, impl=impl, num_splits=ns_used, us=sec * 1e6, kv_gbs=gbs,
+                         frac_copy=gbs / lim["copy_gbs"]))
+    return rows
+
+
+def table(rows):
+    t = {(r["model"], r["batch"], r["context"], r["impl"]): r for r in rows if r.get("kind") == "time" and "us" in r}
+    print(f"\n{'model':8s} {'B':>3s} {'C':>5s} {'NS':>3s} {'us':>8s} {'GB/s':>7s} {'%copy':>6s} "
+          f"{'fa_us':>8s} {'sdpa_g_us':>9s} {'sdpa_us':>8s}")
+    for (model, b, c, impl), r in sorted(t.items()):
+        if impl != "sparkinfer":
+            continue
+        peer = lambda name: t.get((model, b, c, name), {}).get("us", float("nan"))  # noqa: E731
+        print(f"{model:8s} {b:3d} {c:5d} {r['num_splits']:3d} {r['us']:8.1f} {r['kv_gbs']:7.0f} "
+              f"{100 * r['frac_copy']:6.1f} {peer('flash_attn'):8.1f} {peer('torch_gather_sdpa'):9.1f} "
+              f"{peer('torch_sdpa_pregathered'):8.1f}")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.dry_run:
+        os.environ["TRITON_INTERPRET"] = "1"  # before Triton is imported
+    _common.ensure_repo_on_path()
+    import torch
+
+    cuda = not args.dry_run
+    if cuda and not torch.cuda.is_available():
+        sys.exit("bench_attention: no CUDA device (use --dry-run on CPU)")
+    dev = "cuda" if cuda else "cpu"
+    t0 = time.time()
+    meta = _common.metadata(sys.argv if argv is None else ["benchmarks/bench_attention.py", *argv])
+    n = (2 << 30) if cuda else (16 << 20)
+    src, dst = torch.ones(n, dtype=torch.uint8, device=dev), torch.empty(n, dtype=torch.uint8, device=dev)
+    lim = {"copy_gbs": 2 * n / _common.median(_common.time_calls(lambda: dst.copy_(src), 10, cuda=cuda)) / 1e9}
+    del src, dst
+    print(f"device: {meta.get('gpu')}  copy {lim['copy_gbs']:.0f} GB/s (read + write)", flush=True)
+    models = DRY["models"] if args.dry_run else {m: MODELS[m] for m in args.models.split(",")}
+    batches = DRY["batches"] if args.dry_run else tuple(int(x) for x in args.batches.split(","))
+    contexts = DRY["contexts"] if args.dry_run else tuple(int(x) for x in args.contexts.split(","))
+    head_dim = DRY["head_dim"] if args.dry_run else HEAD_DIM
+    all_rows = [dict(kind="device", **lim)]
+    for model, heads in models.items():
+        for b in batches:
+            for c in contexts:
+                p = Point(torch, dev, heads, b, c, args.capacity, head_dim)
+                rows = [check(torch, p)] + time_point(torch, p, cuda, lim, args)
+                rows = [dict(r, model=model, batch=b, context=c) for r in rows]
+                all_rows += rows
+                del p
+                if cuda:
+                    torch.cuda.empty_cache()
+    _common.append_rows(args.out, all_rows, meta)
+    table(all_rows)
+    bad = [r for r in all_rows if r.get("kind") == "check" and not r["ok"]]
+    print(f"\nwrote {args.out}; checks failed: {len(bad)}; {time.time() - t0:.0f} s", flush=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""Triton kernels of paged-slot attention over a KV cache (decode, verify, prefill).
+
+Legend: B batch rows, Q queries per row, Hq query heads, KVH KV heads,
+G = Hq / KVH (GQA group), D head dim, S cache slots, L local positions per slot,
+NS KV splits, N = B * Q * Hq output rows.
+
+`attention_kernel`: one program per (row b, KV head, block of QB queries, split).
+Its tile has BLOCK_M rows = QB queries x the G heads of one KV head (row r is
+query r // G, head r % G), so each K/V block is read once for the whole group.
+Online softmax in the exp2 domain, fp32 accumulation. SPLIT=False writes the
+bf16 output and the natural-log lse; SPLIT=True writes this split's normalized
+fp32 partial and its log2 lse into the workspace, and `attention_combine_kernel`
+merges the NS partials of each output row.
+"""
+
+import triton
+import triton.language as tl
+
+LN2 = tl.constexpr(0.6931471805599453)  # ln(2): log2 lse -> natural lse
+
+
+@triton.jit
+def _dot_operand(x, INTERPRET: tl.constexpr):
+    """bf16 tensor-core operand on the GPU; fp32 under the interpreter, whose
+    `tl.dot` on bf16 inputs returns garbage."""
+    if INTERPRET:
+        return x.to(tl.float32)
+    return x
+
+
+@triton.jit
+def attention_kernel(
+    q_ptr, k_ptr, v_ptr, slots_ptr, q_pos_ptr, o_ptr, lse_ptr, ws_ptr,
+    stride_qb, stride_qq, stride_qh,
+    stride_ks, stride_kl, stride_kh,
+    stride_vs, stride_vl, stride_vh,
+    Q, L, KVH, n_q_blocks, n_rows, ws_lse_off, qk_scale, kv_stride, kv_offset,
+    G: tl.constexpr, QB: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    SPLIT: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    """q: [B, Q, Hq, D] bf16 (D contiguous); k, v: [S, L, KVH, D] bf16 (D contiguous);
+    slots, q_pos: [B] int32; o: [B, Q, Hq, D] bf16 and lse: [B, Q, Hq] fp32, contiguous;
+    ws: fp32 [NS, N, D] partials then [NS, N] log2 lse at ws_lse_off (SPLIT only).
+    qk_scale = sm_scale * log2(e). Grid: (B * KVH * n_q_blocks, NS)."""
+    i_bhq = tl.program_id(0)
+    i_split = tl.program_id(1)
+    n_split = tl.num_programs(1)
+    # the last query blocks see the most keys under the causal rule: launch them first
+    i_qb = n_q_blocks - 1 - i_bhq % n_q_blocks
+    i_bh = i_bhq // n_q_blocks
+    i_b = i_bh // KVH
+    i_kvh = i_bh % KVH
+
+    slot = tl.load(slots_ptr + i_b).to(tl.int64)
+    pos0 = tl.load(q_pos_ptr + i_b)
+
+    o_r = tl.arange(0, BLOCK_M)
+    o_qi = i_qb * QB + o_r // G  # query index of each row
+    o_h = i_kvh * G + o_r % G  # query head of each row
+    m_r = (o_r < QB * G) & (o_qi < Q)
+    o_d = tl.arange(0, BLOCK_D)
+    m_d = o_d < HEAD_DIM
+    row_pos = pos0 + o_qi  # global position of each row's query
+
+    p_q = (q_ptr + i_b.to(tl.int64) * stride_qb + o_qi[:, None] * stride_qq
+           + o_h[:, None] * stride_qh + o_d[None, :])
+    b_q = _dot_operand(tl.load(p_q, mask=m_r[:, None] & m_d[None, :], other=0.0), INTERPRET)
+
+    # local keys j < n_keys have a global position j * kv_stride + kv_offset <= the
+    # block's last query position (kv_offset < kv_stride, so the numerator is > 0)
+    pos_max = pos0 + tl.minimum(i_qb * QB + QB, Q) - 1
+    n_keys = tl.minimum(tl.maximum((pos_max - kv_offset + kv_stride) // kv_stride, 0), L)
+    if SPLIT:  # the keys this block sees, evenly over the splits in whole BLOCK_N steps
+        per = tl.cdiv(tl.cdiv(n_keys, BLOCK_N), n_split) * BLOCK_N
+        lo = i_split * per
+        hi = tl.minimum(lo + per, n_keys)
+    else:
+        lo = 0
+        hi = n_keys
+
+    k_base = k_ptr + slot * stride_ks + i_kvh * stride_kh
+    v_base = v_ptr + slot * stride_vs + i_kvh * stride_vh
+    b_m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    b_l = tl.zeros([BLOCK_M], dtype=tl.float32)
+    b_acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    for start in range(lo, hi, BLOCK_N):
+        o_n = start + tl.arange(0, BLOCK_N)
+        m_n = o_n < hi
+        m_kv = m_n[:, None] & m_d[None, :]
+        b_k = tl.load(k_base + o_n[:, None] * stride_kl + o_d[None, :], mask=m_kv, other=0.0)
+        b_s = tl.dot(b_q, tl.trans(_dot_operand(b_k, INTERPRET))) * qk_scale  # [BLOCK_M, BLOCK_N]
+        key_pos = o_n * kv_stride + kv_offset
+        b_s = tl.where(m_n[None, :] & (key_pos[None, :] <= row_pos[:, None]), b_s, float("-inf"))
+        m_new = tl.maximum(b_m, tl.max(b_s, 1))
+        # a row with no key yet keeps m = -inf: subtract 0 so exp2 gives 0, not NaN
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(b_m - m_use)
+        b_p = tl.exp2(b_s - m_use[:, None])
+        b_l = b_l * alpha + tl.sum(b_p, 1)
+        b_v = tl.load(v_base + o_n[:, None] * stride_vl + o_d[None, :], mask=m_kv, other=0.0)
+        b_pv = tl.dot(_dot_operand(b_p.to(b_v.dtype), INTERPRET), _dot_operand(b_v, INTERPRET))
+        b_acc = b_acc * alpha[:, None] + b_pv
+        b_m = m_new
+
+    has = b_l > 0.0
+    b_l1 = tl.where(has, b_l, 1.0)
+    b_o = b_acc / b_l1[:, None]  # rows with no key: acc = 0 -> o = 0
+    b_lse2 = tl.where(has, b_m + tl.log2(b_l1), float("-inf"))
+    o_row = (i_b.to(tl.int64) * Q + o_qi) * (KVH * G) + o_h  # [BLOCK_M] output row
+    m_o = m_r[:, None] & m_d[None, :]
+    if SPLIT:
+        o_ws = i_split.to(tl.int64) * n_rows + o_row
+        tl.store(ws_ptr + o_ws[:, None] * HEAD_DIM + o_d[None, :], b_o, mask=m_o)
+        tl.store(ws_ptr + ws_lse_off + o_ws, b_lse2, mask=m_r)
+    else:
+        tl.store(o_ptr + o_row[:, None] * HEAD_DIM + o_d[None, :], b_o.to(o_ptr.dtype.element_ty),
+                 mask=m_o)
+        tl.store(lse_ptr + o_row, b_lse2 * LN2, mask=m_r)
+
+
+@triton.jit
+def attention_combine_kernel(
+    ws_ptr, o_ptr, lse_ptr, n_rows, ws_lse_off, n_split,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    """Merge the NS split partials of one output row (grid: N programs).
+
+    o = sum_s 2^(lse_s - m) o_s / sum_s 2^(lse_s - m), m = max_s lse_s; a split with
+    lse -inf (no key) is not read; a row with none gives o = 0, lse = -inf."""
+    i_row = tl.program_id(0).to(tl.int64)
+    o_s = tl.arange(0, BLOCK_S)
+    m_s = o_s < n_split
+    o_d = tl.arange(0, BLOCK_D)
+    o_ws = o_s.to(tl.int64) * n_rows + i_row  # [BLOCK_S]
+    b_lse = tl.load(ws_ptr + ws_lse_off + o_ws, mask=m_s, other=float("-inf"))
+    b_m = tl.max(b_lse, 0)
+    m_use = tl.where(b_m == float("-inf"), 0.0, b_m)
+    b_w = tl.exp2(b_lse - m_use)  # [BLOCK_S], 0 for empty splits
+    b_den = tl.sum(b_w, 0)
+    m_o = (b_w > 0.0)[:, None] & (o_d < HEAD_DIM)[None, :]
+    b_o = tl.load(ws_ptr + o_ws[:, None] * HEAD_DIM + o_d[None, :], mask=m_o, other=0.0)
+    has = b_den > 0.0
+    b_den1 = tl.where(has, b_den, 1.0)
+    b_out = tl.sum(b_o * b_w[:, None], 0) / b_den1
+    tl.store(o_ptr + i_row * HEAD_DIM + o_d, b_out.to(o_ptr.dtype.element_ty), mask=o_d < HEAD_DIM)
+    tl.store(lse_ptr + i_row, tl.where(has, (b_m + tl.log2(b_den1)) * LN2, float("-inf")))

@@ -1,0 +1,208 @@
+"""Host side of `decode_attention`: check, allocate unless given, launch.
+
+Legend: B batch rows, Q queries per row, Hq query heads, KVH KV heads,
+G = Hq / KVH, D head dim, S cache slots, L local positions per slot,
+NS KV splits, N = B * Q * Hq output rows.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from sparkinfer import envs
+from sparkinfer.attention.config import AttentionConfig, attention_config, H200_SMS
+from sparkinfer.attention.kernel import attention_combine_kernel, attention_kernel
+from sparkinfer.errors import CapacityError, CaptureError, DeviceError, DTypeError, LayoutError, ShapeError
+
+__all__ = ["decode_attention", "attention_workspace", "plan_call"]
+
+# Split workspaces kept by the launcher when the caller passes none, keyed by
+# (device, fp32 elements); never freed, so a captured graph's buffer stays valid.
+_WORKSPACES: dict[tuple[torch.device, int], torch.Tensor] = {}
+
+
+def _capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def _device_ok(device: torch.device) -> bool:
+    """CUDA tensors, or CPU tensors when Triton interprets (CPU CI)."""
+    return device.type == "cuda" or (device.type == "cpu" and envs.triton_interpret())
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _num_sms(device: torch.device) -> int:
+    """The device's SM count (host-side, cached; no sync); the H200's off CUDA."""
+    if device.type != "cuda":
+        return H200_SMS
+    return _cuda_sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def _check(name: str, t, dims: str, shape: tuple | None, dtype: torch.dtype, device) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise DTypeError(f"decode_attention: {name} is {type(t).__name__}; pass a {dtype} tensor {dims}")
+    if shape is not None and tuple(t.shape) != tuple(shape):
+        raise ShapeError(f"decode_attention: {name} has shape {tuple(t.shape)}; expected {dims} = {tuple(shape)}")
+    if t.dtype != dtype:
+        raise DTypeError(f"decode_attention: {name} dtype is {t.dtype}; expected {dtype}")
+    if device is not None and t.device != device:
+        raise DeviceError(f"decode_attention: {name} is on {t.device}; expected {device} (where q lives)")
+
+
+def _shapes(q, k_cache, v_cache, slots, q_pos) -> None:
+    """Checks of the inputs' ranks, dtypes, devices and layouts (no values read)."""
+    _check("q", q, "[B, Q, Hq, D]", None, torch.bfloat16, None)
+    if q.dim() != 4:
+        raise ShapeError(f"decode_attention: q has shape {tuple(q.shape)}; expected 4 dims [B, Q, Hq, D]")
+    if not _device_ok(q.device):
+        raise DeviceError(f"decode_attention: q is on {q.device}; the kernel runs on CUDA devices (CPU "
+                          "tensors only under TRITON_INTERPRET=1)")
+    B, Q, Hq, D = q.shape
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        _check(name, c, "[S, L, KVH, D]", None, torch.bfloat16, q.device)
+        if c.dim() != 4 or c.shape[3] != D:
+            raise ShapeError(f"decode_attention: {name} has shape {tuple(c.shape)}; expected [S, L, KVH, D] "
+                             f"with D = {D} (q's head dim)")
+    if tuple(v_cache.shape) != tuple(k_cache.shape):
+        raise ShapeError(f"decode_attention: v_cache shape {tuple(v_cache.shape)} differs from k_cache "
+                         f"{tuple(k_cache.shape)}")
+    kvh = k_cache.shape[2]
+    if kvh == 0 or Hq % kvh:
+        raise ShapeError(f"decode_attention: Hq = {Hq} query heads over KVH = {kvh} KV heads; Hq must be a "
+                         "positive multiple of KVH")
+    if not 16 <= D <= 256:
+        raise ShapeError(f"decode_attention: head dim D = {D}; supported 16 <= D <= 256")
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.stride(3) != 1:
+            raise LayoutError(f"decode_attention: {name} has strides {t.stride()}; the head dim D must be "
+                              "contiguous (stride 1); other strides are free")
+    for name, t in (("slots", slots), ("q_pos", q_pos)):
+        _check(name, t, "[B]", (B,), torch.int32, q.device)
+        if not t.is_contiguous():
+            raise LayoutError(f"decode_attention: {name} has strides {t.stride()}; pass a contiguous [B] tensor")
+
+
+def _output(name: str, t, shape: tuple, dtype: torch.dtype, device) -> torch.Tensor:
+    if t is None:
+        if _capturing(device):
+            raise CaptureError(f"decode_attention: {name}=None during CUDA graph capture would allocate; pass a "
+                               f"preallocated {name} {shape}")
+        return torch.empty(shape, dtype=dtype, device=device)
+    _check(name, t, "", shape, dtype, device)
+    if not t.is_contiguous():
+        raise LayoutError(f"decode_attention: {name} has strides {t.stride()}; pass a contiguous tensor")
+    return t
+
+
+def plan_call(q, k_cache, *, num_splits: int | None = None) -> AttentionConfig:
+    """The `AttentionConfig` that `decode_attention(q, k_cache, ...)` launches with
+    (shapes and the device's SM count only; no sync, no allocation)."""
+    B, Q, Hq, D = q.shape
+    return attention_config(batch=B, q_len=Q, num_q_heads=Hq, num_kv_heads=k_cache.shape[2], head_dim=D,
+                            cache_len=k_cache.shape[1], num_sms=_num_sms(q.device), num_splits=num_splits)
+
+
+def attention_workspace(q, k_cache, *, num_splits: int | None = None) -> torch.Tensor:
+    """A split workspace for calls with q's and k_cache's shapes (and num_splits):
+    fp32 [plan_call(q, k_cache).workspace_numel] on q's device, possibly empty.
+    One buffer serves every call whose workspace_numel is no larger. Allocates;
+    not capture-legal (CaptureError); no sync."""
+    n = plan_call(q, k_cache, num_splits=num_splits).workspace_numel
+    if _capturing(q.device):
+        raise CaptureError("attention_workspace allocates; call it before CUDA graph capture")
+    return torch.empty(n, dtype=torch.float32, device=q.device)
+
+
+def _workspace(cfg: AttentionConfig, workspace, device) -> torch.Tensor | None:
+    if cfg.num_splits == 1:
+        return None
+    n = cfg.workspace_numel
+    if workspace is not None:
+        _check("workspace", workspace, "[>= NS * N * (D + 1)]", None, torch.float32, device)
+        if workspace.dim() != 1 or not workspace.is_contiguous():
+            raise LayoutError(f"decode_attention: workspace has shape {tuple(workspace.shape)}, strides "
+                              f"{workspace.stride()}; pass a contiguous 1-D fp32 tensor (attention_workspace)")
+        if workspace.numel() < n:
+            raise CapacityError(f"decode_attention: workspace holds {workspace.numel()} fp32 elements; this call "
+                                f"needs {n} ({cfg.num_splits} splits); size it with attention_workspace(q, k_cache)")
+        return workspace
+    key = (device, n)
+    if key not in _WORKSPACES:
+        if _capturing(device):
+            raise CaptureError(f"decode_attention: the split workspace of {n} fp32 elements is not allocated and "
+                               "CUDA graph capture forbids it; run this shape once eagerly before capture, or "
+                               "pass workspace=attention_workspace(q, k_cache)")
+        _WORKSPACES[key] = torch.empty(n, dtype=torch.float32, device=device)
+    return _WORKSPACES[key]
+
+
+def decode_attention(q, k_cache, v_cache, slots, q_pos, *, sm_scale: float, kv_stride: int = 1,
+                     kv_offset: int = 0, out=None, lse=None, workspace=None, num_splits: int | None = None):
+    """Causal attention of Q new queries per batch row over its slot of a KV cache.
+
+    q: [B, Q, Hq, D] bf16, D contiguous (other strides free). Q = 1 at decode,
+        k + 1 at speculative verify, the prompt length at prefill.
+    k_cache, v_cache: [S, L, KVH, D] bf16, D contiguous; Hq % KVH == 0 and query
+        head h reads KV head h // (Hq / KVH). Local index j holds global position
+        j * kv_stride + kv_offset (decode-context parallelism over W ranks:
+        kv_stride = W, kv_offset = rank; else 1, 0).
+    slots: int32 [B], each row's cache slot (in [0, S): not checked, it would sync).
+    q_pos: int32 [B] >= 0, global position of row b's query 0; query i is at q_pos[b] + i.
+        A query attends to the keys of its slot at global positions <= its own
+        (the caller has written the current tokens' keys); positions >= L are never read.
+    sm_scale: score scale (usually D ** -0.5).
+    out: [B, Q, Hq, D] bf16, contiguous; lse: [B, Q, Hq] fp32, contiguous: the
+        natural-log log-sum-exp of the scaled scores, what
+        `Communicator.dcp_merge(out.view(B * Q, Hq, D), lse.view(B * Q, Hq), lse_base="e")`
+        merges. A query with no key (a DCP rank holding none of its positions) gets
+        out = 0, lse = -inf.
+    workspace: fp32 1-D, >= `plan_call(q, k_cache).workspace_numel` elements, used
+        when the call splits the cache over programs; None uses a buffer the
+        launcher keeps per (device, size), allocated on the first call of that size.
+    num_splits: None (heuristic, `num_splits_heuristic`) or a forced 1..64.
+
+    Returns (out, lse). Allocates out / lse when None, and the kept workspace on a
+    size's first call: never during capture (CaptureError). No host sync. Legal in
+    CUDA graph capture once the shape ran eagerly (compiled, workspace kept) or with
+    every buffer given; the grid depends on shapes only. Replays of graphs sharing a
+    kept workspace must not run concurrently on different streams.
+    """
+    _shapes(q, k_cache, v_cache, slots, q_pos)
+    if isinstance(kv_stride, bool) or not isinstance(kv_stride, int) or kv_stride < 1:
+        raise LayoutError(f"decode_attention: kv_stride={kv_stride!r}; pass an int >= 1 (the DCP world size, or 1)")
+    if isinstance(kv_offset, bool) or not isinstance(kv_offset, int) or not 0 <= kv_offset < kv_stride:
+        raise LayoutError(f"decode_attention: kv_offset={kv_offset!r}; pass an int in [0, kv_stride = {kv_stride}) "
+                          "(this rank's index in the DCP group)")
+    B, Q, Hq, D = q.shape
+    dev = q.device
+    out = _output("out", out, (B, Q, Hq, D), torch.bfloat16, dev)
+    lse = _output("lse", lse, (B, Q, Hq), torch.float32, dev)
+    cfg = plan_call(q, k_cache, num_splits=num_splits)
+    ws = _workspace(cfg, workspace, dev)
+    if cfg.rows == 0:
+        return out, lse
+    interpret = dev.type == "cpu"
+    S, L, KVH, _ = k_cache.shape
+    ws_lse_off = cfg.num_splits * cfg.rows * D
+    attention_kernel[cfg.grid](
+        q, k_cache, v_cache, slots, q_pos, out, lse, ws if ws is not None else lse,
+        q.stride(0), q.stride(1), q.stride(2),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        Q, L, KVH, cfg.q_blocks, cfg.rows, ws_lse_off, float(sm_scale) * math.log2(math.e), kv_stride, kv_offset,
+        G=Hq // KVH, QB=cfg.queries_per_block, HEAD_DIM=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        BLOCK_D=cfg.block_d, SPLIT=ws is not None, INTERPRET=interpret,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if ws is not None:
+        attention_combine_kernel[(cfg.rows,)](
+            ws, out, lse, cfg.rows, ws_lse_off, cfg.num_splits,
+            HEAD_DIM=D, BLOCK_D=cfg.block_d, BLOCK_S=max(2, 1 << (cfg.num_splits - 1).bit_length()),
+            num_warps=4)
+    return out, lse

@@ -1,0 +1,50 @@
+"""The kernels decode_attention launches compile for the H200 (sm_90) at the
+decoder's real shapes on a CPU machine (ptxas only, no GPU): no register
+spills, within shared memory, K / V streamed by cp.async.
+
+Runs in one subprocess without TRITON_INTERPRET (interpreted kernels cannot be
+compiled)."""
+
+import json
+
+import pytest
+
+from tests.sm90 import run_sm90_module
+
+pytest.importorskip("triton.backends.nvidia")
+
+H200_MAX_SHARED = 232448  # bytes of dynamic shared memory per block on sm_90
+# id -> (B, Q, Hq, KVH, D, L, forced splits)
+CASES = {
+    "qwen3-decode-b1-8k": (1, 1, 32, 4, 128, 8192, None),
+    "glm-air-decode-b1-8k": (1, 1, 96, 8, 128, 8192, None),
+    "mixtral-decode-b8-4k": (8, 1, 32, 8, 128, 4096, None),
+    "glm-air-decode-b64-4k": (64, 1, 96, 8, 128, 4096, None),
+    "qwen3-verify-q4-b2": (2, 4, 32, 4, 128, 4096, None),
+    "glm-air-verify-q4-b2": (2, 4, 96, 8, 128, 4096, None),
+    "qwen3-prefill-512": (1, 512, 32, 4, 128, 4096, None),
+    "d64-decode-split": (1, 1, 16, 2, 64, 2048, 8),
+    "d256-decode-split": (1, 1, 16, 1, 256, 4096, 8),
+    "d256-prefill-512": (1, 512, 16, 1, 256, 4096, None),
+}
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    rows = run_sm90_module("tests.attention.sm90_compile", json.dumps(list(CASES.values())))
+    return dict(zip(CASES, rows))
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_launches_compile_for_sm90(compiled, name):
+    rows = compiled[name]
+    b, q, hq, kvh, d, cache_len, forced = CASES[name]
+    split = rows[0]["grid"][1] > 1
+    assert [r["kernel"] for r in rows] == ["attention_kernel"] + ["attention_combine_kernel"] * split
+    assert split == (forced is not None or (b * kvh < 132 and q <= 4))  # prefill never splits
+    for r in rows:
+        assert r["sm90"] and r["spill"] == 0 and r["shared"] <= H200_MAX_SHARED, r
+    attn = rows[0]
+    assert attn["async_copies"] >= 4, attn  # K and V of the next steps in flight (cp.async)
+    if q == 1:  # the split heuristic assumes two decode programs fit one SM
+        assert 2 * attn["shared"] <= H200_MAX_SHARED and 2 * attn["regs"] * 32 * attn["num_warps"] <= 65536, attn
