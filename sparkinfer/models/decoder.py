@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from sparkinfer.attention import decode_attention
 from sparkinfer.errors import CapacityError, ShapeError
+from sparkinfer.models.torch_ops import TorchOps
 from sparkinfer.models.weights import DenseMLPWeights, ExpertWeights, ModelWeights, Sharding
 from sparkinfer.moe import MoECaps, MoELayer, MoESpec
 from sparkinfer.norm import add_rms_norm, rms_norm
@@ -80,15 +81,20 @@ class Decoder:
     spec: `ModelSpec`; weights: this rank's `ModelWeights`; sharding: its `Sharding`;
     comm: a `Communicator` over the W ranks (None when W = 1); cache: `KVCache`;
     max_tokens: the largest T of any step (sizes the MoE plan and scratch);
-    moe_format: "bf16" or "nvfp4" (must match the loaded expert weights).
+    moe_format: "bf16" or "nvfp4" (must match the loaded expert weights);
+    ops: "sparkinfer" (our kernels) or "torch" (`TorchOps`: SDPA, `torch._grouped_mm`,
+    torch norms, NCCL all-reduces; the benchmark's baseline, bf16 experts only).
     Construction plans the MoE layers and prepares their weights: not capture-legal.
     """
 
     def __init__(self, spec, weights: ModelWeights, sharding: Sharding, *, comm=None, cache: KVCache,
-                 max_tokens: int, moe_format: str = "bf16"):
+                 max_tokens: int, moe_format: str = "bf16", ops: str = "sparkinfer"):
         if sharding.world > 1 and comm is None:
             raise ShapeError(f"a decoder over {sharding.world} ranks needs a Communicator (comm=None given)")
+        if ops not in ("sparkinfer", "torch") or (ops == "torch" and moe_format != "bf16"):
+            raise ShapeError(f"ops={ops!r} with moe_format={moe_format!r}: use 'sparkinfer', or 'torch' with bf16")
         self.spec, self.w, self.sh, self.comm, self.cache = spec, weights, sharding, comm, cache
+        self.torch_ops = TorchOps(spec, comm) if ops == "torch" else None
         self.max_tokens = max_tokens
         dev = weights.final_norm.device
         self.device = dev
@@ -100,7 +106,7 @@ class Decoder:
         self.moe: list[MoELayer | None] = []
         for lw in weights.layers:
             m = lw.mlp
-            if not isinstance(m, ExpertWeights):
+            if not isinstance(m, ExpertWeights) or self.torch_ops is not None:
                 self.moe.append(None)
                 continue
             caps = MoECaps(max_tokens=max_tokens, num_experts=spec.num_experts, top_k=spec.top_k,
@@ -108,14 +114,17 @@ class Decoder:
                            num_sms=num_sms)
             bias = m.correction_bias.float() if m.correction_bias is not None else None
             self.moe.append(MoELayer(caps, _moe_spec(spec, moe_format), (m.w1, m.w2), device=dev, bias=bias))
-            if spec.routing == "sigmoid_grouped":  # transformers routes these in fp32
-                m.router = m.router.float()
+        for lw in weights.layers:
+            if isinstance(lw.mlp, ExpertWeights) and spec.routing == "sigmoid_grouped":
+                lw.mlp.router = lw.mlp.router.float()  # transformers routes GLM-4.5 in fp32
         self._moe_out = torch.empty((max_tokens, spec.hidden), dtype=torch.bfloat16, device=dev)
 
     # ------------------------------------------------------------------ pieces
     def _norm(self, partial, residual, weight):
         """(normed, residual_out) = the all-reduce of the partial sums + residual, RMSNorm."""
         eps = self.spec.rms_eps
+        if self.torch_ops is not None:
+            return self.torch_ops.norm(partial, residual, weight, eps)
         if self.sh.world == 1:
             return add_rms_norm(partial, residual, weight, eps)
         return self.comm.all_reduce_add_rms_norm(partial, residual, weight, eps)
@@ -136,17 +145,20 @@ class Decoder:
         qkv = F.linear(x, a.qkv, a.qkv_bias)
         norms = (a.q_norm, a.k_norm) if a.q_norm is not None else None
         caches = (self.cache.k[i], self.cache.v[i])
-        q = rope_qk_cache(qkv, step.positions, step.slots, self.table, caches, (self.heads_l, a.kv_heads, d),
+        ops = self.torch_ops
+        rope_fn = ops.rope_qk_cache if ops is not None else rope_qk_cache
+        attend = ops.attention if ops is not None else decode_attention
+        q = rope_fn(qkv, step.positions, step.slots, self.table, caches, (self.heads_l, a.kv_heads, d),
                           norms=norms, eps=spec.rms_eps, kv_stride=sh.dcp, kv_offset=sh.rank if sh.dcp > 1 else 0)
         b = step.row_slots.shape[0]
         if sh.dcp == 1:
-            out, _ = decode_attention(q.view(b, step.q_len, self.heads_l, d), *caches, step.row_slots, step.q_pos,
+            out, _ = attend(q.view(b, step.q_len, self.heads_l, d), *caches, step.row_slots, step.q_pos,
                                       sm_scale=self.scale)
             out = out.view(t, self.heads_l * d)
         else:
             q_all = self.comm.all_gather_heads(q)  # [T, Hq, D]
             hq = q_all.shape[1]
-            part, lse = decode_attention(q_all.view(b, step.q_len, hq, d), *caches, step.row_slots, step.q_pos,
+            part, lse = attend(q_all.view(b, step.q_len, hq, d), *caches, step.row_slots, step.q_pos,
                                          sm_scale=self.scale, kv_stride=sh.dcp, kv_offset=sh.rank)
             out = self.comm.dcp_merge(part.view(t, hq, d), lse.view(t, hq), scatter_heads=True)
             out = out.reshape(t, self.heads_l * d)
@@ -162,7 +174,10 @@ class Decoder:
         if isinstance(m, DenseMLPWeights):
             return self._dense(m, x)
         logits = F.linear(x.to(m.router.dtype), m.router)
-        out = self.moe[i](x, logits, out=self._moe_out[:x.shape[0]])
+        if self.torch_ops is not None:
+            out = self.torch_ops.moe(x, logits, m, m.correction_bias, self._moe_out[:x.shape[0]])
+        else:
+            out = self.moe[i](x, logits, out=self._moe_out[:x.shape[0]])
         if m.shared is not None:
             out = out + self._dense(m.shared, x)
         return out

@@ -19,6 +19,7 @@ from __future__ import annotations
 import faulthandler
 import multiprocessing as mp
 import os
+import pickle
 import queue
 import shutil
 import signal
@@ -110,7 +111,9 @@ def _child(fn, rank, world_size, backend, init_method, args, env, results):
                 dist.destroy_process_group()
             except Exception:  # noqa: BLE001 - teardown after a failure must not mask it
                 pass
-        results.put(("ok", rank, out))
+        # plain pickle copies tensors into the message: the queue's own pickler would
+        # pass them as shared-memory handles that die with this process
+        results.put(("ok", rank, pickle.dumps(out)))
     except BaseException:  # noqa: BLE001 - everything is reported to the parent
         results.put(("err", rank, traceback.format_exc()))
         results.close()
@@ -180,7 +183,7 @@ def run_ranks(
                     continue
             if status == "err":
                 raise RankFailed(rank, payload)
-            done[rank] = payload
+            done[rank] = pickle.loads(payload)
     finally:
         for p in procs:
             p.join(timeout=5.0 if len(done) == world_size else 0.5)

@@ -1,0 +1,110 @@
+"""The decoder's kernels written with torch ops: the baseline the decode benchmark
+runs beside ours (same model code, same weights), and a second opinion in tests.
+
+Legend: B rows, Q queries per row, T = B * Q tokens, Hq / KVH heads, D head dim,
+L cache positions, E experts, K top-k, H hidden.
+
+Attention is `scaled_dot_product_attention` over the gathered cache slots with a
+causal position mask; RMSNorm and rotary are elementwise torch; the MoE routes
+with torch (the transformers formulas) and runs `torch._grouped_mm` on a GPU
+(a per-expert loop on the CPU); all-reduces go through NCCL
+(`algorithm="nccl"`) followed by the torch norm.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from sparkinfer.rope.reference import rms_head, rope
+
+__all__ = ["TorchOps"]
+
+
+def _route(logits, spec, bias):
+    """(weights fp32 [T, K], ids int64 [T, K]) as transformers routes."""
+    if spec.routing == "softmax":
+        p = torch.softmax(logits.float(), dim=-1)
+        w, ids = p.topk(spec.top_k, dim=-1)
+        if spec.renormalize:
+            w = w / w.sum(dim=-1, keepdim=True)
+        return w, ids
+    s = logits.float().sigmoid()
+    choice = s + bias
+    t, e = s.shape
+    g = choice.view(t, spec.n_group, e // spec.n_group).topk(2, dim=-1)[0].sum(-1)
+    keep = torch.zeros_like(g).scatter_(1, g.topk(spec.topk_group, dim=-1)[1], 1.0)
+    choice = choice.masked_fill(~keep.repeat_interleave(e // spec.n_group, dim=1).bool(), float("-inf"))
+    ids = choice.topk(spec.top_k, dim=-1)[1]
+    w = s.gather(1, ids)
+    if spec.renormalize:
+        w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)
+    return w * spec.routed_scaling_factor, ids
+
+
+class TorchOps:
+    """The torch implementations of the decoder's hooks (see `Decoder(ops="torch")`)."""
+
+    def __init__(self, spec, comm=None):
+        self.spec, self.comm = spec, comm
+
+    def norm(self, partial, residual, weight, eps):
+        if self.comm is not None:
+            return self.comm.all_reduce_add_rms_norm(partial, residual, weight, eps, algorithm="nccl")
+        res = (partial.float() + residual.float()).to(residual.dtype)
+        r = res.float()
+        return (r * torch.rsqrt(r.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(res.dtype), res
+
+    def rope_qk_cache(self, qkv, positions, slots, table, caches, heads, *, norms, eps, kv_stride, kv_offset):
+        hq, kvh, d = heads
+        t = qkv.shape[0]
+        q = qkv[:, :hq * d].view(t, hq, d)
+        k = qkv[:, hq * d:(hq + kvh) * d].view(t, kvh, d)
+        v = qkv[:, (hq + kvh) * d:].view(t, kvh, d)
+        if norms is not None:
+            q, k = rms_head(q, norms[0], eps), rms_head(k, norms[1], eps)
+        pos = positions.long()
+        cos, sin = table.cos[pos], table.sin[pos]
+        q, k = rope(q, cos, sin).to(qkv.dtype), rope(k, cos, sin).to(qkv.dtype)
+        own = (pos % kv_stride) == kv_offset
+        local = torch.where(own, pos // kv_stride, 0)
+        row = torch.where(own, slots.long(), caches[0].shape[0] - 1)  # not ours: the padding slot
+        caches[0][row, local] = k
+        caches[1][row, local] = v
+        return q
+
+    def attention(self, q, k_cache, v_cache, row_slots, q_pos, *, sm_scale, kv_stride=1, kv_offset=0):
+        b, nq, hq, d = q.shape
+        k = k_cache.index_select(0, row_slots)  # [B, L, KVH, D]
+        v = v_cache.index_select(0, row_slots)
+        kpos = torch.arange(k.shape[1], device=q.device) * kv_stride + kv_offset
+        qpos = q_pos[:, None] + torch.arange(nq, device=q.device)  # [B, Q]
+        mask = kpos[None, None, :] <= qpos[:, :, None]
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                             attn_mask=mask[:, None], scale=sm_scale, enable_gqa=True)
+        return out.transpose(1, 2), None
+
+    def moe(self, x, logits, w, bias, out):
+        """Routed experts: w an `ExpertWeights` with bf16 w1 [E, 2I, H], w2 [E, H, I]."""
+        wts, ids = _route(logits, self.spec, bias)
+        k = ids.shape[1]
+        flat = ids.flatten()
+        order = torch.argsort(flat, stable=True)
+        tok = order // k
+        if x.is_cuda:
+            counts = torch.bincount(flat, minlength=w.w1.shape[0])
+            offs = torch.cumsum(counts, 0).to(torch.int32)
+            h1 = torch._grouped_mm(x[tok], w.w1.transpose(1, 2), offs=offs)
+            g, u = h1.chunk(2, dim=-1)
+            h2 = torch._grouped_mm(F.silu(g) * u, w.w2.transpose(1, 2), offs=offs)
+        else:
+            xs, es = x[tok], flat[order]
+            h2 = torch.empty(xs.shape, dtype=x.dtype)
+            for e in es.unique().tolist():
+                m = es == e
+                g, u = F.linear(xs[m], w.w1[e]).chunk(2, dim=-1)
+                h2[m] = F.linear(F.silu(g) * u, w.w2[e])
+        acc = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        acc.index_add_(0, tok, h2.float() * wts.flatten()[order][:, None])
+        out.copy_(acc)
+        return out
