@@ -170,10 +170,10 @@ def load_spec(src: str | os.PathLike | dict) -> ModelSpec:
                      f"num_attention_heads={heads} is not a multiple of it")
     layers = int(get("num_hidden_layers"))
     theta, rotary_dim = _rope(cfg, where, family, head_dim, d["theta"])
-    eos = get("eos_token_id")
+    eos = cfg.get("eos_token_id", d["eos_token_id"])  # an explicit null means none
     eos_ids = tuple(int(e) for e in (eos if isinstance(eos, (list, tuple)) else
                                      ([] if eos is None else [eos])))
-    bos = get("bos_token_id")
+    bos = cfg.get("bos_token_id", d["bos_token_id"])
     dtype_name = cfg.get("dtype") or cfg.get("torch_dtype")
     common = dict(
         family=family, vocab_size=int(get("vocab_size")), hidden=hidden, num_layers=layers,

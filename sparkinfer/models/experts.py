@@ -140,18 +140,18 @@ def _read_bf16(ckpt: Checkpoint, lay: ExpertLayout, spec: ModelSpec, span: tuple
         gu, dn = f"{lay.prefix}.experts.gate_up_proj", f"{lay.prefix}.experts.down_proj"
         ckpt.expect(gu, (e, 2 * i, h), what="[E, 2*I, H], gate rows then up rows")
         ckpt.expect(dn, (e, h, i), what="[E, H, I]")
-        w1[:, :il] = ckpt.read(gu, dim=1, span=(a, b), dtype=bf, device=device)
-        w1[:, il:] = ckpt.read(gu, dim=1, span=(i + a, i + b), dtype=bf, device=device)
-        w2.copy_(ckpt.read(dn, dim=2, span=(a, b), dtype=bf, device=device))
+        w1[:, :il] = ckpt.read(gu, dim=1, span=(a, b), dtype=bf)
+        w1[:, il:] = ckpt.read(gu, dim=1, span=(i + a, i + b), dtype=bf)
+        w2.copy_(ckpt.read(dn, dim=2, span=(a, b), dtype=bf))
         return w1, w2
     for x in range(e):
         for rows, proj in ((slice(0, il), lay.gate), (slice(il, 2 * il), lay.up)):
             name = f"{lay.expert(x, proj)}.weight"
             ckpt.expect(name, (i, h), FLOAT_DTYPES, what="[moe_intermediate_size, hidden_size]")
-            w1[x, rows] = ckpt.read(name, dim=0, span=(a, b), dtype=bf, device=device)
+            w1[x, rows] = ckpt.read(name, dim=0, span=(a, b), dtype=bf)  # host -> device copy
         name = f"{lay.expert(x, lay.down)}.weight"
         ckpt.expect(name, (h, i), FLOAT_DTYPES, what="[hidden_size, moe_intermediate_size]")
-        w2[x] = ckpt.read(name, dim=1, span=(a, b), dtype=bf, device=device)
+        w2[x] = ckpt.read(name, dim=1, span=(a, b), dtype=bf)
     return w1, w2
 
 

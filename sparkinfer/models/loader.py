@@ -86,12 +86,16 @@ def load_weights(ckpt: Checkpoint, spec: ModelSpec, sharding: Sharding, *, devic
     the message names the tensor and the file), ShapeError (a size the world
     size does not divide) or PlanError (unknown moe_format).
     """
+    heads = head_shard(spec, sharding)  # every size check before the first read
+    for n, what in ((spec.moe_intermediate if any(spec.moe_layers) else 0, "moe_intermediate_size"),
+                    (spec.dense_intermediate, "intermediate_size"),
+                    (spec.shared_intermediate, "shared experts' intermediate size")):
+        sharding.split(n, what)
     total = spec.num_layers + 2
     report = progress or (lambda done, total, what: None)
     v0, vl = vocab_shard(spec.vocab_size, sharding)
     embed = _vocab_rows(ckpt, "model.embed_tokens", spec, (v0, vl), device)
     report(1, total, "embeddings")
-    heads = head_shard(spec, sharding)
     layers, fold = [], FoldStats()
     for i in range(spec.num_layers):
         base = f"model.layers.{i}"

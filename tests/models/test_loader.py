@@ -193,6 +193,11 @@ def test_experts_and_mlps_that_do_not_divide_raise(ckpt_dir):
         load_routed(Checkpoint(path), spec, Sharding(0, 5), 1)
     with pytest.raises(ShapeError, match="num_attention_heads=6 does not divide over 4"):
         load_weights(Checkpoint(path), spec, Sharding(0, 4))
+    for key, match in (("moe_intermediate_size", "moe_intermediate_size=99"),
+                       ("intermediate_size", "intermediate_size=99")):
+        odd = load_spec(preset_config("glm4_moe-tiny", **{key: 99}))
+        with pytest.raises(ShapeError, match=f"{match} does not divide over 2"):
+            load_weights(Checkpoint(path), odd, Sharding(0, 2))  # refused before any read
 
 
 def test_loader_checks_shapes_against_config(ckpt_dir, tmp_path):

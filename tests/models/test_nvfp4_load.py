@@ -47,26 +47,26 @@ def test_modelopt_checkpoint_loads_stored_bytes(preset, world, nvfp4_dir):
     layer = spec.num_layers - 1
     lay = expert_layout(ckpt, spec, layer)
     il = i // world
+    files = [[file_nvfp4(ckpt, lay.expert(x, p), shape)
+              for p, shape in ((lay.gate, (i, h)), (lay.up, (i, h)), (lay.down, (h, i)))]
+             for x in range(e)]
     for r in range(world):
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # shared scales: nothing to fold, nothing to warn
             w = load_weights(ckpt, spec, Sharding(r, world), moe_format="nvfp4")
         w1, w2 = w.layers[layer].mlp.w1, w.layers[layer].mlp.w2
+        deq1, deq2 = dequantize_nvfp4(w1), dequantize_nvfp4(w2)
         rows = slice(r * il, (r + 1) * il)
-        for x in range(e):
-            gate = file_nvfp4(ckpt, lay.expert(x, lay.gate), (i, h))
-            up = file_nvfp4(ckpt, lay.expert(x, lay.up), (i, h))
-            down = file_nvfp4(ckpt, lay.expert(x, lay.down), (h, i))
+        for x, (gate, up, down) in enumerate(files):
             assert torch.equal(w1.packed[x], torch.cat([gate.packed[rows], up.packed[rows]]))
             scales = torch.cat([u8(gate.scales[rows]), u8(up.scales[rows])])
             assert torch.equal(u8(w1.scales[x]), scales)
             assert w1.global_scale[x] == gate.global_scale == up.global_scale
             assert torch.equal(w2.packed[x], down.packed[:, r * il // 2:(r + 1) * il // 2])
             assert w2.global_scale[x] == down.global_scale
-            deq = dequantize_nvfp4(w1)[x]
-            assert torch.equal(deq[:il], dequantize_nvfp4(gate)[rows])
-            assert torch.equal(deq[il:], dequantize_nvfp4(up)[rows])
-            assert torch.equal(dequantize_nvfp4(w2)[x], dequantize_nvfp4(down)[:, rows])
+            assert torch.equal(deq1[x, :il], dequantize_nvfp4(gate)[rows])
+            assert torch.equal(deq1[x, il:], dequantize_nvfp4(up)[rows])
+            assert torch.equal(deq2[x], dequantize_nvfp4(down)[:, rows])
 
 
 def test_modelopt_checkpoint_as_bf16_is_its_dequantization(nvfp4_dir):
