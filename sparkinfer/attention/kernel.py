@@ -29,6 +29,32 @@ def _dot_operand(x, INTERPRET: tl.constexpr):
 
 
 @triton.jit
+def _attend_block(b_q, k_base, v_base, stride_kl, stride_vl, start, hi, row_pos, b_m, b_l, b_acc, qk_scale,
+                  kv_stride, kv_offset, o_d, m_d, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr):
+    """One online-softmax step over cache positions [start, min(start + BLOCK_N, hi)).
+
+    b_q: [BLOCK_M, BLOCK_D] rows; row_pos: [BLOCK_M] global query positions;
+    b_m / b_l: [BLOCK_M] running max (log2 units) / sum; b_acc: [BLOCK_M, BLOCK_D]."""
+    o_n = start + tl.arange(0, BLOCK_N)
+    m_n = o_n < hi
+    m_kv = m_n[:, None] & m_d[None, :]
+    o_n64 = o_n.to(tl.int64)[:, None]  # L * stride may pass 2^31 in a long cache
+    b_k = tl.load(k_base + o_n64 * stride_kl + o_d[None, :], mask=m_kv, other=0.0)
+    b_s = tl.dot(b_q, tl.trans(_dot_operand(b_k, INTERPRET))) * qk_scale  # [BLOCK_M, BLOCK_N]
+    key_pos = o_n * kv_stride + kv_offset
+    b_s = tl.where(m_n[None, :] & (key_pos[None, :] <= row_pos[:, None]), b_s, float("-inf"))
+    m_new = tl.maximum(b_m, tl.max(b_s, 1))
+    # a row with no key yet keeps m = -inf: subtract 0 so exp2 gives 0, not NaN
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(b_m - m_use)
+    b_p = tl.exp2(b_s - m_use[:, None])
+    b_l = b_l * alpha + tl.sum(b_p, 1)
+    b_v = tl.load(v_base + o_n64 * stride_vl + o_d[None, :], mask=m_kv, other=0.0)
+    b_pv = tl.dot(_dot_operand(b_p.to(b_v.dtype), INTERPRET), _dot_operand(b_v, INTERPRET))
+    return m_new, b_l, b_acc * alpha[:, None] + b_pv
+
+
+@triton.jit
 def attention_kernel(
     q_ptr, k_ptr, v_ptr, slots_ptr, q_pos_ptr, o_ptr, lse_ptr, ws_ptr,
     stride_qb, stride_qq, stride_qh,
@@ -84,24 +110,20 @@ def attention_kernel(
     b_m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     b_l = tl.zeros([BLOCK_M], dtype=tl.float32)
     b_acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    for start in range(lo, hi, BLOCK_N):
-        o_n = start + tl.arange(0, BLOCK_N)
-        m_n = o_n < hi
-        m_kv = m_n[:, None] & m_d[None, :]
-        b_k = tl.load(k_base + o_n[:, None] * stride_kl + o_d[None, :], mask=m_kv, other=0.0)
-        b_s = tl.dot(b_q, tl.trans(_dot_operand(b_k, INTERPRET))) * qk_scale  # [BLOCK_M, BLOCK_N]
-        key_pos = o_n * kv_stride + kv_offset
-        b_s = tl.where(m_n[None, :] & (key_pos[None, :] <= row_pos[:, None]), b_s, float("-inf"))
-        m_new = tl.maximum(b_m, tl.max(b_s, 1))
-        # a row with no key yet keeps m = -inf: subtract 0 so exp2 gives 0, not NaN
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(b_m - m_use)
-        b_p = tl.exp2(b_s - m_use[:, None])
-        b_l = b_l * alpha + tl.sum(b_p, 1)
-        b_v = tl.load(v_base + o_n[:, None] * stride_vl + o_d[None, :], mask=m_kv, other=0.0)
-        b_pv = tl.dot(_dot_operand(b_p.to(b_v.dtype), INTERPRET), _dot_operand(b_v, INTERPRET))
-        b_acc = b_acc * alpha[:, None] + b_pv
-        b_m = m_new
+    if INTERPRET:
+        # a while loop: the interpreter's range() takes int() of 1-element arrays,
+        # which numpy >= 2.3 refuses; compiled, the for loop is software-pipelined
+        start = lo
+        while start < hi:
+            b_m, b_l, b_acc = _attend_block(
+                b_q, k_base, v_base, stride_kl, stride_vl, start, hi, row_pos, b_m, b_l, b_acc, qk_scale,
+                kv_stride, kv_offset, o_d, m_d, BLOCK_N, INTERPRET)
+            start += BLOCK_N
+    else:
+        for start in range(lo, hi, BLOCK_N):
+            b_m, b_l, b_acc = _attend_block(
+                b_q, k_base, v_base, stride_kl, stride_vl, start, hi, row_pos, b_m, b_l, b_acc, qk_scale,
+                kv_stride, kv_offset, o_d, m_d, BLOCK_N, INTERPRET)
 
     has = b_l > 0.0
     b_l1 = tl.where(has, b_l, 1.0)
