@@ -15,6 +15,7 @@ merges the NS partials of each output row.
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 LN2 = tl.constexpr(0.6931471805599453)  # ln(2): log2 lse -> natural lse
 
@@ -63,12 +64,13 @@ def attention_kernel(
     Q, L, KVH, n_q_blocks, n_rows, ws_lse_off, qk_scale, kv_stride, kv_offset,
     G: tl.constexpr, QB: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    SPLIT: tl.constexpr, INTERPRET: tl.constexpr,
+    SPLIT: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """q: [B, Q, Hq, D] bf16 (D contiguous); k, v: [S, L, KVH, D] bf16 (D contiguous);
     slots, q_pos: [B] int32; o: [B, Q, Hq, D] bf16 and lse: [B, Q, Hq] fp32, contiguous;
     ws: fp32 [NS, N, D] partials then [NS, N] log2 lse at ws_lse_off (SPLIT only).
-    qk_scale = sm_scale * log2(e). Grid: (B * KVH * n_q_blocks, NS)."""
+    qk_scale = sm_scale * log2(e). Grid: (B * KVH * n_q_blocks, NS). PDL: let the
+    combine kernel's programs launch once the loops end (they wait for this grid)."""
     i_bhq = tl.program_id(0)
     i_split = tl.program_id(1)
     n_split = tl.num_programs(1)
@@ -125,6 +127,8 @@ def attention_kernel(
                 b_q, k_base, v_base, stride_kl, stride_vl, start, hi, row_pos, b_m, b_l, b_acc, qk_scale,
                 kv_stride, kv_offset, o_d, m_d, BLOCK_N, INTERPRET)
 
+    if PDL:
+        gdc_launch_dependents()
     has = b_l > 0.0
     b_l1 = tl.where(has, b_l, 1.0)
     b_o = b_acc / b_l1[:, None]  # rows with no key: acc = 0 -> o = 0
@@ -144,12 +148,15 @@ def attention_kernel(
 @triton.jit
 def attention_combine_kernel(
     ws_ptr, o_ptr, lse_ptr, n_rows, ws_lse_off, n_split,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Merge the NS split partials of one output row (grid: N programs).
 
     o = sum_s 2^(lse_s - m) o_s / sum_s 2^(lse_s - m), m = max_s lse_s; a split with
-    lse -inf (no key) is not read; a row with none gives o = 0, lse = -inf."""
+    lse -inf (no key) is not read; a row with none gives o = 0, lse = -inf.
+    PDL: launched early (programmatic dependent launch), so wait for the partials."""
+    if PDL:
+        gdc_wait()
     i_row = tl.program_id(0).to(tl.int64)
     o_s = tl.arange(0, BLOCK_S)
     m_s = o_s < n_split

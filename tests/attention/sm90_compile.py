@@ -66,6 +66,9 @@ def compile_case(b, q, hq, kvh, d, cache_len, num_splits=None) -> list[dict]:
                          num_warps=launch.kwargs.get("num_warps"),
                          async_copies=ttgir.count("async_copy_global_to_local"),
                          cp_async_bytes=_cp_async_sizes(compiled.asm["ptx"]),
+                         launch_pdl=bool(launch.kwargs.get("launch_pdl")),
+                         pdl_waits=compiled.asm["ptx"].count("griddepcontrol.wait"),
+                         pdl_triggers=compiled.asm["ptx"].count("griddepcontrol.launch_dependents"),
                          mma=("wgmma" if "warp_group_dot" in ttgir else "mma" if "tt.dot" in ttgir
                               or "mma" in compiled.asm["ptx"] else "none")))
     return rows

@@ -44,6 +44,9 @@ def test_launches_compile_for_sm90(compiled, name):
     assert split == (forced is not None or (b * kvh < 132 and q <= 4))  # prefill never splits
     for r in rows:
         assert r["sm90"] and r["spill"] == 0 and r["shared"] <= H200_MAX_SHARED, r
+    # a split call's combine launches early (programmatic dependent launch) and waits for the partials
+    assert [(r["launch_pdl"], r["pdl_waits"] > 0, r["pdl_triggers"] > 0) for r in rows] == (
+        [(False, False, True), (True, True, False)] if split else [(False, False, False)])
     attn = rows[0]
     # K and V of the next steps in flight, in 16-byte cp.async copies
     assert attn["async_copies"] >= 4 and attn["cp_async_bytes"] == [16], attn
