@@ -2,7 +2,12 @@
 small prefill, with the log-sum-exp that decode-context parallelism merges.
 
 Legend: B batch rows, Q queries per row, Hq query heads, KVH KV heads,
-D head dim, S cache slots, L local positions per slot.
+D head dim, S cache slots, L local positions per slot, W DCP ranks.
+
+    out, lse = decode_attention(q, k_cache, v_cache, slots, q_pos, sm_scale=D ** -0.5,
+                                kv_stride=W, kv_offset=rank, out=out, lse=lse)
+    o = comm.dcp_merge(out.view(B * Q, Hq, D), lse.view(B * Q, Hq), lse_base="e")
+
 Nothing runs at import.
 """
 

@@ -15,6 +15,7 @@ merges the NS partials of each output row.
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 LN2 = tl.constexpr(0.6931471805599453)  # ln(2): log2 lse -> natural lse
 
@@ -29,6 +30,32 @@ def _dot_operand(x, INTERPRET: tl.constexpr):
 
 
 @triton.jit
+def _attend_block(b_q, k_base, v_base, stride_kl, stride_vl, start, hi, row_pos, b_m, b_l, b_acc, qk_scale,
+                  kv_stride, kv_offset, o_d, m_d, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr):
+    """One online-softmax step over cache positions [start, min(start + BLOCK_N, hi)).
+
+    b_q: [BLOCK_M, BLOCK_D] rows; row_pos: [BLOCK_M] global query positions;
+    b_m / b_l: [BLOCK_M] running max (log2 units) / sum; b_acc: [BLOCK_M, BLOCK_D]."""
+    o_n = start + tl.arange(0, BLOCK_N)
+    m_n = o_n < hi
+    m_kv = m_n[:, None] & m_d[None, :]
+    o_n64 = o_n.to(tl.int64)[:, None]  # L * stride may pass 2^31 in a long cache
+    b_k = tl.load(k_base + o_n64 * stride_kl + o_d[None, :], mask=m_kv, other=0.0)
+    b_s = tl.dot(b_q, tl.trans(_dot_operand(b_k, INTERPRET))) * qk_scale  # [BLOCK_M, BLOCK_N]
+    key_pos = o_n * kv_stride + kv_offset
+    b_s = tl.where(m_n[None, :] & (key_pos[None, :] <= row_pos[:, None]), b_s, float("-inf"))
+    m_new = tl.maximum(b_m, tl.max(b_s, 1))
+    # a row with no key yet keeps m = -inf: subtract 0 so exp2 gives 0, not NaN
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(b_m - m_use)
+    b_p = tl.exp2(b_s - m_use[:, None])
+    b_l = b_l * alpha + tl.sum(b_p, 1)
+    b_v = tl.load(v_base + o_n64 * stride_vl + o_d[None, :], mask=m_kv, other=0.0)
+    b_pv = tl.dot(_dot_operand(b_p.to(b_v.dtype), INTERPRET), _dot_operand(b_v, INTERPRET))
+    return m_new, b_l, b_acc * alpha[:, None] + b_pv
+
+
+@triton.jit
 def attention_kernel(
     q_ptr, k_ptr, v_ptr, slots_ptr, q_pos_ptr, o_ptr, lse_ptr, ws_ptr,
     stride_qb, stride_qq, stride_qh,
@@ -37,12 +64,13 @@ def attention_kernel(
     Q, L, KVH, n_q_blocks, n_rows, ws_lse_off, qk_scale, kv_stride, kv_offset,
     G: tl.constexpr, QB: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    SPLIT: tl.constexpr, INTERPRET: tl.constexpr,
+    SPLIT: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """q: [B, Q, Hq, D] bf16 (D contiguous); k, v: [S, L, KVH, D] bf16 (D contiguous);
     slots, q_pos: [B] int32; o: [B, Q, Hq, D] bf16 and lse: [B, Q, Hq] fp32, contiguous;
     ws: fp32 [NS, N, D] partials then [NS, N] log2 lse at ws_lse_off (SPLIT only).
-    qk_scale = sm_scale * log2(e). Grid: (B * KVH * n_q_blocks, NS)."""
+    qk_scale = sm_scale * log2(e). Grid: (B * KVH * n_q_blocks, NS). PDL: let the
+    combine kernel's programs launch once the loops end (they wait for this grid)."""
     i_bhq = tl.program_id(0)
     i_split = tl.program_id(1)
     n_split = tl.num_programs(1)
@@ -84,25 +112,23 @@ def attention_kernel(
     b_m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     b_l = tl.zeros([BLOCK_M], dtype=tl.float32)
     b_acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    for start in range(lo, hi, BLOCK_N):
-        o_n = start + tl.arange(0, BLOCK_N)
-        m_n = o_n < hi
-        m_kv = m_n[:, None] & m_d[None, :]
-        b_k = tl.load(k_base + o_n[:, None] * stride_kl + o_d[None, :], mask=m_kv, other=0.0)
-        b_s = tl.dot(b_q, tl.trans(_dot_operand(b_k, INTERPRET))) * qk_scale  # [BLOCK_M, BLOCK_N]
-        key_pos = o_n * kv_stride + kv_offset
-        b_s = tl.where(m_n[None, :] & (key_pos[None, :] <= row_pos[:, None]), b_s, float("-inf"))
-        m_new = tl.maximum(b_m, tl.max(b_s, 1))
-        # a row with no key yet keeps m = -inf: subtract 0 so exp2 gives 0, not NaN
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(b_m - m_use)
-        b_p = tl.exp2(b_s - m_use[:, None])
-        b_l = b_l * alpha + tl.sum(b_p, 1)
-        b_v = tl.load(v_base + o_n[:, None] * stride_vl + o_d[None, :], mask=m_kv, other=0.0)
-        b_pv = tl.dot(_dot_operand(b_p.to(b_v.dtype), INTERPRET), _dot_operand(b_v, INTERPRET))
-        b_acc = b_acc * alpha[:, None] + b_pv
-        b_m = m_new
+    if INTERPRET:
+        # a while loop: the interpreter's range() takes int() of 1-element arrays,
+        # which numpy >= 2.3 refuses; compiled, the for loop is software-pipelined
+        start = lo
+        while start < hi:
+            b_m, b_l, b_acc = _attend_block(
+                b_q, k_base, v_base, stride_kl, stride_vl, start, hi, row_pos, b_m, b_l, b_acc, qk_scale,
+                kv_stride, kv_offset, o_d, m_d, BLOCK_N, INTERPRET)
+            start += BLOCK_N
+    else:
+        for start in range(lo, hi, BLOCK_N):
+            b_m, b_l, b_acc = _attend_block(
+                b_q, k_base, v_base, stride_kl, stride_vl, start, hi, row_pos, b_m, b_l, b_acc, qk_scale,
+                kv_stride, kv_offset, o_d, m_d, BLOCK_N, INTERPRET)
 
+    if PDL:
+        gdc_launch_dependents()
     has = b_l > 0.0
     b_l1 = tl.where(has, b_l, 1.0)
     b_o = b_acc / b_l1[:, None]  # rows with no key: acc = 0 -> o = 0
@@ -122,12 +148,15 @@ def attention_kernel(
 @triton.jit
 def attention_combine_kernel(
     ws_ptr, o_ptr, lse_ptr, n_rows, ws_lse_off, n_split,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Merge the NS split partials of one output row (grid: N programs).
 
     o = sum_s 2^(lse_s - m) o_s / sum_s 2^(lse_s - m), m = max_s lse_s; a split with
-    lse -inf (no key) is not read; a row with none gives o = 0, lse = -inf."""
+    lse -inf (no key) is not read; a row with none gives o = 0, lse = -inf.
+    PDL: launched early (programmatic dependent launch), so wait for the partials."""
+    if PDL:
+        gdc_wait()
     i_row = tl.program_id(0).to(tl.int64)
     o_s = tl.arange(0, BLOCK_S)
     m_s = o_s < n_split

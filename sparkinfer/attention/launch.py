@@ -19,6 +19,12 @@ from sparkinfer.errors import CapacityError, CaptureError, DeviceError, DTypeErr
 
 __all__ = ["decode_attention", "attention_workspace", "plan_call"]
 
+# The combine pass of a split call is launched with programmatic dependent launch:
+# its programs are scheduled while the attention kernel's last programs finish and
+# wait (griddepcontrol.wait) for their partials. Measured for the MoE kernels'
+# chains (moe/runner.py MICRO_PDL: 23 of 24 H200 points faster); not yet
+# measured here (bench_attention.py runs with it on).
+COMBINE_PDL = True
 # Split workspaces kept by the launcher when the caller passes none, keyed by
 # (device, fp32 elements); never freed, so a captured graph's buffer stays valid.
 _WORKSPACES: dict[tuple[torch.device, int], torch.Tensor] = {}
@@ -89,13 +95,13 @@ def _shapes(q, k_cache, v_cache, slots, q_pos) -> None:
             raise LayoutError(f"decode_attention: {name} has strides {t.stride()}; pass a contiguous [B] tensor")
 
 
-def _output(name: str, t, shape: tuple, dtype: torch.dtype, device) -> torch.Tensor:
+def _output(name: str, t, dims: str, shape: tuple, dtype: torch.dtype, device) -> torch.Tensor:
     if t is None:
         if _capturing(device):
             raise CaptureError(f"decode_attention: {name}=None during CUDA graph capture would allocate; pass a "
-                               f"preallocated {name} {shape}")
+                               f"preallocated {name} {dims} = {shape}")
         return torch.empty(shape, dtype=dtype, device=device)
-    _check(name, t, "", shape, dtype, device)
+    _check(name, t, dims, shape, dtype, device)
     if not t.is_contiguous():
         raise LayoutError(f"decode_attention: {name} has strides {t.stride()}; pass a contiguous tensor")
     return t
@@ -182,13 +188,14 @@ def decode_attention(q, k_cache, v_cache, slots, q_pos, *, sm_scale: float, kv_s
                           "(this rank's index in the DCP group)")
     B, Q, Hq, D = q.shape
     dev = q.device
-    out = _output("out", out, (B, Q, Hq, D), torch.bfloat16, dev)
-    lse = _output("lse", lse, (B, Q, Hq), torch.float32, dev)
+    out = _output("out", out, "[B, Q, Hq, D]", (B, Q, Hq, D), torch.bfloat16, dev)
+    lse = _output("lse", lse, "[B, Q, Hq]", (B, Q, Hq), torch.float32, dev)
     cfg = plan_call(q, k_cache, num_splits=num_splits)
     ws = _workspace(cfg, workspace, dev)
     if cfg.rows == 0:
         return out, lse
     interpret = dev.type == "cpu"
+    pdl = COMBINE_PDL and ws is not None and not interpret
     S, L, KVH, _ = k_cache.shape
     ws_lse_off = cfg.num_splits * cfg.rows * D
     attention_kernel[cfg.grid](
@@ -198,11 +205,11 @@ def decode_attention(q, k_cache, v_cache, slots, q_pos, *, sm_scale: float, kv_s
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         Q, L, KVH, cfg.q_blocks, cfg.rows, ws_lse_off, float(sm_scale) * math.log2(math.e), kv_stride, kv_offset,
         G=Hq // KVH, QB=cfg.queries_per_block, HEAD_DIM=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        BLOCK_D=cfg.block_d, SPLIT=ws is not None, INTERPRET=interpret,
+        BLOCK_D=cfg.block_d, SPLIT=ws is not None, INTERPRET=interpret, PDL=pdl,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if ws is not None:
         attention_combine_kernel[(cfg.rows,)](
             ws, out, lse, cfg.rows, ws_lse_off, cfg.num_splits,
             HEAD_DIM=D, BLOCK_D=cfg.block_d, BLOCK_S=max(2, 1 << (cfg.num_splits - 1).bit_length()),
-            num_warps=4)
+            PDL=pdl, num_warps=4, **(dict(launch_pdl=True) if pdl else {}))
     return out, lse

@@ -11,6 +11,7 @@ compiles through Triton's ahead-of-time path and ptxas.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from unittest import mock
 
@@ -50,6 +51,11 @@ def record_launches(b: int, q: int, hq: int, kvh: int, d: int, cache_len: int, n
     return sink
 
 
+def _cp_async_sizes(ptx: str) -> list[int]:
+    """Byte sizes of the cp.async copies in the PTX (16: full 16-byte vectors)."""
+    return sorted({int(m, 0) for m in re.findall(r"cp\.async\.\w+\.shared\.global \[[^]]*\], \[[^]]*\], (\w+)", ptx)})
+
+
 def compile_case(b, q, hq, kvh, d, cache_len, num_splits=None) -> list[dict]:
     rows = []
     for launch in record_launches(b, q, hq, kvh, d, cache_len, num_splits):
@@ -59,6 +65,10 @@ def compile_case(b, q, hq, kvh, d, cache_len, num_splits=None) -> list[dict]:
                          sm90=".target sm_90" in compiled.asm["ptx"],
                          num_warps=launch.kwargs.get("num_warps"),
                          async_copies=ttgir.count("async_copy_global_to_local"),
+                         cp_async_bytes=_cp_async_sizes(compiled.asm["ptx"]),
+                         launch_pdl=bool(launch.kwargs.get("launch_pdl")),
+                         pdl_waits=compiled.asm["ptx"].count("griddepcontrol.wait"),
+                         pdl_triggers=compiled.asm["ptx"].count("griddepcontrol.launch_dependents"),
                          mma=("wgmma" if "warp_group_dot" in ttgir else "mma" if "tt.dot" in ttgir
                               or "mma" in compiled.asm["ptx"] else "none")))
     return rows

@@ -104,3 +104,14 @@ def test_rank_without_keys_gives_zero_and_minus_inf(num_splits):
                      num_splits=num_splits)
     assert torch.equal(out, torch.zeros_like(out))
     assert torch.equal(lse, torch.full_like(lse, float("-inf")))
+
+
+@pytest.mark.parametrize("b,q,cache_len", [(0, 1, 16), (2, 0, 16), (1, 2, 0)], ids=["no-rows", "no-queries",
+                                                                                  "empty-cache"])
+def test_empty_shapes(b, q, cache_len):
+    """Nothing to attend: empty outputs, or out = 0 and lse = -inf over an empty cache."""
+    c = Case(B=b, Q=q, Hq=4, KVH=2, D=64, S=2, L=cache_len, slots=(0,) * b, q_pos=(5,) * b)
+    qt, k, v, slots, q_pos = make_inputs(c, seed=12)
+    out, lse = poisoned(c)
+    decode_attention(qt, k, v, slots, q_pos, sm_scale=0.1, out=out, lse=lse)
+    assert torch.equal(out, torch.zeros_like(out)) and torch.equal(lse, torch.full_like(lse, float("-inf")))

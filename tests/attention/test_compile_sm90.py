@@ -1,6 +1,6 @@
 """The kernels decode_attention launches compile for the H200 (sm_90) at the
 decoder's real shapes on a CPU machine (ptxas only, no GPU): no register
-spills, within shared memory, K / V streamed by cp.async.
+spills, within shared memory, K / V streamed by 16-byte cp.async.
 
 Runs in one subprocess without TRITON_INTERPRET (interpreted kernels cannot be
 compiled)."""
@@ -44,7 +44,11 @@ def test_launches_compile_for_sm90(compiled, name):
     assert split == (forced is not None or (b * kvh < 132 and q <= 4))  # prefill never splits
     for r in rows:
         assert r["sm90"] and r["spill"] == 0 and r["shared"] <= H200_MAX_SHARED, r
+    # a split call's combine launches early (programmatic dependent launch) and waits for the partials
+    assert [(r["launch_pdl"], r["pdl_waits"] > 0, r["pdl_triggers"] > 0) for r in rows] == (
+        [(False, False, True), (True, True, False)] if split else [(False, False, False)])
     attn = rows[0]
-    assert attn["async_copies"] >= 4, attn  # K and V of the next steps in flight (cp.async)
+    # K and V of the next steps in flight, in 16-byte cp.async copies
+    assert attn["async_copies"] >= 4 and attn["cp_async_bytes"] == [16], attn
     if q == 1:  # the split heuristic assumes two decode programs fit one SM
         assert 2 * attn["shared"] <= H200_MAX_SHARED and 2 * attn["regs"] * 32 * attn["num_warps"] <= 65536, attn
