@@ -9,10 +9,10 @@ layer where the family has them, head counts that divide over 1, 2 and 3
 ranks, and vocabularies that need padding for some world sizes:
 
     name              L  Hq KVH  I_moe  I_dense  V    notes
-    qwen3_moe-tiny    3  12  6   96     192      320  layer 0 dense (mlp_only_layers)
-    glm4_moe-tiny     3   6  1   96     192      272  layer 0 dense, 1 shared expert,
+    qwen3_moe-tiny    3  12  6  192     192      320  layer 0 dense (mlp_only_layers)
+    glm4_moe-tiny     3   6  1  192     192      272  layer 0 dense, 1 shared expert,
                                                       4 groups / top 2, bias, rotary 16 of 32
-    mixtral-tiny      2  12  6   96     -        288  every layer MoE
+    mixtral-tiny      2  12  6  192     -        288  every layer MoE
 
 `transformers` and `tokenizers` are imported only when a checkpoint is made.
 """
@@ -41,14 +41,14 @@ TINY_PRESETS: dict[str, dict] = {
     "qwen3_moe-tiny": dict(
         architectures=["Qwen3MoeForCausalLM"], vocab_size=320, hidden_size=64,
         intermediate_size=192, num_hidden_layers=3, num_attention_heads=12,
-        num_key_value_heads=6, head_dim=32, moe_intermediate_size=96, num_experts=8,
+        num_key_value_heads=6, head_dim=32, moe_intermediate_size=192, num_experts=8,
         num_experts_per_tok=2, norm_topk_prob=True, mlp_only_layers=[0], decoder_sparse_step=1,
         rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=512,
         bos_token_id=BOS, eos_token_id=EOS, tie_word_embeddings=False),
     "glm4_moe-tiny": dict(
         architectures=["Glm4MoeForCausalLM"], vocab_size=272, hidden_size=64,
         intermediate_size=192, num_hidden_layers=3, num_attention_heads=6,
-        num_key_value_heads=1, head_dim=32, moe_intermediate_size=96, n_routed_experts=8,
+        num_key_value_heads=1, head_dim=32, moe_intermediate_size=192, n_routed_experts=8,
         num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1, n_group=4,
         topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True, partial_rotary_factor=0.5,
         attention_bias=True, use_qk_norm=False, num_nextn_predict_layers=0, rms_norm_eps=1e-5,
@@ -56,7 +56,7 @@ TINY_PRESETS: dict[str, dict] = {
         tie_word_embeddings=False),
     "mixtral-tiny": dict(
         architectures=["MixtralForCausalLM"], vocab_size=288, hidden_size=64,
-        intermediate_size=96, num_hidden_layers=2, num_attention_heads=12, num_key_value_heads=6,
+        intermediate_size=192, num_hidden_layers=2, num_attention_heads=12, num_key_value_heads=6,
         head_dim=32, num_local_experts=8, num_experts_per_tok=2, rms_norm_eps=1e-5,
         rope_theta=1000000.0, sliding_window=None, max_position_embeddings=512,
         bos_token_id=BOS, eos_token_id=EOS, tie_word_embeddings=False),
@@ -148,6 +148,9 @@ def make_checkpoint(preset: str, path: str | os.PathLike, *, seed: int = 0,
     return out
 
 
+LM_HEAD_ROW_SPREAD = 0.75
+
+
 def _fill(model, hidden: int, seed: int):
     """Overwrite every parameter and the correction-bias buffers, in name order."""
     gen = torch.Generator().manual_seed(seed)
@@ -168,6 +171,10 @@ def _fill(model, hidden: int, seed: int):
             else:  # linears [out, in] and fused experts [E, out, in]
                 std, mean = 1.0 / math.sqrt(t.shape[-1]), 0.0
             vals = torch.randn(t.shape, generator=gen, dtype=torch.float32) * std + mean
+            if name.endswith("lm_head.weight"):
+                # log-normal row norms: a few tokens stand out, so greedy steps are rarely
+                # near-ties that bf16 rounding could flip (see hf_reference.MIN_MARGIN)
+                vals *= torch.exp(LM_HEAD_ROW_SPREAD * torch.randn(t.shape[0], 1, generator=gen))
             t.copy_(vals.to(t.dtype))
 
 
