@@ -68,7 +68,7 @@ def test_family_specifics_of_the_tiny_presets(ckpt_dir):
         ("sigmoid_grouped", 4, 2, 2.5)
     assert (glm.rotary_dim, glm.head_dim, glm.attention_bias, glm.qk_norm) == (16, 32, True, False)
     assert (glm.num_shared_experts, glm.shared_intermediate, glm.moe_layers) == \
-        (1, 96, (False, True, True))
+        (1, 192, (False, True, True))
     assert (mix.renormalize, mix.moe_layers, mix.dense_intermediate, mix.rope_theta) == \
         (True, (True, True), 0, 1e6)
     assert all(s.rope_style == "neox" for s in (qwen, glm, mix))

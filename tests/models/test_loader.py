@@ -189,7 +189,7 @@ def test_heads_that_do_not_divide_raise(over, world, match):
 def test_experts_and_mlps_that_do_not_divide_raise(ckpt_dir):
     path = ckpt_dir("glm4_moe-tiny")
     spec = load_spec(path)
-    with pytest.raises(ShapeError, match="moe_intermediate_size=96 does not divide over 5"):
+    with pytest.raises(ShapeError, match="moe_intermediate_size=192 does not divide over 5"):
         load_routed(Checkpoint(path), spec, Sharding(0, 5), 1)
     with pytest.raises(ShapeError, match="num_attention_heads=6 does not divide over 4"):
         load_weights(Checkpoint(path), spec, Sharding(0, 4))
@@ -203,9 +203,9 @@ def test_experts_and_mlps_that_do_not_divide_raise(ckpt_dir):
 def test_loader_checks_shapes_against_config(ckpt_dir, tmp_path):
     src = ckpt_dir("qwen3_moe-tiny")
     cfg = json.loads((src / "config.json").read_text())
-    cfg["moe_intermediate_size"] = 48  # the files hold 96
+    cfg["moe_intermediate_size"] = 48  # the files hold 192
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     (tmp_path / "model.safetensors").symlink_to(src / "model.safetensors")
     with pytest.raises(CheckpointError, match=r"experts\.0\.gate_proj\.weight.*model\.safetensors"
-                                              r".*shape \(96, 64\); expected \(48, 64\)"):
+                                              r".*shape \(192, 64\); expected \(48, 64\)"):
         load_weights(Checkpoint(tmp_path), load_spec(tmp_path), Sharding())

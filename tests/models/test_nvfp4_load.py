@@ -113,9 +113,9 @@ def test_join_gate_up_is_exact_for_a_power_of_two_ratio():
 @pytest.mark.parametrize("shared", [True, None], ids=["modelopt", "quantize-at-load"])
 def test_nvfp4_needs_16_aligned_intermediate_shards(shared, ckpt_dir, nvfp4_dir):
     path = nvfp4_dir("glm4_moe-tiny") if shared else ckpt_dir("glm4_moe-tiny")
-    with pytest.raises(ShapeError, match=r"moe_intermediate_size \(96 / 4 = 24\) to be multiples "
+    with pytest.raises(ShapeError, match=r"moe_intermediate_size \(192 / 8 = 24\) to be multiples "
                                          r"of 16"):
-        load_routed(Checkpoint(path), load_spec(path), Sharding(0, 4), 1, moe_format="nvfp4")
+        load_routed(Checkpoint(path), load_spec(path), Sharding(0, 8), 1, moe_format="nvfp4")
 
 
 def test_unknown_moe_format(ckpt_dir):
