@@ -126,11 +126,19 @@ class Engine:
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         graph = torch.cuda.CUDAGraph()
-        scope = self.comm.pool.capture(stream, self.channel) if self.comm is not None else _nothing()
-        with torch.cuda.stream(stream), scope:
-            self._eager_step(bufs, params)  # warm-up: compiles, plans, on the scope's channel
-            with torch.cuda.graph(graph, stream=stream):
-                out = self._eager_step(bufs, params)
+        pool = self.comm.pool if self.comm is not None else None
+        mark = pool.checkpoint() if pool is not None else None
+        try:
+            # every bucket's graph shares the channel; they replay in one stream order
+            scope = pool.capture(stream, self.channel, reuse=True) if pool is not None else _nothing()
+            with torch.cuda.stream(stream), scope:
+                self._eager_step(bufs, params)  # warm-up: compiles, plans, on the scope's channel
+                with torch.cuda.graph(graph, stream=stream):
+                    out = self._eager_step(bufs, params)
+        except BaseException:
+            if pool is not None:
+                pool.rollback(mark)  # a failed capture leaves no channel behind
+            raise
         torch.cuda.current_stream(self.device).wait_stream(stream)
         captured = params
 
@@ -141,6 +149,19 @@ class Engine:
             graph.replay()
             return out
         return run
+
+    def step(self, tokens: list[list[int]], first_pos: list[int], slots: list[int],
+             params: SamplingParams) -> tuple[torch.Tensor, list[int]]:
+        """One forward of len(tokens) rows of Q tokens each (row r at positions first_pos[r]..,
+        in slots[r]), padded to a bucket: (logits [rows * Q, V], sampled ids of every
+        token). A CUDA graph replay per (bucket, Q) on a GPU; the one host sync is
+        reading the ids."""
+        q, n = len(tokens[0]), len(tokens)
+        bufs, run = self._graph_step(self.bucket(n), q, params)
+        bufs.fill([t for row in tokens for t in row], [p + j for p in first_pos for j in range(q)],
+                  [s for s in slots for _ in range(q)], q, self.pad_slot)
+        logits, ids = run(params)
+        return logits[:n * q], ids[:n * q].tolist()
 
     # ------------------------------------------------------------------ generation
     def prefill(self, prompt: list[int], slot: int):
@@ -156,32 +177,32 @@ class Engine:
             logits = self.dec(step)
         return logits
 
+    def check_prompts(self, prompts: list[list[int]], extra: int = 1) -> None:
+        """CapacityError unless 1..max_batch prompts each fit the cache with `extra` positions to spare."""
+        if not prompts or len(prompts) > self.max_batch:
+            raise CapacityError(f"{len(prompts)} prompts; this engine takes 1 to max_batch={self.max_batch}")
+        max_len = self.dec.cache.max_len
+        for p in prompts:
+            if not p or len(p) + extra > max_len:
+                raise CapacityError(f"a prompt of {len(p)} tokens does not fit the cache of {max_len} positions "
+                                    f"with {extra} to spare; build the engine with a larger max_len")
+
     def generate(self, prompts: list[list[int]], params: SamplingParams = SamplingParams(), *,
                  keep_logits: bool = False, on_token=None) -> GenerationResult:
         """New tokens for each prompt (greedy or sampled per `params`), every rank alike.
         keep_logits copies every step's logits to the host (for checks; slow);
         on_token(seq, token) is called for each new token as it is sampled."""
-        if not prompts or len(prompts) > self.max_batch:
-            raise CapacityError(f"{len(prompts)} prompts; this engine takes 1 to max_batch={self.max_batch}")
+        self.check_prompts(prompts)
         max_len = self.dec.cache.max_len
-        for p in prompts:
-            if not p or len(p) + 1 > max_len:
-                raise CapacityError(f"a prompt of {len(p)} tokens does not fit the cache of {max_len} positions "
-                                    "with room to generate; build the engine with a larger max_len")
-        gen = None
-        if params.temperature > 0:
-            gen = torch.Generator(device=self.device).manual_seed(params.seed) if not self.graphs else None
-            if self.graphs:
-                torch.cuda.manual_seed(params.seed)
+        torch.manual_seed(params.seed)  # every rank draws the same numbers (CPU and CUDA generators)
         res = GenerationResult([[] for _ in prompts])
         t0 = time.perf_counter()
-        nxt = []
-        kept = [[] for _ in prompts]
+        nxt, kept = [], [[] for _ in prompts]
         for i, p in enumerate(prompts):
             logits = self.prefill(p, i)
             if keep_logits:
                 kept[i].append(logits[0].float().cpu())
-            nxt.append(int(sample(logits, params, gen)[0]))
+            nxt.append(int(sample(logits, params)[0]))
         res.prefill_s = time.perf_counter() - t0
         lengths = [len(p) for p in prompts]
         live = list(range(len(prompts)))
@@ -196,16 +217,9 @@ class Engine:
                     live.remove(i)
             if not live:
                 break
-            bufs, run = self._graph_step(self.bucket(len(live)), 1, params)
-            bufs.fill([nxt[i] for i in live], [lengths[i] for i in live], live, 1, self.pad_slot)
-            if self.graphs:
-                logits, ids = run(params)
-            else:
-                logits = self.dec(bufs.step)
-                ids = sample(logits, params, gen)
-            ids = ids[:len(live)].tolist()
-            for r, (i, tok) in enumerate(zip(live, ids)):
-                nxt[i] = tok
+            logits, ids = self.step([[nxt[i]] for i in live], [lengths[i] for i in live], live, params)
+            for r, i in enumerate(live):
+                nxt[i] = ids[r]
                 lengths[i] += 1
                 if keep_logits:
                     kept[i].append(logits[r].float().cpu())
