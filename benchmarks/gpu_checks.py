@@ -24,12 +24,18 @@ PASS/FAIL per section, appends JSON rows to --out; exit status 0 when all passed
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
 import time
 import warnings
+from pathlib import Path
 
-from _common import (Collective, CountingBackend, Ctx, Graph, append_rows, ensure_repo_on_path, free_device_bytes,
-                     metadata, poison, read_epoch, step)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `import sparkinfer` without an install
+from sparkinfer.bench.collectives import (Collective, CountingBackend, Ctx, free_device_bytes, poison,  # noqa: E402
+                                          read_epoch, step)
+from sparkinfer.bench.common import append_rows, metadata  # noqa: E402
+from sparkinfer.bench.timing import Graph  # noqa: E402
 
 SECTIONS = ("smoke", "graph", "replay10k", "timeout", "lifecycle")
 EXTRA = ("guard",)  # run only when named in --only
@@ -399,7 +405,6 @@ def sec_guard(world, opt) -> dict:
 
 # --------------------------------------------------------------------------- driver
 def _worker(world, section: str, opt: dict) -> dict:
-    ensure_repo_on_path()
     warnings.filterwarnings("ignore", category=FutureWarning)  # torch.distributed renames
     t0 = time.perf_counter()
     res = globals()[f"sec_{section}"](world, opt)
@@ -432,12 +437,13 @@ def main(argv=None) -> int:
     unknown = [s for s in sections if s not in SECTIONS + EXTRA]
     if unknown:
         p.error(f"unknown sections {unknown}; choose from {SECTIONS + EXTRA}")
-    ensure_repo_on_path()
     from sparkinfer.errors import RankFailed
     from sparkinfer.runtime import run_ranks
 
     backend = "cpu" if args.dry_run else "cuda"
-    out = "/tmp/sparkinfer_gpu_checks_dryrun.json" if args.dry_run and args.out == p.get_default("out") else args.out
+    out = args.out
+    if args.dry_run and args.out == p.get_default("out"):
+        out = os.path.join(tempfile.gettempdir(), "sparkinfer_bench", "gpu_checks_dry_run.json")
     meta = metadata()
     opt, summary = options(args.dry_run), []
     start = time.perf_counter()
