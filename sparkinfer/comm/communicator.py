@@ -92,7 +92,7 @@ class Communicator:
         if self.caps.peer_access:
             self.pool.prepare(channel_ids)
         self._configs: dict[int, LaunchConfig] = {}
-        # Benchmarking only (benchmarks/bench_comm.py --sweep-grid): None, a LaunchConfig, or
+        # Benchmarking only (launch-shape sweeps): None, a LaunchConfig, or
         # callable(nbytes) -> LaunchConfig used instead of launch_config(). Set it identically on
         # every rank (the grid is part of each op's fingerprint) and only between graph captures.
         self._config_override = None

@@ -1,5 +1,5 @@
 """Launch configurations around a plan's choice, to measure the planner's
-thresholds and tiles on a GPU (`benchmarks/bench_moe.py --sweep`; large-batch
+thresholds and tiles on a GPU (`sparkinfer bench moe --sweep`; large-batch
 tiles: `benchmarks/sweeps/moe_tile_sweep.py`).
 
 Legend: T tokens, BM routed rows per tile, BN1 / BN2 weight rows per FC1 / FC2

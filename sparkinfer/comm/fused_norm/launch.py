@@ -37,8 +37,8 @@ MAX_TILE_INTERP = 4096
 # block) unless the tensor is smaller than SPLIT_MAX_BYTES, where rows are split
 # into pieces of >= MIN_PIECE_BYTES over more blocks, whose sums of squares then
 # meet through a cross-block exchange (publish_local / wait_local).
-# 2x H200 `bench_fused.py --sweep` (benchmarks/results/fused_2xh200_sweep_426b41a.json,
-# 426b41a): whole rows beat split rows at every measured T: T = 1, H = 4096:
+# 2x H200 `sparkinfer bench fused --sweep` at 426b41a (benchmarks/results/sweeps/
+# fused_sweep_2xh200_426b41a.json): whole rows beat split rows at every measured T: T = 1, H = 4096:
 # ll_row 5.01 us vs ll_pieces 6.53 us; H = 7168: 6.06 vs 7.94; T = 8: 5.08 vs
 # 7.17 and 6.53 vs 8.80. So 0: never split a row that fits a tile.
 SPLIT_MAX_BYTES = 0
@@ -46,12 +46,13 @@ SPLIT_MAX_BYTES = 0
 # vector load (kernel.py), not through atomics. It splits rows (split_pieces)
 # below LL_SPLIT_MAX_BYTES of x when T = 1 or a row has >= LL_SPLIT_ROW_BYTES.
 # 2x H200 piece sweep at aae5660 (one-piece blocks with private partial lines;
-# fused_ll_ab2_2xh200.json, "hsweep"), us, whole rows vs pieces: H = 4096
+# benchmarks/results/sweeps/fused_ll_variants_2xh200.json, "hsweep"), us, whole
+# rows vs pieces: H = 4096
 # (8 KiB rows): T = 2: 4.97 vs 4.44 (4 pieces) / 4.62 (8); T = 4: 5.01 vs 4.83
 # / 4.85; T = 8: 5.18 vs 4.96 (8); T = 16: 5.75 vs 5.41 (8). Before that change
-# whole 8 KiB rows won at T >= 8 (e9512d3: 5.25 vs 5.89), hence the old "> 8 KiB".
-# Checked at 3ced22a (`benchmarks/sweeps/fused_ll_pieces.py auto`,
-# fused_ll_pieces_2xh200.json): H = 7168, T = 1 / 8 / 16: 4.49 / 5.41 / 6.18 with
+# whole 8 KiB rows won at T >= 8 (e9512d3: 5.25 vs 5.89, sweeps/
+# fused_sweep_2xh200_e9512d3.json), hence the old "> 8 KiB". Checked at 3ced22a
+# (sweeps/fused_ll_pieces_2xh200.json): H = 7168, T = 1 / 8 / 16: 4.49 / 5.41 / 6.18 with
 # 1 KiB pieces vs 4.56 / 5.43 / 6.21 with 7; H = 4096, T = 2: 4.60 vs 4.49 with 4.
 LL_SPLIT_MAX_BYTES = 256 << 10
 LL_SPLIT_ROW_BYTES = 8 << 10
@@ -200,7 +201,7 @@ def check_config(cfg: NormConfig, caps: TopologyCaps, *, rows: int, hidden: int,
 def candidate_configs(caps: TopologyCaps, rows: int, hidden: int, itemsize: int = 2, *,
                       ll_max_bytes: int) -> dict:
     """name -> (algorithm, NormConfig): the launch shapes worth timing for x: [rows,
-    hidden] (benchmarks/bench_fused.py --sweep; at most 6). ll_max_bytes: the most
+    hidden] (`sparkinfer bench fused --sweep`; at most 6). ll_max_bytes: the most
     the channel's LL lanes carry (layout.ll_lane_bytes // 2). "auto" is what
     all_reduce_add_rms_norm picks, named "auto=<twin>" when it equals a candidate
     (left out then). ll_row_w8 / _w16: whole rows over LL; *_pieces: rows split by
