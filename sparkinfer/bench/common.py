@@ -94,7 +94,7 @@ def git_commit() -> dict:
 
 def scrub_paths(value):
     """`value` (str, or dicts and lists of them) with every absolute path cut to its
-    last component: "/home/me/out/x.json" -> "x.json". Other values pass through."""
+    last component: "/data/me/out/x.json" -> "x.json". Other values pass through."""
     if isinstance(value, str):
         return _ABS_PATH.sub("", value)
     if isinstance(value, dict):

@@ -23,8 +23,9 @@ __all__ = ["add_arguments", "main", "tables"]
 _FILE = re.compile(r"^(comm|fused|moe)_([a-z0-9]+)\.json$")
 ALL_REDUCE_TARGET_US = {2 << 10: 4, 32 << 10: 4, 128 << 10: 5, 512 << 10: 6.5, 2 << 20: 10, 8 << 20: 26,
                         32 << 20: 95}
-BRIEF_T = (1, 8, 64, 256)  # fused norm and dcp rows shown by --brief
-BRIEF_M = (1, 8, 64, 4096)  # MoE rows shown by --brief
+# --brief: the rows of one short table per op (fused norm at the largest H, dcp at D 128 replicated)
+BRIEF_T = (1, 8, 64, 256)
+BRIEF_M = (1, 8, 64, 4096)
 
 
 def add_arguments(p) -> None:
@@ -104,8 +105,9 @@ def comm_tables(rows: list, machine: str, brief: bool) -> list[str]:
 
 def fused_tables(rows: list, machine: str, brief: bool) -> list[str]:
     t: dict = defaultdict(dict)
+    top_h = max((r["H"] for r in rows if r.get("op") == "fused_norm"), default=0)
     for r in rows:
-        if r.get("op") == "fused_norm" and "us" in r and (not brief or r["T"] in BRIEF_T):
+        if r.get("op") == "fused_norm" and "us" in r and (not brief or (r["T"] in BRIEF_T and r["H"] == top_h)):
             t[(r["H"], r["T"])][r["impl"]] = r["us"]
     norm = [r for r in rows if r.get("op") == "fused_norm"]
     out = [f"Fused all-reduce + residual + RMSNorm, bf16, µs per op in a CUDA graph, {provenance(norm, machine, brief)}:", ""]
@@ -115,7 +117,8 @@ def fused_tables(rows: list, machine: str, brief: bool) -> list[str]:
                 "NCCL + torch"], body)
     t = defaultdict(dict)
     for r in rows:
-        if r.get("op") == "dcp_merge" and "us" in r and (not brief or (r["T"] in BRIEF_T and not r["scatter"])):
+        if r.get("op") == "dcp_merge" and "us" in r and (
+                not brief or (r["T"] in BRIEF_T and not r["scatter"] and r["D"] == 128)):
             t[(r["H"], r["D"], r["T"], r["scatter"])][r["impl"]] = r["us"]
     dcp = [r for r in rows if r.get("op") == "dcp_merge"]
     ts = sorted({k[2] for k in t})
