@@ -32,8 +32,7 @@ import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `import sparkinfer` without an install
-from sparkinfer.bench.collectives import (Collective, CountingBackend, Ctx, free_device_bytes, poison,  # noqa: E402
-                                          read_epoch, step)
+from sparkinfer.bench.collectives import Collective, CountingBackend, Ctx, free_device_bytes, poison, read_epoch, step  # noqa: E402
 from sparkinfer.bench.common import append_rows, metadata  # noqa: E402
 from sparkinfer.bench.timing import Graph  # noqa: E402
 
@@ -149,7 +148,8 @@ def sec_graph(world, opt) -> dict:
             step(ctx, [c], 2, g.replay, f"{cid} replay", fails)
             step(ctx, [c], 3, g.replay, f"{cid} replay new inputs", fails)
             step(ctx, [c], 4, c.call, f"{cid} eager after replay", fails)
-            step(ctx, [c], 5, lambda: ctx.eager_on_channel(s, cid, c.call), f"{cid} eager on graph channel", fails)
+            on_channel = lambda s=s, cid=cid, c=c: ctx.eager_on_channel(s, cid, c.call)  # noqa: E731
+            step(ctx, [c], 5, on_channel, f"{cid} eager on graph channel", fails)
             step(ctx, [c], 6, g.replay, f"{cid} replay after eager", fails)
             g.release()
         except Exception as e:  # noqa: BLE001
@@ -344,7 +344,8 @@ def sec_lifecycle(world, opt) -> dict:
         comm.close()
         worst = (max(worst[0], counter.slabs), max(worst[1], counter.mappings))
         if counter.slabs or counter.mappings:
-            fails.append(f"cycle {k}: {counter.slabs} slabs and {counter.mappings} peer mappings still open after close()")
+            fails.append(f"cycle {k}: {counter.slabs} slabs and {counter.mappings} peer mappings still open "
+                         "after close()")
         if k == 0 or k == cycles - 1 or k % 50 == 49:
             free.append(free_device_bytes(cuda))
         if len(fails) > 20:

@@ -187,7 +187,7 @@ def time_shape(ctx, layer, fmt, ms, lim) -> list[dict]:
                     planned_out = first
                 same = bool(torch.equal(first, planned_out))
                 sec, mode = ctx.time_calls([lambda b=b: run(b) for b in binds])
-                split = breakdown(ctx, lambda: run(binds[0]), ctx.reps)
+                split = breakdown(ctx, lambda b=binds[0]: run(b), ctx.reps)
             except Exception as exc:  # noqa: BLE001 - e.g. a config out of resources
                 err = f"{type(exc).__name__}: {str(exc)[:300]}"
                 print(f"{layer.name:8s} {fmt:5s} M={m:<5d} {name}: {err}", flush=True)
@@ -259,12 +259,11 @@ def sm90_report(shapes, formats, ms) -> list[dict]:
     """Compile every candidate's FC1 and FC2 at real dims (meta tensors) for sm_90."""
     import torch
 
+    from sparkinfer.bench import moe_cases
     from sparkinfer.moe import MoECaps, allocate_scratch, bind, plan
     from sparkinfer.moe.tuning import tile_candidates
     from tests.moe._util import meta_weights
     from tests.moe.sm90_compile import compile_sm90, record_launches
-
-    from sparkinfer.bench import moe_cases
 
     rows = []
     for sname, shape in shapes.items():

@@ -64,8 +64,8 @@ def make_impls(comm, op: str, size: int, symm) -> list:
         out = [Impl(alg, c, c.call, ours=True) for alg in _our_algorithms(size)
                for c in [Collective(comm, "ar", n, bf, alg)]]
         c = Collective(comm, "ar", n, bf)
-        return out + [Impl("nccl", c, lambda: dist.all_reduce(c.out), load=lambda seed: (c.load(seed), c.out.copy_(c.x)),
-                           reset=lambda: c.out.zero_())]
+        load = lambda seed: (c.load(seed), c.out.copy_(c.x))  # noqa: E731 - NCCL reduces in place
+        return out + [Impl("nccl", c, lambda: dist.all_reduce(c.out), load=load, reset=lambda: c.out.zero_())]
     assert op == "symm", op
     if isinstance(symm, str):
         return [symm, symm]

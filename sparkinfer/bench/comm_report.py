@@ -68,11 +68,12 @@ def print_tables(rows: list, title: str) -> None:
         a = _find(rows, "all_reduce", "auto", s)
         verdict = {True: "met", False: "missed"}.get(a.get("meets_target"), "–")
         table.append([fmt_size(s)] + [_cell(rows, "all_reduce", i, s) for i in AR_IMPLS]
-                     + [fmt(a.get("ratio_vs_nccl")), fmt(a.get("busbw_GBps"), 1), f"{fmt(a.get('target_us'), 1)} {verdict}"])
+                     + [fmt(a.get("ratio_vs_nccl")), fmt(a.get("busbw_GBps"), 1),
+                        f"{fmt(a.get('target_us'), 1)} {verdict}"])
     print_table(f"all_reduce bf16, us per op in a CUDA graph, {title}", ["size", *AR_IMPLS, "auto/NCCL", "auto GB/s",
                                                                          "target"], table)
-    table = [[fmt_size(s)] + [_cell(rows, op, i, s) for op in ("reduce_scatter", "all_gather") for i in ("ours", "nccl")]
-             for s in sizes]
+    pairs = [(op, i) for op in ("reduce_scatter", "all_gather") for i in ("ours", "nccl")]
+    table = [[fmt_size(s)] + [_cell(rows, op, i, s) for op, i in pairs] for s in sizes]
     print_table("reduce_scatter (input bytes) and all_gather (output bytes), bf16, us per op",
                 ["size", "RS ours", "RS NCCL", "AG ours", "AG NCCL"], table)
 

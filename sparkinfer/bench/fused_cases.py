@@ -160,7 +160,8 @@ def bench_norm(b, H: int, T: int) -> list[dict]:
     import torch.nn.functional as F
 
     (x, res, w), (load, reference) = norm_inputs(b, H, T)
-    bufs = {k: torch.empty(T, H, dtype=torch.bfloat16, device=dev) for k in ("o", "r", "o2", "r2", "s1", "s2", "s3", "s4")}
+    names = ("o", "r", "o2", "r2", "s1", "s2", "s3", "s4")
+    bufs = {k: torch.empty(T, H, dtype=torch.bfloat16, device=dev) for k in names}
 
     def torch_norm(s):
         r = s + res

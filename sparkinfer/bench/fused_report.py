@@ -25,7 +25,8 @@ def verdicts(rows) -> list[dict]:
             ratio = us["fused"] / us["ar_auto"]
             out.append(dict(kind="summary", op=op, H=H, T=T, fused_over_ar_auto=ratio,
                             fused_over_ar_oneshot=us["fused"] / us.get("ar_oneshot", float("nan")),
-                            fused_flag_over_ar_oneshot=us.get("fused_flag", float("nan")) / us.get("ar_oneshot", float("nan")),
+                            fused_flag_over_ar_oneshot=(us.get("fused_flag", float("nan"))
+                                                        / us.get("ar_oneshot", float("nan"))),
                             speedup_vs_nccl_torch=us.get("nccl+torch", float("nan")) / us["fused"],
                             speedup_vs_ar_torch=us.get("ar+torch", float("nan")) / us["fused"],
                             target=f"<= {TARGET_NORM_RATIO}", meets_target=ratio <= TARGET_NORM_RATIO))

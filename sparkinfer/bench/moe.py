@@ -146,7 +146,7 @@ def device_limits(ctx) -> dict:
     dst = torch.empty_like(src)
     src.fill_(1)
     t_copy = median(time_calls(lambda: dst.copy_(src), 10, cuda=ctx.cuda))
-    del src, dst
+    src = dst = None  # free both before the matmul's operands
     s = 8192 if ctx.cuda else 512
     a = torch.randn(s, s, dtype=torch.bfloat16, device=ctx.dev)
     b = torch.randn(s, s, dtype=torch.bfloat16, device=ctx.dev)

@@ -15,8 +15,8 @@ def print_tables(rows, title: str) -> None:
     """sparkinfer per (shape, M, format) against the baselines; with --sweep, every
     candidate config against the planned one."""
     t = {(r["shape"], r["M"], r["format"], r["impl"]): r for r in rows if r.get("kind") == "time" and "us" in r}
-    sweep = [[shape, m, f, impl[len("sparkinfer:"):], fmt(r["us"], 1), fmt(t[(shape, m, f, "sparkinfer")]["us"] / r["us"]),
-              _pct(r["frac_floor"]), _pct(r["frac_tc"])]
+    sweep = [[shape, m, f, impl[len("sparkinfer:"):], fmt(r["us"], 1),
+              fmt(t[(shape, m, f, "sparkinfer")]["us"] / r["us"]), _pct(r["frac_floor"]), _pct(r["frac_tc"])]
              for (shape, m, f, impl), r in sorted(t.items())
              if impl.startswith("sparkinfer:") and (shape, m, f, "sparkinfer") in t]
     if sweep:

@@ -15,8 +15,8 @@ Progress bars write to stdout; inside a bar, plain `print` lines appear above it
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
 
 __all__ = ["console", "progress", "print_table", "save_plot", "fmt"]
 

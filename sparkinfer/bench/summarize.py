@@ -110,7 +110,8 @@ def fused_tables(rows: list, machine: str, brief: bool) -> list[str]:
         if r.get("op") == "fused_norm" and "us" in r and (not brief or (r["T"] in BRIEF_T and r["H"] == top_h)):
             t[(r["H"], r["T"])][r["impl"]] = r["us"]
     norm = [r for r in rows if r.get("op") == "fused_norm"]
-    out = [f"Fused all-reduce + residual + RMSNorm, bf16, µs per op in a CUDA graph, {provenance(norm, machine, brief)}:", ""]
+    out = [f"Fused all-reduce + residual + RMSNorm, bf16, µs per op in a CUDA graph, "
+           f"{provenance(norm, machine, brief)}:", ""]
     body = [[h, tk, _f(d, "fused"), _f(d, "ar_auto"), f"{d['fused'] / d['ar_auto']:.2f}", _f(d, "ar+torch"),
              _f(d, "nccl+torch")] for (h, tk), d in sorted(t.items()) if "fused" in d and "ar_auto" in d]
     out += _md(["H", "T", "fused", "our all_reduce (auto)", "fused / all_reduce (target ≤ 1.15)", "our AR + torch",

@@ -16,10 +16,18 @@ import os
 import pytest
 import torch
 
-from sparkinfer.moe import (MoECaps, MoESpec, allocate_scratch, bind, moe_reference, plan,
-                            prepare_weights, resident_status, run)
+from sparkinfer.moe import (
+    MoECaps,
+    MoESpec,
+    allocate_scratch,
+    bind,
+    moe_reference,
+    plan,
+    prepare_weights,
+    resident_status,
+    run,
+)
 from sparkinfer.quant import NVFP4Tensor
-
 from tests.moe._util import cosine
 
 pytestmark = pytest.mark.skipif(
