@@ -185,13 +185,13 @@ class MoEPlan:
                 return cfg
         raise AssertionError("buckets cover max_tokens")  # internal invariant
 
-    def with_changes(self, **changes) -> "MoEPlan":
+    def with_changes(self, **changes) -> MoEPlan:
         """This plan with `changes` (LaunchConfig fields) applied to every bucket,
         e.g. decode="arith". Pure; for tuning and benchmarks."""
         return dataclasses.replace(self, buckets=tuple(
             (t, dataclasses.replace(c, **changes)) for t, c in self.buckets))
 
-    def forced(self, config: LaunchConfig) -> "MoEPlan":
+    def forced(self, config: LaunchConfig) -> MoEPlan:
         """This plan serving every token count with `config` (benchmarks compare
         the planner's choice with alternatives this way). Pure."""
         return dataclasses.replace(self, buckets=((self.caps.max_tokens, config),))

@@ -14,8 +14,15 @@ from __future__ import annotations
 
 import dataclasses
 
-from sparkinfer.moe.plan import (MAX_SPLIT, SMEM_ONE_PER_SM, SMEM_TWO_PER_SM, LaunchConfig,
-                                 MoEPlan, _stages, _weight_bytes)
+from sparkinfer.moe.plan import (
+    MAX_SPLIT,
+    SMEM_ONE_PER_SM,
+    SMEM_TWO_PER_SM,
+    LaunchConfig,
+    MoEPlan,
+    _stages,
+    _weight_bytes,
+)
 
 __all__ = ["candidates", "grouped_config", "tile_candidates", "TILE_STAGE_CAP"]
 

@@ -111,6 +111,12 @@ class NormConfig:
     block_w: int
 
 
+def _piece_chunk(hidden: int, pieces: int) -> int:
+    """Elements per piece: hidden / pieces rounded up to PIECE_ALIGN."""
+    per_piece = -(-hidden // pieces)
+    return -(-per_piece // PIECE_ALIGN) * PIECE_ALIGN
+
+
 def _pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
@@ -146,7 +152,7 @@ def norm_config(caps: TopologyCaps, rows: int, hidden: int, itemsize: int = 2, *
     interp = caps.interpret
     g_max = 2 if interp else min(caps.num_sms, MAX_BLOCKS)
     s = _default_pieces(caps, rows, hidden, itemsize, ll) if pieces is None else max(1, min(pieces, hidden))
-    chunk = -(-(-(-hidden // s)) // PIECE_ALIGN) * PIECE_ALIGN
+    chunk = _piece_chunk(hidden, s)
     s = -(-hidden // chunk)
     if interp:  # whole rows per block
         per = s * -(-rows // min(rows, g_max))
@@ -188,7 +194,7 @@ def check_config(cfg: NormConfig, caps: TopologyCaps, *, rows: int, hidden: int,
     n = rows * cfg.pieces
     ok = (
         1 <= cfg.grid <= g_max and (cfg.grid - 1) * cfg.per < n <= cfg.grid * cfg.per
-        and cfg.pieces >= 1 and cfg.chunk == -(-(-(-hidden // cfg.pieces)) // PIECE_ALIGN) * PIECE_ALIGN
+        and cfg.pieces >= 1 and cfg.chunk == _piece_chunk(hidden, cfg.pieces)
         and (cfg.pieces - 1) * cfg.chunk < hidden <= cfg.pieces * cfg.chunk
         and (not cfg.one_pass or (cfg.pieces == 1 and hidden <= cfg.block_h and 4 * cfg.block_w >= hidden * itemsize))
         and (not caps.interpret or cfg.per % cfg.pieces == 0) and cfg.num_warps in (1, 2, 4, 8, 16, 32)
@@ -288,15 +294,16 @@ def all_reduce_add_rms_norm(comm, x, residual, weight, eps: float = 1e-6, *, out
     _check_like("out", out, x, dev)
     _check_like("residual_out", residual_out, x, dev)
     if out.numel() and out.data_ptr() == residual_out.data_ptr():
-        raise LayoutError("out and residual_out are the same memory; pass distinct tensors (out=x, residual_out=residual is fine)")
+        raise LayoutError("out and residual_out are the same memory; pass distinct tensors "
+                          "(out=x, residual_out=residual is fine)")
     if not isinstance(eps, (int, float)) or not eps >= 0:
         raise DTypeError(f"eps must be a non-negative Python float, got {eps!r}")
     n = x.numel()
     if n == 0:
         return out, residual_out
     if H * x.element_size() % 16:
-        raise ShapeError(f"hidden size {H} x {x.element_size()} B is not a multiple of 16 bytes; pad H to a multiple of "
-                         f"{16 // x.element_size()} (rows are moved in 16-byte vectors)")
+        raise ShapeError(f"hidden size {H} x {x.element_size()} B is not a multiple of 16 bytes; "
+                         f"pad H to a multiple of {16 // x.element_size()} (rows are moved in 16-byte vectors)")
     T, nbytes = n // H, n * x.element_size()
     if config is not None:
         check_config(config, comm.caps, rows=T, hidden=H, itemsize=x.element_size())
