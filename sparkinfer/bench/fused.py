@@ -93,6 +93,9 @@ def p2p_gbs(b):
 
 
 def _worker(world, opt):
+    import warnings
+
+    warnings.filterwarnings("ignore", category=FutureWarning)  # torch.distributed's renames, once per call
     from sparkinfer.bench.fused_cases import Bench, bench_dcp, bench_norm, sweep_norm
     from sparkinfer.bench.report import progress
 
