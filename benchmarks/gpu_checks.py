@@ -24,12 +24,17 @@ PASS/FAIL per section, appends JSON rows to --out; exit status 0 when all passed
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
 import time
 import warnings
+from pathlib import Path
 
-from _common import (Collective, CountingBackend, Ctx, Graph, append_rows, ensure_repo_on_path, free_device_bytes,
-                     metadata, poison, read_epoch, step)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `import sparkinfer` without an install
+from sparkinfer.bench.collectives import Collective, CountingBackend, Ctx, free_device_bytes, poison, read_epoch, step  # noqa: E402
+from sparkinfer.bench.common import append_rows, metadata  # noqa: E402
+from sparkinfer.bench.timing import Graph  # noqa: E402
 
 SECTIONS = ("smoke", "graph", "replay10k", "timeout", "lifecycle")
 EXTRA = ("guard",)  # run only when named in --only
@@ -143,7 +148,8 @@ def sec_graph(world, opt) -> dict:
             step(ctx, [c], 2, g.replay, f"{cid} replay", fails)
             step(ctx, [c], 3, g.replay, f"{cid} replay new inputs", fails)
             step(ctx, [c], 4, c.call, f"{cid} eager after replay", fails)
-            step(ctx, [c], 5, lambda: ctx.eager_on_channel(s, cid, c.call), f"{cid} eager on graph channel", fails)
+            on_channel = lambda s=s, cid=cid, c=c: ctx.eager_on_channel(s, cid, c.call)  # noqa: E731
+            step(ctx, [c], 5, on_channel, f"{cid} eager on graph channel", fails)
             step(ctx, [c], 6, g.replay, f"{cid} replay after eager", fails)
             g.release()
         except Exception as e:  # noqa: BLE001
@@ -338,7 +344,8 @@ def sec_lifecycle(world, opt) -> dict:
         comm.close()
         worst = (max(worst[0], counter.slabs), max(worst[1], counter.mappings))
         if counter.slabs or counter.mappings:
-            fails.append(f"cycle {k}: {counter.slabs} slabs and {counter.mappings} peer mappings still open after close()")
+            fails.append(f"cycle {k}: {counter.slabs} slabs and {counter.mappings} peer mappings still open "
+                         "after close()")
         if k == 0 or k == cycles - 1 or k % 50 == 49:
             free.append(free_device_bytes(cuda))
         if len(fails) > 20:
@@ -399,7 +406,6 @@ def sec_guard(world, opt) -> dict:
 
 # --------------------------------------------------------------------------- driver
 def _worker(world, section: str, opt: dict) -> dict:
-    ensure_repo_on_path()
     warnings.filterwarnings("ignore", category=FutureWarning)  # torch.distributed renames
     t0 = time.perf_counter()
     res = globals()[f"sec_{section}"](world, opt)
@@ -432,12 +438,13 @@ def main(argv=None) -> int:
     unknown = [s for s in sections if s not in SECTIONS + EXTRA]
     if unknown:
         p.error(f"unknown sections {unknown}; choose from {SECTIONS + EXTRA}")
-    ensure_repo_on_path()
     from sparkinfer.errors import RankFailed
     from sparkinfer.runtime import run_ranks
 
     backend = "cpu" if args.dry_run else "cuda"
-    out = "/tmp/sparkinfer_gpu_checks_dryrun.json" if args.dry_run and args.out == p.get_default("out") else args.out
+    out = args.out
+    if args.dry_run and args.out == p.get_default("out"):
+        out = os.path.join(tempfile.gettempdir(), "sparkinfer_bench", "gpu_checks_dry_run.json")
     meta = metadata()
     opt, summary = options(args.dry_run), []
     start = time.perf_counter()

@@ -5,6 +5,7 @@
 | TRITON_INTERPRET=1 | Triton runs kernels on the CPU (CPU ranks, CI). Read by Triton; we only query it. |
 | SPARKINFER_TIMEOUT_S | default device-side wait deadline in seconds (default 10) |
 | SPARKINFER_LOG | `debug` prints pool/channel lifecycle events to stderr |
+| SPARKINFER_COMMIT | commit recorded in benchmark rows, for trees copied without their `.git` |
 """
 
 from __future__ import annotations
@@ -23,3 +24,8 @@ def default_timeout_s() -> float:
 
 def debug_log() -> bool:
     return os.environ.get("SPARKINFER_LOG", "") == "debug"
+
+
+def bench_commit() -> str | None:
+    """The commit benchmark rows record instead of `git rev-parse HEAD`, if set."""
+    return os.environ.get("SPARKINFER_COMMIT") or None

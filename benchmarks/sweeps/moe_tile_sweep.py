@@ -18,14 +18,14 @@ measured here (8192^3 torch matmul) and of the HBM floor (active experts'
 weight bytes at the measured copy bandwidth); the share of padded rows that
 hold routes ("row_util"). Routing is not timed.
 
-Writes JSON rows (GPU, driver, versions, commit, date, command: `_common.metadata`)
+Writes JSON rows (GPU, driver, versions, commit, date, command: `sparkinfer.bench.common.metadata`)
 to --out and prints a table per shape and M. --budget-s: no new timing starts
 after it. --sm90: no GPU; compiles every candidate's FC1 and FC2 for sm_90 on
 the CPU (ptxas -v) and prints registers, spills, shared memory, the wgmma shape
 and programs per SM. --dry-run: tiny shapes through the Triton interpreter on
 the CPU, to check this script's logic.
 
-    python3 benchmarks/sweeps/moe_tile_sweep.py --out $OUT/moe_tile_sweep_h200.json
+    python3 benchmarks/sweeps/moe_tile_sweep.py --shapes dsv3,qwen3
     python3 benchmarks/sweeps/moe_tile_sweep.py --sm90 --m 4096 --shapes qwen3
 """
 
@@ -37,14 +37,15 @@ import faulthandler
 import os
 import re
 import sys
+import tempfile
 import time
 import types
 from pathlib import Path
 from unittest import mock
 
-BENCH = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(BENCH))
-import _common  # noqa: E402  (imports nothing heavy)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # sparkinfer and tests/ without an install
+from sparkinfer.bench import common  # noqa: E402  (imports nothing heavy)
+from sparkinfer.bench.timing import median  # noqa: E402
 
 DRY_SHAPES = {"tiny": dict(num_experts=8, top_k=2, hidden=256, intermediate=128)}
 DRY_M = (40, 256)  # planned BM 16 (TILES_SMALL) and BM 64 (TILES_LARGE)
@@ -63,13 +64,13 @@ def parse_args(argv=None):
     ap.add_argument("--sm90", action="store_true", help="CPU only: compile every candidate for "
                     "sm_90 and report registers, spills, shared memory, wgmma shapes")
     ap.add_argument("--dry-run", action="store_true", help="CPU, interpreter, tiny shapes")
-    ap.add_argument("--out", default=None, help="default benchmarks/results/"
-                    "moe_tile_sweep_h200.json (--dry-run: /tmp/moe_tile_sweep_dry.json; "
-                    "--sm90: moe_tile_sweep_sm90.json)")
+    ap.add_argument("--out", default=None, help="default benchmarks/results/sweeps/"
+                    "moe_tile_sweep_h200.json (--sm90: moe_tile_sweep_sm90.json; --dry-run: the "
+                    "temporary directory)")
     args = ap.parse_args(argv)
-    default = ("/tmp/moe_tile_sweep_dry.json" if args.dry_run else
-               "benchmarks/results/moe_tile_sweep_sm90.json" if args.sm90 else
-               "benchmarks/results/moe_tile_sweep_h200.json")
+    default = (os.path.join(tempfile.gettempdir(), "sparkinfer_bench", "moe_tile_sweep_dry_run.json")
+               if args.dry_run else "benchmarks/results/sweeps/moe_tile_sweep_sm90.json" if args.sm90 else
+               "benchmarks/results/sweeps/moe_tile_sweep_h200.json")
     args.out = args.out or default
     return args
 
@@ -139,7 +140,7 @@ def breakdown(ctx, call, reps: int) -> dict:
     def sec(a, b):
         return a.elapsed_time(b) * 1e-3 if ctx.cuda else b - a
 
-    return {n: _common.median([sec(a, b) for m, a, b in marks if m == n])
+    return {n: median([sec(a, b) for m, a, b in marks if m == n])
             for n in ("fc1", "fc2", "all")}
 
 
@@ -186,7 +187,7 @@ def time_shape(ctx, layer, fmt, ms, lim) -> list[dict]:
                     planned_out = first
                 same = bool(torch.equal(first, planned_out))
                 sec, mode = ctx.time_calls([lambda b=b: run(b) for b in binds])
-                split = breakdown(ctx, lambda: run(binds[0]), ctx.reps)
+                split = breakdown(ctx, lambda b=binds[0]: run(b), ctx.reps)
             except Exception as exc:  # noqa: BLE001 - e.g. a config out of resources
                 err = f"{type(exc).__name__}: {str(exc)[:300]}"
                 print(f"{layer.name:8s} {fmt:5s} M={m:<5d} {name}: {err}", flush=True)
@@ -258,17 +259,17 @@ def sm90_report(shapes, formats, ms) -> list[dict]:
     """Compile every candidate's FC1 and FC2 at real dims (meta tensors) for sm_90."""
     import torch
 
+    from sparkinfer.bench import moe_cases
     from sparkinfer.moe import MoECaps, allocate_scratch, bind, plan
     from sparkinfer.moe.tuning import tile_candidates
     from tests.moe._util import meta_weights
     from tests.moe.sm90_compile import compile_sm90, record_launches
 
-    import bench_moe
     rows = []
     for sname, shape in shapes.items():
         for fmt in formats:
             # bench_moe's spec (DeepSeek-V3 routing for E 256); routing is not compiled here
-            spec = bench_moe.Layer.spec(types.SimpleNamespace(dsv3=shape["num_experts"] == 256),
+            spec = moe_cases.Layer.spec(types.SimpleNamespace(dsv3=shape["num_experts"] == 256),
                                         fmt)
             p0 = plan(MoECaps(max_tokens=max(ms), **shape), spec)
             for m in ms:
@@ -312,20 +313,20 @@ def main(argv=None):
         os.environ["TRITON_INTERPRET"] = "1"  # before Triton is imported
     elif args.sm90:
         os.environ.pop("TRITON_INTERPRET", None)  # interpreted kernels cannot be compiled
-    _common.ensure_repo_on_path()
-    import bench_moe
+    from sparkinfer.bench import moe as bench_moe
+    from sparkinfer.bench.moe_cases import Layer
 
     shapes = DRY_SHAPES if args.dry_run else bench_moe.SHAPES
     if args.shapes and not args.dry_run:
         shapes = {s: bench_moe.SHAPES[s] for s in args.shapes.split(",")}
     ms = DRY_M if args.dry_run else tuple(int(v) for v in args.m.split(","))
     formats = args.formats.split(",")
-    meta = _common.metadata(sys.argv if argv is None else
-                            ["benchmarks/sweeps/moe_tile_sweep.py", *argv])
+    meta = common.metadata(None if argv is None else
+                           types.SimpleNamespace(argv=["python3", "benchmarks/sweeps/moe_tile_sweep.py", *argv]))
     if args.sm90:
         rows = sm90_report(shapes, formats, ms)
         bad = [r for r in rows if r.get("spill", 1) or r.get("programs_per_sm", 0) < 1]
-        _common.append_rows(args.out, rows, meta)
+        common.append_rows(args.out, rows, meta)
         print(f"\nwrote {args.out}; {len(rows)} kernels, {len(bad)} spill, fail or do not fit")
         return 1 if bad else 0
     ns = types.SimpleNamespace(dry_run=args.dry_run, budget_s=args.budget_s, sweep=True,
@@ -340,16 +341,16 @@ def main(argv=None):
     print(f"device: {meta.get('gpu')}  copy {lim['copy_gbs']:.0f} GB/s  bf16 "
           f"{lim['bf16_tflops']:.0f} TFLOP/s", flush=True)
     all_rows = [dict(kind="device", **lim)]
-    _common.append_rows(args.out, all_rows, meta)
+    common.append_rows(args.out, all_rows, meta)
     for name, shape in shapes.items():
         if ctx.over_budget():
             print(f"budget: skipping {name}", flush=True)
             continue
-        layer = bench_moe.Layer(ctx, name, shape, max(ms))
+        layer = Layer(ctx, name, shape, max(ms))
         rows = []
         for fmt in formats:
             rows += time_shape(ctx, layer, fmt, ms, lim)
-        _common.append_rows(args.out, rows, meta)
+        common.append_rows(args.out, rows, meta)
         all_rows += rows
         del layer
         if ctx.cuda:

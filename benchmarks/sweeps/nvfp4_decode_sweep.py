@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
 
-sys.path.insert(0, os.getcwd())
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # tests/, sparkinfer
 
 SHAPES = {"mixtral": dict(num_experts=8, top_k=2, hidden=4096, intermediate=14336),
           "dsv3": dict(num_experts=256, top_k=8, hidden=7168, intermediate=2048),
@@ -136,8 +135,9 @@ def main() -> None:
                               f"per weight  regs {r['regs']:3d} spill {r['spill']} "
                               f"serialized {r['wgmma_serialized']}", flush=True)
     if a.out:
-        with open(a.out, "w") as f:
-            json.dump(rows, f, indent=1)
+        from sparkinfer.bench.common import append_rows, metadata
+
+        append_rows(a.out, rows, metadata())
 
 
 if __name__ == "__main__":

@@ -10,8 +10,6 @@ result exactly against the fp32 reference, and closes the pool collectively.
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
 
 __all__ = ["add_parser", "demo"]

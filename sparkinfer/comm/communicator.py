@@ -24,11 +24,11 @@ from sparkinfer.errors import LifecycleError, SetupError
 
 __all__ = ["Communicator", "get_communicator"]
 
-_REGISTRY: "weakref.WeakValueDictionary[int, Communicator]" = weakref.WeakValueDictionary()
+_REGISTRY: weakref.WeakValueDictionary[int, Communicator] = weakref.WeakValueDictionary()
 _IDS = itertools.count(1)
 
 
-def get_communicator(comm_id: int) -> "Communicator":
+def get_communicator(comm_id: int) -> Communicator:
     """The live communicator with this id (used by the torch.library ops)."""
     comm = _REGISTRY.get(comm_id)
     if comm is None:
@@ -49,7 +49,8 @@ def detect_caps(group, device, capacity: int) -> TopologyCaps:
     )
     peer = all(group.all_gather(peer))
     props = torch.cuda.get_device_properties(device)
-    return TopologyCaps(group.size, peer, "nvlink" if peer else "none", props.multi_processor_count, capacity, interpret)
+    link = "nvlink" if peer else "none"
+    return TopologyCaps(group.size, peer, link, props.multi_processor_count, capacity, interpret)
 
 
 class Communicator:
@@ -92,7 +93,7 @@ class Communicator:
         if self.caps.peer_access:
             self.pool.prepare(channel_ids)
         self._configs: dict[int, LaunchConfig] = {}
-        # Benchmarking only (benchmarks/bench_comm.py --sweep-grid): None, a LaunchConfig, or
+        # Benchmarking only (launch-shape sweeps): None, a LaunchConfig, or
         # callable(nbytes) -> LaunchConfig used instead of launch_config(). Set it identically on
         # every rank (the grid is part of each op's fingerprint) and only between graph captures.
         self._config_override = None
@@ -169,7 +170,8 @@ class Communicator:
     # ------------------------------------------------------------------ fallback (torch.distributed)
     def _need_torch_group(self):
         if self.torch_group is None:
-            raise LifecycleError("this communicator was built on a PeerGroup without torch.distributed; no NCCL fallback")
+            raise LifecycleError("this communicator was built on a PeerGroup without torch.distributed; "
+                                 "no NCCL fallback")
         return self.torch_group
 
     def fallback_all_reduce(self, x, out):

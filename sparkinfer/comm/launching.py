@@ -82,9 +82,11 @@ def check_tensor(name: str, t, device, dtypes=_SUPPORTED) -> None:
     if str(t.dtype).removeprefix("torch.") not in dtypes:
         raise DTypeError(f"{name} has dtype {t.dtype}; supported: {', '.join(dtypes)} (cast it first)")
     if t.device != device:
-        raise DeviceError(f"{name} is on {t.device}, this communicator's device is {device}; move it with .to({str(device)!r})")
+        raise DeviceError(f"{name} is on {t.device}, this communicator's device is {device}; "
+                          f"move it with .to({str(device)!r})")
     if not t.is_contiguous():
-        raise LayoutError(f"{name} with shape {tuple(t.shape)} and strides {t.stride()} is not contiguous; pass .contiguous()")
+        raise LayoutError(f"{name} with shape {tuple(t.shape)} and strides {t.stride()} is not contiguous; "
+                          "pass .contiguous()")
 
 
 def check_capacity(nbytes: int, channel, what: str) -> None:

@@ -65,7 +65,8 @@ class HostSlabBackend:
             finally:
                 os.close(fd)
         except OSError as e:
-            raise PeerMemoryError(f"cannot create {nbytes} B of shared memory at {path}: {e}; free space in /dev/shm") from e
+            raise PeerMemoryError(f"cannot create {nbytes} B of shared memory at {path}: {e}; "
+                                  "free space in /dev/shm") from e
         base = _host_base(mm)
         return LocalSlab(ptr=base.data_ptr(), nbytes=nbytes, handle=name.encode(), keep=[mm, base, path])
 
@@ -117,13 +118,15 @@ def _unmap(keep: list, what: str) -> None:
         # other than our base still points into it (unmapping would leave it dangling)
         users = torch._C._storage_Use_Count(base.untyped_storage()._cdata)
         if users > 2:  # our base + the temporary storage handle of this call
-            raise PeerMemoryError(f"cannot unmap {what}: {users - 2} tensor view(s) of it are still alive; drop them and close again")
+            raise PeerMemoryError(f"cannot unmap {what}: {users - 2} tensor view(s) of it are still alive; "
+                                  "drop them and close again")
     keep[1] = None
     try:
         mm.close()
     except BufferError as e:
         keep[1] = base
-        raise PeerMemoryError(f"cannot unmap {what}: a buffer export of it is still alive ({e}); drop it and close again") from e
+        raise PeerMemoryError(f"cannot unmap {what}: a buffer export of it is still alive ({e}); "
+                              "drop it and close again") from e
 
 
 class CudaSlabBackend:
@@ -145,7 +148,8 @@ class CudaSlabBackend:
             try:
                 from cuda import cudart
             except ImportError as e:
-                raise PeerMemoryError("the CUDA slab backend needs NVIDIA's cuda-bindings: pip install cuda-bindings") from e
+                raise PeerMemoryError("the CUDA slab backend needs NVIDIA's cuda-bindings: "
+                                      "pip install cuda-bindings") from e
         self._rt = cudart
         self.device_index = device_index
 
@@ -198,7 +202,7 @@ class CudaSlabBackend:
         slab.freed = True
 
 
-def make_backend(device) -> "HostSlabBackend | CudaSlabBackend":
+def make_backend(device) -> HostSlabBackend | CudaSlabBackend:
     """The backend for tensors on `device` (a torch.device)."""
     if device.type == "cuda":
         return CudaSlabBackend(device.index if device.index is not None else 0)

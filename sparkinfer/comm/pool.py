@@ -23,8 +23,9 @@ from __future__ import annotations
 import contextlib
 import sys
 import warnings
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Iterable
+from typing import Any
 
 from sparkinfer import envs
 from sparkinfer.comm.channel import ERR_WORDS, Channel, ChannelLayout
@@ -115,7 +116,8 @@ class ChannelPool:
             return self._channels[channel_id]
         except KeyError:
             raise LifecycleError(
-                f"channel {channel_id!r} is not prepared (have {self.channel_ids}); call pool.prepare([{channel_id!r}]) on every rank"
+                f"channel {channel_id!r} is not prepared (have {self.channel_ids}); "
+                f"call pool.prepare([{channel_id!r}]) on every rank"
             ) from None
 
     def scope_depth(self) -> int:
@@ -137,7 +139,8 @@ class ChannelPool:
                 raise SetupError(f"channel ids are non-empty strings, got {cid!r}")
         views = self.group.all_gather(wanted)
         if any(v != wanted for v in views):
-            raise SetupError(f"ranks asked prepare() for different channel ids: {views}; call it with the same ids everywhere")
+            raise SetupError(f"ranks asked prepare() for different channel ids: {views}; "
+                             "call it with the same ids everywhere")
         created = []
         for cid in wanted:
             if cid not in self._channels:
@@ -190,7 +193,8 @@ class ChannelPool:
         ch = self.get(channel_id)
         key = _stream_key(stream)
         if ch.owner_stream is not None and ch.owner_stream != key:
-            raise StreamAffinityError(f"channel {channel_id!r} is already owned by stream {ch.owner_stream}; prepare another id")
+            raise StreamAffinityError(f"channel {channel_id!r} is already owned by stream {ch.owner_stream}; "
+                                      "prepare another id")
         ch.owner_stream = key
         self._bindings[key] = channel_id
 
@@ -213,7 +217,8 @@ class ChannelPool:
             return self._channels[cid]
         if capturing:
             raise CaptureError(
-                "collective captured outside pool.capture(): enter pool.capture(stream, channel_id) before torch.cuda.graph"
+                "collective captured outside pool.capture(): "
+                "enter pool.capture(stream, channel_id) before torch.cuda.graph"
             )
         ch = self._channels.get(EAGER)
         if ch is None:
@@ -232,20 +237,23 @@ class ChannelPool:
         """Scope for capturing a CUDA graph on `stream` with channel `channel_id`.
 
         Enter it before `torch.cuda.graph(g, stream=stream)`. A channel that a
-        collective used while capturing inside the scope is graph-owned; capturing it again raises unless `reuse=True` (then
-        the graphs sharing it must replay in one stream order, never concurrently).
+        collective used while capturing inside the scope is graph-owned; capturing
+        it again raises unless `reuse=True` (then the graphs sharing it must replay
+        in one stream order, never concurrently).
         """
         ch = self.get(channel_id)
         key = _stream_key(stream)
         if any(s.channel is ch for s in self._scopes):
-            raise CaptureError(f"channel {channel_id!r} is already being captured by an enclosing scope; use another id")
+            raise CaptureError(f"channel {channel_id!r} is already being captured by an enclosing scope; "
+                               "use another id")
         if ch.graph_owned and not reuse:
             raise CaptureError(
                 f"channel {channel_id!r} is owned by an earlier graph that may still replay; use a new id, "
                 "rollback() that capture, or pass reuse=True if the graphs never replay concurrently"
             )
         if ch.owner_stream is not None and ch.owner_stream != key:
-            raise StreamAffinityError(f"channel {channel_id!r} is owned by eager stream {ch.owner_stream}; capture another id")
+            raise StreamAffinityError(f"channel {channel_id!r} is owned by eager stream {ch.owner_stream}; "
+                                      "capture another id")
         scope = _Scope(key, ch)
         self._scopes.append(scope)
         _log(self.group, f"capture scope {channel_id!r} on stream {key} (depth {len(self._scopes)})")

@@ -29,7 +29,7 @@ NPHASE = tl.constexpr(NUM_PHASES)
 NBLK = tl.constexpr(MAX_BLOCKS)
 LOW32 = tl.constexpr(0xFFFFFFFF)
 
-# error codes in the record's word 0 (mirrored in comm/errors_host.py)
+# error codes in the record's word 0 (mirrored on the host in comm/launching.py)
 ERR_TIMEOUT = tl.constexpr(1)
 ERR_MISMATCH = tl.constexpr(2)
 

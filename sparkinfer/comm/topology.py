@@ -16,7 +16,7 @@ ALGORITHMS = ("ll", "oneshot", "twoshot", "nccl")
 
 # Algorithm crossovers, bytes of the all-reduced tensor, per world size.
 # 2x H200 NV18, bf16, per op in a CUDA graph, best launch shape of each
-# (benchmarks/results/sweep_2xh200_r1.json, 2026-11-29): one-shot 12.6 us vs
+# (benchmarks/results/sweeps/comm_algorithms_2xh200.json, 2026-11-29): one-shot 12.6 us vs
 # two-shot 14.9 us at 2 MiB; two-shot 33.3 us vs one-shot 36.3 us at 8 MiB.
 # For 2 ranks both move N bytes per rank over the link, so one-shot keeps
 # winning until its extra local pass shows. Other world sizes: provisional
@@ -24,7 +24,7 @@ ALGORITHMS = ("ll", "oneshot", "twoshot", "nccl")
 ONESHOT_MAX_BYTES = {2: 4 << 20, 3: 512 << 10, 4: 256 << 10}
 ONESHOT_MAX_BYTES_DEFAULT = 128 << 10
 # LL (flag in every 8-byte word) for latency-bound sizes; it stages twice the
-# bytes. 2x H200 (benchmarks/results/sweep_2xh200_r2.json): LL 3.74 / 4.27 /
+# bytes. 2x H200 (benchmarks/results/sweeps/comm_ll_2xh200.json): LL 3.74 / 4.27 /
 # 4.91 us vs one-shot 4.71 / 5.03 / 6.12 us at 2 / 32 / 128 KiB; tied at 512 KiB
 # (7.43 vs 7.41). Other world sizes: provisional, same limit.
 LL_MAX_BYTES = 256 << 10

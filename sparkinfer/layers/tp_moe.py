@@ -5,7 +5,7 @@ the next layer (as vLLM/SGLang run it at decode).
 Legend: T tokens, E experts, K top-k, H hidden, I intermediate (full), W ranks.
 
     block = TPMoEBlock(comm, caps, spec, (w1, w2), norm_weight)   # collective setup
-    out, residual = block(x, logits, residual)                    # graph-safe with out=
+    out, residual = block(x, logits, residual, partial=partial)   # graph-safe with a fixed partial
 """
 
 from __future__ import annotations

@@ -4,9 +4,16 @@ Legend: T tokens, E experts, K top-k, H hidden, I intermediate per rank.
 Nothing runs at import.
 """
 
+from sparkinfer.moe.launch import (
+                                   MoEBinding,
+                                   ScratchSpec,
+                                   allocate_scratch,
+                                   bind,
+                                   check_topk_ids,
+                                   resident_status,
+                                   scratch_specs,
+)
 from sparkinfer.moe.layer import MoELayer
-from sparkinfer.moe.launch import (MoEBinding, ScratchSpec, allocate_scratch, bind,
-                                   check_topk_ids, resident_status, scratch_specs)
 from sparkinfer.moe.plan import LaunchConfig, MoEPlan, plan, plan_supports_aux_stream_overlap
 from sparkinfer.moe.reference import moe_reference
 from sparkinfer.moe.runner import run

@@ -16,14 +16,22 @@ import torch
 import triton
 
 from sparkinfer import envs
-from sparkinfer.errors import (CapacityError, CaptureError, DeviceError, DTypeError,
-                               KernelWaitTimeout, LayoutError, PlanError, ShapeError)
+from sparkinfer.errors import (
+    CapacityError,
+    CaptureError,
+    DeviceError,
+    DTypeError,
+    KernelWaitTimeout,
+    LayoutError,
+    PlanError,
+    ShapeError,
+)
 from sparkinfer.moe.kernels.common import ACT_RELU2, ACT_SILU, ACT_SWIGLU_OAI
 from sparkinfer.moe.plan import MICRO_BLOCK_M, LaunchConfig, MoEPlan
+from sparkinfer.moe.weights import MoEWeights, nvfp4_shapes
 
 # int32 control words of "resident_sync": done counter, error code, error slot + 1, spare
 RESIDENT_CTL_WORDS = 4
-from sparkinfer.moe.weights import MoEWeights, nvfp4_shapes
 
 __all__ = ["ScratchSpec", "MoEBinding", "scratch_specs", "allocate_scratch", "bind",
            "sort_chunk", "max_tiles", "resident_status"]

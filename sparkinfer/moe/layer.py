@@ -2,7 +2,7 @@
 
 Legend: T tokens, E experts, K top-k, H hidden, I intermediate per rank.
 
-    layer = MoELayer(caps, spec, w1, w2, device="cuda")   # plans, prepares, allocates
+    layer = MoELayer(caps, spec, (w1, w2), device="cuda")  # plans, prepares, allocates
     out = layer(x, logits)                                 # eager: allocates out
     layer(x, logits, out=out)                              # graph-safe with a fixed out
 
@@ -26,9 +26,9 @@ __all__ = ["MoELayer"]
 class MoELayer:
     """One MoE layer on one rank.
 
-    caps, spec: see `MoECaps`, `MoESpec`. w1: FC1 [E, N1, H], w2: FC2 [E, H, I]
-    (dense tensors for "bf16", `NVFP4Tensor` for "nvfp4"; full or this rank's
-    shard of I, see `prepare_weights`). bias: fp32 [E] routing correction bias
+    caps, spec: see `MoECaps`, `MoESpec`. weights: (w1, w2), FC1 [E, N1, H] and
+    FC2 [E, H, I] (dense tensors for "bf16", `NVFP4Tensor` for "nvfp4"; full or
+    this rank's shard of I, see `prepare_weights`). bias: fp32 [E] routing correction bias
     ("sigmoid_grouped"). Construction plans, prepares the weights and allocates
     scratch on `device`: not capture-legal.
     """

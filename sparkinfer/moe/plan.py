@@ -22,7 +22,7 @@ __all__ = ["LaunchConfig", "MoEPlan", "plan", "plan_supports_aux_stream_overlap"
 # `resident` (micro's work in one cooperative kernel) is never planned: on the
 # H200 it was slower than micro at every measured point, NVFP4 M = 1 / 4 / 8 on
 # all four bench shapes and bf16 Qwen3 M = 1 / 8, with 1 or 2 programs per SM
-# and every prefetch mode (benchmarks/results/moe_resident_ab_h200.json,
+# and every prefetch mode (benchmarks/results/sweeps/moe_resident_ab_h200.json,
 # 8bfc66a; best variant vs micro, us: Qwen3 NVFP4 M=1 27.2 vs 19.6, TP8 shard
 # M=1 27.9 vs 20.2, DeepSeek-V3 M=1 82.3 vs 76.2, Mixtral M=8 368.1 vs 250.3).
 # Benchmarks force it with LaunchConfig(family="resident", ...).
@@ -33,8 +33,9 @@ OVERLAP_SAFE_FAMILIES = ("micro", "grouped")
 
 # micro serves every token of a batch in one tile of BM = 16 rows (the
 # smallest tensor-core N), so it stops at 16 tokens; below that it beats
-# grouped (BM 16) in all 24 measured cases. H200 `bench_moe.py --sweep --m
-# 4,8,16,32,64,256` at f0ff9ac (benchmarks/results/moe_sweep_h200_f0ff9ac.json),
+# grouped (BM 16) in all 24 measured cases. H200 `sparkinfer bench moe --sweep
+# --m 4,8,16,32,64,256` at f0ff9ac (benchmarks/results/sweeps/
+# moe_sweep_h200_f0ff9ac.json),
 # us micro vs grouped at M = 4 / 8 / 16, NVFP4: DeepSeek-V3 240 vs 284 / 420
 # vs 495 / 739 vs 864; Qwen3 37.4 vs 49.5 / 58.6 vs 72.0 / 87.9 vs 110.6; TP8
 # shard 53.8 vs 78.5 / 82.2 vs 102.5 / 146 vs 176; Mixtral 220 vs 261 / 252 vs
@@ -57,12 +58,13 @@ MAX_SPLIT = 8
 MAX_SPLIT1 = 4
 # FC1 splits only while its unsplit grid is under half the SMs: a split FC1
 # stores fp32 gate/up partials that `moe_act_kernel` then sums and activates.
-# H200 `bench_moe.py --sweep --m 1,8 --formats nvfp4` at e9512d3
-# (moe_sweep_h200.json, when every FC2 program still did that itself), planned
+# H200 `sparkinfer bench moe --sweep --m 1,8 --formats nvfp4` at e9512d3
+# (sweeps/moe_sweep_h200_e9512d3.json, when every FC2 program still did that
+# itself), planned
 # (split by PROGRAMS_PER_SM) vs FC1 unsplit: DeepSeek-V3 M=1 (256 unsplit
 # programs) 154.4 vs 107.8 us; Qwen3 M=1 (96) 33.4 vs 24.9; TP8 shard M=8 (256)
 # 155.7 vs 104.0; but TP8 shard M=1 (32 programs) 38.9 split vs 46.9 unsplit.
-# With the act kernel (adfdd5d, moe_micro_ab_h200.json) the rule still holds
+# With the act kernel (adfdd5d, sweeps/moe_micro_ab_h200.json) the rule still holds
 # within noise: DeepSeek-V3 M=1 77.8 unsplit vs 76.6 / 77.2 / 78.0 at 2 / 3 /
 # 4 splits, Mixtral M=1 82.4 vs 81.0 / 83.8 / 84.4, Qwen3 M=1 21.3 vs 21.2 /
 # 20.4 (2 / 4), TP8 shard M=1 22.8 at its 4 splits vs 41.9 unsplit.
@@ -71,7 +73,7 @@ FC1_SPLIT_MAX_PROGRAMS_PER_SM = 0.5
 # weight in the loop instead of 4.2 at BN 64, benchmarks/sweeps/
 # nvfp4_decode_sweep.py) while its grid keeps >= 3 programs per SM; a 6-deep
 # pipeline where a program's reduction runs >= 64 steps. H200 at 189bc87
-# (benchmarks/results/moe_layout_ab_h200.json), us planned vs BN2 128:
+# (benchmarks/results/sweeps/moe_layout_ab_h200.json), us planned vs BN2 128:
 # DeepSeek-V3 M=1 (448 programs at BN 128) 80.3 vs 78.3, M=8 457.4 vs 423.7,
 # Qwen3 M=8 (1024) 63.7 vs 60.3, TP8 shard M=1 (448) 36.7 vs 33.2, M=8 94.0 vs
 # 83.9; fewer programs lose: Mixtral M=1 (64) 82.7 vs 85.1, M=8 (256) 300.5
@@ -89,7 +91,8 @@ SMEM_TWO_PER_SM = 112 * 1024
 SMEM_ONE_PER_SM = 220 * 1024
 SMEM_FIXED = 8 * 1024
 # grouped: rows per tile from the mean routes per active expert, (mean rows
-# <=, BM). H200 sweeps (moe_sweep_h200_f0ff9ac.json; moe_sweep_h200_57e880e.json
+# <=, BM). H200 sweeps (benchmarks/results/sweeps/moe_sweep_h200_f0ff9ac.json;
+# moe_sweep_h200_57e880e.json
 # for M = 128, 512), us planned vs the neighbour BMs:
 # - NVFP4, BM 16 up to 16 rows: BM 32 loses at every mean <= 16 (M = 32..256
 #   at means 1-8: 1.32-1.49x slower; mean 16: Qwen3 M = 256 208 vs 221,
@@ -108,7 +111,7 @@ GROUPED_BLOCK_M_LARGE = 128
 # bf16 weights above 16 mean rows per expert: "wide" tiles, BN1 128 (gate and up:
 # 256 rows a step), BN2 256, BK 64 (bf16 weights are plain rows, so BK is a
 # launch choice, not a layout), 4 stages, 8 warps; BM 64 up to 96 mean rows,
-# else 128. H200 tile sweep (benchmarks/results/moe_tile_sweep_h200.json,
+# else 128. H200 tile sweep (benchmarks/results/sweeps/moe_tile_sweep_h200.json,
 # 0f22f11), us vs the previous plan: DeepSeek-V3 M=1024 (mean 32) 6036 vs 7052,
 # TP8 shard 902 vs 995, Qwen3 M=1024 (mean 64) 425 vs 489; M=4096 at BM 128:
 # DeepSeek-V3 9087 vs 10605, TP8 1618 vs 1964, Qwen3 851 vs 1048, Mixtral 5574
@@ -137,7 +140,8 @@ class LaunchConfig:
     sm_90a): FC1 3.3 (ptx) vs 5.2 (arith), FC2 4.2 vs 6.3. Default "ptx": on the
     H200 at ac6412e it repeated bitwise and matched arith bitwise
     (tests/moe/test_gpu.py, 12 passed) and was faster at every NVFP4 point of
-    `bench_moe.py --quick` (moe_h200.json vs moe_h200_arith_ac6412e.json; e.g.
+    `sparkinfer bench moe --quick` (benchmarks/results/sweeps/
+    moe_decode_ptx_h200_ac6412e.json vs moe_decode_arith_h200_ac6412e.json; e.g.
     Mixtral M = 8: 342 vs 398 us, DeepSeek-V3 M = 4096: 15542 vs 17308 us).
     grid_per_sm (resident only): programs per SM of the cooperative grid.
     prefetch (resident only): FC2 weights into L2, 0 never, 1 before each FC2
@@ -181,13 +185,13 @@ class MoEPlan:
                 return cfg
         raise AssertionError("buckets cover max_tokens")  # internal invariant
 
-    def with_changes(self, **changes) -> "MoEPlan":
+    def with_changes(self, **changes) -> MoEPlan:
         """This plan with `changes` (LaunchConfig fields) applied to every bucket,
         e.g. decode="arith". Pure; for tuning and benchmarks."""
         return dataclasses.replace(self, buckets=tuple(
             (t, dataclasses.replace(c, **changes)) for t, c in self.buckets))
 
-    def forced(self, config: LaunchConfig) -> "MoEPlan":
+    def forced(self, config: LaunchConfig) -> MoEPlan:
         """This plan serving every token count with `config` (benchmarks compare
         the planner's choice with alternatives this way). Pure."""
         return dataclasses.replace(self, buckets=((self.caps.max_tokens, config),))
@@ -232,7 +236,7 @@ def _config(caps: MoECaps, spec: MoESpec, tokens: int, chunk: int) -> LaunchConf
         # FC2's operand per step: bf16 activation rows. A split FC1's partials
         # are summed and activated once per route by `moe_act_kernel` (TP8 shard
         # M=1 22.7 vs 31.8 us when every FC2 program did it from S1 x 16 KiB of
-        # staged partials per step; moe_layout_ab_h200.json, 14cdea2). Unsplit
+        # staged partials per step; sweeps/moe_layout_ab_h200.json, 14cdea2). Unsplit
         # keeps the budget every H200 measurement so far ran with (16 KiB).
         act = chunk * bm * 2 if s1 > 1 else halves * chunk * bm * 4
         fc2 = _weight_bytes(bn2, chunk, nvfp4) + act

@@ -20,8 +20,7 @@ from sparkinfer.moe.kernels.fc1 import moe_fc1_kernel
 from sparkinfer.moe.kernels.fc2 import moe_act_kernel, moe_fc2_kernel
 from sparkinfer.moe.kernels.reduce import moe_reduce_kernel
 from sparkinfer.moe.kernels.resident import moe_resident_kernel
-from sparkinfer.moe.kernels.sort import (sort_count_kernel, sort_offsets_kernel,
-                                         sort_scatter_kernel)
+from sparkinfer.moe.kernels.sort import sort_count_kernel, sort_offsets_kernel, sort_scatter_kernel
 from sparkinfer.moe.launch import _ACT, RESIDENT_CTL_WORDS, MoEBinding, max_tiles, sort_chunk
 from sparkinfer.moe.plan import MICRO_BLOCK_M
 from sparkinfer.moe.routing.launch import route
@@ -29,7 +28,7 @@ from sparkinfer.moe.routing.launch import route
 __all__ = ["run"]
 
 # Top-k reduce width: the widest BH whose grid still has >= SMs / 2 programs,
-# else 128. H200 at 14cdea2 (reduce kernel alone, benchmarks/results/
+# else 128. H200 at 14cdea2 (reduce kernel alone, benchmarks/results/sweeps/
 # moe_reduce_h200.json), us by BH 128 / 256 / 512 / 1024: T 1, H 7168: 1.79 /
 # 1.80 / 2.04 / 3.03; T 8: 3.34 / 2.34 / 2.26 / 3.25; T 64: 19.9 / 19.0 / 6.9 /
 # 3.0; T 4096: 1124 / 1059 / 299 / 126 (bf16 partials).
@@ -38,13 +37,14 @@ ACT_BLOCK_R = 16
 # micro family: the act kernel, FC2 and the reduce are launched with
 # programmatic dependent launch: FC1 and FC2 let the next kernel's blocks launch
 # once their K loops end, and those blocks wait (griddepcontrol.wait) before
-# reading. H200 at fc6e16b + x_latenopf.patch vs MICRO_PDL off, graph replay
-# (moe_layout_ab_h200.json, two calls): 23 of 24 micro points faster (Mixtral
+# reading. H200 at fc6e16b, this launch order ("pdl-late-noprefetch") vs
+# MICRO_PDL off ("nopdl"), graph replay (benchmarks/results/sweeps/
+# moe_layout_ab_h200.json, two calls): 23 of 24 micro points faster (Mixtral
 # NVFP4 M=1 82.3 vs 82.1 us, within noise), e.g. TP8
 # shard NVFP4 M=1 21.2 vs 22.8 us, M=2 29.5 vs 31.1, Qwen3 NVFP4 M=1 20.5 vs
 # 21.1, DeepSeek-V3 bf16 M=8 1096.6 vs 1120.3. Letting them launch at FC1's
-# start, or prefetching FC2's weights into L2 before the wait, made large
-# shapes slower (DeepSeek-V3 NVFP4 M=1 86.6 / 97.0 vs 76.7 us).
+# start ("pdl-early"), or prefetching FC2's weights into L2 before the wait
+# ("pdl-late"), made large shapes slower (DeepSeek-V3 NVFP4 M=1 86.6 / 97.0 vs 76.7 us).
 MICRO_PDL = True
 
 

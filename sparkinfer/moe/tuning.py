@@ -1,5 +1,5 @@
 """Launch configurations around a plan's choice, to measure the planner's
-thresholds and tiles on a GPU (`benchmarks/bench_moe.py --sweep`; large-batch
+thresholds and tiles on a GPU (`sparkinfer bench moe --sweep`; large-batch
 tiles: `benchmarks/sweeps/moe_tile_sweep.py`).
 
 Legend: T tokens, BM routed rows per tile, BN1 / BN2 weight rows per FC1 / FC2
@@ -14,8 +14,15 @@ from __future__ import annotations
 
 import dataclasses
 
-from sparkinfer.moe.plan import (MAX_SPLIT, SMEM_ONE_PER_SM, SMEM_TWO_PER_SM, LaunchConfig,
-                                 MoEPlan, _stages, _weight_bytes)
+from sparkinfer.moe.plan import (
+    MAX_SPLIT,
+    SMEM_ONE_PER_SM,
+    SMEM_TWO_PER_SM,
+    LaunchConfig,
+    MoEPlan,
+    _stages,
+    _weight_bytes,
+)
 
 __all__ = ["candidates", "grouped_config", "tile_candidates", "TILE_STAGE_CAP"]
 

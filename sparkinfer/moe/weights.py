@@ -101,7 +101,7 @@ def scale_codes(scales: torch.Tensor, codes: torch.Tensor):
     e, m = mag >> 3, mag & 7
     # subnormal m * 2**-9: exponent -9 + floor(log2 m), mantissa bits below the leading one
     lg = torch.where(m >= 4, 2, torch.where(m >= 2, 1, 0))
-    sub = (lg << 3) | (((m << (3 - lg)) & 7))
+    sub = (lg << 3) | ((m << (3 - lg)) & 7)
     c = torch.where(e > 0, ((e + 2) << 3) | m, sub)
     c = torch.where(mag == 0x7F, (19 << 3) | 7, c)
     blk = codes.reshape(*codes.shape[:-1], -1, 16).to(torch.int32)

@@ -25,8 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from sparkinfer.errors import DTypeError, ShapeError
-from sparkinfer.quant.reference import (E2M1_MAX, E4M3_MAX, e2m1_codes_to_float,
-                                        round_to_e2m1_codes, round_to_e4m3)
+from sparkinfer.quant.reference import E2M1_MAX, E4M3_MAX, e2m1_codes_to_float, round_to_e2m1_codes, round_to_e4m3
 
 __all__ = ["BLOCK", "NVFP4Tensor", "quantize_nvfp4", "dequantize_nvfp4", "from_checkpoint",
            "pack_codes", "unpack_codes"]

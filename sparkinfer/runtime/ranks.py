@@ -27,8 +27,9 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from sparkinfer.errors import RankFailed, SetupError
 
@@ -171,7 +172,7 @@ def run_ranks(
                             status, rank, payload = results.get(timeout=2.0)
                             break
                         except queue.Empty:
-                            raise RankFailed(r, f"process exited with code {p.exitcode} without a result")
+                            raise RankFailed(r, f"process exited with code {p.exitcode} without a result") from None
                 else:
                     if time.monotonic() > deadline:
                         stuck = [r for r in range(world_size) if r not in done]
@@ -179,7 +180,8 @@ def run_ranks(
                             if procs[r].is_alive():
                                 os.kill(procs[r].pid, signal.SIGUSR1)
                         time.sleep(1.0)
-                        raise RankFailed(stuck[0], f"ranks {stuck} still running after {timeout_s:.0f} s (stacks dumped to stderr)")
+                        raise RankFailed(stuck[0], f"ranks {stuck} still running after {timeout_s:.0f} s "
+                                                   "(stacks dumped to stderr)")
                     continue
             if status == "err":
                 raise RankFailed(rank, payload)

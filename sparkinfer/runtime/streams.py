@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Hashable, Protocol
+from collections.abc import Hashable
+from typing import Protocol
 
 __all__ = ["StreamOracle", "CudaStreams", "CpuStreams"]
 

@@ -5,7 +5,8 @@ captured graph, each result checked against the fp32 reference; the first
 failures are reported with what was wrong (element counts, rows, NaN poison
 left, values), and the ranks' result digests are compared.
 
-    python -m tests.comm.stress_fused_graph [ITERS] [BUDGET_S] [--cpu] [--same [--jitter] | --fresh [--reload] [--with-dcp]]
+    python -m tests.comm.stress_fused_graph [ITERS] [BUDGET_S] [--cpu]
+        [--same [--jitter] | --fresh [--reload] [--with-dcp]]
 
 Prints one JSON line: iterations run per rank, failures, rank digest mismatches.
 --same: every iteration runs one input twice eagerly and twice as a replay and
@@ -112,12 +113,12 @@ def _fresh_worker(world, iters: int, seed0: int, budget_s: float, reload: bool, 
     calls load their kernels again (as a new test process does). with_dcp: run
     test_dcp's graph sequence (its own Communicator) first, as the 2-GPU suite
     does, the only setting in which the test has failed since the rank fix."""
+    import torch.distributed as dist
+
     from sparkinfer.comm import Communicator
     from sparkinfer.comm.fused_norm import kernel as fk
     from tests.comm.graphs import bits_diff, graph_steps
     from tests.comm.test_fused_norm import CAP, graph_ops
-
-    import torch.distributed as dist
 
     diffs, t0, done = [], time.time(), 0
     for it in range(iters):
@@ -135,7 +136,7 @@ def _fresh_worker(world, iters: int, seed0: int, budget_s: float, reload: bool, 
         comm = Communicator(capacity_bytes=CAP, timeout_s=10, channel_ids=("g",))
         bufs, load, run = graph_ops(comm, world)
         res = [(o, r) for c, x, rr, w, o, r in bufs]
-        steps = graph_steps(comm, run, load, lambda: [(o.cpu(), r.cpu()) for o, r in res], seed0 + it)
+        steps = graph_steps(comm, run, load, lambda res=res: [(o.cpu(), r.cpu()) for o, r in res], seed0 + it)
         comm.close()
         for i, (c, *_rest) in enumerate(bufs):
             for k, name in ((0, "out"), (1, "residual_out")):
@@ -180,7 +181,7 @@ def _stress_worker(world, iters: int, seed0: int, budget_s: float):
         h = hashlib.sha1()
         per_case = []
         ring[it % 512] = (it, [])
-        for c, x, res, w, o, r in bufs:
+        for c, _x, _res, _w, o, r in bufs:
             out, res_out = o.cpu(), r.cpu()
             h.update(out.view(torch.uint8).numpy().tobytes())
             per_case.append(hashlib.sha1(out.view(torch.uint8).numpy().tobytes()
@@ -222,9 +223,12 @@ def main(argv=None) -> int:
     flags = argv if argv is not None else sys.argv[1:]
     backend = "cpu" if "--cpu" in flags else "cuda"
     if "--fresh" in flags:
-        res = run_ranks(_fresh_worker, 2, backend=backend, args=(iters, 9000, budget, "--reload" in flags, "--with-dcp" in flags), timeout_s=budget + 240)
-        print(json.dumps(dict(mode="fresh", reload="--reload" in flags, with_dcp="--with-dcp" in flags, iters=[r["iters"] for r in res],
-                              seconds=[round(r["seconds"], 1) for r in res], diffs=[d for r in res for d in r["diffs"]])))
+        reload, with_dcp = "--reload" in flags, "--with-dcp" in flags
+        res = run_ranks(_fresh_worker, 2, backend=backend, args=(iters, 9000, budget, reload, with_dcp),
+                        timeout_s=budget + 240)
+        print(json.dumps(dict(mode="fresh", reload=reload, with_dcp=with_dcp, iters=[r["iters"] for r in res],
+                              seconds=[round(r["seconds"], 1) for r in res],
+                              diffs=[d for r in res for d in r["diffs"]])))
         return 0 if not any(r["diffs"] for r in res) else 1
     if "--same" in flags:
         res = run_ranks(_same_worker, 2, backend=backend, args=(iters, 5000, budget, "--jitter" in flags),

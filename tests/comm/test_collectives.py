@@ -210,7 +210,8 @@ def _wrap(world, start):
     return ok
 
 
-@pytest.mark.parametrize("start", [(1 << 15) - 3, (1 << 16) - 4, (1 << 32) - 5], ids=["ll-sign-bit", "ll-wrap", "flag-wrap"])
+@pytest.mark.parametrize("start", [(1 << 15) - 3, (1 << 16) - 4, (1 << 32) - 5],
+                         ids=["ll-sign-bit", "ll-wrap", "flag-wrap"])
 def test_sequence_numbers_wrap(start):
     assert run_ranks(_wrap, 2, backend="cpu", args=(start,), timeout_s=300) == [True, True]
 

@@ -328,10 +328,12 @@ def _call(comm, a):
     "change,error,match",
     [
         (dict(out_partial=torch.zeros(2, 64)), ShapeError, r"out_partial must be \[T, H, D\]; got shape \(2, 64\)"),
-        (dict(out_partial=torch.zeros(2, 4, 128)[..., ::2]), LayoutError, r"strides \(512, 128, 2\): the head dim D must be contiguous"),
+        (dict(out_partial=torch.zeros(2, 4, 128)[..., ::2]), LayoutError,
+         r"strides \(512, 128, 2\): the head dim D must be contiguous"),
         (dict(out_partial=torch.zeros(2, 4, 64, dtype=torch.int32)), DTypeError, "out_partial has dtype torch.int32"),
         (dict(out_partial=torch.zeros(2, 4, 64, device="meta")), DeviceError, "out_partial is on meta"),
-        (dict(lse=torch.zeros(2, 4, dtype=torch.bfloat16)), DTypeError, "lse has dtype torch.bfloat16; supported: float32"),
+        (dict(lse=torch.zeros(2, 4, dtype=torch.bfloat16)), DTypeError,
+         "lse has dtype torch.bfloat16; supported: float32"),
         (dict(lse=torch.zeros(4, 2)), ShapeError, r"lse must be \[T, H\] = \(2, 4\).*\(4, 2\)"),
         (dict(lse_base="10"), ValueError, "lse_base must be 'e' .* got '10'"),
         (dict(out=torch.zeros(2, 4, 32, dtype=torch.bfloat16)), ShapeError, r"out must have shape \(2, 4, 64\)"),
@@ -357,7 +359,8 @@ def test_merge_rejects(comm1, change, error, match):
     [
         (torch.zeros(2, 64), None, ShapeError, r"x must be \[T, H, D\]"),
         (torch.zeros(2, 3, 128)[..., ::2], None, LayoutError, "the head dim D must be contiguous"),
-        (torch.zeros(2, 3, 64), torch.zeros(2, 4, 64), ShapeError, r"out must have shape \(2, 3, 64\), got \(2, 4, 64\)"),
+        (torch.zeros(2, 3, 64), torch.zeros(2, 4, 64), ShapeError,
+         r"out must have shape \(2, 3, 64\), got \(2, 4, 64\)"),
     ],
     ids=["x_2d", "d_strided", "out_shape"],
 )

@@ -13,8 +13,13 @@ import random
 import pytest
 import torch
 
-from sparkinfer.comm.fused_norm.launch import (LL_SPLIT_MAX_BYTES, LL_SPLIT_ROW_BYTES, SPLIT_MAX_BYTES, check_config,
-                                               norm_config)
+from sparkinfer.comm.fused_norm.launch import (
+    LL_SPLIT_MAX_BYTES,
+    LL_SPLIT_ROW_BYTES,
+    SPLIT_MAX_BYTES,
+    check_config,
+    norm_config,
+)
 from sparkinfer.comm.fused_norm.reference import all_reduce_add_rms_norm_reference
 from sparkinfer.comm.topology import TopologyCaps
 from sparkinfer.errors import (
@@ -91,7 +96,8 @@ def _run_case(comm, case, rank, world_size, seed):
     saved, kw = comm.caps, dict(algorithm=case.algorithm)
     if case.pieces is not None:
         rows, H = x.numel() // x.shape[-1], x.shape[-1]
-        kw["config"] = norm_config(comm.caps, rows, H, x.element_size(), ll=case.algorithm != "fused", pieces=case.pieces)
+        kw["config"] = norm_config(comm.caps, rows, H, x.element_size(), ll=case.algorithm != "fused",
+                                   pieces=case.pieces)
     if case.path == "nccl":
         comm.caps = dataclasses.replace(saved, peer_access=False)
     try:
@@ -338,7 +344,8 @@ def test_empty_rows_return_outputs_untouched(comm1):
         (lambda a: a.update(residual=a["residual"].half()), ShapeError, "residual must match x"),
         (lambda a: a.update(weight=a["weight"][:512]), ShapeError, r"weight must have shape \(1024,\).*\(512,\)"),
         (lambda a: a.update(out=torch.empty(2, 1024)), ShapeError, r"out must match x.*torch.float32"),
-        (lambda a: a.update(residual_out=torch.empty(2, 1000, dtype=torch.bfloat16)), ShapeError, "residual_out must match"),
+        (lambda a: a.update(residual_out=torch.empty(2, 1000, dtype=torch.bfloat16)), ShapeError,
+         "residual_out must match"),
         (lambda a: a.update(residual_out=a["out"]), LayoutError, "same memory"),
         (lambda a: a.update(eps=-1.0), DTypeError, "eps must be a non-negative Python float, got -1.0"),
         (lambda a: a.update(eps=None), DTypeError, "got None"),
@@ -357,10 +364,12 @@ def test_rejects(comm1, mutate, error, match):
 
 def test_rejects_rows_not_16_byte_aligned_and_bad_algorithms(comm1):
     x, res, w = _args((2, 1028))  # 2056 B rows
-    with pytest.raises(ShapeError, match="hidden size 1028 x 2 B is not a multiple of 16 bytes; pad H to a multiple of 8"):
+    with pytest.raises(ShapeError,
+                       match="hidden size 1028 x 2 B is not a multiple of 16 bytes; pad H to a multiple of 8"):
         comm1.all_reduce_add_rms_norm(x, res, w, EPS)
     x, res, w = _args((2, 1024))
-    with pytest.raises(ValueError, match=r"algorithm must be one of \('auto', 'fused', 'fused_ll', 'nccl'\), got 'ring'"):
+    with pytest.raises(ValueError,
+                       match=r"algorithm must be one of \('auto', 'fused', 'fused_ll', 'nccl'\), got 'ring'"):
         comm1.all_reduce_add_rms_norm(x, res, w, EPS, algorithm="ring")
     big = _args((5, 2048))  # 20 KB > 16 KB capacity
     with pytest.raises(CapacityError, match="exceeds the staging capacity 16384 B with algorithm=fused"):

@@ -6,7 +6,8 @@ while one warp's lanes do the zeroing store. Without a block barrier between
 the wait and that store, a warp still polling can miss a word that was already
 zeroed, wait out its deadline and leave its part of `out` unwritten: the 2-GPU
 graph test failed that way (rank 0's in-place T = 8, H = 4096 case, about
-10 s longer than a passing run: benchmarks/results/gpu2_repeat_2xh200_34104a5.json).
+10 s longer than a passing run; 1 of 17 suite runs at 34104a5, 0 of 31 with the
+barrier at c5f7031; `git show 97a0fe7:benchmarks/results/gpu2_repeat_2xh200_34104a5.json`).
 The interpreter has no warps, so this checks the compiled sm_90 PTX instead.
 """
 

@@ -38,7 +38,8 @@ class PoolMachine(RuleBasedStateMachine):
     @rule(stream=STREAMS)
     def eager_use(self, stream):
         with self.streams.use(stream):
-            in_scope = [sc.channel.channel_id for sc in self.pool._scopes if stream == sc.stream or stream in sc.aliases]
+            in_scope = [sc.channel.channel_id for sc in self.pool._scopes
+                        if stream == sc.stream or stream in sc.aliases]
             try:
                 ch = self.pool.channel()
             except StreamAffinityError:

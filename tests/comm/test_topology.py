@@ -23,7 +23,8 @@ H200x2 = TopologyCaps(world_size=2, peer_access=True, link="nvlink", num_sms=132
         (TopologyCaps(4, False, "none", 132, 64 << 20), 2 << 10, "nccl"),
         (TopologyCaps(1, True, "nvlink", 132, 64 << 20), 2 << 10, "nccl"),
     ],
-    ids=["2r-2KiB", "2r-2KiB-odd", "2r-256KiB", "2r-256KiB+", "2r-4MiB+", "2r-32MiB", "2r-over-cap", "8r-512KiB", "16r-64KiB", "no-peer", "1r"],
+    ids=["2r-2KiB", "2r-2KiB-odd", "2r-256KiB", "2r-256KiB+", "2r-4MiB+", "2r-32MiB", "2r-over-cap", "8r-512KiB",
+         "16r-64KiB", "no-peer", "1r"],
 )
 def test_select_algorithm(caps, nbytes, algo):
     assert select_algorithm(caps, nbytes) == algo

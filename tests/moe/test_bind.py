@@ -4,10 +4,9 @@ import pytest
 import torch
 
 import sparkinfer.moe.launch as moe_launch
-from sparkinfer.errors import (CapacityError, CaptureError, DTypeError, LayoutError, ShapeError)
+from sparkinfer.errors import CapacityError, CaptureError, DTypeError, LayoutError, ShapeError
 from sparkinfer.moe import MoECaps, MoESpec, bind, plan, prepare_weights
 from sparkinfer.quant import quantize_nvfp4
-
 from tests.moe._util import random_layer
 
 CAPS = MoECaps(max_tokens=8, num_experts=4, top_k=2, hidden=64, intermediate=32)

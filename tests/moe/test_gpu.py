@@ -8,10 +8,8 @@ import os
 import pytest
 import torch
 
-from sparkinfer.moe import (MoECaps, MoESpec, allocate_scratch, bind, moe_reference, plan,
-                            prepare_weights, run)
+from sparkinfer.moe import MoECaps, MoESpec, allocate_scratch, bind, moe_reference, plan, prepare_weights, run
 from sparkinfer.quant import NVFP4Tensor
-
 from tests.moe._util import cosine, random_layer
 
 pytestmark = pytest.mark.skipif(

@@ -7,7 +7,7 @@ inputs are bitwise equal to eager runs; the counters are zero afterwards.
 Not bitwise equal to micro on the GPU: its top-k sum runs on [K, BN2] tiles
 where micro's reduce kernel uses [K, BH] (BH from the grid), and the compiled
 tree sums associate differently (H200 at 23874e4: 13 of 28 cases differed,
-benchmarks/results/moe_gpu_tests_resident_23874e4.log). Under the interpreter
+`git show 97a0fe7:benchmarks/results/moe_gpu_tests_resident_23874e4.log`). Under the interpreter
 the two are bitwise equal (tests/moe/test_resident.py)."""
 
 import dataclasses
@@ -16,10 +16,18 @@ import os
 import pytest
 import torch
 
-from sparkinfer.moe import (MoECaps, MoESpec, allocate_scratch, bind, moe_reference, plan,
-                            prepare_weights, resident_status, run)
+from sparkinfer.moe import (
+    MoECaps,
+    MoESpec,
+    allocate_scratch,
+    bind,
+    moe_reference,
+    plan,
+    prepare_weights,
+    resident_status,
+    run,
+)
 from sparkinfer.quant import NVFP4Tensor
-
 from tests.moe._util import cosine
 
 pytestmark = pytest.mark.skipif(

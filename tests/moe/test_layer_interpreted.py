@@ -8,10 +8,18 @@ import pytest
 import torch
 
 from sparkinfer.errors import CapacityError, ShapeError
-from sparkinfer.moe import (MoECaps, MoESpec, allocate_scratch, bind, check_topk_ids,
-                            moe_reference, plan, prepare_weights, run)
+from sparkinfer.moe import (
+    MoECaps,
+    MoESpec,
+    allocate_scratch,
+    bind,
+    check_topk_ids,
+    moe_reference,
+    plan,
+    prepare_weights,
+    run,
+)
 from sparkinfer.moe.routing import route_reference
-
 from tests.moe._util import cosine, random_layer
 
 CASES = [

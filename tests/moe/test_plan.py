@@ -4,8 +4,7 @@ import pytest
 import torch
 
 from sparkinfer.errors import CapacityError, DTypeError, PlanError
-from sparkinfer.moe import (MoECaps, MoESpec, plan, plan_supports_aux_stream_overlap,
-                            scratch_specs)
+from sparkinfer.moe import MoECaps, MoESpec, plan, plan_supports_aux_stream_overlap, scratch_specs
 
 DSV3 = dict(num_experts=256, top_k=8, hidden=7168, intermediate=2048)
 DSV3_TP8 = dict(num_experts=256, top_k=8, hidden=7168, intermediate=256)

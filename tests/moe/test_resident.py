@@ -12,10 +12,17 @@ import pytest
 import torch
 
 from sparkinfer.errors import KernelWaitTimeout, PlanError
-from sparkinfer.moe import (MoECaps, MoESpec, allocate_scratch, bind, moe_reference,
-                            plan_supports_aux_stream_overlap, resident_status, run)
+from sparkinfer.moe import (
+    MoECaps,
+    MoESpec,
+    allocate_scratch,
+    bind,
+    moe_reference,
+    plan_supports_aux_stream_overlap,
+    resident_status,
+    run,
+)
 from sparkinfer.moe.routing import route_reference
-
 from tests.moe._util import cosine, random_layer
 
 CASES = [

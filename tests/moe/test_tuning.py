@@ -7,7 +7,6 @@ import torch
 
 from sparkinfer.moe import MoECaps, MoESpec, allocate_scratch, bind, plan
 from sparkinfer.moe.tuning import TILE_STAGE_CAP, candidates, grouped_config, tile_candidates
-
 from tests.moe._util import meta_weights
 
 SHAPES = {

@@ -11,7 +11,6 @@ import torch
 from sparkinfer.errors import PlanError
 from sparkinfer.moe import MoECaps, MoESpec, allocate_scratch, bind, moe_reference, plan, run
 from sparkinfer.moe.routing import route_reference
-
 from tests.moe._util import cosine, random_layer
 
 DSV3 = dict(num_experts=256, top_k=8, hidden=7168, intermediate=2048)

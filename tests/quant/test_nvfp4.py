@@ -4,8 +4,7 @@ import pytest
 import torch
 
 from sparkinfer.errors import DTypeError, ShapeError
-from sparkinfer.quant import (NVFP4Tensor, dequantize_nvfp4, from_checkpoint, pack_codes,
-                              quantize_nvfp4, unpack_codes)
+from sparkinfer.quant import NVFP4Tensor, dequantize_nvfp4, from_checkpoint, pack_codes, quantize_nvfp4, unpack_codes
 from sparkinfer.quant.reference import e2m1_codes_to_float, round_to_e2m1_codes, round_to_e4m3
 
 E2M1_CASES = [  # (input, expected value) nearest-even, saturating at 6

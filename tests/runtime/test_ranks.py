@@ -55,7 +55,8 @@ def test_hung_ranks_are_named_after_the_timeout():
         run_ranks(_hang, 2, backend="cpu", timeout_s=3)
 
 
-@pytest.mark.parametrize("kw,match", [(dict(backend="tpu"), "backend must be"), (dict(backend="cpu", world_size=0), "world_size must be")])
+@pytest.mark.parametrize("kw,match", [(dict(backend="tpu"), "backend must be"),
+                                      (dict(backend="cpu", world_size=0), "world_size must be")])
 def test_bad_arguments(kw, match):
     ws = kw.pop("world_size", 2)
     with pytest.raises(SetupError, match=match):

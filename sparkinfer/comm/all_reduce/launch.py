@@ -26,7 +26,8 @@ __all__ = ["all_reduce", "twoshot_chunk"]
 
 def twoshot_chunk(n: int, world_size: int) -> int:
     """Elements each rank owns in a two-shot all-reduce (a multiple of 64 for 16-byte vectors)."""
-    return -(-(-(-n // world_size)) // 64) * 64
+    per_rank = -(-n // world_size)
+    return -(-per_rank // 64) * 64
 
 
 def all_reduce(comm, x, out=None, *, algorithm: str = "auto"):

@@ -37,8 +37,8 @@ MAX_TILE_INTERP = 4096
 # block) unless the tensor is smaller than SPLIT_MAX_BYTES, where rows are split
 # into pieces of >= MIN_PIECE_BYTES over more blocks, whose sums of squares then
 # meet through a cross-block exchange (publish_local / wait_local).
-# 2x H200 `bench_fused.py --sweep` (benchmarks/results/fused_2xh200_sweep_426b41a.json,
-# 426b41a): whole rows beat split rows at every measured T: T = 1, H = 4096:
+# 2x H200 `sparkinfer bench fused --sweep` at 426b41a (benchmarks/results/sweeps/
+# fused_sweep_2xh200_426b41a.json): whole rows beat split rows at every measured T: T = 1, H = 4096:
 # ll_row 5.01 us vs ll_pieces 6.53 us; H = 7168: 6.06 vs 7.94; T = 8: 5.08 vs
 # 7.17 and 6.53 vs 8.80. So 0: never split a row that fits a tile.
 SPLIT_MAX_BYTES = 0
@@ -46,12 +46,13 @@ SPLIT_MAX_BYTES = 0
 # vector load (kernel.py), not through atomics. It splits rows (split_pieces)
 # below LL_SPLIT_MAX_BYTES of x when T = 1 or a row has >= LL_SPLIT_ROW_BYTES.
 # 2x H200 piece sweep at aae5660 (one-piece blocks with private partial lines;
-# fused_ll_ab2_2xh200.json, "hsweep"), us, whole rows vs pieces: H = 4096
+# benchmarks/results/sweeps/fused_ll_variants_2xh200.json, "hsweep"), us, whole
+# rows vs pieces: H = 4096
 # (8 KiB rows): T = 2: 4.97 vs 4.44 (4 pieces) / 4.62 (8); T = 4: 5.01 vs 4.83
 # / 4.85; T = 8: 5.18 vs 4.96 (8); T = 16: 5.75 vs 5.41 (8). Before that change
-# whole 8 KiB rows won at T >= 8 (e9512d3: 5.25 vs 5.89), hence the old "> 8 KiB".
-# Checked at 3ced22a (`benchmarks/sweeps/fused_ll_pieces.py auto`,
-# fused_ll_pieces_2xh200.json): H = 7168, T = 1 / 8 / 16: 4.49 / 5.41 / 6.18 with
+# whole 8 KiB rows won at T >= 8 (e9512d3: 5.25 vs 5.89, sweeps/
+# fused_sweep_2xh200_e9512d3.json), hence the old "> 8 KiB". Checked at 3ced22a
+# (sweeps/fused_ll_pieces_2xh200.json): H = 7168, T = 1 / 8 / 16: 4.49 / 5.41 / 6.18 with
 # 1 KiB pieces vs 4.56 / 5.43 / 6.21 with 7; H = 4096, T = 2: 4.60 vs 4.49 with 4.
 LL_SPLIT_MAX_BYTES = 256 << 10
 LL_SPLIT_ROW_BYTES = 8 << 10
@@ -110,6 +111,12 @@ class NormConfig:
     block_w: int
 
 
+def _piece_chunk(hidden: int, pieces: int) -> int:
+    """Elements per piece: hidden / pieces rounded up to PIECE_ALIGN."""
+    per_piece = -(-hidden // pieces)
+    return -(-per_piece // PIECE_ALIGN) * PIECE_ALIGN
+
+
 def _pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
@@ -145,7 +152,7 @@ def norm_config(caps: TopologyCaps, rows: int, hidden: int, itemsize: int = 2, *
     interp = caps.interpret
     g_max = 2 if interp else min(caps.num_sms, MAX_BLOCKS)
     s = _default_pieces(caps, rows, hidden, itemsize, ll) if pieces is None else max(1, min(pieces, hidden))
-    chunk = -(-(-(-hidden // s)) // PIECE_ALIGN) * PIECE_ALIGN
+    chunk = _piece_chunk(hidden, s)
     s = -(-hidden // chunk)
     if interp:  # whole rows per block
         per = s * -(-rows // min(rows, g_max))
@@ -187,7 +194,7 @@ def check_config(cfg: NormConfig, caps: TopologyCaps, *, rows: int, hidden: int,
     n = rows * cfg.pieces
     ok = (
         1 <= cfg.grid <= g_max and (cfg.grid - 1) * cfg.per < n <= cfg.grid * cfg.per
-        and cfg.pieces >= 1 and cfg.chunk == -(-(-(-hidden // cfg.pieces)) // PIECE_ALIGN) * PIECE_ALIGN
+        and cfg.pieces >= 1 and cfg.chunk == _piece_chunk(hidden, cfg.pieces)
         and (cfg.pieces - 1) * cfg.chunk < hidden <= cfg.pieces * cfg.chunk
         and (not cfg.one_pass or (cfg.pieces == 1 and hidden <= cfg.block_h and 4 * cfg.block_w >= hidden * itemsize))
         and (not caps.interpret or cfg.per % cfg.pieces == 0) and cfg.num_warps in (1, 2, 4, 8, 16, 32)
@@ -200,7 +207,7 @@ def check_config(cfg: NormConfig, caps: TopologyCaps, *, rows: int, hidden: int,
 def candidate_configs(caps: TopologyCaps, rows: int, hidden: int, itemsize: int = 2, *,
                       ll_max_bytes: int) -> dict:
     """name -> (algorithm, NormConfig): the launch shapes worth timing for x: [rows,
-    hidden] (benchmarks/bench_fused.py --sweep; at most 6). ll_max_bytes: the most
+    hidden] (`sparkinfer bench fused --sweep`; at most 6). ll_max_bytes: the most
     the channel's LL lanes carry (layout.ll_lane_bytes // 2). "auto" is what
     all_reduce_add_rms_norm picks, named "auto=<twin>" when it equals a candidate
     (left out then). ll_row_w8 / _w16: whole rows over LL; *_pieces: rows split by
@@ -287,15 +294,16 @@ def all_reduce_add_rms_norm(comm, x, residual, weight, eps: float = 1e-6, *, out
     _check_like("out", out, x, dev)
     _check_like("residual_out", residual_out, x, dev)
     if out.numel() and out.data_ptr() == residual_out.data_ptr():
-        raise LayoutError("out and residual_out are the same memory; pass distinct tensors (out=x, residual_out=residual is fine)")
+        raise LayoutError("out and residual_out are the same memory; pass distinct tensors "
+                          "(out=x, residual_out=residual is fine)")
     if not isinstance(eps, (int, float)) or not eps >= 0:
         raise DTypeError(f"eps must be a non-negative Python float, got {eps!r}")
     n = x.numel()
     if n == 0:
         return out, residual_out
     if H * x.element_size() % 16:
-        raise ShapeError(f"hidden size {H} x {x.element_size()} B is not a multiple of 16 bytes; pad H to a multiple of "
-                         f"{16 // x.element_size()} (rows are moved in 16-byte vectors)")
+        raise ShapeError(f"hidden size {H} x {x.element_size()} B is not a multiple of 16 bytes; "
+                         f"pad H to a multiple of {16 // x.element_size()} (rows are moved in 16-byte vectors)")
     T, nbytes = n // H, n * x.element_size()
     if config is not None:
         check_config(config, comm.caps, rows=T, hidden=H, itemsize=x.element_size())

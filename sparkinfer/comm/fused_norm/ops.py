@@ -1,7 +1,8 @@
 """torch.library ops for the fused norm (so it works inside torch.compile).
 
     torch.ops.sparkinfer.all_reduce_add_rms_norm(x, residual, weight, eps, comm.id, "auto") -> (out, residual_out)
-    torch.ops.sparkinfer.all_reduce_add_rms_norm_(x, residual, weight, eps, comm.id, "auto")  # in place: x <- out, residual <- residual_out
+    torch.ops.sparkinfer.all_reduce_add_rms_norm_(x, residual, weight, eps, comm.id, "auto")
+        # in place: x <- out, residual <- residual_out
 
 `register()` defines them once per process (never at import); it is meant to be
 called from sparkinfer.comm.torch_ops.register_ops next to the other collectives.

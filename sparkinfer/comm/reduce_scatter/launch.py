@@ -29,7 +29,8 @@ def reduce_scatter(comm, x, out=None):
     W = comm.world_size
     check_tensor("x", x, comm.device)
     if x.dim() == 0 or x.shape[0] % W:
-        raise ShapeError(f"reduce_scatter splits dim 0 over {W} ranks; x has shape {tuple(x.shape)} (pad dim 0 to a multiple of {W})")
+        raise ShapeError(f"reduce_scatter splits dim 0 over {W} ranks; x has shape {tuple(x.shape)} "
+                         f"(pad dim 0 to a multiple of {W})")
     oshape = (x.shape[0] // W,) + tuple(x.shape[1:])
     if out is None:
         out = torch.empty(oshape, dtype=x.dtype, device=x.device)
@@ -52,7 +53,8 @@ def reduce_scatter(comm, x, out=None):
     fp = fingerprint(op, n, str(x.dtype), cfg.grid, cfg.pipe)
     args = (x, out, n, chunk, table, rank, fp, comm.timeout_ns, stage_off, slot_bytes, lane_bytes)
     consts = dict(OP=OP_CODES[op], W=W, BLOCK=cfg.block, GATHER=False, PIPE=cfg.pipe, INTERP=comm.caps.interpret)
-    launch_kernel(twoshot_all_reduce_kernel, cfg, (op, x.dtype, cfg, chunk % 16 == 0), comm.streams.is_capturing(), args, consts)
+    key = (op, x.dtype, cfg, chunk % 16 == 0)
+    launch_kernel(twoshot_all_reduce_kernel, cfg, key, comm.streams.is_capturing(), args, consts)
     if comm.caps.interpret:
         check_errors(ch)
     return out

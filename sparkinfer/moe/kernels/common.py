@@ -55,7 +55,7 @@ DECODE_UNSCALE = tl.constexpr(256.0)  # 2**8, folded into the expert's global sc
 # Rows per tile of the prepared NVFP4 layout. Rows stored as 64-byte slices
 # (one per row per step) ran at 48% / 57% of the HBM floor (DeepSeek-V3 shape,
 # M 1 / 8) where 64-row blocks of contiguous slices ran at 58% / 71%
-# (.scratch A/B at 6902a06, benchmarks/results/moe_layout_ab_h200.json).
+# (H200 A/B at 6902a06, benchmarks/results/sweeps/moe_layout_ab_h200.json).
 NVFP4_TILE_ROWS = 64
 TILE_ROWS = tl.constexpr(NVFP4_TILE_ROWS)
 

@@ -20,9 +20,17 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
-from sparkinfer.moe.kernels.common import (DECODE_UNSCALE, activation, dot_operand, k_order,
-                                           load_scales, load_scales_2, program_rows, split_chunks,
-                                           weight_tile)
+from sparkinfer.moe.kernels.common import (
+    DECODE_UNSCALE,
+    activation,
+    dot_operand,
+    k_order,
+    load_scales,
+    load_scales_2,
+    program_rows,
+    split_chunks,
+    weight_tile,
+)
 
 
 @triton.jit

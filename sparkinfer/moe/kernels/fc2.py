@@ -20,8 +20,16 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from sparkinfer.moe.kernels.common import (DECODE_UNSCALE, activation, dot_operand, k_order,
-                                           load_scales, program_rows, split_chunks, weight_tile)
+from sparkinfer.moe.kernels.common import (
+    DECODE_UNSCALE,
+    activation,
+    dot_operand,
+    k_order,
+    load_scales,
+    program_rows,
+    split_chunks,
+    weight_tile,
+)
 
 
 @triton.jit

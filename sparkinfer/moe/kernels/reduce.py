@@ -10,7 +10,7 @@ false the router weight was already applied before FC2.
 
 The earlier form (a branch and a dependent load chain per route, BH 256) took
 3.87 us at T = 1 on the Qwen3 shape (S 2) where this one takes 2.41 at BH
-128, and 2.63 vs 1.79 at T = 1, H 7168 (benchmarks/results/moe_reduce_h200.json;
+128, and 2.63 vs 1.79 at T = 1, H 7168 (benchmarks/results/sweeps/moe_reduce_h200.json;
 the runner picks BH per grid, REDUCE_BLOCKS_H).
 """
 

@@ -46,6 +46,7 @@ from sparkinfer.moe.kernels.fc1 import fc1_tile
 from sparkinfer.moe.kernels.fc2 import act_tile, fc2_tile
 from sparkinfer.moe.kernels.reduce import reduce_row
 
+
 @triton.jit
 def _now(INTERPRET: tl.constexpr):
     if INTERPRET:

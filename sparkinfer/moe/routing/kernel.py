@@ -45,7 +45,7 @@ def routing_kernel(logits_ptr, bias_ptr, ids_ptr, w_ptr, stride_l, scale,
                     v1 += v2
                 b_gs = tl.where(o_g == g, v1, b_gs)
             keep = o_e < 0
-            for j in tl.static_range(TG):
+            for _ in tl.static_range(TG):
                 v, gi = _top1(b_gs, o_g)
                 keep = keep | ((o_e // EG) == gi)
                 b_gs = tl.where(o_g == gi, -float("inf"), b_gs)

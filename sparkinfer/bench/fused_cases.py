@@ -1,0 +1,251 @@
+"""The measured cases of `sparkinfer bench fused`, run on each rank: the check and the
+graph timing of every implementation of one fused-norm or dcp_merge config.
+
+Legend: T tokens, H hidden (fused norm) or heads (dcp), D head dim, W ranks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import time
+
+from sparkinfer.bench.collectives import poison
+from sparkinfer.bench.timing import Graph, median, time_calls
+
+__all__ = ["Bench", "bench_norm", "sweep_norm", "bench_dcp", "EPS"]
+
+EPS = 1e-6
+
+
+class Bench:
+    """One rank: communicator, the "bench" capture stream, shared budget decisions."""
+
+    def __init__(self, world, opt):
+        import torch
+
+        from sparkinfer.comm import Communicator
+
+        self.torch, self.world, self.opt = torch, world, opt
+        self.cuda = world.backend == "cuda"
+        self.dev = world.device
+        self.t0 = time.time()
+        # 60 s device-side deadline: a peer may still be compiling its first launch
+        self.comm = Communicator(capacity_bytes=opt["capacity"], timeout_s=60, channel_ids=("bench",))
+        self.stream = torch.cuda.Stream() if self.cuda else "bench_stream"
+
+    def go(self) -> bool:
+        """Rank 0's budget verdict, shared: both ranks run exactly the same configs."""
+        mine = time.time() - self.t0 < self.opt["budget_s"]
+        return bool(self.comm.group.all_gather(mine)[0])
+
+    def same_on_ranks(self, tensors) -> bool:
+        h = hashlib.sha1()
+        for t in tensors:
+            h.update(t.detach().contiguous().view(self.torch.uint8).cpu().numpy().tobytes())
+        return len(set(self.comm.group.all_gather(h.hexdigest()))) == 1
+
+    def sync(self):
+        if self.cuda:
+            self.torch.cuda.synchronize()
+
+    def graph(self, fn):
+        """A graph of opt["iters"] calls of fn; returns (graph, holder): holder[0] is the
+        last call's outputs (on CUDA the captured tensors every replay rewrites; the CPU
+        stand-in re-runs fn, which refills the holder)."""
+        outs = []
+
+        def body():
+            for _ in range(self.opt["iters"]):
+                outs[:] = [fn()]
+
+        scope = lambda replaying: self.comm.pool.capture(self.stream, "bench", reuse=True)  # noqa: E731
+        cpu = None if self.cuda else self.comm.streams
+        g = Graph(body, self.stream, scope=scope, cpu_streams=cpu)
+        return g, outs
+
+    def time_graph(self, g) -> float:
+        """Seconds per call: median over replays of the N-call graph, / N."""
+        g.replay()
+        self.sync()
+        ts = time_calls(g.replay, self.opt["reps"], cuda=self.cuda)
+        return median(ts) / self.opt["iters"]
+
+
+def close_err(actual, ref, eps) -> float:
+    """Largest |a - r| / (|r| + 0.05 max|r|), in units of eps; inf where a is not
+    finite (unless it equals r, as -inf lse rows do)."""
+    a, r = actual.float(), ref.float()
+    if bool((~(a.isfinite() | (a == r))).any()):
+        return float("inf")
+    fin = r.isfinite()
+    if not bool(fin.any()):
+        return 0.0
+    a, r = a[fin], r[fin]
+    floor = 0.05 * float(r.abs().max()) + 1e-30
+    return float(((a - r).abs() / (r.abs() + floor)).max()) / eps
+
+
+def run_config(b, base: dict, impls: dict, load, reference, tol: dict) -> list[dict]:
+    """Check then time every impl of one config. impls: name -> call() returning outputs;
+    load(seed) writes inputs in place; reference(name) -> expected outputs (None = skip)."""
+    torch = b.torch
+    rows = []
+    for name, call in impls.items():
+        if not b.go():
+            if b.world.rank == 0:
+                print(f"budget: skipping {base} {name}", flush=True)
+            continue
+        row = dict(base, impl=name)
+        try:
+            load(1)
+            poison(*call())
+            outs = call()
+            b.sync()
+            eager = [o.clone() for o in outs]
+            exp = reference(name)
+            eps = torch.finfo(outs[0].dtype).eps
+            err = max(close_err(o, e, eps) for o, e in zip(outs, exp))
+            ranks_equal = b.same_on_ranks(outs) if name in tol["bitwise"] else None
+            g, held = b.graph(call)
+            poison(*held[0])
+            g.replay()
+            b.sync()
+            replay_ok = all(torch.equal(o.view(torch.uint8), e.view(torch.uint8)) for o, e in zip(held[0], eager))
+            load(2)
+            poison(*held[0])
+            g.replay()
+            b.sync()
+            err2 = max(close_err(o, e, eps) for o, e in zip(held[0], reference(name)))
+            ok = max(err, err2) <= tol[name] and replay_ok and ranks_equal is not False
+            row.update(err_eps=max(err, err2), ranks_bitwise=ranks_equal, replay_bitwise=replay_ok, ok=ok)
+            row.update(us=b.time_graph(g) * 1e6, mode="graph" if b.cuda else "cpu", iters=b.opt["iters"])
+            g.release()
+            del g, held
+        except Exception as exc:  # noqa: BLE001 - recorded as a failed row; CUDA errors end the run
+            row.update(ok=False, error=f"{type(exc).__name__}: {str(exc)[:400]}")
+            if "CUDA error" in str(exc) or "Collective" in type(exc).__name__:
+                rows.append(row)
+                raise
+        rows.append(row)
+        if b.world.rank == 0 and not row["ok"]:
+            print(f"FAIL {base} {name}: {row.get('error') or row}", flush=True)
+    return rows
+
+
+def norm_inputs(b, H: int, T: int):
+    """(x, residual, weight): [T, H], [T, H], [H] bf16; (load(seed): refill in place, reference(impl))."""
+    torch, comm, W, dev = b.torch, b.comm, b.comm.world_size, b.dev
+    from sparkinfer.comm.fused_norm.reference import add_rms_norm
+
+    x, res, w = (torch.empty(shape, dtype=torch.bfloat16, device=dev) for shape in ((T, H), (T, H), (H,)))
+    state = {}
+
+    def load(seed):
+        g = torch.Generator(device=dev).manual_seed(1000 * seed + T + H)
+        xs = [torch.randn(T, H, generator=g, device=dev).bfloat16() for _ in range(W)]
+        x.copy_(xs[comm.rank])
+        res.copy_(2 * torch.randn(T, H, generator=g, device=dev))
+        w.copy_(1 + 0.5 * torch.randn(H, generator=g, device=dev))
+        total = sum(t.float() for t in xs)
+        state.update(sum=total, norm=add_rms_norm(total, res, w, EPS))
+
+    def reference(name):  # ar_*: the sum; fused: (out, residual_out)
+        return (state["sum"],) if name.startswith("ar_") else state["norm"]
+    return (x, res, w), (load, reference)
+
+
+def bench_norm(b, H: int, T: int) -> list[dict]:
+    torch, comm, W, dev = b.torch, b.comm, b.comm.world_size, b.dev
+    import torch.nn.functional as F
+
+    (x, res, w), (load, reference) = norm_inputs(b, H, T)
+    names = ("o", "r", "o2", "r2", "s1", "s2", "s3", "s4")
+    bufs = {k: torch.empty(T, H, dtype=torch.bfloat16, device=dev) for k in names}
+
+    def torch_norm(s):
+        r = s + res
+        return F.rms_norm(r, (H,), w, EPS), r
+
+    impls = {
+        "fused": lambda: comm.all_reduce_add_rms_norm(x, res, w, EPS, out=bufs["o"], residual_out=bufs["r"]),
+        "fused_flag": lambda: comm.all_reduce_add_rms_norm(x, res, w, EPS, out=bufs["o2"], residual_out=bufs["r2"],
+                                                           algorithm="fused"),
+        "ar_auto": lambda: (comm.all_reduce(x, bufs["s1"]),),
+        "ar_oneshot": lambda: (comm.all_reduce(x, bufs["s2"], algorithm="oneshot"),),
+        "ar+torch": lambda: torch_norm(comm.all_reduce(x, bufs["s3"])),
+        "nccl+torch": lambda: torch_norm(comm.all_reduce(x, bufs["s4"], algorithm="nccl")),
+    }
+
+    tol = {"fused": 4, "fused_flag": 4, "ar_auto": 2, "ar_oneshot": 2, "ar+torch": 16, "nccl+torch": 16,
+           "bitwise": ("fused", "fused_flag", "ar_auto", "ar_oneshot")}
+    from sparkinfer.comm.topology import select_algorithm
+
+    nbytes = T * H * 2
+    base = dict(op="fused_norm", H=H, T=T, dtype="bfloat16", nbytes=nbytes,
+                ar_auto_algorithm=select_algorithm(comm.caps, nbytes))
+    rows = run_config(b, base, impls, load, reference, tol)
+    per_alg = {"ll": 2 * (W - 1), "oneshot": W - 1, "twoshot": 2 * (W - 1) / W, "nccl": 2 * (W - 1) / W}
+    auto = base["ar_auto_algorithm"]
+    alg = {"fused": "ll" if auto == "ll" else "oneshot", "fused_flag": "oneshot", "ar_oneshot": "oneshot",
+           "ar_auto": auto, "ar+torch": auto, "nccl+torch": "nccl"}
+    for r in rows:  # bytes this rank writes to its peers (LL words carry 4 payload bytes in 8)
+        r["link_bytes"] = int(nbytes * per_alg[alg[r["impl"]]])
+    return rows
+
+
+def sweep_norm(b, H: int, T: int) -> list[dict]:
+    """Check and time fused_norm.launch.candidate_configs for [T, H] bf16, and ar_auto."""
+    from sparkinfer.comm.fused_norm.launch import candidate_configs
+
+    torch, comm = b.torch, b.comm
+    (x, res, w), (load, reference) = norm_inputs(b, H, T)
+    o, r, s1 = (torch.empty(T, H, dtype=torch.bfloat16, device=b.dev) for _ in range(3))
+    cands = candidate_configs(comm.caps, T, H, 2, ll_max_bytes=comm.pool.layout.ll_lane_bytes // 2)
+    call = lambda a, c: comm.all_reduce_add_rms_norm(x, res, w, EPS, out=o, residual_out=r, algorithm=a, config=c)  # noqa: E731
+    impls = {name: (lambda a=alg, c=cfg: call(a, c)) for name, (alg, cfg) in cands.items()}
+    impls["ar_auto"] = lambda: (comm.all_reduce(x, s1),)
+    rows = run_config(b, dict(op="fused_norm_sweep", H=H, T=T, dtype="bfloat16", nbytes=T * H * 2), impls, load,
+                      reference, {**{name: 4 for name in cands}, "ar_auto": 2, "bitwise": tuple(impls)})
+    for row in (row for row in rows if row["impl"] in cands):
+        row.update(algorithm=cands[row["impl"]][0], **dataclasses.asdict(cands[row["impl"]][1]))
+    return rows
+
+
+def bench_dcp(b, H: int, D: int, T: int, scatter: bool) -> list[dict]:
+    torch, comm, W, dev = b.torch, b.comm, b.comm.world_size, b.dev
+    from sparkinfer.comm.dcp.reference import merge_partials
+
+    o = torch.empty(T, H, D, dtype=torch.bfloat16, device=dev)
+    lse = torch.empty(T, H, dtype=torch.float32, device=dev)
+    Hs = H // W if scatter else H
+    o_out = torch.empty(T, Hs, D, dtype=torch.bfloat16, device=dev)
+    l_out = torch.empty(T, Hs, dtype=torch.float32, device=dev)
+    state = {}
+
+    def load(seed):
+        g = torch.Generator(device=dev).manual_seed(1000 * seed + T * 7 + H * 3 + D)
+        os_ = torch.randn(W, T, H, D, generator=g, device=dev).bfloat16()
+        ls = torch.randn(W, T, H, generator=g, device=dev) * 4 + 10
+        gone = torch.rand(W, T, H, generator=g, device=dev) < 0.25  # empty shards: lse -inf, o NaN
+        ls[gone] = float("-inf")
+        os_[gone] = float("nan")
+        o.copy_(os_[comm.rank])
+        lse.copy_(ls[comm.rank])
+        heads = slice(comm.rank * Hs, (comm.rank + 1) * Hs) if scatter else slice(None)
+        ref_o, ref_l = merge_partials(os_[:, :, heads], ls[:, :, heads])
+        state["ref"] = (ref_o.bfloat16(), ref_l)
+
+    kw = dict(scatter_heads=scatter, return_lse=True)
+    impls = {
+        "dcp_kernel": lambda: comm.dcp_merge(o, lse, out=o_out, lse_out=l_out, **kw),
+        "dcp_nccl": lambda: comm.dcp_merge(o, lse, algorithm="nccl", **kw),
+    }
+    tol = {"dcp_kernel": 4, "dcp_nccl": 4, "bitwise": ("dcp_kernel",) if not scatter else ()}
+    base = dict(op="dcp_merge", H=H, D=D, T=T, scatter=scatter, dtype="bfloat16")
+    rows = run_config(b, base, impls, load, lambda name: state["ref"], tol)
+    per_row = D * 2 + 4
+    for r in rows:
+        sent = Hs if r["impl"] == "dcp_kernel" else H
+        r["link_bytes"] = (W - 1) * T * sent * per_row
+    return rows

@@ -1,0 +1,193 @@
+"""Print the docs' results tables (markdown) from the result files.
+
+    sparkinfer bench summarize                  # every table, for docs/performance.md
+    sparkinfer bench summarize --brief          # one short table per op, for the README
+
+Reads `<bench>_<machine>.json` in --results (the latest run of each benchmark on
+each machine; sweeps live in results/sweeps/ and are not tabulated). Rows whose
+correctness check failed are refused: they never reach a table, and the refusal
+is reported on stderr with the rows it dropped.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from sparkinfer.bench.common import RESULTS_DIR, load_rows
+
+__all__ = ["add_arguments", "main", "tables"]
+
+_FILE = re.compile(r"^(comm|fused|moe)_([a-z0-9]+)\.json$")
+ALL_REDUCE_TARGET_US = {2 << 10: 4, 32 << 10: 4, 128 << 10: 5, 512 << 10: 6.5, 2 << 20: 10, 8 << 20: 26,
+                        32 << 20: 95}
+# --brief: the rows of one short table per op (fused norm at the largest H, dcp at D 128 replicated)
+BRIEF_T = (1, 8, 64, 256)
+BRIEF_M = (1, 8, 64, 4096)
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--results", default=str(RESULTS_DIR), help="directory of result files (default %(default)s)")
+    p.add_argument("--brief", action="store_true", help="one short table per op (the README's)")
+
+
+def _size(b: int) -> str:
+    return f"{b >> 20} MiB" if b >= 1 << 20 else f"{b >> 10} KiB"
+
+
+def _f(d: dict, k, digits: int = 2) -> str:
+    return f"{d[k]:.{digits}f}" if k in d else "–"
+
+
+def _md(header: list[str], rows: list[list]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |",
+            *("| " + " | ".join(str(c) for c in r) + " |" for r in rows)]
+
+
+def provenance(rows: list, machine: str, brief: bool = False) -> str:
+    """Machine, commit, date, versions and every distinct command the rows came from."""
+    m = next((r for r in rows if "commit" in r), {})
+    commits = list(dict.fromkeys(str(r["commit"])[:7] for r in rows if r.get("commit")))
+    where = f"{m.get('gpu', '?')} ({machine}), commit {' / '.join(commits) or '?'}, {str(m.get('date', ''))[:10]}"
+    if brief:
+        return where
+    cmds = list(dict.fromkeys(r["command"] for r in rows if r.get("command")))
+    shown = " and ".join(f"`{c}`" for c in cmds) or "command not recorded"
+    nccl = f", NCCL {m['nccl']}" if m.get("nccl") else ""
+    return (f"{where}, {shown} (torch {m.get('torch')}, triton {m.get('triton')}{nccl}, "
+            f"driver {m.get('driver')})")
+
+
+def refuse_failed(bench: str, rows: list) -> tuple[list, list]:
+    """(rows to tabulate, refused rows): comm rows with correct=False, fused rows with
+    ok=False, MoE timings of a (shape, format) whose check failed in the same run."""
+    if bench == "moe":
+        bad = {(r.get("shape"), r.get("format"), r.get("commit")) for r in rows
+               if r.get("kind") == "check" and r.get("ok") is False}
+        failed = lambda r: r.get("kind") == "time" and (r.get("shape"), r.get("format"), r.get("commit")) in bad  # noqa: E731
+    else:
+        key = "correct" if bench == "comm" else "ok"
+        failed = lambda r: r.get(key) is False  # noqa: E731
+    keep = [r for r in rows if not failed(r)]
+    return keep, [r for r in rows if failed(r)]
+
+
+def comm_tables(rows: list, machine: str, brief: bool) -> list[str]:
+    t: dict = defaultdict(dict)
+    for r in rows:
+        if r.get("op") in ("all_reduce", "reduce_scatter", "all_gather") and "us" in r:
+            t[(r["op"], r["size_bytes"])][r["impl"]] = r["us"]
+    ar = sorted((s, d) for (op, s), d in t.items() if op == "all_reduce")
+    out = [f"All-reduce, bf16, µs per op inside a CUDA graph, {provenance(rows, machine, brief)}:", ""]
+    if brief:
+        body = [[_size(s), _f(d, "auto"), _f(d, "nccl"), f"{d['auto'] / d['nccl']:.2f}" if "nccl" in d else "–"]
+                for s, d in ar if "auto" in d]
+        out += _md(["size", "sparkinfer", "NCCL", "sparkinfer / NCCL"], body)
+        return out
+    body = []
+    for s, d in ar:
+        tgt = ALL_REDUCE_TARGET_US.get(s)
+        mark = "" if tgt is None else (" ✓" if d.get("auto", 1e9) <= tgt else " ✗")
+        body.append([_size(s)] + [_f(d, k) for k in ("auto", "ll", "oneshot", "twoshot", "nccl", "symm_one_shot",
+                                                     "symm_two_shot")]
+                    + [f"{d['auto'] / d['nccl']:.2f}" if "auto" in d and "nccl" in d else "–",
+                       "–" if tgt is None else f"≤ {tgt}{mark}"])
+    out += _md(["size", "ours auto", "LL", "one-shot", "two-shot", "NCCL", "symm one_shot", "symm two_shot",
+                "auto / NCCL", "target"], body)
+    out += ["", "Reduce-scatter and all-gather, bf16, µs per op (same run):", ""]
+    body = [[_size(s), _f(t.get(("reduce_scatter", s), {}), "ours"), _f(t.get(("reduce_scatter", s), {}), "nccl"),
+             _f(t.get(("all_gather", s), {}), "ours"), _f(t.get(("all_gather", s), {}), "nccl")]
+            for s in sorted({s for (_, s) in t}) if ("reduce_scatter", s) in t or ("all_gather", s) in t]
+    return out + _md(["size", "reduce_scatter ours", "NCCL", "all_gather ours", "NCCL"], body)
+
+
+def fused_tables(rows: list, machine: str, brief: bool) -> list[str]:
+    t: dict = defaultdict(dict)
+    top_h = max((r["H"] for r in rows if r.get("op") == "fused_norm"), default=0)
+    for r in rows:
+        if r.get("op") == "fused_norm" and "us" in r and (not brief or (r["T"] in BRIEF_T and r["H"] == top_h)):
+            t[(r["H"], r["T"])][r["impl"]] = r["us"]
+    norm = [r for r in rows if r.get("op") == "fused_norm"]
+    out = [f"Fused all-reduce + residual + RMSNorm, bf16, µs per op in a CUDA graph, "
+           f"{provenance(norm, machine, brief)}:", ""]
+    body = [[h, tk, _f(d, "fused"), _f(d, "ar_auto"), f"{d['fused'] / d['ar_auto']:.2f}", _f(d, "ar+torch"),
+             _f(d, "nccl+torch")] for (h, tk), d in sorted(t.items()) if "fused" in d and "ar_auto" in d]
+    out += _md(["H", "T", "fused", "our all_reduce (auto)", "fused / all_reduce (target ≤ 1.15)", "our AR + torch",
+                "NCCL + torch"], body)
+    t = defaultdict(dict)
+    for r in rows:
+        if r.get("op") == "dcp_merge" and "us" in r and (
+                not brief or (r["T"] in BRIEF_T and not r["scatter"] and r["D"] == 128)):
+            t[(r["H"], r["D"], r["T"], r["scatter"])][r["impl"]] = r["us"]
+    dcp = [r for r in rows if r.get("op") == "dcp_merge"]
+    ts = sorted({k[2] for k in t})
+    out += ["", f"dcp_merge (2 ranks, bf16), µs per op in a CUDA graph, ours / NCCL composition (all_gather + local "
+            f"merge) and the speedup (target ≥ 2x at T ≤ 64), {provenance(dcp, machine, brief)}:", ""]
+    body = []
+    for h, dd, sc in sorted({(k[0], k[1], k[3]) for k in t}):
+        cells = []
+        for tk in ts:
+            d = t.get((h, dd, tk, sc), {})
+            ok = "dcp_kernel" in d and "dcp_nccl" in d
+            cells.append(f"{d['dcp_kernel']:.1f} / {d['dcp_nccl']:.1f} ({d['dcp_nccl'] / d['dcp_kernel']:.1f}x)"
+                         if ok else "–")
+        body.append([h, dd, sc, *cells])
+    return out + _md(["H", "D", "scatter", *(f"T = {tk}" for tk in ts)], body)
+
+
+def moe_tables(rows: list, machine: str, brief: bool) -> list[str]:
+    t: dict = defaultdict(dict)
+    for r in rows:
+        if r.get("kind") == "time" and "us" in r and (not brief or r["M"] in BRIEF_M):
+            t[(r["shape"], r["M"])][(r["impl"], r.get("format"))] = r
+    devs = [r for r in rows if r.get("kind") == "device"] or [{}]
+    gbs = " / ".join(f"{d.get('copy_gbs', 0):.0f}" for d in devs)
+    tfl = " / ".join(f"{d.get('bf16_tflops', 0):.0f}" for d in devs)
+    out = [f"MoE layer, µs per call in a CUDA graph; floor = active experts' weight bytes at the copy bandwidth "
+           f"measured in the same run ({gbs} GB/s counting read + write{', one per part' if len(devs) > 1 else ''}); "
+           f"tc = fraction of the measured bf16 matmul rate ({tfl} TFLOP/s); {provenance(rows, machine, brief)}:", ""]
+    body = []
+    for (shape, m), d in sorted(t.items()):
+        n, b, g = d.get(("sparkinfer", "nvfp4")), d.get(("sparkinfer", "bf16")), d.get(("torch_grouped_mm", "bf16"))
+        if not (n and b):
+            continue
+        gus = g["us"] if g else float("nan")
+        body.append([shape, m, f"{n['us']:.1f}", f"{100 * n['frac_floor']:.0f}%", f"{b['us']:.1f}",
+                     f"{100 * b['frac_floor']:.0f}%", f"{100 * b['frac_tc']:.1f}%", f"{gus:.1f}",
+                     f"{gus / n['us']:.2f}x"])
+    return out + _md(["shape", "M", "nvfp4 µs", "nvfp4 % floor", "bf16 µs", "bf16 % floor", "bf16 % tc",
+                      "torch._grouped_mm bf16 µs", "nvfp4 speedup vs grouped_mm"], body)
+
+
+_TABLES = {"comm": comm_tables, "fused": fused_tables, "moe": moe_tables}
+
+
+def tables(results: Path, brief: bool = False) -> tuple[str, list[str]]:
+    """(markdown of every table, one line per refused group of rows)."""
+    parts, refused = [], []
+    for path in sorted(results.glob("*.json"), key=lambda p: (list(_TABLES).index(_FILE.match(p.name)[1])
+                                                             if _FILE.match(p.name) else 9, p.name)):
+        m = _FILE.match(path.name)
+        if not m:
+            continue
+        rows, bad = refuse_failed(m[1], load_rows(path))
+        if bad:
+            refused.append(f"{path.name}: refused {len(bad)} rows whose correctness check failed, e.g. "
+                           + "; ".join(str({k: r.get(k) for k in ("op", "impl", "shape", "format", "M", "T", "H",
+                                                                     "size_bytes") if k in r}) for r in bad[:3]))
+        parts.append("\n".join(_TABLES[m[1]](rows, m[2], brief)))
+    return "\n\n".join(parts), refused
+
+
+def main(args) -> int:
+    results = Path(args.results)
+    if not results.is_dir():
+        print(f"sparkinfer bench summarize: no results directory {results}; pass --results DIR", file=sys.stderr)
+        return 2
+    text, refused = tables(results, args.brief)
+    print(text)
+    for line in refused:
+        print(line, file=sys.stderr)
+    return 0

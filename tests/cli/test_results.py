@@ -1,0 +1,79 @@
+"""Result files: provenance without machine paths, and `sparkinfer bench summarize`,
+which tabulates only rows whose correctness check passed."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from sparkinfer.bench.common import append_rows, command_line, default_out, machine_label, scrub_paths
+from sparkinfer.cli import main
+
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+
+
+@pytest.mark.parametrize("text, want", [
+    ('File "/srv/wt/x/sparkinfer/comm/pool.py", line 3', 'File "pool.py", line 3'),
+    ("--out /opt/out/comm_2xh200.json --budget-s 90", "--out comm_2xh200.json --budget-s 90"),
+    ("--out=/data/me/r.json", "--out=r.json"),
+    ("16 GB/s, 2/3 of https://example.org/a/b, benchmarks/results/x.json", None),
+])
+def test_scrub_paths_keeps_only_the_last_component_of_absolute_paths(text, want):
+    assert scrub_paths(text) == (text if want is None else want)
+    assert scrub_paths({"a": [text]}) == {"a": [text if want is None else want]}
+
+
+def test_command_line_is_relative_to_the_current_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    argv = ["sparkinfer", "bench", "comm", "--out", str(tmp_path / "r" / "c.json"), "--x=/elsewhere/d.json",
+            "--sizes", "2,4"]
+    assert command_line(argv) == "sparkinfer bench comm --out r/c.json --x=d.json --sizes 2,4"
+
+
+def test_machine_labels_and_default_outputs():
+    assert machine_label({"gpu": "NVIDIA H200"}, 2) == "2xh200"
+    assert machine_label({"gpu": "NVIDIA H200"}, 1) == "h200"
+    assert machine_label({"gpu": "cpu"}, 2) == "cpu"
+    assert str(default_out("moe", {"gpu": "NVIDIA H200"}, 1, dry_run=False, sweep=True)) == os.path.join(
+        "benchmarks", "results", "sweeps", "moe_sweep_h200.json")
+    assert default_out("comm", {"gpu": "NVIDIA H200"}, 2, dry_run=False).name == "comm_2xh200.json"
+
+
+def test_append_rows_keeps_earlier_runs_and_scrubs_paths(tmp_path):
+    path = tmp_path / "r.json"
+    append_rows(path, [{"op": "a", "error": "at /var/x/y.py"}], {"command": "c"})
+    append_rows(path, [{"op": "b"}], {"command": "c2"})
+    assert json.loads(path.read_text()) == [{"command": "c", "op": "a", "error": "at y.py"},
+                                            {"command": "c2", "op": "b"}]
+
+
+def _comm_row(impl, size, us, correct=True):
+    return {"op": "all_reduce", "impl": impl, "size_bytes": size, "us": us, "correct": correct, "commit": "abc1234",
+            "gpu": "NVIDIA H200", "date": "2026-12-01T00:00:00", "command": "sparkinfer bench comm --quick"}
+
+
+def test_summarize_refuses_rows_whose_check_failed(tmp_path, capsys):
+    rows = [_comm_row("auto", 2048, 3.9), _comm_row("nccl", 2048, 10.9),
+            _comm_row("auto", 4096, 1.0, correct=False), _comm_row("nccl", 4096, 11.0)]
+    (tmp_path / "comm_2xh200.json").write_text(json.dumps(rows))
+    moe = [{"kind": "check", "shape": "qwen3", "format": "nvfp4", "ok": False, "commit": "c"},
+           {"kind": "time", "shape": "qwen3", "format": "nvfp4", "impl": "sparkinfer", "M": 1, "us": 1.0,
+            "frac_floor": 0.5, "frac_tc": 0.1, "commit": "c"}]
+    (tmp_path / "moe_h200.json").write_text(json.dumps(moe))
+    assert main(["bench", "summarize", "--results", str(tmp_path), "--brief"]) == 0
+    out = capsys.readouterr()
+    assert "| 2 KiB | 3.90 | 10.90 | 0.36 |" in out.out
+    assert "4 KiB" not in out.out and "qwen3" not in out.out
+    assert "comm_2xh200.json: refused 1 rows" in out.err and "moe_h200.json: refused 1 rows" in out.err
+
+
+def test_summarize_tabulates_the_committed_results(capsys):
+    assert main(["bench", "summarize", "--results", str(RESULTS)]) == 0
+    out = capsys.readouterr()
+    for title in ("All-reduce, bf16", "Reduce-scatter and all-gather", "Fused all-reduce + residual + RMSNorm",
+                  "dcp_merge (2 ranks, bf16)", "MoE layer"):
+        assert title in out.out
+    assert "refused" not in out.err
