@@ -13,7 +13,7 @@ import math
 import torch
 
 from sparkinfer import envs
-from sparkinfer.attention.config import AttentionConfig, attention_config, H200_SMS
+from sparkinfer.attention.config import H200_SMS, AttentionConfig, attention_config
 from sparkinfer.attention.kernel import attention_combine_kernel, attention_kernel
 from sparkinfer.errors import CapacityError, CaptureError, DeviceError, DTypeError, LayoutError, ShapeError
 
@@ -39,7 +39,7 @@ def _device_ok(device: torch.device) -> bool:
     return device.type == "cuda" or (device.type == "cpu" and envs.triton_interpret())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cuda_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 

@@ -187,11 +187,12 @@ class Engine:
                 raise CapacityError(f"a prompt of {len(p)} tokens does not fit the cache of {max_len} positions "
                                     f"with {extra} to spare; build the engine with a larger max_len")
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams = SamplingParams(), *,
+    def generate(self, prompts: list[list[int]], params: SamplingParams | None = None, *,
                  keep_logits: bool = False, on_token=None) -> GenerationResult:
         """New tokens for each prompt (greedy or sampled per `params`), every rank alike.
         keep_logits copies every step's logits to the host (for checks; slow);
         on_token(seq, token) is called for each new token as it is sampled."""
+        params = params or SamplingParams()
         self.check_prompts(prompts)
         max_len = self.dec.cache.max_len
         torch.manual_seed(params.seed)  # every rank draws the same numbers (CPU and CUDA generators)

@@ -84,9 +84,10 @@ class SpeculativeEngine:
             return out + [int(torch.multinomial(dist, 1).item())]
         return out + [int(torch.multinomial(p[k], 1).item())]
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams = SamplingParams(), *,
+    def generate(self, prompts: list[list[int]], params: SamplingParams | None = None, *,
                  on_token=None) -> SpeculativeResult:
         """New tokens for each prompt, every rank alike; greedy output equals the target's plain greedy output."""
+        params = params or SamplingParams()
         tgt, dft, k = self.target, self.draft, self.k
         tgt.check_prompts(prompts, extra=k + 2)
         dft.check_prompts(prompts, extra=k + 2)

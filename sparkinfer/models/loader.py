@@ -29,8 +29,14 @@ from sparkinfer.models.checkpoint import FLOAT_DTYPES, Checkpoint
 from sparkinfer.models.config import ModelSpec
 from sparkinfer.models.experts import RoutedExperts, expert_layout, load_routed
 from sparkinfer.models.nvfp4_io import FoldStats, read_dense
-from sparkinfer.models.weights import (AttentionWeights, DenseMLPWeights, ExpertWeights,
-                                       LayerWeights, ModelWeights, Sharding)
+from sparkinfer.models.weights import (
+    AttentionWeights,
+    DenseMLPWeights,
+    ExpertWeights,
+    LayerWeights,
+    ModelWeights,
+    Sharding,
+)
 
 __all__ = ["load_weights", "HeadShard", "head_shard", "vocab_shard"]
 

@@ -9,7 +9,6 @@ import torch
 
 from sparkinfer.attention import decode_attention, plan_call
 from sparkinfer.comm.dcp.reference import merge_partials
-
 from tests.attention._util import Case, assert_matches, make_inputs, poisoned, reference
 
 # q_pos: rows mid-cache, at position 0 (one key), and past the cache end (all L keys)

@@ -13,7 +13,6 @@ import torch
 
 from sparkinfer.attention import attention_workspace, decode_attention, plan_call
 from sparkinfer.comm.dcp.reference import merge_partials
-
 from tests.attention._util import Case, assert_matches, make_inputs, poisoned, reference
 
 pytestmark = pytest.mark.skipif(

@@ -6,8 +6,7 @@ import torch
 
 from sparkinfer.attention import attention_workspace, decode_attention
 from sparkinfer.attention import launch as attn_launch
-from sparkinfer.errors import (CapacityError, CaptureError, DeviceError, DTypeError, LayoutError, PlanError,
-                               ShapeError)
+from sparkinfer.errors import CapacityError, CaptureError, DeviceError, DTypeError, LayoutError, PlanError, ShapeError
 
 B, Q, HQ, KVH, D, S, L = 2, 1, 4, 2, 64, 3, 512
 

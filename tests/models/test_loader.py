@@ -7,8 +7,7 @@ import torch
 from safetensors.torch import save_file
 
 from sparkinfer.errors import CheckpointError, ShapeError
-from sparkinfer.models import (Checkpoint, HeadShard, Sharding, head_shard, load_spec,
-                               load_weights)
+from sparkinfer.models import Checkpoint, HeadShard, Sharding, head_shard, load_spec, load_weights
 from sparkinfer.models.experts import load_routed
 from sparkinfer.models.presets import preset_config
 from tests.models.conftest import PRESETS
