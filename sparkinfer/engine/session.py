@@ -24,7 +24,9 @@ class GenerateRequest:
     moe_format: "bf16" | "nvfp4"; dcp: 1 or the world size; max_len: cache
     positions per sequence; keep_logits: return every step's logits; graphs:
     CUDA graphs for decode (None: on a GPU); stream: print rank 0's new tokens
-    as they come, decoded by the checkpoint's tokenizer."""
+    as they come, decoded by the checkpoint's tokenizer. Speculative decoding:
+    draft (a checkpoint directory sharing the tokenizer) or self_draft (the
+    target's first N layers), spec_k draft tokens per round."""
 
     path: str
     prompts: list = field(default_factory=list)
@@ -35,6 +37,9 @@ class GenerateRequest:
     keep_logits: bool = False
     graphs: bool | None = None
     stream: bool = False
+    draft: str | None = None
+    self_draft: int = 0
+    spec_k: int = 3
 
 
 class ModelSession:
@@ -47,18 +52,35 @@ class ModelSession:
 
         w = world.world_size
         batch = max(1, len(req.prompts))
+        speculative = req.draft is not None or req.self_draft > 0
+        max_len = req.max_len + (req.spec_k + 2 if speculative else 0)
         self.comm = None
         if w > 1:
             from sparkinfer.comm import Communicator
 
             spec = load_spec(req.path)
-            cap = comm_capacity(spec, w, batch, max(PREFILL_CHUNK, batch))
-            self.comm = Communicator(device=world.device, capacity_bytes=cap, channel_ids=("target",))
+            cap = comm_capacity(spec, w, batch, max(PREFILL_CHUNK, batch * (req.spec_k + 1)))
+            channels = ("draft", "target") if speculative else ("target",)
+            self.comm = Communicator(device=world.device, capacity_bytes=cap, channel_ids=channels)
         sharding = Sharding(world.rank, w, req.dcp)
+        tokens = max(PREFILL_CHUNK, batch * (req.spec_k + 1))
         self.decoder = build_decoder(req.path, sharding, comm=self.comm, device=world.device,
-                                     moe_format=req.moe_format, max_batch=batch, max_len=req.max_len,
-                                     progress=progress)
+                                     moe_format=req.moe_format, max_batch=batch, max_len=max_len,
+                                     max_tokens=tokens, progress=progress)
         self.engine = Engine(self.decoder, max_batch=batch, comm=self.comm, graphs=req.graphs)
+        self.speculative = None
+        if speculative:
+            from sparkinfer.engine.speculative import SpeculativeEngine
+            from sparkinfer.models.build import self_draft
+
+            if req.draft is not None:
+                draft = build_decoder(req.draft, sharding, comm=self.comm, device=world.device,
+                                      moe_format=req.moe_format, max_batch=batch, max_len=max_len,
+                                      max_tokens=tokens)
+            else:
+                draft = self_draft(self.decoder, req.self_draft, max_batch=batch, max_len=max_len)
+            draft_engine = Engine(draft, max_batch=batch, comm=self.comm, graphs=req.graphs, channel="draft")
+            self.speculative = SpeculativeEngine(self.engine, draft_engine, req.spec_k)
 
     def close(self) -> None:
         if self.comm is not None:
@@ -88,6 +110,8 @@ def generate_on_rank(world, req: GenerateRequest) -> GenerationResult:
     session = ModelSession(world, req)
     try:
         on_token = _printer(req.path) if req.stream and world.rank == 0 else None
+        if session.speculative is not None:
+            return session.speculative.generate(req.prompts, req.params, on_token=on_token)
         return session.engine.generate(req.prompts, req.params, keep_logits=req.keep_logits,
                                        on_token=on_token)
     finally:

@@ -13,7 +13,7 @@ from sparkinfer.models.decoder import Decoder, KVCache
 from sparkinfer.models.loader import load_weights
 from sparkinfer.models.weights import Sharding
 
-__all__ = ["build_decoder", "comm_capacity"]
+__all__ = ["build_decoder", "comm_capacity", "self_draft"]
 
 # Prefill chunk: tokens per eager forward when a prompt is longer (sizes the MoE plan).
 PREFILL_CHUNK = 256
@@ -44,3 +44,23 @@ def build_decoder(path, sharding: Sharding, *, comm=None, device="cpu", moe_form
     cache = KVCache(spec.num_layers, max_batch + 1, max_len, kv, spec.head_dim, sharding, device)
     return Decoder(spec, weights, sharding, comm=comm, cache=cache,
                    max_tokens=max_tokens or max(PREFILL_CHUNK, max_batch), moe_format=moe_format)
+
+
+def self_draft(target: Decoder, layers: int, *, max_batch: int, max_len: int) -> Decoder:
+    """A draft model made of the target's first `layers` layers, its final norm and LM
+    head: the same weights and MoE layers (nothing copied), its own KV cache of
+    max_batch + 1 slots. Allocates the cache; not capture-legal."""
+    from dataclasses import replace
+
+    from sparkinfer.errors import ShapeError
+    from sparkinfer.models.weights import ModelWeights
+
+    n = len(target.w.layers)
+    if not 1 <= layers < n:
+        raise ShapeError(f"a self-draft takes 1 to {n - 1} of the target's {n} layers; got {layers}")
+    w = target.w
+    weights = ModelWeights(w.embed, w.lm_head, w.final_norm, w.layers[:layers], w.vocab_start)
+    cache = KVCache(layers, max_batch + 1, max_len, w.layers[0].attn.kv_heads, target.spec.head_dim,
+                    target.sh, target.device)
+    return Decoder(replace(target.spec, num_layers=layers), weights, target.sh, comm=target.comm, cache=cache,
+                   max_tokens=target.max_tokens, share_moe=target.moe[:layers])

@@ -83,12 +83,15 @@ class Decoder:
     max_tokens: the largest T of any step (sizes the MoE plan and scratch);
     moe_format: "bf16" or "nvfp4" (must match the loaded expert weights);
     ops: "sparkinfer" (our kernels) or "torch" (`TorchOps`: SDPA, `torch._grouped_mm`,
-    torch norms, NCCL all-reduces; the benchmark's baseline, bf16 experts only).
+    torch norms, NCCL all-reduces; the benchmark's baseline, bf16 experts only);
+    share_moe: another decoder's `moe` list whose layers this one reuses (a
+    self-draft: the target's first layers, planned and prepared once; steps of
+    the two must not run concurrently, as they share scratch).
     Construction plans the MoE layers and prepares their weights: not capture-legal.
     """
 
     def __init__(self, spec, weights: ModelWeights, sharding: Sharding, *, comm=None, cache: KVCache,
-                 max_tokens: int, moe_format: str = "bf16", ops: str = "sparkinfer"):
+                 max_tokens: int, moe_format: str = "bf16", ops: str = "sparkinfer", share_moe=None):
         if sharding.world > 1 and comm is None:
             raise ShapeError(f"a decoder over {sharding.world} ranks needs a Communicator (comm=None given)")
         if ops not in ("sparkinfer", "torch") or (ops == "torch" and moe_format != "bf16"):
@@ -102,10 +105,14 @@ class Decoder:
         self.heads_l = weights.layers[0].attn.o.shape[1] // d  # Hq_l
         self.table = rotary_table(spec.rotary_dim, spec.rope_theta, cache.max_len, dev)
         self.scale = d ** -0.5
-        num_sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 132
+        # the interpreter runs programs one after another: on the CPU one "SM" plans the fewest programs
+        num_sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 1
         self.moe: list[MoELayer | None] = []
-        for lw in weights.layers:
+        for i, lw in enumerate(weights.layers):
             m = lw.mlp
+            if share_moe is not None:
+                self.moe.append(share_moe[i])
+                continue
             if not isinstance(m, ExpertWeights) or self.torch_ops is not None:
                 self.moe.append(None)
                 continue
@@ -115,7 +122,7 @@ class Decoder:
             bias = m.correction_bias.float() if m.correction_bias is not None else None
             self.moe.append(MoELayer(caps, _moe_spec(spec, moe_format), (m.w1, m.w2), device=dev, bias=bias))
         for lw in weights.layers:
-            if isinstance(lw.mlp, ExpertWeights) and spec.routing == "sigmoid_grouped":
+            if isinstance(lw.mlp, ExpertWeights) and spec.routing == "sigmoid_grouped" and share_moe is None:
                 lw.mlp.router = lw.mlp.router.float()  # transformers routes GLM-4.5 in fp32
         self._moe_out = torch.empty((max_tokens, spec.hidden), dtype=torch.bfloat16, device=dev)
 

@@ -49,8 +49,8 @@ TINY_PRESETS: dict[str, dict] = {
         architectures=["Glm4MoeForCausalLM"], vocab_size=272, hidden_size=64,
         intermediate_size=192, num_hidden_layers=3, num_attention_heads=6,
         num_key_value_heads=1, head_dim=32, moe_intermediate_size=192, n_routed_experts=8,
-        num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1, n_group=4,
-        topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True, partial_rotary_factor=0.5,
+        num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1, n_group=1,
+        topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True, partial_rotary_factor=0.5,
         attention_bias=True, use_qk_norm=False, num_nextn_predict_layers=0, rms_norm_eps=1e-5,
         rope_theta=10000.0, max_position_embeddings=512, bos_token_id=BOS, eos_token_id=[EOS],
         tie_word_embeddings=False),
@@ -166,6 +166,10 @@ def _fill(model, hidden: int, seed: int):
                 std, mean = 0.1, 0.0
             elif name.endswith("embed_tokens.weight"):
                 std, mean = 1.0, 0.0
+            elif name.endswith("gate.weight") and "e_score_correction_bias" in " ".join(tensors):
+                # sigmoid routing: logits of std 1 keep the sigmoid off its flat ends;
+                # at std 2 many scores saturate near 1 and tie within bf16 noise
+                std, mean = 1.0 / math.sqrt(hidden), 0.0
             elif name.endswith(("lm_head.weight", "gate.weight")):
                 std, mean = 2.0 / math.sqrt(hidden), 0.0
             else:  # linears [out, in] and fused experts [E, out, in]
