@@ -14,8 +14,6 @@ command) go to --out. Timing only: bench_moe.py checks the plan's configs.
 
     python3 benchmarks/sweeps/moe_micro_ab.py --m 1,8 \
         --cfg "bn2:block_n2=128;s2_6:stages2=6" --profile
-    python3 benchmarks/sweeps/moe_micro_ab.py --m 1,8 \
-        --cfg "res:family=resident,grid_per_sm=2,prefetch=1"
 """
 
 from __future__ import annotations

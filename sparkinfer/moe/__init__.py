@@ -6,7 +6,7 @@ Nothing runs at import.
 
 from sparkinfer.moe.layer import MoELayer
 from sparkinfer.moe.launch import (MoEBinding, ScratchSpec, allocate_scratch, bind,
-                                   check_topk_ids, resident_status, scratch_specs)
+                                   check_topk_ids, scratch_specs)
 from sparkinfer.moe.plan import LaunchConfig, MoEPlan, plan, plan_supports_aux_stream_overlap
 from sparkinfer.moe.reference import moe_reference
 from sparkinfer.moe.runner import run
@@ -16,4 +16,4 @@ from sparkinfer.moe.weights import MoEWeights, prepare_weights
 __all__ = ["MoESpec", "MoECaps", "LaunchConfig", "MoEPlan", "plan",
            "plan_supports_aux_stream_overlap", "MoEWeights", "prepare_weights", "ScratchSpec",
            "scratch_specs", "allocate_scratch", "MoEBinding", "bind", "run", "check_topk_ids",
-           "moe_reference", "MoELayer", "resident_status"]
+           "moe_reference", "MoELayer"]

@@ -19,16 +19,16 @@ from sparkinfer.moe.spec import MoECaps, MoESpec
 
 __all__ = ["LaunchConfig", "MoEPlan", "plan", "plan_supports_aux_stream_overlap", "FAMILIES"]
 
-# `resident` (micro's work in one cooperative kernel) is never planned: on the
-# H200 it was slower than micro at every measured point, NVFP4 M = 1 / 4 / 8 on
-# all four bench shapes and bf16 Qwen3 M = 1 / 8, with 1 or 2 programs per SM
-# and every prefetch mode (benchmarks/results/moe_resident_ab_h200.json,
-# 8bfc66a; best variant vs micro, us: Qwen3 NVFP4 M=1 27.2 vs 19.6, TP8 shard
-# M=1 27.9 vs 20.2, DeepSeek-V3 M=1 82.3 vs 76.2, Mixtral M=8 368.1 vs 250.3).
-# Benchmarks force it with LaunchConfig(family="resident", ...).
-FAMILIES = ("micro", "grouped", "resident")
+# No family runs micro's work as one persistent cooperative kernel: such a
+# kernel was slower than micro at every measured point on the H200, NVFP4
+# M = 1 / 4 / 8 on all four bench shapes and bf16 Qwen3 M = 1 / 8, with 1 or 2
+# programs per SM (benchmarks/results/moe_resident_ab_h200.json, 8bfc66a; best
+# variant vs micro, us: Qwen3 NVFP4 M=1 27.2 vs 19.6, TP8 shard M=1 27.9 vs
+# 20.2, DeepSeek-V3 M=1 82.3 vs 76.2, Mixtral M=8 368.1 vs 250.3), so it left
+# the package (git history keeps it as kernels/resident.py).
+FAMILIES = ("micro", "grouped")
 # Families whose kernels never wait for other programs (safe beside work on an
-# auxiliary stream, `plan_supports_aux_stream_overlap`).
+# auxiliary stream, `plan_supports_aux_stream_overlap`): both.
 OVERLAP_SAFE_FAMILIES = ("micro", "grouped")
 
 # micro serves every token of a batch in one tile of BM = 16 rows (the
@@ -122,8 +122,7 @@ BF16_WIDE_BM64_MAX_ROWS = 96
 class LaunchConfig:
     """Kernels and launch parameters for one bucket of token counts.
 
-    family: "micro", "grouped" or "resident" (micro's tiles and splits in one
-    persistent cooperative kernel, kernels/resident.py). block_m: routed rows per tile. block_n1 /
+    family: "micro" or "grouped". block_m: routed rows per tile. block_n1 /
     block_n2: weight rows per FC1 / FC2 program. split1 / split2: programs per
     FC1 / FC2 reduction (micro only; grouped uses 1). num_warps: both GEMMs.
     stages1 / stages2: software-pipeline depth of FC1 / FC2 (Triton num_stages).
@@ -139,10 +138,6 @@ class LaunchConfig:
     (tests/moe/test_gpu.py, 12 passed) and was faster at every NVFP4 point of
     `bench_moe.py --quick` (moe_h200.json vs moe_h200_arith_ac6412e.json; e.g.
     Mixtral M = 8: 342 vs 398 us, DeepSeek-V3 M = 4096: 15542 vs 17308 us).
-    grid_per_sm (resident only): programs per SM of the cooperative grid.
-    prefetch (resident only): FC2 weights into L2, 0 never, 1 before each FC2
-    tile waits for its activation rows, 2 when the program starts
-    (kernels/resident.py).
     """
 
     family: str
@@ -156,8 +151,6 @@ class LaunchConfig:
     stages2: int = 3
     decode: str = "ptx"
     block_k: int = 0
-    grid_per_sm: int = 0
-    prefetch: int = 0
 
 
 @dataclass(frozen=True)
@@ -282,12 +275,12 @@ def plan(caps: MoECaps, spec: MoESpec) -> MoEPlan:
 
 def plan_supports_aux_stream_overlap(p: MoEPlan) -> bool:
     """Whether shared-expert work on an auxiliary stream may overlap this plan's
-    kernels. False when any bucket runs the `resident` family: its programs wait
-    for each other, so it is launched cooperatively (all programs admitted
-    together) and the serving contract applies (submit the shared experts on the
-    auxiliary stream first, join it before the MoE launch). True otherwise: the
-    micro and grouped kernels never wait for other programs, and the micro
-    family's programmatic dependent launches wait only for the previous grid of
-    the same call, whose programs have all started before the dependents may
-    launch, so they cannot hold SMs that it still needs. Pure."""
+    kernels. False would mean a bucket runs a kernel whose programs wait for each
+    other (launched cooperatively; the serving contract then applies: submit the
+    shared experts on the auxiliary stream first, join it before the MoE launch);
+    no family does today. The micro and grouped kernels never wait for other
+    programs, and the micro family's programmatic dependent launches wait only
+    for the previous grid of the same call, whose programs have all started
+    before the dependents may launch, so they cannot hold SMs that it still
+    needs. Pure."""
     return all(cfg.family in OVERLAP_SAFE_FAMILIES for _, cfg in p.buckets)

@@ -3,8 +3,6 @@
 Legend: T tokens, E experts, K top-k, H hidden, I intermediate per rank,
 R = T*K routes, S splits.
 
-resident: [routing] -> one cooperative kernel doing what micro's kernels do
-         (kernels/resident.py).
 micro:   [routing] -> FC1 (+ activation, bf16; or fp32 partials when split)
          -> FC2 (fp32 partials) -> weighted top-k sum.
 grouped: [routing] -> sort count -> sort offsets -> sort scatter -> FC1 +
@@ -19,10 +17,9 @@ from sparkinfer import envs
 from sparkinfer.moe.kernels.fc1 import moe_fc1_kernel
 from sparkinfer.moe.kernels.fc2 import moe_act_kernel, moe_fc2_kernel
 from sparkinfer.moe.kernels.reduce import moe_reduce_kernel
-from sparkinfer.moe.kernels.resident import moe_resident_kernel
 from sparkinfer.moe.kernels.sort import (sort_count_kernel, sort_offsets_kernel,
                                          sort_scatter_kernel)
-from sparkinfer.moe.launch import _ACT, RESIDENT_CTL_WORDS, MoEBinding, max_tiles, sort_chunk
+from sparkinfer.moe.launch import _ACT, MoEBinding, max_tiles, sort_chunk
 from sparkinfer.moe.plan import MICRO_BLOCK_M
 from sparkinfer.moe.routing.launch import route
 
@@ -106,9 +103,6 @@ def run(b: MoEBinding) -> None:
     pdl = MICRO_PDL and cfg.family == "micro" and not b.interpret
     trigger = dict(PDL=True) if pdl else {}  # FC1: lets its successor launch early
     on = dict(trigger, launch_pdl=True) if pdl else {}  # the early-launched dependents
-    if cfg.family == "resident":
-        _run_resident(b, common, sw1, sw2, (s1, g1, s2, g2), bk)
-        return
     if cfg.family == "micro":
         (cps1, sp1), (cps2, sp2) = _splits(chunks1, cfg.split1), _splits(chunks2, cfg.split2)
         # one FC1 split: FC1 applies the activation and stores bf16 rows; more:
@@ -155,33 +149,3 @@ def run(b: MoEBinding) -> None:
         E=c.num_experts, K=c.top_k, KP=triton.next_power_of_2(c.top_k), BH=bh,
         WEIGHT_AFTER=spec.router_weight_after_fc2, **on)
 
-
-def _run_resident(b: MoEBinding, common: dict, sw1: tuple, sw2: tuple, sg: tuple, bk: int) -> None:
-    """One cooperative launch of moe_resident_kernel (one program under the
-    interpreter, which runs programs one after another)."""
-    c, cfg, s, w = b.plan.caps, b.config, b.scratch, b.weights
-    t, h, i = b.tokens, c.hidden, c.intermediate
-    routes = t * c.top_k
-    chunks1, chunks2 = h // bk, i // bk
-    (cps1, sp1), (cps2, sp2) = _splits(chunks1, cfg.split1), _splits(chunks2, cfg.split2)
-    nb1, nb2 = triton.cdiv(i, cfg.block_n1), triton.cdiv(h, cfg.block_n2)
-    rm = s["fc1_act"].shape[0]
-    sync = s["resident_sync"]
-    ctl = sync[:RESIDENT_CTL_WORDS]
-    ready = sync[RESIDENT_CTL_WORDS:RESIDENT_CTL_WORDS + rm]
-    rn = sync[RESIDENT_CTL_WORDS + rm:RESIDENT_CTL_WORDS + rm + rm * nb1]
-    cols = sync[RESIDENT_CTL_WORDS + rm + rm * nb1:]
-    p1, a, p2 = s["fc1_partial"], s["fc1_act"], s["fc2_partial"]
-    items = routes * max(nb1 * sp1, nb2 * sp2)
-    grid = 1 if b.interpret else min(items, c.num_sms * max(1, cfg.grid_per_sm))
-    s1, g1, s2, g2 = sg
-    extra = {} if b.interpret else dict(launch_cooperative_grid=True)
-    moe_resident_kernel[(grid,)](
-        b.x, w.w1, s1, g1, w.w2, s2, g2, b.topk_ids, b.topk_weights, p1, a, p2, b.out,
-        ready, rn, cols, ctl, t, h, i, chunks1, cps1, chunks2, cps2,
-        h, *sw1, *sw2, p1.stride(0), p1.stride(1), a.stride(0), p2.stride(0), p2.stride(1),
-        b.out.stride(0), float(b.plan.spec.swiglu_alpha), float(b.plan.spec.swiglu_limit),
-        int(envs.default_timeout_s() * 1e9),
-        BM=cfg.block_m, BN1=cfg.block_n1, BN2=cfg.block_n2, NB1=nb1, NB2=nb2, S1=sp1, S2=sp2,
-        WEIGHT_AFTER=b.plan.spec.router_weight_after_fc2, PREFETCH=cfg.prefetch,
-        num_stages=cfg.stages1, **common, **extra)

@@ -55,8 +55,8 @@ def fc1_tile(x_ptr, w_ptr, s_ptr, gs_ptr, topk_w_ptr, out_ptr, e, route, o_row, 
              NVFP4: tl.constexpr, WEIGHT_BEFORE: tl.constexpr, PTX_DECODE: tl.constexpr,
              INTERPRET: tl.constexpr, PDL: tl.constexpr):
     """One FC1 tile: expert e (>= 0), rows route [BM] (-1: inactive) stored at
-    rows o_row, weight rows i_n*BN.., reduction split i_s (the kernel's program;
-    also one work item of the `resident` kernel)."""
+    rows o_row, weight rows i_n*BN.., reduction split i_s (one program of
+    moe_fc1_kernel)."""
     m_row = route >= 0
     tok = tl.where(m_row, route // K, 0)
     o_n = i_n * BN + tl.arange(0, BN)

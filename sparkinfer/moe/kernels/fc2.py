@@ -92,8 +92,7 @@ def fc2_tile(a_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, e, route, o_arow, i_n, i_s, H
              PTX_DECODE: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr):
     """One FC2 tile: expert e (>= 0), activation rows o_arow for routes `route`
     [BM] (-1: inactive), weight rows i_n*BN.., reduction split i_s; stores
-    out[i_s, route, n] (the kernel's program; also one work item of the
-    `resident` kernel)."""
+    out[i_s, route, n] (one program of moe_fc2_kernel)."""
     m_row = route >= 0
     o_n = i_n * BN + tl.arange(0, BN)
     m_n = o_n < H

@@ -34,8 +34,7 @@ def moe_reduce_kernel(part_ptr, ids_ptr, topk_w_ptr, out_ptr, H, S, stride_ps, s
 def reduce_row(part_ptr, ids_ptr, topk_w_ptr, out_ptr, t, o_h, H, S, stride_ps, stride_pr,
                stride_o, E: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
                WEIGHT_AFTER: tl.constexpr):
-    """out[t, o_h] of token t (the kernel's program; also the `resident` kernel's
-    last FC2 tile of a column block, for each token)."""
+    """out[t, o_h] of token t (one program of moe_reduce_kernel)."""
     m_h = o_h < H
     o_k = tl.arange(0, KP)
     r = t * K + o_k
