@@ -25,7 +25,7 @@ from sparkinfer.errors import (
     LayoutError,
     ShapeError,
 )
-from sparkinfer.runtime import LocalGroup, launch
+from sparkinfer.runtime import LocalGroup, run_ranks
 from tests.comm.graphs import GRAPH_BACKENDS, graph_steps, pack, unpack
 
 CAP = 64 << 10  # staging bytes per lane: [17, 12, 128] bf16 + lse fits, [40, 8, 128] does not

@@ -27,7 +27,7 @@ from sparkinfer.errors import (
     PlanError,
     ShapeError,
 )
-from sparkinfer.runtime import LocalGroup, launch
+from sparkinfer.runtime import LocalGroup, run_ranks
 from tests.comm.graphs import GRAPH_BACKENDS, bits_diff, graph_steps, pack, unpack, worst_ulps
 
 CAP = 256 << 10  # bytes of staging per lane: [17, 7168] bf16 fits, [20, 7168] does not

@@ -15,7 +15,7 @@ from sparkinfer.errors import (
     StreamAffinityError,
     TeardownError,
 )
-from sparkinfer.runtime import CpuStreams, LocalGroup, launch
+from sparkinfer.runtime import CpuStreams, LocalGroup, run_ranks
 from tests.comm.faults import FakeBackend, FaultyHostBackend
 
 
