@@ -3,11 +3,11 @@
 the GPU time of every kernel of one call.
 
 Legend: M (= T) tokens, BN1 / BN2 weight rows per FC1 / FC2 program, S1 / S2
-reduction splits, stages1 / stages2 pipeline depths (`LaunchConfig` fields).
+reduction splits, stages1 / stages2 pipeline depths (`TileConfig` fields).
 
 For each shape of bench_moe (--shapes) and M (--m), times (CUDA graph, 8
 routings per graph, median; `bench_moe.time_ours`) the planned config and each
---cfg variant, a `LaunchConfig` with the given fields replaced; with
+--cfg variant, a `TileConfig` with the given fields replaced; with
 --profile, also records each kernel's GPU time in one call (torch.profiler,
 eager, 5 x 8 calls averaged). Rows (with GPU, driver, versions, commit, date,
 command) go to --out. Timing only: bench_moe.py checks the plan's configs.

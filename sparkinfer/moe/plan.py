@@ -1,10 +1,10 @@
-"""Execution plans: which kernel family and launch parameters serve each token count.
+"""Execution plans: which kernel family and tiles serve each token count.
 
 Legend: T tokens, E experts, K top-k, H hidden, I intermediate per rank,
 R = T*K routes, S split count along a reduction, BM/BN/BK tile sizes.
 
 `plan(caps, spec)` is pure: no device, no allocation, no compilation. It cuts
-1..max_tokens into power-of-two buckets and gives each one a `LaunchConfig`.
+1..max_tokens into power-of-two buckets and gives each one a `TileConfig`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import triton
 from sparkinfer.errors import CapacityError, PlanError
 from sparkinfer.moe.spec import MoECaps, MoESpec
 
-__all__ = ["LaunchConfig", "MoEPlan", "plan", "plan_supports_aux_stream_overlap", "FAMILIES"]
+__all__ = ["TileConfig", "MoEPlan", "plan", "plan_supports_aux_stream_overlap", "FAMILIES"]
 
 # No family runs micro's work as one persistent cooperative kernel: such a
 # kernel was slower than micro at every measured point on the H200, NVFP4
@@ -119,8 +119,9 @@ BF16_WIDE_BM64_MAX_ROWS = 96
 
 
 @dataclass(frozen=True)
-class LaunchConfig:
-    """Kernels and launch parameters for one bucket of token counts.
+class TileConfig:
+    """The tile plan of one bucket of token counts: kernel family, tile sizes,
+    reduction splits, pipeline depths and warps.
 
     family: "micro" or "grouped". block_m: routed rows per tile. block_n1 /
     block_n2: weight rows per FC1 / FC2 program. split1 / split2: programs per
@@ -162,10 +163,10 @@ class MoEPlan:
     caps: MoECaps
     spec: MoESpec
     chunk: int
-    buckets: tuple[tuple[int, LaunchConfig], ...]
+    buckets: tuple[tuple[int, TileConfig], ...]
 
-    def config_for(self, tokens: int) -> LaunchConfig:
-        """LaunchConfig that serves `tokens` (1..caps.max_tokens). Pure."""
+    def config_for(self, tokens: int) -> TileConfig:
+        """TileConfig that serves `tokens` (1..caps.max_tokens). Pure."""
         if not 1 <= tokens <= self.caps.max_tokens:
             raise CapacityError(f"MoEPlan: T={tokens} outside 1..max_tokens="
                                 f"{self.caps.max_tokens}; plan with a larger MoECaps.max_tokens")
@@ -175,12 +176,12 @@ class MoEPlan:
         raise AssertionError("buckets cover max_tokens")  # internal invariant
 
     def with_changes(self, **changes) -> "MoEPlan":
-        """This plan with `changes` (LaunchConfig fields) applied to every bucket,
+        """This plan with `changes` (TileConfig fields) applied to every bucket,
         e.g. decode="arith". Pure; for tuning and benchmarks."""
         return dataclasses.replace(self, buckets=tuple(
             (t, dataclasses.replace(c, **changes)) for t, c in self.buckets))
 
-    def forced(self, config: LaunchConfig) -> "MoEPlan":
+    def forced(self, config: TileConfig) -> "MoEPlan":
         """This plan serving every token count with `config` (benchmarks compare
         the planner's choice with alternatives this way). Pure."""
         return dataclasses.replace(self, buckets=((self.caps.max_tokens, config),))
@@ -203,7 +204,7 @@ def _weight_bytes(rows: int, chunk: int, nvfp4: bool) -> int:
     return rows * (chunk // 2 + chunk // 16 if nvfp4 else 2 * chunk)
 
 
-def _config(caps: MoECaps, spec: MoESpec, tokens: int, chunk: int) -> LaunchConfig:
+def _config(caps: MoECaps, spec: MoESpec, tokens: int, chunk: int) -> TileConfig:
     routes = tokens * caps.top_k
     active = min(caps.num_experts, routes)
     nvfp4 = spec.weight_format == "nvfp4"
@@ -232,12 +233,12 @@ def _config(caps: MoECaps, spec: MoESpec, tokens: int, chunk: int) -> LaunchConf
         stages2 = _stages(fc2, SMEM_TWO_PER_SM)
         if nvfp4 and s1 == 1 and caps.intermediate // chunk >= s2 * MICRO_FC2_DEEP_MIN_STEPS:
             stages2 = MICRO_FC2_DEEP_STAGES
-        return LaunchConfig("micro", bm, bn, bn2, s1, s2, num_warps=4,
+        return TileConfig("micro", bm, bn, bn2, s1, s2, num_warps=4,
                             stages1=_stages(fc1, SMEM_TWO_PER_SM), stages2=stages2)
     mean_rows = routes / active
     if not nvfp4 and mean_rows > BF16_WIDE_MIN_ROWS and caps.hidden % 64 == 0 and caps.intermediate % 64 == 0:
         bm = 64 if mean_rows <= BF16_WIDE_BM64_MAX_ROWS else 128
-        return LaunchConfig("grouped", bm, 128, 256, num_warps=8, stages1=4, stages2=4, block_k=64)
+        return TileConfig("grouped", bm, 128, 256, num_warps=8, stages1=4, stages2=4, block_k=64)
     table = GROUPED_BLOCK_M if nvfp4 else GROUPED_BLOCK_M_BF16
     bm = next((b for limit, b in table if mean_rows <= limit), GROUPED_BLOCK_M_LARGE)
     if bm <= 32:
@@ -249,7 +250,7 @@ def _config(caps: MoECaps, spec: MoESpec, tokens: int, chunk: int) -> LaunchConf
         budget, warps = SMEM_ONE_PER_SM, 8
     fc1 = halves * _weight_bytes(bn1, chunk, nvfp4) + chunk * bm * 2
     fc2 = _weight_bytes(bn2, chunk, nvfp4) + chunk * bm * 2
-    return LaunchConfig("grouped", bm, bn1, bn2, num_warps=warps,
+    return TileConfig("grouped", bm, bn1, bn2, num_warps=warps,
                         stages1=min(3, _stages(fc1, budget)), stages2=min(3, _stages(fc2, budget)))
 
 

@@ -19,7 +19,7 @@ from sparkinfer.moe.kernels.fc2 import moe_act_kernel, moe_fc2_kernel
 from sparkinfer.moe.kernels.reduce import moe_reduce_kernel
 from sparkinfer.moe.kernels.sort import (sort_count_kernel, sort_offsets_kernel,
                                          sort_scatter_kernel)
-from sparkinfer.moe.launch import _ACT, MoEBinding, max_tiles, sort_chunk
+from sparkinfer.moe.binding import _ACT, MoEBinding, max_tiles, sort_chunk
 from sparkinfer.moe.plan import MICRO_BLOCK_M
 from sparkinfer.moe.routing.launch import route
 

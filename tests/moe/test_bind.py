@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 import torch
 
-import sparkinfer.moe.launch as moe_launch
+import sparkinfer.moe.binding as moe_binding
 from sparkinfer.errors import (CapacityError, CaptureError, DTypeError, LayoutError, PlanError,
                                ShapeError)
 from sparkinfer.moe import MoECaps, MoESpec, allocate_scratch, bind, plan, prepare_weights
@@ -88,7 +88,7 @@ def test_missing_out_allocates_eagerly_but_raises_during_capture(layer, monkeypa
     p, w, _, scratch = layer
     b = bind(p, scratch, w, **_good())
     assert b.out.shape == (3, 64) and b.out.dtype == torch.bfloat16
-    monkeypatch.setattr(moe_launch, "_capturing", lambda device: True)
+    monkeypatch.setattr(moe_binding, "_capturing", lambda device: True)
     with pytest.raises(CaptureError, match="preallocated out"):
         bind(p, scratch, w, **_good())
 

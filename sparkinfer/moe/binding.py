@@ -1,4 +1,4 @@
-"""Scratch, bind and run: the stateful half of a MoE plan.
+"""Scratch and bind: the stateful half of a MoE plan (`run` is in runner.py).
 
 Legend: T tokens, E experts, K top-k, H hidden, I intermediate per rank,
 N1 = 2I (gated) or I, R = T*K routes, P padded sorted rows, S splits.
@@ -19,7 +19,7 @@ from sparkinfer import envs
 from sparkinfer.errors import (CapacityError, CaptureError, DeviceError, DTypeError, LayoutError,
                                PlanError, ShapeError)
 from sparkinfer.moe.kernels.common import ACT_RELU2, ACT_SILU, ACT_SWIGLU_OAI
-from sparkinfer.moe.plan import FAMILIES, MICRO_BLOCK_M, LaunchConfig, MoEPlan
+from sparkinfer.moe.plan import FAMILIES, MICRO_BLOCK_M, TileConfig, MoEPlan
 from sparkinfer.moe.weights import MoEWeights, nvfp4_shapes
 
 __all__ = ["ScratchSpec", "MoEBinding", "scratch_specs", "allocate_scratch", "bind",
@@ -91,7 +91,7 @@ class MoEBinding:
     read the same buffers, so refill x / logits / ids in place."""
 
     plan: MoEPlan
-    config: LaunchConfig
+    config: TileConfig
     weights: MoEWeights
     tokens: int
     x: torch.Tensor
