@@ -22,9 +22,9 @@ Reported: latency (us), algorithm bandwidth (size / time), bus bandwidth
 bandwidth measured in the same run (torch copy of 256 MiB cuda:0 -> cuda:1), ratio
 to NCCL, and the issue-3 targets for auto. JSON rows go to --out, a PNG beside it.
 
---sweep-grid sets `comm._config_override` (sparkinfer/comm/communicator.py, for
-benchmarks only) to time other per-block byte targets / grids / tiles than
-topology.launch_config / ll_launch_config pick, for ll (<= 512 KiB), oneshot and twoshot.
+--sweep-grid calls the all_reduce op function with an explicit `config=` (a GridConfig,
+sparkinfer/comm/all_reduce/launch.py) to time other per-block byte targets / grids / tiles
+than topology.grid_config / ll_grid_config pick, for ll (<= 512 KiB), oneshot and twoshot.
 """
 
 from __future__ import annotations
@@ -180,9 +180,9 @@ def _bench_rank(world, cfg: dict) -> list:
     import torch
     import torch.distributed as dist
 
-    from sparkinfer.comm import Communicator, launch_config, select_algorithm
-    from sparkinfer.comm.topology import ll_launch_config
-    from sparkinfer.comm.all_reduce.launch import twoshot_chunk
+    from sparkinfer.comm import Communicator, grid_config, select_algorithm
+    from sparkinfer.comm.topology import ll_grid_config
+    from sparkinfer.comm.all_reduce.launch import all_reduce, twoshot_chunk
     from sparkinfer.comm.channel import MAX_BLOCKS
 
     sizes = cfg["sizes"]
@@ -210,9 +210,9 @@ def _bench_rank(world, cfg: dict) -> list:
     def shape(alg, nbytes, pb, tile):
         """The launch config of one sweep point, built on topology's default for `alg`."""
         if alg == "ll":
-            base, staged = ll_launch_config(comm.caps, nbytes), 2 * nbytes
+            base, staged = ll_grid_config(comm.caps, nbytes), 2 * nbytes
         else:
-            base, staged = launch_config(comm.caps, nbytes), nbytes
+            base, staged = grid_config(comm.caps, nbytes), nbytes
         most = min(comm.caps.num_sms, MAX_BLOCKS)
         grid = base.grid if pb is None else most if pb == "max" else max(1, min(most, -(-staged // pb)))
         if comm.caps.interpret:
@@ -223,14 +223,14 @@ def _bench_rank(world, cfg: dict) -> list:
         for alg in ("ll", "oneshot", "twoshot") if size <= 512 * KiB else ("oneshot", "twoshot"):
             tiles = SWEEP_TILES["ll" if alg == "ll" else "std"][:cfg["sweep_tiles"]]
             points = [(name, pb, None) for name, pb in cfg["sweep_grids"]] + [(f"b{b}w{w}", None, (b, w)) for b, w in tiles]
-            # the byte count each algorithm asks config_for / ll_config_for about (bf16)
+            # the bytes each algorithm sizes its grid by (bf16): a rank's share for twoshot
             asked = 2 * twoshot_chunk(size // 2, comm.world_size) if alg == "twoshot" else size
             for name, pb, tile in points:
-                comm._config_override = lambda nbytes, alg=alg, pb=pb, tile=tile: shape(alg, nbytes, pb, tile)
+                grid = shape(alg, asked, pb, tile)
                 c = Collective(comm, "ar", size // 2, torch.bfloat16, alg)
-                run("all_reduce_sweep", Impl(f"{alg}:{name}", c, c.call, ours=True), size, ops,
-                    {"config": dataclasses.asdict(shape(alg, asked, pb, tile)), "algorithm": alg, "sweep": name})
-                comm._config_override = None
+                call = lambda c=c, alg=alg, grid=grid: all_reduce(comm.context, c.x, c.out, algorithm=alg, config=grid)  # noqa: E731
+                run("all_reduce_sweep", Impl(f"{alg}:{name}", c, call, ours=True), size, ops,
+                    {"config": dataclasses.asdict(grid), "algorithm": alg, "sweep": name})
 
     # ours and NCCL first, torch SymmetricMemory last: a crash there cannot take our rows with it
     for op in ("all_reduce", "reduce_scatter", "all_gather", "sweep", "symm"):

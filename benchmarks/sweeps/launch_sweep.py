@@ -12,7 +12,8 @@ from sparkinfer.runtime import launch  # noqa: E402
 
 def body(world):
     import torch, torch.distributed as dist
-    from sparkinfer.comm import Communicator, LaunchConfig
+    from sparkinfer.comm import Communicator, GridConfig
+    from sparkinfer.comm.all_reduce.launch import all_reduce
     dev = world.device
     torch.cuda.set_device(dev)
     t0 = time.time()
@@ -46,21 +47,17 @@ def body(world):
                 for grid in sorted({1, 2, 4, 8, 16, 32, 66, 132}):
                     work = {"oneshot": nbytes, "ll": 2 * nbytes}.get(algo, nbytes // 2)
                     if grid * blk * 2 > 4 * work and grid > 1: continue
-                    variants.append((algo, LaunchConfig(grid, blk, nw)))
+                    variants.append((algo, GridConfig(grid, blk, nw)))
         for algo, cfg in variants:
             if algo in ("oneshot", "ll") and nbytes > (8 << 20): continue
             if algo == "ll" and nbytes > (512 << 10): continue
-            orig = comm.config_for
-            if cfg is not None:
-                comm.config_for = lambda nb, cfg=cfg: cfg
             g = torch.cuda.CUDAGraph()
             with torch.cuda.stream(s), comm.pool.capture(s, "bench", reuse=True):
-                comm.all_reduce(x, o, algorithm=algo)
+                all_reduce(comm.context, x, o, algorithm=algo, config=cfg)
                 torch.cuda.synchronize()
                 with torch.cuda.graph(g, stream=s):
                     for _ in range(NOPS):
-                        comm.all_reduce(x, o, algorithm=algo)
-            comm.config_for = orig
+                        all_reduce(comm.context, x, o, algorithm=algo, config=cfg)
             for _ in range(3): g.replay()
             torch.cuda.synchronize(); dist.barrier()
             ts = []

@@ -11,7 +11,8 @@ from sparkinfer.runtime import launch  # noqa: E402
 
 def body(world):
     import torch, torch.distributed as dist
-    from sparkinfer.comm import Communicator, LaunchConfig
+    from sparkinfer.comm import Communicator, GridConfig
+    from sparkinfer.comm.all_reduce.launch import all_reduce
     dev = world.device
     torch.cuda.set_device(dev)
     comm = Communicator(capacity_bytes=64 << 20, timeout_s=10, channel_ids=("bench",))
@@ -29,21 +30,19 @@ def body(world):
             for pipe in (1, 2):
                 for blk, nw in [(4096, 8), (8192, 16), (2048, 8)]:
                     for grid in (66, 132, 256):
-                        if grid == 256 and nw == 16: continue
-                        variants.append((algo, LaunchConfig(grid, blk, nw, pipe)))
+                        if grid > comm.caps.num_sms: continue  # GridConfig: co-resident blocks only
+                        variants.append((algo, GridConfig(grid, blk, nw, pipe)))
         for algo, cfg in variants:
             if algo == "oneshot" and nbytes > (8 << 20): continue
-            comm._config_override = cfg
             g = torch.cuda.CUDAGraph()
             o.fill_(float("nan"))
             with torch.cuda.stream(s), comm.pool.capture(s, "bench", reuse=True):
-                comm.all_reduce(x, o, algorithm=algo)
+                all_reduce(comm.context, x, o, algorithm=algo, config=cfg)
                 torch.cuda.synchronize()
                 ok0 = torch.equal(o, ref)
                 with torch.cuda.graph(g, stream=s):
                     for _ in range(NOPS):
-                        comm.all_reduce(x, o, algorithm=algo)
-            comm._config_override = None
+                        all_reduce(comm.context, x, o, algorithm=algo, config=cfg)
             for _ in range(3): g.replay()
             torch.cuda.synchronize(); dist.barrier()
             ts = []
