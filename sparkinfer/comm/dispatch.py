@@ -129,7 +129,7 @@ def launch(ctx, op: str, kernel, *, cfg, args: tuple, consts: dict, facts: tuple
     args: the op's own arguments; the channel's follow them: (table, rank,
     fingerprint, timeout_ns) and the staging region's (offset, slot bytes, lane
     bytes): region "stage" the flag-synchronized slots, "ll" the LL slots,
-    "both" stage then LL. consts: the op's constexprs; OP, W and INTERP are
+    "both" stage then LL. consts: the op's constexprs; OP, W and INTERPRET are
     added. facts: what the fingerprint covers besides the op name, every value
     that ranks must agree on (sizes, dtype, grid, tiles). cfg: the launch shape
     (cfg.grid blocks, cfg.num_warps). Raises the channel's recorded error first;
@@ -144,7 +144,7 @@ def launch(ctx, op: str, kernel, *, cfg, args: tuple, consts: dict, facts: tuple
     offsets = {"stage": stage, "ll": ll, "both": stage + ll}[region]
     fp = fingerprint(op, *facts)
     args = (*args, ch.table, ch.rank, fp, ctx.timeout_ns, *offsets)
-    consts = dict(consts, OP=OP_CODES[op], W=ctx.world_size, INTERP=ctx.caps.interpret)
+    consts = dict(consts, OP=OP_CODES[op], W=ctx.world_size, INTERPRET=ctx.caps.interpret)
     launch_kernel(kernel, cfg, op=op, capturing=ctx.capturing(), args=args, consts=consts)
     if ctx.caps.interpret:
         check_errors(ch)

@@ -3,7 +3,9 @@ activation tile load, activation functions, and the routed-row resolution of
 the `micro` and `grouped` families.
 
 Legend: T tokens, K top-k, E experts, BN weight rows per tile, BM routed rows
-per tile, BK reduction elements per step.
+per tile, BK reduction elements per step. Names follow comm/protocol.py: `p_`
+pointers, `i_` program ids, `o_` offsets, `m_` masks, `b_` block values,
+`stride_` strides.
 
 Every GEMM is computed transposed ("swap AB"): acc[BN, BM] = W[BN, BK] @ A^T[BK, BM],
 so the dequantized weight tile is the left operand (it may stay in registers
