@@ -101,9 +101,9 @@ def use_kernel(ctx, op: str, nbytes: int, algorithm: str) -> bool:
     algorithm: "nccl", "auto", or a kernel algorithm the caller named (any other
     string). torch.distributed serves "nccl", every call on ranks that cannot map
     each other (the same API on any group), and "auto" where
-    topology.nccl_serves says so. Above the staging capacity a named kernel, or
-    any call during graph capture (the captured path must not depend on a size
-    check at replay), raises CapacityError. Reads host state only.
+    topology.nccl_serves says so. Above the staging capacity, a named kernel
+    algorithm or any call during graph capture raises CapacityError instead of
+    falling back. Reads host state only; the one place every comm op decides.
     """
     caps = ctx.caps
     if algorithm == "nccl" or not caps.peer_access:
@@ -126,8 +126,8 @@ _REGIONS = ("stage", "ll", "both")
 def launch(ctx, op: str, kernel, *, cfg, args: tuple, consts: dict, facts: tuple, region: str = "stage") -> None:
     """Launch `kernel` for `op` on the channel of the current stream or capture scope.
 
-    args: the op's own arguments; the channel's follow them: (table, rank,
-    fingerprint, timeout_ns) and the staging region's (offset, slot bytes, lane
+    args: the op's own arguments; the channel's follow them: (slab address table,
+    rank, fingerprint, timeout_ns) and the staging region's (offset, slot bytes, lane
     bytes): region "stage" the flag-synchronized slots, "ll" the LL slots,
     "both" stage then LL. consts: the op's constexprs; OP, W and INTERPRET are
     added. facts: what the fingerprint covers besides the op name, every value
