@@ -369,19 +369,20 @@ def sec_guard(world, opt) -> dict:
     so the cold size may need a compile during capture. By design: CaptureError."""
     import torch
 
-    from sparkinfer.comm.launching import fingerprint
+    from sparkinfer.comm.dispatch import fingerprint
+    from sparkinfer.comm.topology import grid_config
     from sparkinfer.errors import CaptureError
 
     comm = _comm(opt, 1 << 16, channel_ids=("guard",))
     ctx, fails, bf = Ctx(world, comm), [], torch.bfloat16
-    fp16 = lambda n: fingerprint("all_reduce_oneshot", n, str(bf), comm.config_for(2 * n).grid) % 16 == 0  # noqa: E731
+    fp16 = lambda n: fingerprint("all_reduce_oneshot", n, str(bf), grid_config(comm.caps, 2 * n).grid) % 16 == 0  # noqa: E731
     n0 = 4096  # find a size with n0's launch key (same config, n % 16 == 0) but the other fp % 16
-    n1 = next((n for n in range(n0 - 16, 16, -16) if comm.config_for(2 * n) == comm.config_for(2 * n0)
+    n1 = next((n for n in range(n0 - 16, 16, -16) if grid_config(comm.caps, 2 * n) == grid_config(comm.caps, 2 * n0)
                and fp16(n) != fp16(n0)), None)
     if n1 is None:
         return {"ok": True, "capture": "no size pair found; nothing to test", "failures": []}
     warm, cold = Collective(comm, "ar", n0, bf, "oneshot"), Collective(comm, "ar", n1, bf, "oneshot")
-    out = {"fp_div16": {n0: fp16(n0), n1: fp16(n1)}, "config": str(comm.config_for(2 * n0))}
+    out = {"fp_div16": {n0: fp16(n0), n1: fp16(n1)}, "config": str(grid_config(comm.caps, 2 * n0))}
     step(ctx, [warm], 1, warm.call, "warm eager", fails)
     s = ctx.stream()
     ctx.eager_on_channel(s, "guard", warm.call)

@@ -23,7 +23,6 @@ __all__ = [
     "CollectiveTimeout",
     "CollectiveMismatch",
     "PlanError",
-    "KernelWaitTimeout",
 ]
 
 
@@ -107,15 +106,6 @@ class CollectiveMismatch(CollectiveError):
 
 class PlanError(SparkInferError, ValueError):
     """Capacities or a spec that no plan can serve."""
-
-
-class KernelWaitTimeout(SparkInferError, RuntimeError):
-    """A wait between the programs of one kernel (the MoE `resident` family)
-    passed its deadline; `slot` is the route slot whose rows never became ready."""
-
-    def __init__(self, message: str, *, slot: int):
-        super().__init__(message)
-        self.slot = slot
 
 
 class UnsupportedModelError(SparkInferError, ValueError):

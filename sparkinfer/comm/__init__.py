@@ -2,8 +2,9 @@
 
 from sparkinfer.comm.channel import Channel, ChannelLayout
 from sparkinfer.comm.communicator import Communicator
+from sparkinfer.comm.context import OpContext
 from sparkinfer.comm.pool import EAGER, ChannelPool, Checkpoint
-from sparkinfer.comm.topology import LaunchConfig, TopologyCaps, launch_config, select_algorithm
+from sparkinfer.comm.topology import GridConfig, TopologyCaps, grid_config, select_algorithm
 
 __all__ = [
     "Communicator",
@@ -12,8 +13,9 @@ __all__ = [
     "Channel",
     "ChannelLayout",
     "EAGER",
+    "OpContext",
     "TopologyCaps",
-    "LaunchConfig",
+    "GridConfig",
     "select_algorithm",
-    "launch_config",
+    "grid_config",
 ]

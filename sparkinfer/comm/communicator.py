@@ -9,31 +9,20 @@
 
 Ranks that can map each other run the Triton kernels; other groups (several
 nodes, GPUs without peer access) get the same API served by torch.distributed.
+The ops see only `comm.context` (an OpContext), never the Communicator.
 """
 
 from __future__ import annotations
 
-import itertools
-import weakref
-
 from sparkinfer import envs
-from sparkinfer.comm.launching import check_errors
+from sparkinfer.comm import torch_ops
+from sparkinfer.comm.context import OpContext
+from sparkinfer.comm.dispatch import check_errors
 from sparkinfer.comm.pool import ChannelPool
-from sparkinfer.comm.topology import LaunchConfig, TopologyCaps, launch_config, ll_launch_config
-from sparkinfer.errors import LifecycleError, SetupError
+from sparkinfer.comm.topology import TopologyCaps
+from sparkinfer.errors import SetupError
 
-__all__ = ["Communicator", "get_communicator"]
-
-_REGISTRY: weakref.WeakValueDictionary[int, Communicator] = weakref.WeakValueDictionary()
-_IDS = itertools.count(1)
-
-
-def get_communicator(comm_id: int) -> Communicator:
-    """The live communicator with this id (used by the torch.library ops)."""
-    comm = _REGISTRY.get(comm_id)
-    if comm is None:
-        raise LifecycleError(f"no live Communicator with id {comm_id}; it was closed or garbage-collected")
-    return comm
+__all__ = ["Communicator", "detect_caps"]
 
 
 def detect_caps(group, device, capacity: int) -> TopologyCaps:
@@ -49,8 +38,8 @@ def detect_caps(group, device, capacity: int) -> TopologyCaps:
     )
     peer = all(group.all_gather(peer))
     props = torch.cuda.get_device_properties(device)
-    link = "nvlink" if peer else "none"
-    return TopologyCaps(group.size, peer, link, props.multi_processor_count, capacity, interpret)
+    return TopologyCaps(group.size, peer, "nvlink" if peer else "none", props.multi_processor_count, capacity,
+                        interpret)
 
 
 class Communicator:
@@ -63,6 +52,7 @@ class Communicator:
     channel_ids: extra semantic channels to prepare now (e.g. "target", "draft").
 
     Construction is collective and allocates peer memory; close() is collective.
+    `context` is the OpContext its ops run with; `id` names it in torch.ops.sparkinfer.*.
     """
 
     def __init__(self, group=None, *, device=None, capacity_bytes: int = 8 << 20, timeout_s: float | None = None,
@@ -87,21 +77,20 @@ class Communicator:
         if self.timeout_s <= 0:
             raise SetupError(f"timeout_s must be positive, got {timeout_s}")
         self.timeout_ns = int(self.timeout_s * 1e9)
-        self.caps = detect_caps(self.group, self.device, int(capacity_bytes))
+        caps = detect_caps(self.group, self.device, int(capacity_bytes))
         self.pool = ChannelPool(self.group, self.device, int(capacity_bytes), backend=backend, streams=streams)
         self.streams = self.pool.streams
-        if self.caps.peer_access:
+        if caps.peer_access:
             self.pool.prepare(channel_ids)
-        self._configs: dict[int, LaunchConfig] = {}
-        # Benchmarking only (launch-shape sweeps): None, a LaunchConfig, or
-        # callable(nbytes) -> LaunchConfig used instead of launch_config(). Set it identically on
-        # every rank (the grid is part of each op's fingerprint) and only between graph captures.
-        self._config_override = None
-        self.id = next(_IDS)
-        _REGISTRY[self.id] = self
-        from sparkinfer.comm.torch_ops import register_ops
+        self.context = OpContext(caps=caps, layout=self.pool.layout, device=self.device, rank=self.group.rank,
+                                 timeout_ns=self.timeout_ns, channel=self.pool.channel,
+                                 capturing=self.streams.is_capturing, nccl_group=self.torch_group)
+        self.id = torch_ops.attach(self)  # defines torch.ops.sparkinfer.* (first communicator only)
 
-        register_ops()  # torch.ops.sparkinfer.* (first communicator only)
+    @property
+    def caps(self) -> TopologyCaps:
+        """Facts about the group (see TopologyCaps); read-only."""
+        return self.context.caps
 
     @property
     def rank(self) -> int:
@@ -111,89 +100,42 @@ class Communicator:
     def world_size(self) -> int:
         return self.group.size
 
-    def config_for(self, nbytes: int) -> LaunchConfig:
-        ov = self._config_override
-        if ov is not None:
-            return ov(nbytes) if callable(ov) else ov
-        cfg = self._configs.get(nbytes)
-        if cfg is None:
-            cfg = self._configs[nbytes] = launch_config(self.caps, nbytes)
-        return cfg
-
-    def ll_config_for(self, nbytes: int) -> LaunchConfig:
-        """Launch shape of the LL one-shot for a tensor of `nbytes` (block in int32 words)."""
-        ov = self._config_override
-        if ov is not None:
-            return ov(nbytes) if callable(ov) else ov
-        cfg = self._configs.get(-nbytes)
-        if cfg is None:
-            cfg = self._configs[-nbytes] = ll_launch_config(self.caps, nbytes)
-        return cfg
-
     # ------------------------------------------------------------------ ops
     def all_reduce(self, x, out=None, *, algorithm: str = "auto"):
         """Sum of x over ranks (see comm.all_reduce.launch.all_reduce)."""
         from sparkinfer.comm.all_reduce.launch import all_reduce
 
-        return all_reduce(self, x, out, algorithm=algorithm)
+        return all_reduce(self.context, x, out, algorithm=algorithm)
 
     def reduce_scatter(self, x, out=None):
         """Rank r's 1/W share of the sum, split along dim 0."""
         from sparkinfer.comm.reduce_scatter.launch import reduce_scatter
 
-        return reduce_scatter(self, x, out)
+        return reduce_scatter(self.context, x, out)
 
     def all_gather(self, x, out=None):
         """Every rank's x concatenated along dim 0."""
         from sparkinfer.comm.all_gather.launch import all_gather
 
-        return all_gather(self, x, out)
+        return all_gather(self.context, x, out)
 
     def all_reduce_add_rms_norm(self, x, residual, weight, eps: float = 1e-6, **kwargs):
         """(out, residual_out): rmsnorm(all_reduce(x) + residual) (see comm.fused_norm.launch)."""
         from sparkinfer.comm.fused_norm.launch import all_reduce_add_rms_norm
 
-        return all_reduce_add_rms_norm(self, x, residual, weight, eps, **kwargs)
+        return all_reduce_add_rms_norm(self.context, x, residual, weight, eps, **kwargs)
 
     def dcp_merge(self, out_partial, lse, **kwargs):
         """Merge per-rank partial attention by log-sum-exp (see comm.dcp.launch.dcp_merge)."""
         from sparkinfer.comm.dcp.launch import dcp_merge
 
-        return dcp_merge(self, out_partial, lse, **kwargs)
+        return dcp_merge(self.context, out_partial, lse, **kwargs)
 
     def all_gather_heads(self, x, out=None, **kwargs):
         """Every rank's heads [T, H/W, D] -> [T, H, D], bitwise (see comm.dcp.launch)."""
         from sparkinfer.comm.dcp.launch import all_gather_heads
 
-        return all_gather_heads(self, x, out, **kwargs)
-
-    # ------------------------------------------------------------------ fallback (torch.distributed)
-    def _need_torch_group(self):
-        if self.torch_group is None:
-            raise LifecycleError("this communicator was built on a PeerGroup without torch.distributed; "
-                                 "no NCCL fallback")
-        return self.torch_group
-
-    def fallback_all_reduce(self, x, out):
-        import torch.distributed as dist
-
-        g = self._need_torch_group()
-        if out.data_ptr() != x.data_ptr():
-            out.copy_(x)
-        dist.all_reduce(out, group=g)
-        return out
-
-    def fallback_reduce_scatter(self, x, out):
-        import torch.distributed as dist
-
-        dist.reduce_scatter_tensor(out, x, group=self._need_torch_group())
-        return out
-
-    def fallback_all_gather(self, x, out):
-        import torch.distributed as dist
-
-        dist.all_gather_into_tensor(out, x, group=self._need_torch_group())
-        return out
+        return all_gather_heads(self.context, x, out, **kwargs)
 
     # ------------------------------------------------------------------ health and teardown
     def check(self) -> None:
@@ -209,4 +151,4 @@ class Communicator:
     def close(self) -> None:
         """Collective teardown of every channel (see ChannelPool.close)."""
         self.pool.close()
-        _REGISTRY.pop(self.id, None)
+        torch_ops.detach(self.id)

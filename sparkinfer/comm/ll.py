@@ -35,49 +35,49 @@ def ll_pack(d32, flag):
 
 
 @triton.jit
-def _ll_stuck(got, flag, table, rank, peer, epoch, deadline, op, W: tl.constexpr, INTERP: tl.constexpr):
+def _ll_stuck(got, flag, p_table, rank, peer, epoch, deadline, op, W: tl.constexpr, INTERPRET: tl.constexpr):
     """Checks of a spin round that found words not yet carrying `flag` (got: their
     flag halves, `flag` where nothing is awaited): a foreign flag, an abort word
     or the deadline. Returns the error code (recorded, peers aborted) or 0."""
-    p_hdr = addr_of(table, rank).to(tl.pointer_type(tl.int64))
+    p_hdr = addr_of(p_table, rank).to(tl.pointer_type(tl.int64))
     wrong = tl.max(((got != 0) & (got != flag)).to(tl.int32), axis=0)
-    ab = ld_acquire(p_hdr + HDR_ABORT, INTERP)
+    ab = ld_acquire(p_hdr + HDR_ABORT, INTERPRET)
     status = tl.zeros([], tl.int32)
     if wrong != 0:
         status = tl.full([], ERR_MISMATCH, tl.int32)
-        _report(table, rank, status, peer, rank, epoch, tl.max(got, axis=0), flag, op, W, INTERP)
+        _report(p_table, rank, status, peer, rank, epoch, tl.max(got, axis=0), flag, op, W, INTERPRET)
     elif ab != 0:
         status = ((ab >> 32) & 0xFFFF).to(tl.int32)
-        _report(table, rank, status, (ab & 0xFFFF).to(tl.int32), ((ab >> 16) & 0xFFFF).to(tl.int32),
-                epoch, tl.min(got, axis=0), flag, op, W, INTERP)
-    elif now_ns(INTERP) > deadline:
+        _report(p_table, rank, status, (ab & 0xFFFF).to(tl.int32), ((ab >> 16) & 0xFFFF).to(tl.int32),
+                epoch, tl.min(got, axis=0), flag, op, W, INTERPRET)
+    elif now_ns(INTERPRET) > deadline:
         status = tl.full([], ERR_TIMEOUT, tl.int32)
-        _report(table, rank, status, peer, rank, epoch, tl.min(got, axis=0), flag, op, W, INTERP)
+        _report(p_table, rank, status, peer, rank, epoch, tl.min(got, axis=0), flag, op, W, INTERPRET)
     return status
 
 
 @triton.jit
-def ll_wait_tile(p_lane, o, m, flag, table, rank, peer, epoch, deadline, op,
-                 W: tl.constexpr, INTERP: tl.constexpr):
+def ll_wait_tile(p_lane, o_n, m_n, flag, p_table, rank, peer, epoch, deadline, op,
+                 W: tl.constexpr, INTERPRET: tl.constexpr):
     """Spin until every word lane[o] (where m) carries `flag`; returns (words, status).
 
     status 0: all arrived; else the error code (recorded, peers aborted)."""
-    v = tl.load(p_lane + o, mask=m, other=0, volatile=True)
-    ready = tl.min(tl.where(m, ((v >> 32) & LOW32) == flag, 1).to(tl.int32), axis=0)
+    v = tl.load(p_lane + o_n, mask=m_n, other=0, volatile=True)
+    ready = tl.min(tl.where(m_n, ((v >> 32) & LOW32) == flag, 1).to(tl.int32), axis=0)
     status = tl.zeros([], tl.int32)
     while ready == 0:
-        v = tl.load(p_lane + o, mask=m, other=0, volatile=True)
-        got = tl.where(m, (v >> 32) & LOW32, flag)  # the shift sign-extends: mask it
+        v = tl.load(p_lane + o_n, mask=m_n, other=0, volatile=True)
+        got = tl.where(m_n, (v >> 32) & LOW32, flag)  # the shift sign-extends: mask it
         ready = tl.min((got == flag).to(tl.int32), axis=0)
         if ready == 0:
-            status = _ll_stuck(got, flag, table, rank, peer, epoch, deadline, op, W, INTERP)
+            status = _ll_stuck(got, flag, p_table, rank, peer, epoch, deadline, op, W, INTERPRET)
             ready = (status != 0).to(tl.int32)
     return v, status
 
 
 @triton.jit
-def _ready_sum(a_ok, a_v, b_ok, b_v):
-    return tl.minimum(a_ok, b_ok), a_v + b_v
+def _ready_sum(ok_a, v_a, ok_b, v_b):
+    return tl.minimum(ok_a, ok_b), v_a + v_b
 
 
 # _spin_word's loop (labels are local to the braces, so the asm may be inlined many times)
@@ -92,32 +92,33 @@ _SPIN_ASM = tl.constexpr(
 
 
 @triton.jit
-def _spin_word(p, flag, active):
-    """Per thread: load the LL word at p until it carries `flag`, at most
+def _spin_word(p_word, flag, active):
+    """Per thread: load the LL word at p_word until it carries `flag`, at most
     SPIN_LOADS times (no block-wide step between loads); 0 where not active."""
-    return tl.inline_asm_elementwise(_SPIN_ASM, "=l,l,r,r", [p, flag, active], dtype=tl.int64, is_pure=False, pack=1)
+    return tl.inline_asm_elementwise(_SPIN_ASM, "=l,l,r,r", [p_word, flag, active], dtype=tl.int64, is_pure=False,
+                                     pack=1)
 
 
 @triton.jit
-def _poll_sum(p_words, o_n, m, own, own_val, flag, INTERP: tl.constexpr):
+def _poll_sum(p_words, o_n, m_n, own, own_val, flag, INTERPRET: tl.constexpr):
     """One poll of LL words p_words[o_n] (where m): (their flag halves, 1 if all
     carry `flag`, the fp32 sum of their payloads with own_val at index own), from
     one reduction (inside each warp: every warp holds a copy of the words). On the
     GPU each thread first spins on its own word (_spin_word), so a late word is
     seen one load after it lands."""
-    if INTERP:
-        v = tl.load(p_words + o_n, mask=m, other=0, volatile=True)
+    if INTERPRET:
+        v = tl.load(p_words + o_n, mask=m_n, other=0, volatile=True)
     else:
-        v = _spin_word(p_words + o_n, flag.to(tl.int32), m.to(tl.int32))
-    got = tl.where(m, (v >> 32) & LOW32, flag)
-    vals = tl.where(m, (v & LOW32).to(tl.int32).to(tl.float32, bitcast=True), 0.0)
+        v = _spin_word(p_words + o_n, flag.to(tl.int32), m_n.to(tl.int32))
+    got = tl.where(m_n, (v >> 32) & LOW32, flag)
+    vals = tl.where(m_n, (v & LOW32).to(tl.int32).to(tl.float32, bitcast=True), 0.0)
     ready, total = tl.reduce(((got == flag).to(tl.int32), tl.where(o_n == own, own_val, vals)), 0, _ready_sum)
     return got, ready, total
 
 
 @triton.jit
-def ll_wait_sum(p_words, lo, n, own, own_val, flag, table, rank, epoch, deadline, op, W: tl.constexpr,
-                NP: tl.constexpr, INTERP: tl.constexpr):
+def ll_wait_sum(p_words, lo, n, own, own_val, flag, p_table, rank, epoch, deadline, op, W: tl.constexpr,
+                NP: tl.constexpr, INTERPRET: tl.constexpr):
     """Spin until the n (<= NP) LL words p_words[lo:lo + n] carry `flag`; returns
     (the fp32 sum of their payloads, status). Posted by blocks of this launch on
     this rank: a timeout names this rank. Word `own` (-1: none) was posted by
@@ -131,15 +132,15 @@ def ll_wait_sum(p_words, lo, n, own, own_val, flag, table, rank, epoch, deadline
     different times, and a caller that zeroes the words must put a block
     barrier before that store (tests/comm/test_ll_zeroing.py)."""
     o_n = tl.arange(0, NP)
-    m = (o_n < n) & (o_n != own)
-    got, ready, total = _poll_sum(p_words + lo, o_n, m, own, own_val, flag, INTERP)
+    m_n = (o_n < n) & (o_n != own)
+    got, ready, total = _poll_sum(p_words + lo, o_n, m_n, own, own_val, flag, INTERPRET)
     status = tl.zeros([], tl.int32)
     rounds = 0
     while ready == 0:
-        got, ready, total = _poll_sum(p_words + lo, o_n, m, own, own_val, flag, INTERP)
+        got, ready, total = _poll_sum(p_words + lo, o_n, m_n, own, own_val, flag, INTERPRET)
         rounds += 1
         if (ready == 0) & (rounds % STUCK_EVERY == 0):
-            status = _ll_stuck(got, flag, table, rank, rank, epoch, deadline, op, W, INTERP)
+            status = _ll_stuck(got, flag, p_table, rank, rank, epoch, deadline, op, W, INTERPRET)
             ready = (status != 0).to(tl.int32)
     return total, status
 
@@ -147,9 +148,9 @@ def ll_wait_sum(p_words, lo, n, own, own_val, flag, table, rank, epoch, deadline
 @triton.jit
 def ll_clear(p_words, n, BLOCK: tl.constexpr):
     """p_words[0:n] = 0 (int64 LL words)."""
-    o = tl.arange(0, BLOCK)
+    o_n = tl.arange(0, BLOCK)
     for k in range(0, n, BLOCK):
-        tl.store(p_words + k + o, tl.zeros([BLOCK], tl.int64), mask=k + o < n)
+        tl.store(p_words + k + o_n, tl.zeros([BLOCK], tl.int64), mask=k + o_n < n)
 
 
 @triton.jit

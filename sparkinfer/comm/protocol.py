@@ -6,7 +6,10 @@ release/acquire at system scope between data and flags; every spin has a
 deadline; an error is recorded in host-visible memory and broadcast to peers as
 an abort word so nobody waits for a deadline that is already known to be missed.
 
-Names: `p_` pointers, `a_` integer addresses, `o_` offsets, `m_` masks.
+Names in every comm and MoE kernel: `p_` pointers (arguments included),
+`i_` program ids, `o_` offsets, `m_` masks, `b_` block values, `a_` integer
+byte addresses (peer-mapped memory, made pointers by `as_ptr`), `stride_`
+strides in elements; constexprs in capitals, `INTERPRET` for the interpreter.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ NPHASE = tl.constexpr(NUM_PHASES)
 NBLK = tl.constexpr(MAX_BLOCKS)
 LOW32 = tl.constexpr(0xFFFFFFFF)
 
-# error codes in the record's word 0 (mirrored on the host in comm/launching.py)
+# error codes in the record's word 0 (mirrored in comm/dispatch.py)
 ERR_TIMEOUT = tl.constexpr(1)
 ERR_MISMATCH = tl.constexpr(2)
 
@@ -42,8 +45,8 @@ _HOST_NOW = tl.constexpr(_host_now_ns)  # interpreter only: a constexpr callable
 
 
 @triton.jit
-def now_ns(INTERP: tl.constexpr):
-    if INTERP:
+def now_ns(INTERPRET: tl.constexpr):
+    if INTERPRET:
         t = tl.full([], _HOST_NOW(), tl.int64)
     else:
         t = tlcuda.globaltimer().to(tl.int64)
@@ -51,31 +54,31 @@ def now_ns(INTERP: tl.constexpr):
 
 
 @triton.jit
-def ld_acquire(p, INTERP: tl.constexpr):
+def ld_acquire(p_word, INTERPRET: tl.constexpr):
     """Load an int64 word of *local* memory with acquire semantics at system scope."""
-    if INTERP:
-        v = tl.atomic_add(p, 0, sem="acquire", scope="sys")
+    if INTERPRET:
+        v = tl.atomic_add(p_word, 0, sem="acquire", scope="sys")
     else:
         v = tl.inline_asm_elementwise(
-            "ld.acquire.sys.global.b64 $0, [$1];", "=l,l", [p], dtype=tl.int64, is_pure=False, pack=1
+            "ld.acquire.sys.global.b64 $0, [$1];", "=l,l", [p_word], dtype=tl.int64, is_pure=False, pack=1
         )
     return v
 
 
 @triton.jit
-def st_release(p, v, INTERP: tl.constexpr):
+def st_release(p_word, v, INTERPRET: tl.constexpr):
     """Store an int64 word (possibly in a peer's memory) with release semantics at
     system scope, from thread 0 of the block only (callers put a block barrier
     before it, which makes every thread's earlier stores part of the release).
     A plain store, not an atomic: peer atomics are not portable over PCIe."""
-    if INTERP:
-        tl.atomic_xchg(p, v, sem="release", scope="sys")
+    if INTERPRET:
+        tl.atomic_xchg(p_word, v, sem="release", scope="sys")
     else:
         tl.inline_asm_elementwise(
             "{\n\t.reg .pred %p_t0;\n\t.reg .b32 %r_tid;\n\tmov.u32 %r_tid, %tid.x;\n\t"
             "setp.eq.u32 %p_t0, %r_tid, 0;\n\t@%p_t0 st.release.sys.global.b64 [$1], $2;\n\tmov.u32 $0, 0;\n\t}",
             "=r,l,l",
-            [p, v],
+            [p_word, v],
             dtype=tl.int32,
             is_pure=False,
             pack=1,
@@ -83,9 +86,9 @@ def st_release(p, v, INTERP: tl.constexpr):
 
 
 @triton.jit
-def addr_of(table, r):
+def addr_of(p_table, r):
     """Base address (int64) of group rank r's slab as mapped in this process."""
-    return tl.multiple_of(tl.load(table + r), 16)
+    return tl.multiple_of(tl.load(p_table + r), 16)
 
 
 @triton.jit
@@ -95,11 +98,11 @@ def as_ptr(a, like):
 
 
 @triton.jit
-def begin(table, rank, timeout_ns, INTERP: tl.constexpr):
+def begin(p_table, rank, timeout_ns, INTERPRET: tl.constexpr):
     """Read this op's epoch. Returns (epoch, deadline_ns)."""
-    p_hdr = tl.load(table + rank).to(tl.pointer_type(tl.int64))
+    p_hdr = tl.load(p_table + rank).to(tl.pointer_type(tl.int64))
     epoch = tl.load(p_hdr + HDR_EPOCH)
-    return epoch, now_ns(INTERP) + timeout_ns
+    return epoch, now_ns(INTERPRET) + timeout_ns
 
 
 @triton.jit
@@ -109,7 +112,7 @@ def flag_word(epoch, phase, src, blk, W: tl.constexpr):
 
 
 @triton.jit
-def signal_peers(table, rank, epoch, phase, fp, W: tl.constexpr, INTERP: tl.constexpr):
+def signal_peers(p_table, rank, epoch, phase, fp, W: tl.constexpr, INTERPRET: tl.constexpr):
     """Tell every peer that this block's phase-`phase` data for `epoch` is in place.
 
     Call after this block's data stores; the barrier makes every thread's stores
@@ -119,8 +122,8 @@ def signal_peers(table, rank, epoch, phase, fp, W: tl.constexpr, INTERP: tl.cons
     blk = tl.program_id(0)
     for r in tl.static_range(W):
         if r != rank:
-            p_flag = addr_of(table, r).to(tl.pointer_type(tl.int64))
-            st_release(p_flag + flag_word(epoch, phase, rank, blk, W), v, INTERP)
+            p_flag = addr_of(p_table, r).to(tl.pointer_type(tl.int64))
+            st_release(p_flag + flag_word(epoch, phase, rank, blk, W), v, INTERPRET)
 
 
 @triton.jit
@@ -129,13 +132,13 @@ def _i64(x):
 
 
 @triton.jit
-def _report(table, rank, code, peer, origin, epoch, observed, expect, op, W: tl.constexpr, INTERP: tl.constexpr):
+def _report(p_table, rank, code, peer, origin, epoch, observed, expect, op, W: tl.constexpr, INTERPRET: tl.constexpr):
     """Record this rank's first error in host-visible memory; if it was found
     here (origin == rank), broadcast an abort word to every rank."""
-    p_hdr = addr_of(table, rank).to(tl.pointer_type(tl.int64))
+    p_hdr = addr_of(p_table, rank).to(tl.pointer_type(tl.int64))
     first = tl.atomic_cas(p_hdr + HDR_CLAIM, _i64(0), _i64(1), sem="acq_rel", scope="gpu")  # local atomic
     if first == 0:
-        p_err = tl.load(table + W).to(tl.pointer_type(tl.int64))
+        p_err = tl.load(p_table + W).to(tl.pointer_type(tl.int64))
         tl.store(p_err + 1, _i64(rank))
         tl.store(p_err + 2, _i64(peer))
         tl.store(p_err + 3, _i64(op))
@@ -143,77 +146,77 @@ def _report(table, rank, code, peer, origin, epoch, observed, expect, op, W: tl.
         tl.store(p_err + 5, observed)
         tl.store(p_err + 6, expect)
         tl.store(p_err + 7, _i64(origin))
-        st_release(p_err, _i64(code), INTERP)
+        st_release(p_err, _i64(code), INTERPRET)
         if origin == rank:
             abort = (_i64(code) << 32) | (_i64(origin) << 16) | _i64(peer)
             for r in tl.static_range(W):
-                st_release(addr_of(table, r).to(tl.pointer_type(tl.int64)) + HDR_ABORT, abort, INTERP)
+                st_release(addr_of(p_table, r).to(tl.pointer_type(tl.int64)) + HDR_ABORT, abort, INTERPRET)
 
 
 @triton.jit
-def wait_peers(table, rank, epoch, phase, fp, deadline, op, W: tl.constexpr, INTERP: tl.constexpr):
+def wait_peers(p_table, rank, epoch, phase, fp, deadline, op, W: tl.constexpr, INTERPRET: tl.constexpr):
     """Wait until every peer signalled (epoch, phase) for this block.
 
     Returns 0 when all arrived with the expected fingerprint, else an error code
     (the error is recorded and broadcast; the caller skips its data phase)."""
-    return wait_peers_at(table, rank, epoch, phase, fp, deadline, op, tl.program_id(0), W, INTERP)
+    return wait_peers_at(p_table, rank, epoch, phase, fp, deadline, op, tl.program_id(0), W, INTERPRET)
 
 
 @triton.jit
-def wait_peers_at(table, rank, epoch, phase, fp, deadline, op, blk, W: tl.constexpr, INTERP: tl.constexpr):
+def wait_peers_at(p_table, rank, epoch, phase, fp, deadline, op, blk, W: tl.constexpr, INTERPRET: tl.constexpr):
     """wait_peers for the flags of block `blk` (a kernel whose blocks read data
     that other blocks pushed waits on those blocks' flags)."""
-    p_hdr = addr_of(table, rank).to(tl.pointer_type(tl.int64))
+    p_hdr = addr_of(p_table, rank).to(tl.pointer_type(tl.int64))
     expect = (fp.to(tl.int64) << 32) | ((epoch + 1) & LOW32)
     status = tl.zeros([], tl.int32)
     for r in tl.static_range(W):
         if (r != rank) & (status == 0):
             p_flag = p_hdr + flag_word(epoch, phase, r, blk, W)
-            v = ld_acquire(p_flag, INTERP)
+            v = ld_acquire(p_flag, INTERPRET)
             pending = (v & LOW32) != (expect & LOW32)
             while pending:
-                v = ld_acquire(p_flag, INTERP)
+                v = ld_acquire(p_flag, INTERPRET)
                 pending = (v & LOW32) != (expect & LOW32)
                 if pending:
-                    ab = ld_acquire(p_hdr + HDR_ABORT, INTERP)
+                    ab = ld_acquire(p_hdr + HDR_ABORT, INTERPRET)
                     if ab != 0:
                         status = ((ab >> 32) & 0xFFFF).to(tl.int32)
-                        _report(table, rank, status, (ab & 0xFFFF).to(tl.int32), ((ab >> 16) & 0xFFFF).to(tl.int32),
-                                epoch, v, expect, op, W, INTERP)
+                        _report(p_table, rank, status, (ab & 0xFFFF).to(tl.int32), ((ab >> 16) & 0xFFFF).to(tl.int32),
+                                epoch, v, expect, op, W, INTERPRET)
                         pending = False
-                    elif now_ns(INTERP) > deadline:
+                    elif now_ns(INTERPRET) > deadline:
                         status = tl.full([], ERR_TIMEOUT, tl.int32)
-                        _report(table, rank, status, r, rank, epoch, v, expect, op, W, INTERP)
+                        _report(p_table, rank, status, r, rank, epoch, v, expect, op, W, INTERPRET)
                         pending = False
             if (status == 0) & (v != expect):
                 status = tl.full([], ERR_MISMATCH, tl.int32)
-                _report(table, rank, status, r, rank, epoch, v, expect, op, W, INTERP)
+                _report(p_table, rank, status, r, rank, epoch, v, expect, op, W, INTERPRET)
     return status
 
 
 @triton.jit
-def arrive_last(table, rank):
+def arrive_last(p_table, rank):
     """Count this block as done; True in the last block to arrive, which then
     sees every other block's memory accesses of this launch (acq_rel counter)."""
     tl.debug_barrier()
-    p_hdr = tl.load(table + rank).to(tl.pointer_type(tl.int64))
+    p_hdr = tl.load(p_table + rank).to(tl.pointer_type(tl.int64))
     old = tl.atomic_add(p_hdr + HDR_ARRIVE, 1, sem="acq_rel", scope="gpu")
     return old == tl.num_programs(0) - 1
 
 
 @triton.jit
-def close_epoch(table, rank, epoch):
+def close_epoch(p_table, rank, epoch):
     """The last block (arrive_last) resets the counter and bumps the epoch."""
-    p_hdr = tl.load(table + rank).to(tl.pointer_type(tl.int64))
+    p_hdr = tl.load(p_table + rank).to(tl.pointer_type(tl.int64))
     tl.store(p_hdr + HDR_ARRIVE, 0)
     tl.store(p_hdr + HDR_EPOCH, epoch + 1)
 
 
 @triton.jit
-def finish(table, rank, epoch):
+def finish(p_table, rank, epoch):
     """Every block calls this last; the last block to arrive bumps the epoch."""
-    if arrive_last(table, rank):
-        close_epoch(table, rank, epoch)
+    if arrive_last(p_table, rank):
+        close_epoch(p_table, rank, epoch)
 
 
 @triton.jit
@@ -225,48 +228,48 @@ def block_range(n, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def stage_addr(table, owner, epoch, lane, stage_off, slot_bytes, lane_bytes):
+def stage_addr(p_table, owner, epoch, lane, stage_off, slot_bytes, lane_bytes):
     """Address of `lane` (W = the gather region) in this epoch's slot of `owner`'s slab."""
-    return addr_of(table, owner) + stage_off + (epoch % 2) * slot_bytes + lane * lane_bytes
+    return addr_of(p_table, owner) + stage_off + (epoch % 2) * slot_bytes + lane * lane_bytes
 
 
 @triton.jit
 def copy_range(p_src, p_dst, lo, hi, BLOCK: tl.constexpr):
     """p_dst[lo:hi] = p_src[lo:hi] (elements)."""
     for start in range(lo, hi, BLOCK):
-        o = tl.multiple_of(start, BLOCK) + tl.arange(0, BLOCK)
-        m = o < hi
-        tl.store(p_dst + o, tl.load(p_src + o, mask=m), mask=m)
+        o_n = tl.multiple_of(start, BLOCK) + tl.arange(0, BLOCK)
+        m_n = o_n < hi
+        tl.store(p_dst + o_n, tl.load(p_src + o_n, mask=m_n), mask=m_n)
 
 
 @triton.jit
-def push_to_peers(p_x, lo, hi, table, rank, epoch, stage_off, slot_bytes, lane_bytes,
+def push_to_peers(p_x, lo, hi, p_table, rank, epoch, stage_off, slot_bytes, lane_bytes,
                   W: tl.constexpr, BLOCK: tl.constexpr):
     """Copy x[lo:hi] into lane[rank] of every peer's slot, at the same element offsets."""
     for r in tl.static_range(W):
         if r != rank:
-            p_lane = as_ptr(stage_addr(table, r, epoch, rank, stage_off, slot_bytes, lane_bytes), p_x)
+            p_lane = as_ptr(stage_addr(p_table, r, epoch, rank, stage_off, slot_bytes, lane_bytes), p_x)
             copy_range(p_x, p_lane, lo, hi, BLOCK)
 
 
 @triton.jit
-def reduce_lanes(p_x, o, m, table, rank, epoch, stage_off, slot_bytes, lane_bytes, W: tl.constexpr):
+def reduce_lanes(p_x, o_n, m_n, p_table, rank, epoch, stage_off, slot_bytes, lane_bytes, W: tl.constexpr):
     """fp32 sum over ranks 0..W-1, in rank order, of x[o] (masked lanes read 0):
     this rank's value from p_x, every peer's from this rank's staging lane. The
     fixed order makes the sum bitwise identical on every rank."""
-    acc = tl.zeros(o.shape, tl.float32)
+    acc = tl.zeros(o_n.shape, tl.float32)
     for r in tl.static_range(W):
         if r == rank:
-            b = tl.load(p_x + o, mask=m, other=0.0)
+            b = tl.load(p_x + o_n, mask=m_n, other=0.0)
         else:
-            p_lane = as_ptr(stage_addr(table, rank, epoch, r, stage_off, slot_bytes, lane_bytes), p_x)
-            b = tl.load(p_lane + o, mask=m, other=0.0)
+            p_lane = as_ptr(stage_addr(p_table, rank, epoch, r, stage_off, slot_bytes, lane_bytes), p_x)
+            b = tl.load(p_lane + o_n, mask=m_n, other=0.0)
         acc += b.to(tl.float32)
     return acc
 
 
 @triton.jit
-def publish_local(p_slot, value, tag, INTERP: tl.constexpr):
+def publish_local(p_slot, value, tag, INTERPRET: tl.constexpr):
     """Post an fp32 `value` for other blocks of this grid: slot = [tag int64, value] in
     this rank's own slab. The tag (fingerprint << 32 | epoch + 1, as in flags) is
     released after the value, at gpu scope (a local atomic: no peer ever reads it)."""
@@ -276,20 +279,20 @@ def publish_local(p_slot, value, tag, INTERP: tl.constexpr):
 
 
 @triton.jit
-def wait_local(table, rank, p_slot, tag, deadline, epoch, op, W: tl.constexpr, INTERP: tl.constexpr):
+def wait_local(p_table, rank, p_slot, tag, deadline, epoch, op, W: tl.constexpr, INTERPRET: tl.constexpr):
     """Wait (bounded) until another block of this grid posted `tag` at p_slot; returns
     (value, status). The grid is co-resident, so only a broken launch times out; a
     timeout is recorded like a peer's (naming this rank)."""
-    p_hdr = addr_of(table, rank).to(tl.pointer_type(tl.int64))
+    p_hdr = addr_of(p_table, rank).to(tl.pointer_type(tl.int64))
     v = tl.atomic_add(p_slot, 0, sem="acquire", scope="gpu")
     status = tl.zeros([], tl.int32)
     while (v != tag) & (status == 0):
         v = tl.atomic_add(p_slot, 0, sem="acquire", scope="gpu")
         if v != tag:
-            ab = ld_acquire(p_hdr + HDR_ABORT, INTERP)
+            ab = ld_acquire(p_hdr + HDR_ABORT, INTERPRET)
             if ab != 0:  # a block that would post skipped its work: the group aborted
                 status = ((ab >> 32) & 0xFFFF).to(tl.int32)
-            elif now_ns(INTERP) > deadline:
+            elif now_ns(INTERPRET) > deadline:
                 status = tl.full([], ERR_TIMEOUT, tl.int32)
-                _report(table, rank, status, rank, rank, epoch, v, tag, op, W, INTERP)
+                _report(p_table, rank, status, rank, rank, epoch, v, tag, op, W, INTERPRET)
     return tl.load((p_slot + 1).to(tl.pointer_type(tl.float32))), status

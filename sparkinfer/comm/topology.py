@@ -1,18 +1,26 @@
 """Facts about a group (TopologyCaps) and the pure policy over them.
 
-`select_algorithm` and `launch_config` are pure functions: no device probing,
-testable without hardware. `detect_caps` gathers the facts once, at setup.
+`nccl_serves`, `select_algorithm` and `grid_config` are pure functions: no
+device probing, testable without hardware. `communicator.detect_caps` gathers
+the facts once, at setup.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from sparkinfer.comm.channel import MAX_BLOCKS
+from sparkinfer.errors import PlanError
 
-__all__ = ["TopologyCaps", "LaunchConfig", "select_algorithm", "launch_config", "ll_launch_config", "ALGORITHMS"]
+__all__ = ["TopologyCaps", "GridConfig", "nccl_serves", "select_algorithm", "grid_config", "ll_grid_config",
+           "check_grid_config", "ALGORITHMS", "COPY_AT_ONE_RANK"]
 
 ALGORITHMS = ("ll", "oneshot", "twoshot", "nccl")
+# Ops whose result on a group of one rank is x itself: torch.distributed serves
+# them there (a copy, no flags, no kernel). The fused ops also compute (norm,
+# merge), so their kernels run on one rank too.
+COPY_AT_ONE_RANK = ("all_reduce", "reduce_scatter", "all_gather")
 
 # Algorithm crossovers, bytes of the all-reduced tensor, per world size.
 # 2x H200 NV18, bf16, per op in a CUDA graph, best launch shape of each
@@ -51,7 +59,7 @@ class TopologyCaps:
 
 
 @dataclass(frozen=True)
-class LaunchConfig:
+class GridConfig:
     """Grid and tile of one comm kernel launch.
 
     grid: blocks; never above num_sms (one block per SM is always co-resident,
@@ -67,9 +75,18 @@ class LaunchConfig:
     pipe: int = 1
 
 
+def nccl_serves(caps: TopologyCaps, op: str, nbytes: int) -> bool:
+    """Whether an algorithm="auto" call of `op` that stages `nbytes` per rank goes to
+    torch.distributed (NCCL on GPUs): ranks that cannot map each other, more than
+    the staging capacity, or one rank for an op in COPY_AT_ONE_RANK. Pure;
+    `dispatch.use_kernel` adds what capture and a caller-named algorithm change."""
+    return (not caps.peer_access or nbytes > caps.capacity
+            or (caps.world_size == 1 and op in COPY_AT_ONE_RANK))
+
+
 def select_algorithm(caps: TopologyCaps, nbytes: int, dtype=None) -> str:
     """Which all-reduce runs for a tensor of `nbytes`: "ll", "oneshot", "twoshot" or "nccl"."""
-    if not caps.peer_access or caps.world_size == 1 or nbytes > caps.capacity:
+    if nccl_serves(caps, "all_reduce", nbytes):
         return "nccl"
     if nbytes <= min(LL_MAX_BYTES, caps.capacity) and nbytes % 4 == 0:
         return "ll"
@@ -85,19 +102,21 @@ def select_algorithm(caps: TopologyCaps, nbytes: int, dtype=None) -> str:
 PER_BLOCK_BYTES = 2 << 10
 
 
-def ll_launch_config(caps: TopologyCaps, nbytes: int) -> LaunchConfig:
+@functools.lru_cache(maxsize=1024)
+def ll_grid_config(caps: TopologyCaps, nbytes: int) -> GridConfig:
     """Launch shape of the LL one-shot for a tensor of `nbytes` (block in int32 words).
 
     2x H200 sweep r2: 512-word tiles with 4 warps and about 4 KiB of LL words per
     block won at 32 KiB (16-132 blocks, 4.3 us vs 4.6 us with 1024-word tiles)
     and 128 KiB (66 blocks, 4.9 us vs 5.3 us); 1024-word tiles at 512 KiB."""
-    base = launch_config(caps, 2 * nbytes, 4 << 10)
+    base = grid_config(caps, 2 * nbytes, 4 << 10)
     if caps.interpret:
         return base
-    return LaunchConfig(grid=base.grid, block=512 if nbytes <= (128 << 10) else 1024, num_warps=4)
+    return GridConfig(grid=base.grid, block=512 if nbytes <= (128 << 10) else 1024, num_warps=4)
 
 
-def launch_config(caps: TopologyCaps, nbytes: int, per_block_bytes: int = PER_BLOCK_BYTES) -> LaunchConfig:
+@functools.lru_cache(maxsize=1024)  # pure, and asked on every eager call
+def grid_config(caps: TopologyCaps, nbytes: int, per_block_bytes: int = PER_BLOCK_BYTES) -> GridConfig:
     """Launch shape for a kernel whose busiest per-rank stage moves `nbytes`.
 
     The grid never exceeds the SM count (one block per SM is always co-resident,
@@ -106,9 +125,22 @@ def launch_config(caps: TopologyCaps, nbytes: int, per_block_bytes: int = PER_BL
     cap = min(caps.num_sms, MAX_BLOCKS)
     grid = max(1, min(cap, -(-nbytes // per_block_bytes)))
     if caps.interpret:
-        return LaunchConfig(grid=min(grid, 2), block=256, num_warps=1)
+        return GridConfig(grid=min(grid, 2), block=256, num_warps=1)
     if nbytes >= 8 << 20:
-        return LaunchConfig(grid=grid, block=8192, num_warps=16)
+        return GridConfig(grid=grid, block=8192, num_warps=16)
     if nbytes >= 512 << 10:
-        return LaunchConfig(grid=grid, block=4096, num_warps=8)
-    return LaunchConfig(grid=grid, block=2048, num_warps=8)
+        return GridConfig(grid=grid, block=4096, num_warps=8)
+    return GridConfig(grid=grid, block=2048, num_warps=8)
+
+
+def check_grid_config(cfg: GridConfig, caps: TopologyCaps) -> None:
+    """Raise PlanError unless `cfg` is a launch shape the comm kernels can run on
+    `caps`: co-resident blocks (<= num_sms, <= MAX_BLOCKS; <= 2 in the
+    interpreter), a power-of-two tile, 1 or 2 pipeline pieces."""
+    most = 2 if caps.interpret else min(caps.num_sms, MAX_BLOCKS)
+    if not isinstance(cfg, GridConfig):
+        raise PlanError(f"config must be a topology.GridConfig (from grid_config), got {type(cfg).__name__}")
+    if not (1 <= cfg.grid <= most and cfg.block >= 1 and cfg.block & (cfg.block - 1) == 0
+            and cfg.num_warps in (1, 2, 4, 8, 16, 32) and cfg.pipe in (1, 2)):
+        raise PlanError(f"config {cfg!r} is not a launch shape for {most} co-resident blocks (grid 1..{most}, "
+                        "block a power of two, pipe 1 or 2); build it from topology.grid_config(caps, nbytes)")

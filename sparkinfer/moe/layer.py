@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from sparkinfer.moe.launch import allocate_scratch, bind
+from sparkinfer.moe.binding import allocate_scratch, bind
 from sparkinfer.moe.plan import MoEPlan, plan
 from sparkinfer.moe.runner import run
 from sparkinfer.moe.spec import MoECaps, MoESpec

@@ -1,10 +1,10 @@
-"""Execution plans: which kernel family and launch parameters serve each token count.
+"""Execution plans: which kernel family and tiles serve each token count.
 
 Legend: T tokens, E experts, K top-k, H hidden, I intermediate per rank,
 R = T*K routes, S split count along a reduction, BM/BN/BK tile sizes.
 
 `plan(caps, spec)` is pure: no device, no allocation, no compilation. It cuts
-1..max_tokens into power-of-two buckets and gives each one a `LaunchConfig`.
+1..max_tokens into power-of-two buckets and gives each one a `TileConfig`.
 """
 
 from __future__ import annotations
@@ -17,25 +17,24 @@ import triton
 from sparkinfer.errors import CapacityError, PlanError
 from sparkinfer.moe.spec import MoECaps, MoESpec
 
-__all__ = ["LaunchConfig", "MoEPlan", "plan", "plan_supports_aux_stream_overlap", "FAMILIES"]
+__all__ = ["TileConfig", "MoEPlan", "plan", "plan_supports_aux_stream_overlap", "FAMILIES"]
 
-# `resident` (micro's work in one cooperative kernel) is never planned: on the
-# H200 it was slower than micro at every measured point, NVFP4 M = 1 / 4 / 8 on
-# all four bench shapes and bf16 Qwen3 M = 1 / 8, with 1 or 2 programs per SM
-# and every prefetch mode (benchmarks/results/sweeps/moe_resident_ab_h200.json,
-# 8bfc66a; best variant vs micro, us: Qwen3 NVFP4 M=1 27.2 vs 19.6, TP8 shard
-# M=1 27.9 vs 20.2, DeepSeek-V3 M=1 82.3 vs 76.2, Mixtral M=8 368.1 vs 250.3).
-# Benchmarks force it with LaunchConfig(family="resident", ...).
-FAMILIES = ("micro", "grouped", "resident")
+# No family runs micro's work as one persistent cooperative kernel: such a
+# kernel was slower than micro at every measured point on the H200, NVFP4
+# M = 1 / 4 / 8 on all four bench shapes and bf16 Qwen3 M = 1 / 8, with 1 or 2
+# programs per SM (benchmarks/results/sweeps/moe_resident_ab_h200.json, 8bfc66a; best
+# variant vs micro, us: Qwen3 NVFP4 M=1 27.2 vs 19.6, TP8 shard M=1 27.9 vs
+# 20.2, DeepSeek-V3 M=1 82.3 vs 76.2, Mixtral M=8 368.1 vs 250.3), so it left
+# the package (git history keeps it as kernels/resident.py).
+FAMILIES = ("micro", "grouped")
 # Families whose kernels never wait for other programs (safe beside work on an
-# auxiliary stream, `plan_supports_aux_stream_overlap`).
+# auxiliary stream, `plan_supports_aux_stream_overlap`): both.
 OVERLAP_SAFE_FAMILIES = ("micro", "grouped")
 
 # micro serves every token of a batch in one tile of BM = 16 rows (the
 # smallest tensor-core N), so it stops at 16 tokens; below that it beats
-# grouped (BM 16) in all 24 measured cases. H200 `sparkinfer bench moe --sweep
-# --m 4,8,16,32,64,256` at f0ff9ac (benchmarks/results/sweeps/
-# moe_sweep_h200_f0ff9ac.json),
+# grouped (BM 16) in all 24 measured cases. H200 `bench_moe.py --sweep --m
+# 4,8,16,32,64,256` at f0ff9ac (benchmarks/results/moe_sweep_h200_f0ff9ac.json),
 # us micro vs grouped at M = 4 / 8 / 16, NVFP4: DeepSeek-V3 240 vs 284 / 420
 # vs 495 / 739 vs 864; Qwen3 37.4 vs 49.5 / 58.6 vs 72.0 / 87.9 vs 110.6; TP8
 # shard 53.8 vs 78.5 / 82.2 vs 102.5 / 146 vs 176; Mixtral 220 vs 261 / 252 vs
@@ -58,13 +57,12 @@ MAX_SPLIT = 8
 MAX_SPLIT1 = 4
 # FC1 splits only while its unsplit grid is under half the SMs: a split FC1
 # stores fp32 gate/up partials that `moe_act_kernel` then sums and activates.
-# H200 `sparkinfer bench moe --sweep --m 1,8 --formats nvfp4` at e9512d3
-# (sweeps/moe_sweep_h200_e9512d3.json, when every FC2 program still did that
-# itself), planned
+# H200 `bench_moe.py --sweep --m 1,8 --formats nvfp4` at e9512d3
+# (moe_sweep_h200.json, when every FC2 program still did that itself), planned
 # (split by PROGRAMS_PER_SM) vs FC1 unsplit: DeepSeek-V3 M=1 (256 unsplit
 # programs) 154.4 vs 107.8 us; Qwen3 M=1 (96) 33.4 vs 24.9; TP8 shard M=8 (256)
 # 155.7 vs 104.0; but TP8 shard M=1 (32 programs) 38.9 split vs 46.9 unsplit.
-# With the act kernel (adfdd5d, sweeps/moe_micro_ab_h200.json) the rule still holds
+# With the act kernel (adfdd5d, moe_micro_ab_h200.json) the rule still holds
 # within noise: DeepSeek-V3 M=1 77.8 unsplit vs 76.6 / 77.2 / 78.0 at 2 / 3 /
 # 4 splits, Mixtral M=1 82.4 vs 81.0 / 83.8 / 84.4, Qwen3 M=1 21.3 vs 21.2 /
 # 20.4 (2 / 4), TP8 shard M=1 22.8 at its 4 splits vs 41.9 unsplit.
@@ -73,7 +71,7 @@ FC1_SPLIT_MAX_PROGRAMS_PER_SM = 0.5
 # weight in the loop instead of 4.2 at BN 64, benchmarks/sweeps/
 # nvfp4_decode_sweep.py) while its grid keeps >= 3 programs per SM; a 6-deep
 # pipeline where a program's reduction runs >= 64 steps. H200 at 189bc87
-# (benchmarks/results/sweeps/moe_layout_ab_h200.json), us planned vs BN2 128:
+# (benchmarks/results/moe_layout_ab_h200.json), us planned vs BN2 128:
 # DeepSeek-V3 M=1 (448 programs at BN 128) 80.3 vs 78.3, M=8 457.4 vs 423.7,
 # Qwen3 M=8 (1024) 63.7 vs 60.3, TP8 shard M=1 (448) 36.7 vs 33.2, M=8 94.0 vs
 # 83.9; fewer programs lose: Mixtral M=1 (64) 82.7 vs 85.1, M=8 (256) 300.5
@@ -91,8 +89,7 @@ SMEM_TWO_PER_SM = 112 * 1024
 SMEM_ONE_PER_SM = 220 * 1024
 SMEM_FIXED = 8 * 1024
 # grouped: rows per tile from the mean routes per active expert, (mean rows
-# <=, BM). H200 sweeps (benchmarks/results/sweeps/moe_sweep_h200_f0ff9ac.json;
-# moe_sweep_h200_57e880e.json
+# <=, BM). H200 sweeps (moe_sweep_h200_f0ff9ac.json; moe_sweep_h200_57e880e.json
 # for M = 128, 512), us planned vs the neighbour BMs:
 # - NVFP4, BM 16 up to 16 rows: BM 32 loses at every mean <= 16 (M = 32..256
 #   at means 1-8: 1.32-1.49x slower; mean 16: Qwen3 M = 256 208 vs 221,
@@ -111,7 +108,7 @@ GROUPED_BLOCK_M_LARGE = 128
 # bf16 weights above 16 mean rows per expert: "wide" tiles, BN1 128 (gate and up:
 # 256 rows a step), BN2 256, BK 64 (bf16 weights are plain rows, so BK is a
 # launch choice, not a layout), 4 stages, 8 warps; BM 64 up to 96 mean rows,
-# else 128. H200 tile sweep (benchmarks/results/sweeps/moe_tile_sweep_h200.json,
+# else 128. H200 tile sweep (benchmarks/results/moe_tile_sweep_h200.json,
 # 0f22f11), us vs the previous plan: DeepSeek-V3 M=1024 (mean 32) 6036 vs 7052,
 # TP8 shard 902 vs 995, Qwen3 M=1024 (mean 64) 425 vs 489; M=4096 at BM 128:
 # DeepSeek-V3 9087 vs 10605, TP8 1618 vs 1964, Qwen3 851 vs 1048, Mixtral 5574
@@ -122,11 +119,11 @@ BF16_WIDE_BM64_MAX_ROWS = 96
 
 
 @dataclass(frozen=True)
-class LaunchConfig:
-    """Kernels and launch parameters for one bucket of token counts.
+class TileConfig:
+    """The tile plan of one bucket of token counts: kernel family, tile sizes,
+    reduction splits, pipeline depths and warps.
 
-    family: "micro", "grouped" or "resident" (micro's tiles and splits in one
-    persistent cooperative kernel, kernels/resident.py). block_m: routed rows per tile. block_n1 /
+    family: "micro" or "grouped". block_m: routed rows per tile. block_n1 /
     block_n2: weight rows per FC1 / FC2 program. split1 / split2: programs per
     FC1 / FC2 reduction (micro only; grouped uses 1). num_warps: both GEMMs.
     stages1 / stages2: software-pipeline depth of FC1 / FC2 (Triton num_stages).
@@ -140,13 +137,8 @@ class LaunchConfig:
     sm_90a): FC1 3.3 (ptx) vs 5.2 (arith), FC2 4.2 vs 6.3. Default "ptx": on the
     H200 at ac6412e it repeated bitwise and matched arith bitwise
     (tests/moe/test_gpu.py, 12 passed) and was faster at every NVFP4 point of
-    `sparkinfer bench moe --quick` (benchmarks/results/sweeps/
-    moe_decode_ptx_h200_ac6412e.json vs moe_decode_arith_h200_ac6412e.json; e.g.
+    `bench_moe.py --quick` (moe_h200.json vs moe_h200_arith_ac6412e.json; e.g.
     Mixtral M = 8: 342 vs 398 us, DeepSeek-V3 M = 4096: 15542 vs 17308 us).
-    grid_per_sm (resident only): programs per SM of the cooperative grid.
-    prefetch (resident only): FC2 weights into L2, 0 never, 1 before each FC2
-    tile waits for its activation rows, 2 when the program starts
-    (kernels/resident.py).
     """
 
     family: str
@@ -160,8 +152,6 @@ class LaunchConfig:
     stages2: int = 3
     decode: str = "ptx"
     block_k: int = 0
-    grid_per_sm: int = 0
-    prefetch: int = 0
 
 
 @dataclass(frozen=True)
@@ -173,10 +163,10 @@ class MoEPlan:
     caps: MoECaps
     spec: MoESpec
     chunk: int
-    buckets: tuple[tuple[int, LaunchConfig], ...]
+    buckets: tuple[tuple[int, TileConfig], ...]
 
-    def config_for(self, tokens: int) -> LaunchConfig:
-        """LaunchConfig that serves `tokens` (1..caps.max_tokens). Pure."""
+    def config_for(self, tokens: int) -> TileConfig:
+        """TileConfig that serves `tokens` (1..caps.max_tokens). Pure."""
         if not 1 <= tokens <= self.caps.max_tokens:
             raise CapacityError(f"MoEPlan: T={tokens} outside 1..max_tokens="
                                 f"{self.caps.max_tokens}; plan with a larger MoECaps.max_tokens")
@@ -186,12 +176,12 @@ class MoEPlan:
         raise AssertionError("buckets cover max_tokens")  # internal invariant
 
     def with_changes(self, **changes) -> MoEPlan:
-        """This plan with `changes` (LaunchConfig fields) applied to every bucket,
+        """This plan with `changes` (TileConfig fields) applied to every bucket,
         e.g. decode="arith". Pure; for tuning and benchmarks."""
         return dataclasses.replace(self, buckets=tuple(
             (t, dataclasses.replace(c, **changes)) for t, c in self.buckets))
 
-    def forced(self, config: LaunchConfig) -> MoEPlan:
+    def forced(self, config: TileConfig) -> MoEPlan:
         """This plan serving every token count with `config` (benchmarks compare
         the planner's choice with alternatives this way). Pure."""
         return dataclasses.replace(self, buckets=((self.caps.max_tokens, config),))
@@ -214,7 +204,7 @@ def _weight_bytes(rows: int, chunk: int, nvfp4: bool) -> int:
     return rows * (chunk // 2 + chunk // 16 if nvfp4 else 2 * chunk)
 
 
-def _config(caps: MoECaps, spec: MoESpec, tokens: int, chunk: int) -> LaunchConfig:
+def _config(caps: MoECaps, spec: MoESpec, tokens: int, chunk: int) -> TileConfig:
     routes = tokens * caps.top_k
     active = min(caps.num_experts, routes)
     nvfp4 = spec.weight_format == "nvfp4"
@@ -236,19 +226,19 @@ def _config(caps: MoECaps, spec: MoESpec, tokens: int, chunk: int) -> LaunchConf
         # FC2's operand per step: bf16 activation rows. A split FC1's partials
         # are summed and activated once per route by `moe_act_kernel` (TP8 shard
         # M=1 22.7 vs 31.8 us when every FC2 program did it from S1 x 16 KiB of
-        # staged partials per step; sweeps/moe_layout_ab_h200.json, 14cdea2). Unsplit
+        # staged partials per step; moe_layout_ab_h200.json, 14cdea2). Unsplit
         # keeps the budget every H200 measurement so far ran with (16 KiB).
         act = chunk * bm * 2 if s1 > 1 else halves * chunk * bm * 4
         fc2 = _weight_bytes(bn2, chunk, nvfp4) + act
         stages2 = _stages(fc2, SMEM_TWO_PER_SM)
         if nvfp4 and s1 == 1 and caps.intermediate // chunk >= s2 * MICRO_FC2_DEEP_MIN_STEPS:
             stages2 = MICRO_FC2_DEEP_STAGES
-        return LaunchConfig("micro", bm, bn, bn2, s1, s2, num_warps=4,
+        return TileConfig("micro", bm, bn, bn2, s1, s2, num_warps=4,
                             stages1=_stages(fc1, SMEM_TWO_PER_SM), stages2=stages2)
     mean_rows = routes / active
     if not nvfp4 and mean_rows > BF16_WIDE_MIN_ROWS and caps.hidden % 64 == 0 and caps.intermediate % 64 == 0:
         bm = 64 if mean_rows <= BF16_WIDE_BM64_MAX_ROWS else 128
-        return LaunchConfig("grouped", bm, 128, 256, num_warps=8, stages1=4, stages2=4, block_k=64)
+        return TileConfig("grouped", bm, 128, 256, num_warps=8, stages1=4, stages2=4, block_k=64)
     table = GROUPED_BLOCK_M if nvfp4 else GROUPED_BLOCK_M_BF16
     bm = next((b for limit, b in table if mean_rows <= limit), GROUPED_BLOCK_M_LARGE)
     if bm <= 32:
@@ -260,7 +250,7 @@ def _config(caps: MoECaps, spec: MoESpec, tokens: int, chunk: int) -> LaunchConf
         budget, warps = SMEM_ONE_PER_SM, 8
     fc1 = halves * _weight_bytes(bn1, chunk, nvfp4) + chunk * bm * 2
     fc2 = _weight_bytes(bn2, chunk, nvfp4) + chunk * bm * 2
-    return LaunchConfig("grouped", bm, bn1, bn2, num_warps=warps,
+    return TileConfig("grouped", bm, bn1, bn2, num_warps=warps,
                         stages1=min(3, _stages(fc1, budget)), stages2=min(3, _stages(fc2, budget)))
 
 
@@ -286,12 +276,12 @@ def plan(caps: MoECaps, spec: MoESpec) -> MoEPlan:
 
 def plan_supports_aux_stream_overlap(p: MoEPlan) -> bool:
     """Whether shared-expert work on an auxiliary stream may overlap this plan's
-    kernels. False when any bucket runs the `resident` family: its programs wait
-    for each other, so it is launched cooperatively (all programs admitted
-    together) and the serving contract applies (submit the shared experts on the
-    auxiliary stream first, join it before the MoE launch). True otherwise: the
-    micro and grouped kernels never wait for other programs, and the micro
-    family's programmatic dependent launches wait only for the previous grid of
-    the same call, whose programs have all started before the dependents may
-    launch, so they cannot hold SMs that it still needs. Pure."""
+    kernels. False would mean a bucket runs a kernel whose programs wait for each
+    other (launched cooperatively; the serving contract then applies: submit the
+    shared experts on the auxiliary stream first, join it before the MoE launch);
+    no family does today. The micro and grouped kernels never wait for other
+    programs, and the micro family's programmatic dependent launches wait only
+    for the previous grid of the same call, whose programs have all started
+    before the dependents may launch, so they cannot hold SMs that it still
+    needs. Pure."""
     return all(cfg.family in OVERLAP_SAFE_FAMILIES for _, cfg in p.buckets)

@@ -3,8 +3,6 @@
 Legend: T tokens, E experts, K top-k, H hidden, I intermediate per rank,
 R = T*K routes, S splits.
 
-resident: [routing] -> one cooperative kernel doing what micro's kernels do
-         (kernels/resident.py).
 micro:   [routing] -> FC1 (+ activation, bf16; or fp32 partials when split)
          -> FC2 (fp32 partials) -> weighted top-k sum.
 grouped: [routing] -> sort count -> sort offsets -> sort scatter -> FC1 +
@@ -15,20 +13,18 @@ from __future__ import annotations
 
 import triton
 
-from sparkinfer import envs
+from sparkinfer.moe.binding import _ACT, MoEBinding, max_tiles, sort_chunk
 from sparkinfer.moe.kernels.fc1 import moe_fc1_kernel
 from sparkinfer.moe.kernels.fc2 import moe_act_kernel, moe_fc2_kernel
 from sparkinfer.moe.kernels.reduce import moe_reduce_kernel
-from sparkinfer.moe.kernels.resident import moe_resident_kernel
 from sparkinfer.moe.kernels.sort import sort_count_kernel, sort_offsets_kernel, sort_scatter_kernel
-from sparkinfer.moe.launch import _ACT, RESIDENT_CTL_WORDS, MoEBinding, max_tiles, sort_chunk
 from sparkinfer.moe.plan import MICRO_BLOCK_M
 from sparkinfer.moe.routing.launch import route
 
 __all__ = ["run"]
 
 # Top-k reduce width: the widest BH whose grid still has >= SMs / 2 programs,
-# else 128. H200 at 14cdea2 (reduce kernel alone, benchmarks/results/sweeps/
+# else 128. H200 at 14cdea2 (reduce kernel alone, benchmarks/results/
 # moe_reduce_h200.json), us by BH 128 / 256 / 512 / 1024: T 1, H 7168: 1.79 /
 # 1.80 / 2.04 / 3.03; T 8: 3.34 / 2.34 / 2.26 / 3.25; T 64: 19.9 / 19.0 / 6.9 /
 # 3.0; T 4096: 1124 / 1059 / 299 / 126 (bf16 partials).
@@ -37,14 +33,13 @@ ACT_BLOCK_R = 16
 # micro family: the act kernel, FC2 and the reduce are launched with
 # programmatic dependent launch: FC1 and FC2 let the next kernel's blocks launch
 # once their K loops end, and those blocks wait (griddepcontrol.wait) before
-# reading. H200 at fc6e16b, this launch order ("pdl-late-noprefetch") vs
-# MICRO_PDL off ("nopdl"), graph replay (benchmarks/results/sweeps/
-# moe_layout_ab_h200.json, two calls): 23 of 24 micro points faster (Mixtral
+# reading. H200 at fc6e16b + x_latenopf.patch vs MICRO_PDL off, graph replay
+# (moe_layout_ab_h200.json, two calls): 23 of 24 micro points faster (Mixtral
 # NVFP4 M=1 82.3 vs 82.1 us, within noise), e.g. TP8
 # shard NVFP4 M=1 21.2 vs 22.8 us, M=2 29.5 vs 31.1, Qwen3 NVFP4 M=1 20.5 vs
 # 21.1, DeepSeek-V3 bf16 M=8 1096.6 vs 1120.3. Letting them launch at FC1's
-# start ("pdl-early"), or prefetching FC2's weights into L2 before the wait
-# ("pdl-late"), made large shapes slower (DeepSeek-V3 NVFP4 M=1 86.6 / 97.0 vs 76.7 us).
+# start, or prefetching FC2's weights into L2 before the wait, made large
+# shapes slower (DeepSeek-V3 NVFP4 M=1 86.6 / 97.0 vs 76.7 us).
 MICRO_PDL = True
 
 
@@ -106,9 +101,6 @@ def run(b: MoEBinding) -> None:
     pdl = MICRO_PDL and cfg.family == "micro" and not b.interpret
     trigger = dict(PDL=True) if pdl else {}  # FC1: lets its successor launch early
     on = dict(trigger, launch_pdl=True) if pdl else {}  # the early-launched dependents
-    if cfg.family == "resident":
-        _run_resident(b, common, sw1, sw2, (s1, g1, s2, g2), bk)
-        return
     if cfg.family == "micro":
         (cps1, sp1), (cps2, sp2) = _splits(chunks1, cfg.split1), _splits(chunks2, cfg.split2)
         # one FC1 split: FC1 applies the activation and stores bf16 rows; more:
@@ -155,33 +147,3 @@ def run(b: MoEBinding) -> None:
         E=c.num_experts, K=c.top_k, KP=triton.next_power_of_2(c.top_k), BH=bh,
         WEIGHT_AFTER=spec.router_weight_after_fc2, **on)
 
-
-def _run_resident(b: MoEBinding, common: dict, sw1: tuple, sw2: tuple, sg: tuple, bk: int) -> None:
-    """One cooperative launch of moe_resident_kernel (one program under the
-    interpreter, which runs programs one after another)."""
-    c, cfg, s, w = b.plan.caps, b.config, b.scratch, b.weights
-    t, h, i = b.tokens, c.hidden, c.intermediate
-    routes = t * c.top_k
-    chunks1, chunks2 = h // bk, i // bk
-    (cps1, sp1), (cps2, sp2) = _splits(chunks1, cfg.split1), _splits(chunks2, cfg.split2)
-    nb1, nb2 = triton.cdiv(i, cfg.block_n1), triton.cdiv(h, cfg.block_n2)
-    rm = s["fc1_act"].shape[0]
-    sync = s["resident_sync"]
-    ctl = sync[:RESIDENT_CTL_WORDS]
-    ready = sync[RESIDENT_CTL_WORDS:RESIDENT_CTL_WORDS + rm]
-    rn = sync[RESIDENT_CTL_WORDS + rm:RESIDENT_CTL_WORDS + rm + rm * nb1]
-    cols = sync[RESIDENT_CTL_WORDS + rm + rm * nb1:]
-    p1, a, p2 = s["fc1_partial"], s["fc1_act"], s["fc2_partial"]
-    items = routes * max(nb1 * sp1, nb2 * sp2)
-    grid = 1 if b.interpret else min(items, c.num_sms * max(1, cfg.grid_per_sm))
-    s1, g1, s2, g2 = sg
-    extra = {} if b.interpret else dict(launch_cooperative_grid=True)
-    moe_resident_kernel[(grid,)](
-        b.x, w.w1, s1, g1, w.w2, s2, g2, b.topk_ids, b.topk_weights, p1, a, p2, b.out,
-        ready, rn, cols, ctl, t, h, i, chunks1, cps1, chunks2, cps2,
-        h, *sw1, *sw2, p1.stride(0), p1.stride(1), a.stride(0), p2.stride(0), p2.stride(1),
-        b.out.stride(0), float(b.plan.spec.swiglu_alpha), float(b.plan.spec.swiglu_limit),
-        int(envs.default_timeout_s() * 1e9),
-        BM=cfg.block_m, BN1=cfg.block_n1, BN2=cfg.block_n2, NB1=nb1, NB2=nb2, S1=sp1, S2=sp2,
-        WEIGHT_AFTER=b.plan.spec.router_weight_after_fc2, PREFETCH=cfg.prefetch,
-        num_stages=cfg.stages1, **common, **extra)

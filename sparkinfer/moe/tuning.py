@@ -1,4 +1,4 @@
-"""Launch configurations around a plan's choice, to measure the planner's
+"""Tile configs around a plan's choice, to measure the planner's
 thresholds and tiles on a GPU (`sparkinfer bench moe --sweep`; large-batch
 tiles: `benchmarks/sweeps/moe_tile_sweep.py`).
 
@@ -14,15 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from sparkinfer.moe.plan import (
-    MAX_SPLIT,
-    SMEM_ONE_PER_SM,
-    SMEM_TWO_PER_SM,
-    LaunchConfig,
-    MoEPlan,
-    _stages,
-    _weight_bytes,
-)
+from sparkinfer.moe.plan import MAX_SPLIT, SMEM_ONE_PER_SM, SMEM_TWO_PER_SM, MoEPlan, TileConfig, _stages, _weight_bytes
 
 __all__ = ["candidates", "grouped_config", "tile_candidates", "TILE_STAGE_CAP"]
 
@@ -59,7 +51,7 @@ TILES_NVFP4 = (("deep", 128, 64, 128, 8, 1, 128), ("bm64", 64, 64, 128, 8, 1, 12
                ("bm64-w4", 64, 64, 128, 4, 1, 128))
 
 
-def grouped_config(p: MoEPlan, bm: int, bn1: int, bn2: int, decode: str) -> LaunchConfig:
+def grouped_config(p: MoEPlan, bm: int, bn1: int, bn2: int, decode: str) -> TileConfig:
     """A `grouped` config with tiles (BM, BN1, BN2): 4 warps and two programs
     per SM up to BM 32, else 8 warps and one; pipeline depth (2..3 at two per
     SM, 2..4 at one) from the shared memory a step needs. Pure."""
@@ -69,12 +61,12 @@ def grouped_config(p: MoEPlan, bm: int, bn1: int, bn2: int, decode: str) -> Laun
     budget, warps, cap = (SMEM_ONE_PER_SM, 8, 4) if big else (SMEM_TWO_PER_SM, 4, 3)
     fc1 = halves * _weight_bytes(bn1, p.chunk, nvfp4) + p.chunk * bm * 2
     fc2 = _weight_bytes(bn2, p.chunk, nvfp4) + p.chunk * bm * 2
-    return LaunchConfig("grouped", bm, bn1, bn2, num_warps=warps,
+    return TileConfig("grouped", bm, bn1, bn2, num_warps=warps,
                         stages1=min(cap, _stages(fc1, budget)),
                         stages2=min(cap, _stages(fc2, budget)), decode=decode)
 
 
-def candidates(p: MoEPlan, tokens: int) -> tuple[tuple[str, LaunchConfig], ...]:
+def candidates(p: MoEPlan, tokens: int) -> tuple[tuple[str, TileConfig], ...]:
     """(name, config) to time at `tokens`, the plan's own choice first ("planned").
 
     micro buckets (T <= 16): FC1 unsplit where the plan splits it, twice the
@@ -131,7 +123,7 @@ def _tile(p: MoEPlan, bm: int, bn1: int, bn2: int, warps: int, per_sm: int, bk: 
 
     fc1 = halves * _weight_bytes(bn1, bk, nvfp4) + bk * bm * 2
     fc2 = _weight_bytes(bn2, bk, nvfp4) + bk * bm * 2
-    cfg = LaunchConfig("grouped", bm, bn1, bn2, num_warps=warps, stages1=stages(fc1),
+    cfg = TileConfig("grouped", bm, bn1, bn2, num_warps=warps, stages1=stages(fc1),
                        stages2=stages(fc2), decode=decode)
     return dataclasses.replace(p.forced(cfg), chunk=bk)
 

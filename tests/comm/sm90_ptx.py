@@ -13,9 +13,9 @@ import re
 # The GPU shape of test_fused_norm's g_t8_h4096_ll_inplace: bf16, T = 8, H = 4096,
 # 8 one-piece blocks per row of 256 words each, 4 warps (fused_norm.launch).
 ONE_PIECE = dict(OP=4, W=2, BLOCK_W=256, HALF=True, EPW=2, NP=8, ONE_PASS=False, ONE_PIECE=True,
-                 INTERP=False, SYNC=False)
+                 INTERPRET=False, SYNC=False)
 _PTRS = {"p_x": "*bf16", "p_res": "*bf16", "p_w": "*bf16", "p_out": "*bf16", "p_res_out": "*bf16",
-         "table": "*i64"}
+         "p_table": "*i64"}
 
 
 def ll_norm_ptx(consts: dict, num_warps: int = 4) -> str:

@@ -162,7 +162,7 @@ def _rejections(world):
         (ShapeError, "splits dim 0 over 2 ranks; x has shape \\(7,\\)", lambda: comm.reduce_scatter(x[:7])),
         (ShapeError, "out must have shape \\(128,\\)", lambda: comm.all_gather(x, torch.empty(64))),
         (ShapeError, "0-dimensional", lambda: comm.all_gather(x[0])),
-        (CapacityError, "stages 8196 B but the channel capacity is 8192 B",
+        (CapacityError, r"all_reduce stages 8196 B but the staging capacity is 8192 B \(algorithm='oneshot'\)",
          lambda: comm.all_reduce(payload(0, CAP // 4 + 1, torch.float32), algorithm="oneshot")),
         (ValueError, "algorithm must be 'auto' or one of", lambda: comm.all_reduce(x, algorithm="ring")),
     ]
@@ -246,23 +246,25 @@ def test_ll_region_holds_only_fresh_words():
 
 
 def _pipelined(world):
-    """Pieces per block (LaunchConfig.pipe = 2, flag phases 0..3) give the same
+    """Pieces per block (GridConfig.pipe = 2, flag phases 0..3) give the same
     exact results as unpipelined launches, for every algorithm that uses them."""
-    from sparkinfer.comm import Communicator, LaunchConfig
+    from sparkinfer.comm import Communicator, GridConfig
+    from sparkinfer.comm.all_reduce.launch import all_reduce
+    from sparkinfer.comm.reduce_scatter.launch import reduce_scatter
 
     comm = Communicator(capacity_bytes=CAP, timeout_s=90)
     W, r = world.world_size, world.rank
     bad = []
     for pipe in (2, 1, 2):
-        comm._config_override = LaunchConfig(grid=2, block=64, num_warps=1, pipe=pipe)
+        cfg = GridConfig(grid=2, block=64, num_warps=1, pipe=pipe)
         for n in (1, 100, 1000, 2000):
             for algo in ("oneshot", "twoshot"):
-                out = comm.all_reduce(payload(r, n, torch.float32, n + pipe), algorithm=algo)
+                out = all_reduce(comm.context, payload(r, n, torch.float32, n + pipe), algorithm=algo, config=cfg)
                 if not torch.equal(out, expected_sum(W, n, torch.float32, n + pipe)):
                     bad.append((pipe, algo, n))
             m = (n // W) * W
             if m:
-                rs = comm.reduce_scatter(payload(r, m, torch.bfloat16, pipe))
+                rs = reduce_scatter(comm.context, payload(r, m, torch.bfloat16, pipe), config=cfg)
                 if not torch.equal(rs, expected_sum(W, m, torch.bfloat16, pipe)[r * (m // W):(r + 1) * (m // W)]):
                     bad.append((pipe, "rs", m))
     comm.close()

@@ -119,9 +119,9 @@ def _run_gather(comm, spec, rank, W, seed):
 def _torch_ops(comm, rank, W, seed):
     """torch.ops.sparkinfer.dcp_merge / all_gather_heads eagerly and under torch.compile
     give the bits of the direct calls."""
-    from sparkinfer.comm.dcp.ops import register
+    from sparkinfer.comm.torch_ops import register_ops
 
-    register()
+    register_ops()
     case = Case("ops", 3, 2 * W, 64, torch.bfloat16, empty="mixed")
     os_, lses = make_inputs(case, W, seed)
     o, lse = os_[rank], lses[rank]
@@ -342,7 +342,7 @@ def _call(comm, a):
         (dict(lse_out=torch.zeros(2, 4, dtype=torch.float16)), DTypeError, "lse_out has dtype torch.float16"),
         (dict(algorithm="ring"), ValueError, "algorithm must be one of .* got 'ring'"),
         (dict(out_partial=torch.zeros(40, 4, 64), lse=torch.zeros(40, 4), algorithm="kernel"), CapacityError,
-         "stages 41600 B per peer but the staging capacity is 16384 B"),
+         r"dcp_merge stages 41600 B but the staging capacity is 16384 B \(algorithm='kernel'\)"),
     ],
     ids=["o_2d", "d_strided", "o_int", "o_meta", "lse_bf16", "lse_shape", "lse_base", "out_shape", "out_strided",
          "out_dtype", "lse_out_dtype", "algorithm", "kernel_over_capacity"],

@@ -93,13 +93,13 @@ def make_inputs(case: Case, world_size: int, seed: int):
 def _run_case(comm, case, rank, world_size, seed):
     xs, residual, weight = make_inputs(case, world_size, seed)
     x = xs[rank]
-    saved, kw = comm.caps, dict(algorithm=case.algorithm)
+    saved, kw = comm.context, dict(algorithm=case.algorithm)
     if case.pieces is not None:
         rows, H = x.numel() // x.shape[-1], x.shape[-1]
         kw["config"] = norm_config(comm.caps, rows, H, x.element_size(), ll=case.algorithm != "fused",
                                    pieces=case.pieces)
     if case.path == "nccl":
-        comm.caps = dataclasses.replace(saved, peer_access=False)
+        comm.context = dataclasses.replace(saved, caps=dataclasses.replace(saved.caps, peer_access=False))
     try:
         if case.inplace:
             out, res_out = comm.all_reduce_add_rms_norm(x, residual, weight, EPS, out=x, residual_out=residual, **kw)
@@ -112,16 +112,16 @@ def _run_case(comm, case, rank, world_size, seed):
         else:
             out, res_out = comm.all_reduce_add_rms_norm(x, residual, weight, EPS, **kw)
     finally:
-        comm.caps = saved
+        comm.context = saved
     return out, res_out
 
 
 def _torch_ops(comm, rank, W, seed):
     """torch.ops.sparkinfer.all_reduce_add_rms_norm(_) eagerly and under torch.compile
     give the bits of the direct call."""
-    from sparkinfer.comm.fused_norm.ops import register
+    from sparkinfer.comm.torch_ops import register_ops
 
-    register()
+    register_ops()
     xs, residual, weight = make_inputs(Case("ops", (3, 1024), torch.bfloat16), W, seed)
     x = xs[rank]
     want = comm.all_reduce_add_rms_norm(x, residual, weight, EPS)
@@ -372,7 +372,8 @@ def test_rejects_rows_not_16_byte_aligned_and_bad_algorithms(comm1):
                        match=r"algorithm must be one of \('auto', 'fused', 'fused_ll', 'nccl'\), got 'ring'"):
         comm1.all_reduce_add_rms_norm(x, res, w, EPS, algorithm="ring")
     big = _args((5, 2048))  # 20 KB > 16 KB capacity
-    with pytest.raises(CapacityError, match="exceeds the staging capacity 16384 B with algorithm=fused"):
+    with pytest.raises(CapacityError,
+                       match=r"stages 20480 B but the staging capacity is 16384 B \(algorithm='fused'\)"):
         comm1.all_reduce_add_rms_norm(*big, EPS, algorithm="fused")
 
 
@@ -427,7 +428,7 @@ def test_capture_rejects_unwarmed_config_and_over_capacity(comm1):
         with comm1.streams.capture("sA"):
             with pytest.raises(CaptureError, match="would compile during graph capture"):
                 comm1.all_reduce_add_rms_norm(x, res, w, EPS)
-            with pytest.raises(CapacityError, match="exceeds the staging capacity 16384 B during graph capture"):
+            with pytest.raises(CapacityError, match=r"staging capacity is 16384 B \(during graph capture\)"):
                 comm1.all_reduce_add_rms_norm(*big, EPS)
         with comm1.streams.use("sA"):
             comm1.all_reduce_add_rms_norm(x, res, w, EPS)  # warm-up inside the scope

@@ -2,7 +2,7 @@
 
 import pytest
 
-from sparkinfer.comm import TopologyCaps, launch_config, select_algorithm
+from sparkinfer.comm import TopologyCaps, grid_config, select_algorithm
 from sparkinfer.comm.channel import MAX_BLOCKS, ChannelLayout
 
 H200x2 = TopologyCaps(world_size=2, peer_access=True, link="nvlink", num_sms=132, capacity=64 << 20)
@@ -32,15 +32,15 @@ def test_select_algorithm(caps, nbytes, algo):
 
 @pytest.mark.parametrize("world", list(range(2, 17)))
 @pytest.mark.parametrize("nbytes", [2, 1 << 20, 1 << 30])
-def test_launch_config_is_co_resident_for_any_world_size(world, nbytes):
+def test_grid_config_is_co_resident_for_any_world_size(world, nbytes):
     caps = TopologyCaps(world, True, "nvlink", 132, 64 << 20)
-    cfg = launch_config(caps, nbytes)
+    cfg = grid_config(caps, nbytes)
     assert 1 <= cfg.grid <= min(caps.num_sms, MAX_BLOCKS)
 
 
 def test_interpreter_launches_are_small():
     caps = TopologyCaps(2, True, "host", 2, 1 << 20, interpret=True)
-    assert launch_config(caps, 1 << 20).grid <= 2
+    assert grid_config(caps, 1 << 20).grid <= 2
 
 
 @pytest.mark.parametrize("world", [2, 3, 8, 16])

@@ -9,7 +9,6 @@ metadata.shared).
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from dataclasses import dataclass
 from unittest import mock
@@ -21,7 +20,7 @@ import sparkinfer.moe.runner as moe_run
 _PTR = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32",
         torch.int32: "*i32", torch.uint8: "*u8"}
 KERNELS = ("moe_fc1_kernel", "moe_act_kernel", "moe_fc2_kernel", "moe_reduce_kernel",
-           "sort_count_kernel", "sort_offsets_kernel", "sort_scatter_kernel", "moe_resident_kernel")
+           "sort_count_kernel", "sort_offsets_kernel", "sort_scatter_kernel")
 
 
 @dataclass
@@ -118,20 +117,15 @@ def compile_sm90(launch: Launch):
 
 
 def compile_plan_launches(shape: dict, fmt: str, tokens: int, max_tokens: int,
-                          spec_kw: dict | None = None, decode: str = "arith",
-                          family: str | None = None) -> list[dict]:
+                          spec_kw: dict | None = None, decode: str = "arith") -> list[dict]:
     """Compile every launch of one call (router included) at real dims (meta
-    tensors); usage rows per kernel. family "resident": the micro config of
-    `tokens` run by the resident kernel."""
+    tensors); usage rows per kernel."""
     from sparkinfer.moe import MoECaps, MoESpec, allocate_scratch, bind, plan
     from tests.moe._util import meta_weights
 
     caps = MoECaps(max_tokens=max_tokens, **shape)
     spec = MoESpec(weight_format=fmt, **(spec_kw or {}))
     p = plan(caps, spec).with_changes(decode=decode)
-    if family == "resident":
-        p = p.forced(dataclasses.replace(p.config_for(tokens), family="resident", grid_per_sm=2,
-                                         prefetch=1))
     h, e = caps.hidden, caps.num_experts
     meta = dict(dtype=torch.bfloat16, device="meta")
     bias = (torch.empty(e, device="meta") if spec.routing == "sigmoid_grouped" else None)
@@ -147,7 +141,6 @@ def compile_plan_launches(shape: dict, fmt: str, tokens: int, max_tokens: int,
                          grid=list(launch.grid), **ptxas_usage(compiled),
                          sm90=".target sm_90" in compiled.asm["ptx"], sync_u8_loads=sync_u8,
                          launch_pdl=bool(launch.kwargs.get("launch_pdl")),
-                         cooperative=bool(launch.kwargs.get("launch_cooperative_grid")),
                          pdl_waits=compiled.asm["ptx"].count("griddepcontrol.wait"),
                          pdl_triggers=compiled.asm["ptx"].count("griddepcontrol.launch_dependents")))
     return rows

@@ -1,11 +1,13 @@
 """Every rejection of prepare_weights and bind, and the capture rule for `out`."""
 
+import dataclasses
+
 import pytest
 import torch
 
-import sparkinfer.moe.launch as moe_launch
-from sparkinfer.errors import CapacityError, CaptureError, DTypeError, LayoutError, ShapeError
-from sparkinfer.moe import MoECaps, MoESpec, bind, plan, prepare_weights
+import sparkinfer.moe.binding as moe_binding
+from sparkinfer.errors import CapacityError, CaptureError, DTypeError, LayoutError, PlanError, ShapeError
+from sparkinfer.moe import MoECaps, MoESpec, allocate_scratch, bind, plan, prepare_weights
 from sparkinfer.quant import quantize_nvfp4
 from tests.moe._util import random_layer
 
@@ -69,11 +71,23 @@ def test_bind_rejects_scratch_and_weights_of_another_plan(layer):
         bind(p4, scratch, w, **_good())
 
 
+def test_bind_rejects_configs_that_cannot_serve_the_call(layer):
+    p, w, _, scratch = layer
+    micro = p.config_for(1)
+    odd = p.forced(dataclasses.replace(micro, family="resident"))
+    with pytest.raises(PlanError,
+                       match=r"config family 'resident' for T=3; the kernel families are \('micro', 'grouped'\)"):
+        bind(odd, allocate_scratch(odd, "cpu"), w, **_good())
+    wide = dataclasses.replace(p, caps=dataclasses.replace(CAPS, max_tokens=32), buckets=((32, micro),))
+    with pytest.raises(PlanError, match="the micro family serves T <= block_m=16 tokens, got T=17"):
+        bind(wide, allocate_scratch(wide, "cpu"), w, **_good(17))
+
+
 def test_missing_out_allocates_eagerly_but_raises_during_capture(layer, monkeypatch):
     p, w, _, scratch = layer
     b = bind(p, scratch, w, **_good())
     assert b.out.shape == (3, 64) and b.out.dtype == torch.bfloat16
-    monkeypatch.setattr(moe_launch, "_capturing", lambda device: True)
+    monkeypatch.setattr(moe_binding, "_capturing", lambda device: True)
     with pytest.raises(CaptureError, match="preallocated out"):
         bind(p, scratch, w, **_good())
 

@@ -58,18 +58,3 @@ def test_launches_compile_for_sm90(compiled, name, fmt, t):
         # NVFP4 codes and E4M3 scales ride the cp.async pipeline: no step waits on HBM
         assert r["sync_u8_loads"] == 0 or not r["kernel"].startswith("moe_fc"), r
 
-
-RESIDENT = [("qwen3", QWEN3, "nvfp4", 1), ("dsv3_tp8", DSV3_TP8, "nvfp4", 8),
-            ("mixtral", MIXTRAL, "bf16", 4)]
-
-
-def test_resident_kernel_compiles_for_sm90_cooperatively():
-    """The resident family at real dims: one cooperative launch after the router,
-    within the H200's shared memory, no spills, two programs' registers per SM."""
-    rows_all = _compile([[shape, fmt, t, 16, {}, "ptx", "resident"] for _, shape, fmt, t in RESIDENT])
-    for (name, *_), rows in zip(RESIDENT, rows_all):
-        assert [r["kernel"] for r in rows] == ["routing_kernel", "moe_resident_kernel"], name
-        r = rows[1]
-        assert r["cooperative"] and r["family"] == "resident", r
-        assert r["shared"] <= H200_MAX_SHARED // 2 and r["spill"] == 0, r
-        assert r["regs"] * 128 * 2 <= 65536, r  # 4 warps: two programs fit an SM's registers

@@ -36,39 +36,39 @@ def sub_range(lo, hi, s, PIPE: tl.constexpr, BLOCK: tl.constexpr):
 
 @triton.jit(do_not_specialize=["rank"])  # same code on every rank (rank 1 would be a constant)
 def oneshot_all_reduce_kernel(
-    p_x, p_out, n, table, rank, fp, timeout_ns, stage_off, slot_bytes, lane_bytes,
-    OP: tl.constexpr, W: tl.constexpr, BLOCK: tl.constexpr, PIPE: tl.constexpr, INTERP: tl.constexpr,
+    p_x, p_out, n, p_table, rank, fp, timeout_ns, stage_off, slot_bytes, lane_bytes,
+    OP: tl.constexpr, W: tl.constexpr, BLOCK: tl.constexpr, PIPE: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     """out[n] = sum over ranks of x[n]; each rank reduces every peer's pushed input locally.
 
     PIPE pieces per block, each with its own flag phase: piece s is pushed and
     signalled before piece s + 1 is pushed, so reducing early pieces overlaps
     the transfer of later ones."""
-    epoch, deadline = begin(table, rank, timeout_ns, INTERP)
+    epoch, deadline = begin(p_table, rank, timeout_ns, INTERPRET)
     lo, hi = block_range(n, BLOCK)
     for s in tl.static_range(PIPE):
         s_lo, s_hi = sub_range(lo, hi, s, PIPE, BLOCK)
-        push_to_peers(p_x, s_lo, s_hi, table, rank, epoch, stage_off, slot_bytes, lane_bytes, W, BLOCK)
-        signal_peers(table, rank, epoch, s, fp, W, INTERP)
+        push_to_peers(p_x, s_lo, s_hi, p_table, rank, epoch, stage_off, slot_bytes, lane_bytes, W, BLOCK)
+        signal_peers(p_table, rank, epoch, s, fp, W, INTERPRET)
     status = tl.zeros([], tl.int32)
     for s in tl.static_range(PIPE):
         if status == 0:
-            status = wait_peers(table, rank, epoch, s, fp, deadline, OP, W, INTERP)
+            status = wait_peers(p_table, rank, epoch, s, fp, deadline, OP, W, INTERPRET)
         if status == 0:
             s_lo, s_hi = sub_range(lo, hi, s, PIPE, BLOCK)
             for start in range(s_lo, s_hi, BLOCK):
-                o = tl.multiple_of(start, BLOCK) + tl.arange(0, BLOCK)
-                m = o < s_hi
-                acc = reduce_lanes(p_x, o, m, table, rank, epoch, stage_off, slot_bytes, lane_bytes, W)
-                tl.store(p_out + o, acc.to(p_out.dtype.element_ty), mask=m)
-    finish(table, rank, epoch)
+                o_n = tl.multiple_of(start, BLOCK) + tl.arange(0, BLOCK)
+                m_n = o_n < s_hi
+                acc = reduce_lanes(p_x, o_n, m_n, p_table, rank, epoch, stage_off, slot_bytes, lane_bytes, W)
+                tl.store(p_out + o_n, acc.to(p_out.dtype.element_ty), mask=m_n)
+    finish(p_table, rank, epoch)
 
 
 @triton.jit(do_not_specialize=["rank"])  # same code on every rank (rank 1 would be a constant)
 def twoshot_all_reduce_kernel(
-    p_x, p_out, n, chunk, table, rank, fp, timeout_ns, stage_off, slot_bytes, lane_bytes,
+    p_x, p_out, n, chunk, p_table, rank, fp, timeout_ns, stage_off, slot_bytes, lane_bytes,
     OP: tl.constexpr, W: tl.constexpr, BLOCK: tl.constexpr, GATHER: tl.constexpr, PIPE: tl.constexpr,
-    INTERP: tl.constexpr,
+    INTERPRET: tl.constexpr,
 ):
     """Rank c owns x[c*chunk : (c+1)*chunk] (the last chunk may be short).
 
@@ -79,55 +79,55 @@ def twoshot_all_reduce_kernel(
     PIPE pieces so one piece's reduction overlaps the next piece's transfer.
     GATHER=False is reduce-scatter: out[chunk] holds this rank's reduced chunk.
     """
-    epoch, deadline = begin(table, rank, timeout_ns, INTERP)
+    epoch, deadline = begin(p_table, rank, timeout_ns, INTERPRET)
     lo, hi = block_range(chunk, BLOCK)
     for s in tl.static_range(PIPE):
         s_lo, s_hi = sub_range(lo, hi, s, PIPE, BLOCK)
         for c in tl.static_range(W):
             if c != rank:
-                p_lane = as_ptr(stage_addr(table, c, epoch, rank, stage_off, slot_bytes, lane_bytes), p_x)
+                p_lane = as_ptr(stage_addr(p_table, c, epoch, rank, stage_off, slot_bytes, lane_bytes), p_x)
                 copy_range(p_x + c * chunk, p_lane, s_lo, tl.minimum(s_hi, n - c * chunk), BLOCK)
-        signal_peers(table, rank, epoch, s, fp, W, INTERP)
+        signal_peers(p_table, rank, epoch, s, fp, W, INTERPRET)
     mine = rank * chunk
     status = tl.zeros([], tl.int32)
     for s in tl.static_range(PIPE):
         if status == 0:
-            status = wait_peers(table, rank, epoch, s, fp, deadline, OP, W, INTERP)
+            status = wait_peers(p_table, rank, epoch, s, fp, deadline, OP, W, INTERPRET)
         if status == 0:
             s_lo, s_hi = sub_range(lo, hi, s, PIPE, BLOCK)
             hi_mine = tl.minimum(s_hi, n - mine)
             for start in range(s_lo, hi_mine, BLOCK):
-                o = tl.multiple_of(start, BLOCK) + tl.arange(0, BLOCK)
-                m = o < hi_mine
-                res = reduce_lanes(p_x + mine, o, m, table, rank, epoch, stage_off, slot_bytes, lane_bytes,
+                o_n = tl.multiple_of(start, BLOCK) + tl.arange(0, BLOCK)
+                m_n = o_n < hi_mine
+                res = reduce_lanes(p_x + mine, o_n, m_n, p_table, rank, epoch, stage_off, slot_bytes, lane_bytes,
                                    W).to(p_out.dtype.element_ty)
                 if GATHER:
-                    tl.store(p_out + mine + o, res, mask=m)
+                    tl.store(p_out + mine + o_n, res, mask=m_n)
                     for c in tl.static_range(W):
                         if c != rank:
-                            p_g = as_ptr(stage_addr(table, c, epoch, W, stage_off, slot_bytes, lane_bytes), p_out)
-                            tl.store(p_g + mine + o, res, mask=m)
+                            p_g = as_ptr(stage_addr(p_table, c, epoch, W, stage_off, slot_bytes, lane_bytes), p_out)
+                            tl.store(p_g + mine + o_n, res, mask=m_n)
                 else:
-                    tl.store(p_out + o, res, mask=m)
+                    tl.store(p_out + o_n, res, mask=m_n)
             if GATHER:
-                signal_peers(table, rank, epoch, PIPE + s, fp, W, INTERP)
+                signal_peers(p_table, rank, epoch, PIPE + s, fp, W, INTERPRET)
     if GATHER:
-        p_g = as_ptr(stage_addr(table, rank, epoch, W, stage_off, slot_bytes, lane_bytes), p_out)
+        p_g = as_ptr(stage_addr(p_table, rank, epoch, W, stage_off, slot_bytes, lane_bytes), p_out)
         for s in tl.static_range(PIPE):
             if status == 0:
-                status = wait_peers(table, rank, epoch, PIPE + s, fp, deadline, OP, W, INTERP)
+                status = wait_peers(p_table, rank, epoch, PIPE + s, fp, deadline, OP, W, INTERPRET)
             if status == 0:
                 s_lo, s_hi = sub_range(lo, hi, s, PIPE, BLOCK)
                 for c in tl.static_range(W):
                     if c != rank:
                         copy_range(p_g + c * chunk, p_out + c * chunk, s_lo, tl.minimum(s_hi, n - c * chunk), BLOCK)
-    finish(table, rank, epoch)
+    finish(p_table, rank, epoch)
 
 
 @triton.jit(do_not_specialize=["rank"])  # same code on every rank (rank 1 would be a constant)
 def oneshot_ll_all_reduce_kernel(
-    p_x, p_out, nwords, table, rank, fp, timeout_ns, stage_off, slot_bytes, lane_bytes,
-    OP: tl.constexpr, W: tl.constexpr, BLOCK: tl.constexpr, HALF: tl.constexpr, INTERP: tl.constexpr,
+    p_x, p_out, nwords, p_table, rank, fp, timeout_ns, stage_off, slot_bytes, lane_bytes,
+    OP: tl.constexpr, W: tl.constexpr, BLOCK: tl.constexpr, HALF: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     """One-shot all-reduce over the LL transport, for latency-bound sizes.
 
@@ -136,35 +136,35 @@ def oneshot_ll_all_reduce_kernel(
     stage_off/slot_bytes/lane_bytes here describe the LL region (ll_channel_args).
     Reduction in rank order with fp32 accumulation, as in the plain one-shot."""
     DT: tl.constexpr = p_x.dtype.element_ty
-    epoch, deadline = begin(table, rank, timeout_ns, INTERP)
+    epoch, deadline = begin(p_table, rank, timeout_ns, INTERPRET)
     flag = ll_flag(epoch, fp)
     p_x32 = p_x.to(tl.pointer_type(tl.int32), bitcast=True)
     p_out32 = p_out.to(tl.pointer_type(tl.int32), bitcast=True)
     lo, hi = block_range(nwords, BLOCK)
     for start in range(lo, hi, BLOCK):
-        o = tl.multiple_of(start, BLOCK) + tl.arange(0, BLOCK)
-        m = o < hi
-        w = ll_pack(tl.load(p_x32 + o, mask=m), flag)
+        o_n = tl.multiple_of(start, BLOCK) + tl.arange(0, BLOCK)
+        m_n = o_n < hi
+        w = ll_pack(tl.load(p_x32 + o_n, mask=m_n), flag)
         for r in tl.static_range(W):
             if r != rank:
-                p_lane = as_ptr(stage_addr(table, r, epoch, rank, stage_off, slot_bytes, lane_bytes), table)
-                tl.store(p_lane + o, w, mask=m)
+                p_lane = as_ptr(stage_addr(p_table, r, epoch, rank, stage_off, slot_bytes, lane_bytes), p_table)
+                tl.store(p_lane + o_n, w, mask=m_n)
     status = tl.zeros([], tl.int32)
     for start in range(lo, hi, BLOCK):
-        o = tl.multiple_of(start, BLOCK) + tl.arange(0, BLOCK)
-        m = o < hi
+        o_n = tl.multiple_of(start, BLOCK) + tl.arange(0, BLOCK)
+        m_n = o_n < hi
         acc_lo = tl.zeros([BLOCK], tl.float32)
         acc_hi = tl.zeros([BLOCK], tl.float32)
         for r in tl.static_range(W):
             if r == rank:
-                d = tl.load(p_x32 + o, mask=m, other=0)
+                d = tl.load(p_x32 + o_n, mask=m_n, other=0)
             else:
-                p_lane = as_ptr(stage_addr(table, rank, epoch, r, stage_off, slot_bytes, lane_bytes), table)
-                v, st = ll_wait_tile(p_lane, o, m, flag, table, rank, r, epoch, deadline, OP, W, INTERP)
+                p_lane = as_ptr(stage_addr(p_table, rank, epoch, r, stage_off, slot_bytes, lane_bytes), p_table)
+                v, st = ll_wait_tile(p_lane, o_n, m_n, flag, p_table, rank, r, epoch, deadline, OP, W, INTERPRET)
                 status = tl.maximum(status, st)
                 d = (v & 0xFFFFFFFF).to(tl.int32)
-                tl.store(p_lane + o, tl.zeros_like(v), mask=m)  # consumed: 0 can never pass for a flag
+                tl.store(p_lane + o_n, tl.zeros_like(v), mask=m_n)  # consumed: 0 can never pass for a flag
             acc_lo, acc_hi = unpack_add(acc_lo, acc_hi, d, HALF, DT)
         if status == 0:
-            tl.store(p_out32 + o, pack_out(acc_lo, acc_hi, HALF, DT), mask=m)
-    finish(table, rank, epoch)
+            tl.store(p_out32 + o_n, pack_out(acc_lo, acc_hi, HALF, DT), mask=m_n)
+    finish(p_table, rank, epoch)

@@ -2,23 +2,21 @@
 
 from __future__ import annotations
 
+from sparkinfer.comm import nccl
 from sparkinfer.comm.all_reduce.kernel import (
     oneshot_all_reduce_kernel,
     oneshot_ll_all_reduce_kernel,
     twoshot_all_reduce_kernel,
 )
-from sparkinfer.comm.launching import (
-    OP_CODES,
-    channel_args,
-    check_capacity,
-    check_errors,
-    check_tensor,
-    fingerprint,
-    launch_kernel,
-    ll_channel_args,
-    wants_fallback,
+from sparkinfer.comm.dispatch import check_tensor, launch, use_kernel
+from sparkinfer.comm.topology import (
+    ALGORITHMS,
+    GridConfig,
+    check_grid_config,
+    grid_config,
+    ll_grid_config,
+    select_algorithm,
 )
-from sparkinfer.comm.topology import ALGORITHMS, select_algorithm
 from sparkinfer.errors import CapacityError, ShapeError
 
 __all__ = ["all_reduce", "twoshot_chunk"]
@@ -30,73 +28,59 @@ def twoshot_chunk(n: int, world_size: int) -> int:
     return -(-per_rank // 64) * 64
 
 
-def all_reduce(comm, x, out=None, *, algorithm: str = "auto"):
+def all_reduce(ctx, x, out=None, *, algorithm: str = "auto", config: GridConfig | None = None):
     """out = sum of x over ranks, bitwise identical on every rank.
 
-    x: [*] bf16/fp16/fp32, contiguous, on comm.device. out: like x (may be x).
+    ctx: the calling Communicator's OpContext (comm.context). x: [*]
+    bf16/fp16/fp32, contiguous, on ctx.device. out: like x (may be x).
+    algorithm: "auto" (topology.select_algorithm; NCCL above the staging
+    capacity outside capture), "ll", "oneshot", "twoshot" or "nccl".
+    config: the launch shape of the kernel that runs (benchmark sweeps, tests);
+    None: topology.grid_config / ll_grid_config of the bytes it stages. Every
+    rank must pass the same (it is part of the fingerprint); PlanError if it is
+    not a shape check_grid_config accepts.
     Allocates out only if not given. No host sync. Legal in CUDA graph capture
     (inside pool.capture) for configurations that ran once eagerly.
     """
     import torch
 
-    check_tensor("x", x, comm.device)
+    check_tensor("x", x, ctx.device)
     if out is None:
         out = torch.empty_like(x)
     else:
-        check_tensor("out", out, comm.device)
+        check_tensor("out", out, ctx.device)
         if out.shape != x.shape or out.dtype != x.dtype:
             raise ShapeError(f"out must match x: got {tuple(out.shape)}/{out.dtype} for x {tuple(x.shape)}/{x.dtype}")
     n, nbytes = x.numel(), x.numel() * x.element_size()
     if n == 0:
         return out
-    capturing = comm.streams.is_capturing()
-    if algorithm == "auto":
-        fallback = wants_fallback(comm, nbytes, "all_reduce")
-        algorithm = "nccl" if fallback else select_algorithm(comm.caps, nbytes, x.dtype)
-    elif algorithm not in ALGORITHMS:
+    if algorithm != "auto" and algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be 'auto' or one of {ALGORITHMS}, got {algorithm!r}")
-    if algorithm == "nccl":
-        return comm.fallback_all_reduce(x, out)
+    if config is not None:
+        check_grid_config(config, ctx.caps)
+    if not use_kernel(ctx, "all_reduce", nbytes, algorithm):
+        return nccl.all_reduce(ctx, x, out)
+    if algorithm == "auto":
+        algorithm = select_algorithm(ctx.caps, nbytes, x.dtype)
     if algorithm == "ll" and nbytes % 4:
         algorithm = "oneshot"  # LL moves 4-byte words; odd 16-bit counts take the plain one-shot
-    ch = comm.pool.channel()
-    check_errors(ch)
-    check_capacity(nbytes, ch, "all_reduce")
-    table, rank, stage_off, slot_bytes, lane_bytes = channel_args(ch)
-    W = comm.world_size
+    W, dtype = ctx.world_size, str(x.dtype)
     if algorithm == "ll":
-        if 2 * nbytes > ch.layout.ll_lane_bytes:
+        if 2 * nbytes > ctx.layout.ll_lane_bytes:
             raise CapacityError(
-                f"all_reduce with algorithm='ll' carries at most {ch.layout.ll_lane_bytes // 2} B on this channel, "
+                f"all_reduce with algorithm='ll' carries at most {ctx.layout.ll_lane_bytes // 2} B on this channel, "
                 f"got {nbytes} B; use algorithm='auto' or 'oneshot'"
             )
-        table, rank, stage_off, slot_bytes, lane_bytes = ll_channel_args(ch)
-        nwords = nbytes // 4
-        cfg = comm.ll_config_for(nbytes)
-        op = "all_reduce_ll"
-        fp = fingerprint(op, n, str(x.dtype), cfg.grid)
-        args = (x, out, nwords, table, rank, fp, comm.timeout_ns, stage_off, slot_bytes, lane_bytes)
-        kernel = oneshot_ll_all_reduce_kernel
-        consts = dict(OP=OP_CODES[op], W=W, BLOCK=cfg.block, HALF=x.element_size() == 2, INTERP=comm.caps.interpret)
+        cfg = config or ll_grid_config(ctx.caps, nbytes)
+        launch(ctx, "all_reduce_ll", oneshot_ll_all_reduce_kernel, cfg=cfg, args=(x, out, nbytes // 4),
+               consts=dict(BLOCK=cfg.block, HALF=x.element_size() == 2), facts=(n, dtype, cfg.grid), region="ll")
     elif algorithm == "oneshot":
-        cfg = comm.config_for(nbytes)
-        op = "all_reduce_oneshot"
-        fp = fingerprint(op, n, str(x.dtype), cfg.grid, cfg.pipe)
-        args = (x, out, n, table, rank, fp, comm.timeout_ns, stage_off, slot_bytes, lane_bytes)
-        kernel = oneshot_all_reduce_kernel
-        consts = dict(OP=OP_CODES[op], W=W, BLOCK=cfg.block, PIPE=cfg.pipe, INTERP=comm.caps.interpret)
+        cfg = config or grid_config(ctx.caps, nbytes)
+        launch(ctx, "all_reduce_oneshot", oneshot_all_reduce_kernel, cfg=cfg, args=(x, out, n),
+               consts=dict(BLOCK=cfg.block, PIPE=cfg.pipe), facts=(n, dtype, cfg.grid, cfg.pipe))
     else:
         chunk = twoshot_chunk(n, W)
-        cfg = comm.config_for(chunk * x.element_size())
-        op = "all_reduce_twoshot"
-        fp = fingerprint(op, n, str(x.dtype), cfg.grid, cfg.pipe)
-        args = (x, out, n, chunk, table, rank, fp, comm.timeout_ns, stage_off, slot_bytes, lane_bytes)
-        kernel = twoshot_all_reduce_kernel
-        consts = dict(OP=OP_CODES[op], W=W, BLOCK=cfg.block, GATHER=True, PIPE=cfg.pipe, INTERP=comm.caps.interpret)
-    key = (op, x.dtype, cfg, n % 16 == 0)
-    launch_kernel(kernel, cfg, key, capturing, args, consts)
-    if comm.caps.interpret:
-        check_errors(ch)  # interpreted kernels are synchronous: report at once
+        cfg = config or grid_config(ctx.caps, chunk * x.element_size())
+        launch(ctx, "all_reduce_twoshot", twoshot_all_reduce_kernel, cfg=cfg, args=(x, out, n, chunk),
+               consts=dict(BLOCK=cfg.block, GATHER=True, PIPE=cfg.pipe), facts=(n, dtype, cfg.grid, cfg.pipe))
     return out
-
-

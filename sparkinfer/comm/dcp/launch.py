@@ -9,19 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sparkinfer.comm import nccl
 from sparkinfer.comm.channel import MAX_BLOCKS
 from sparkinfer.comm.dcp.kernel import all_gather_heads_kernel, dcp_merge_kernel
 from sparkinfer.comm.dcp.reference import merge_partials
-from sparkinfer.comm.launching import (
-    OP_CODES,
-    channel_args,
-    check_errors,
-    check_tensor,
-    fingerprint,
-    launch_kernel,
-)
+from sparkinfer.comm.dispatch import check_tensor, launch, use_kernel
 from sparkinfer.comm.topology import TopologyCaps
-from sparkinfer.errors import CapacityError, LayoutError, ShapeError
+from sparkinfer.errors import LayoutError, ShapeError
 
 __all__ = ["RowConfig", "row_config", "dcp_merge", "all_gather_heads"]
 
@@ -90,34 +84,26 @@ def _check_out(name: str, t, shape: tuple, dtype, dev) -> None:
         raise ShapeError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
 
 
-def _use_kernel(comm, algorithm: str, nbytes: int, op: str) -> bool:
+def _use_kernel(ctx, algorithm: str, nbytes: int, op: str) -> bool:
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
-    if algorithm == "nccl" or not comm.caps.peer_access:
-        return False
-    if nbytes <= comm.caps.capacity:
-        return True
-    if algorithm == "kernel" or comm.streams.is_capturing():
-        raise CapacityError(
-            f"{op} stages {nbytes} B per peer but the staging capacity is {comm.caps.capacity} B; create the "
-            "Communicator with a larger capacity_bytes (or call it eagerly with algorithm='auto' to use NCCL)"
-        )
-    return False
+    return use_kernel(ctx, op, nbytes, algorithm)
 
 
-def _gather_nccl(comm, t):
+def _gather_nccl(ctx, t):
     """[W, *t.shape]: every rank's t through torch.distributed (allocates, copies)."""
     import torch
 
-    out = torch.empty((comm.world_size * t.shape[0],) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
-    comm.fallback_all_gather(t.contiguous(), out)
-    return out.view((comm.world_size,) + tuple(t.shape))
+    out = torch.empty((ctx.world_size * t.shape[0],) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
+    nccl.all_gather(ctx, t.contiguous(), out)
+    return out.view((ctx.world_size,) + tuple(t.shape))
 
 
-def dcp_merge(comm, out_partial, lse, *, scatter_heads: bool = False, lse_base: str = "e", return_lse: bool = False,
+def dcp_merge(ctx, out_partial, lse, *, scatter_heads: bool = False, lse_base: str = "e", return_lse: bool = False,
               out=None, lse_out=None, algorithm: str = "auto"):
     """Merge partial attention computed on W sequence shards of the KV cache.
 
+    ctx: the calling Communicator's OpContext (comm.context).
     out_partial: [T, H, D] bf16/fp16/fp32, this rank's partial o (D contiguous;
     any T/H strides). lse: [T, H] fp32, any strides, natural log (lse_base "e")
     or log2 ("2"); -inf marks an empty shard, whose o may be NaN and is ignored.
@@ -135,7 +121,7 @@ def dcp_merge(comm, out_partial, lse, *, scatter_heads: bool = False, lse_base: 
     """
     import torch
 
-    dev = comm.device
+    dev = ctx.device
     _check_rows("out_partial", out_partial, dev)
     T, H, D = out_partial.shape
     _check_dtype_device("lse", lse, dev, ("float32",))
@@ -143,7 +129,7 @@ def dcp_merge(comm, out_partial, lse, *, scatter_heads: bool = False, lse_base: 
         raise ShapeError(f"lse must be [T, H] = {(T, H)} to match out_partial; got {tuple(lse.shape)}")
     if lse_base not in ("e", "2"):
         raise ValueError(f"lse_base must be 'e' (natural log) or '2' (log2), got {lse_base!r}")
-    W = comm.world_size
+    W = ctx.world_size
     if scatter_heads and H % W:
         raise ShapeError(f"scatter_heads splits H = {H} heads over {W} ranks; H must be a multiple of {W}")
     Hs = H // W if scatter_heads else H
@@ -159,66 +145,52 @@ def dcp_merge(comm, out_partial, lse, *, scatter_heads: bool = False, lse_base: 
     if n_rows * D == 0:
         return result
     lse_off = -(-n_rows * D * out_partial.element_size() // 16) * 16
-    if not _use_kernel(comm, algorithm, lse_off + 4 * n_rows, "dcp_merge"):
-        o_all, lse_all = _gather_nccl(comm, out_partial), _gather_nccl(comm, lse)
+    if not _use_kernel(ctx, algorithm, lse_off + 4 * n_rows, "dcp_merge"):
+        o_all, lse_all = _gather_nccl(ctx, out_partial), _gather_nccl(ctx, lse)
         if scatter_heads:
-            heads = slice(comm.rank * Hs, (comm.rank + 1) * Hs)
+            heads = slice(ctx.rank * Hs, (ctx.rank + 1) * Hs)
             o_all, lse_all = o_all[:, :, heads], lse_all[:, :, heads]
         o, l = merge_partials(o_all, lse_all, lse_base)
         out.copy_(o)
         if lse_out is not None:
             lse_out.copy_(l)
         return result
-    ch = comm.pool.channel()
-    check_errors(ch)
-    table, rank, stage_off, slot_bytes, lane_bytes = channel_args(ch)
-    cfg = row_config(comm.caps, n_rows, D, out_partial.element_size())
-    op = "dcp_merge"
-    fp = fingerprint(op, T, H, D, str(out_partial.dtype), bool(scatter_heads), cfg.grid)
+    cfg = row_config(ctx.caps, n_rows, D, out_partial.element_size())
     p_lse_out = lse_out if lse_out is not None else out  # never written when RETURN_LSE is False
     args = (out_partial, out_partial.stride(0), out_partial.stride(1), lse, lse.stride(0), lse.stride(1),
-            out, out.stride(0), out.stride(1), p_lse_out, n_rows, Hs, D, lse_off,
-            table, rank, fp, comm.timeout_ns, stage_off, slot_bytes, lane_bytes)
-    consts = dict(OP=OP_CODES[op], W=W, R=cfg.rows, BLOCK_D=cfg.block_d, SCATTER=bool(scatter_heads),
-                  BASE2=lse_base == "2", RETURN_LSE=lse_out is not None, INTERP=comm.caps.interpret)
-    launch_kernel(dcp_merge_kernel, cfg, (op,), comm.streams.is_capturing(), args, consts)
-    if comm.caps.interpret:
-        check_errors(ch)  # interpreted kernels are synchronous: report at once
+            out, out.stride(0), out.stride(1), p_lse_out, n_rows, Hs, D, lse_off)
+    consts = dict(R=cfg.rows, BLOCK_D=cfg.block_d, SCATTER=bool(scatter_heads), BASE2=lse_base == "2",
+                  RETURN_LSE=lse_out is not None)
+    launch(ctx, "dcp_merge", dcp_merge_kernel, cfg=cfg, args=args, consts=consts,
+           facts=(T, H, D, str(out_partial.dtype), bool(scatter_heads), cfg.grid))
     return result
 
 
-def all_gather_heads(comm, x, out=None, *, algorithm: str = "auto"):
+def all_gather_heads(ctx, x, out=None, *, algorithm: str = "auto"):
     """out[:, r * Hs:(r + 1) * Hs] = rank r's x, bitwise.
 
+    ctx: the calling Communicator's OpContext.
     x: [T, Hs, D] any dtype the comm ops take (D contiguous; any T/Hs strides).
     out: [T, W * Hs, D], x's dtype, contiguous. Allocates out only if not given.
     No host sync. Capture-legal once the configuration ran eagerly.
     """
     import torch
 
-    dev = comm.device
+    dev = ctx.device
     _check_rows("x", x, dev)
     T, Hs, D = x.shape
-    W = comm.world_size
+    W = ctx.world_size
     if out is None:
         out = torch.empty((T, W * Hs, D), dtype=x.dtype, device=dev)
     _check_out("out", out, (T, W * Hs, D), x.dtype, dev)
     n_rows = T * Hs
     if n_rows * D == 0:
         return out
-    if not _use_kernel(comm, algorithm, n_rows * D * x.element_size(), "all_gather_heads"):
-        out.view(T, W, Hs, D).copy_(_gather_nccl(comm, x).transpose(0, 1))
+    if not _use_kernel(ctx, algorithm, n_rows * D * x.element_size(), "all_gather_heads"):
+        out.view(T, W, Hs, D).copy_(_gather_nccl(ctx, x).transpose(0, 1))
         return out
-    ch = comm.pool.channel()
-    check_errors(ch)
-    table, rank, stage_off, slot_bytes, lane_bytes = channel_args(ch)
-    cfg = row_config(comm.caps, n_rows, D, x.element_size())
-    op = "all_gather_heads"
-    fp = fingerprint(op, T, Hs, D, str(x.dtype), cfg.grid)
-    args = (x, x.stride(0), x.stride(1), out, out.stride(0), out.stride(1), n_rows, Hs, D,
-            table, rank, fp, comm.timeout_ns, stage_off, slot_bytes, lane_bytes)
-    consts = dict(OP=OP_CODES[op], W=W, R=cfg.rows, BLOCK_D=cfg.block_d, INTERP=comm.caps.interpret)
-    launch_kernel(all_gather_heads_kernel, cfg, (op,), comm.streams.is_capturing(), args, consts)
-    if comm.caps.interpret:
-        check_errors(ch)
+    cfg = row_config(ctx.caps, n_rows, D, x.element_size())
+    args = (x, x.stride(0), x.stride(1), out, out.stride(0), out.stride(1), n_rows, Hs, D)
+    launch(ctx, "all_gather_heads", all_gather_heads_kernel, cfg=cfg, args=args,
+           consts=dict(R=cfg.rows, BLOCK_D=cfg.block_d), facts=(T, Hs, D, str(x.dtype), cfg.grid))
     return out

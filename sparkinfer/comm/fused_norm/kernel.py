@@ -63,25 +63,25 @@ from sparkinfer.comm.protocol import (
 
 
 @triton.jit
-def _residual_tile(p_x, p_res, o, m, table, rank, epoch, stage_off, slot_bytes, lane_bytes, W: tl.constexpr):
+def _residual_tile(p_x, p_res, o_n, m_n, p_table, rank, epoch, stage_off, slot_bytes, lane_bytes, W: tl.constexpr):
     """residual_out values at o: round(sum over ranks of x + residual), as fp32 (masked lanes 0)."""
-    acc = reduce_lanes(p_x, o, m, table, rank, epoch, stage_off, slot_bytes, lane_bytes, W)
-    b_r = (acc + tl.load(p_res + o, mask=m, other=0.0).to(tl.float32)).to(p_res.dtype.element_ty)
+    acc = reduce_lanes(p_x, o_n, m_n, p_table, rank, epoch, stage_off, slot_bytes, lane_bytes, W)
+    b_r = (acc + tl.load(p_res + o_n, mask=m_n, other=0.0).to(tl.float32)).to(p_res.dtype.element_ty)
     return b_r.to(tl.float32)
 
 
 @triton.jit
-def _out_tile(b_r, rstd, b_w, p_out, o, m):
+def _out_tile(b_r, rstd, b_w, p_out, o_n, m_n):
     """out[o] = r * rstd * w (b_w: the weight at o's hidden positions, fp32)."""
-    tl.store(p_out + o, (b_r * rstd * b_w).to(p_out.dtype.element_ty), mask=m)
+    tl.store(p_out + o_n, (b_r * rstd * b_w).to(p_out.dtype.element_ty), mask=m_n)
 
 
 @triton.jit(do_not_specialize=["rank"])  # same code on every rank (rank 1 would be a constant)
 def all_reduce_add_rms_norm_kernel(
     p_x, p_res, p_w, p_out, p_res_out, n_rows, H, S, CH, per, eps,
-    table, rank, fp, timeout_ns, stage_off, slot_bytes, lane_bytes,
+    p_table, rank, fp, timeout_ns, stage_off, slot_bytes, lane_bytes,
     OP: tl.constexpr, W: tl.constexpr, BLOCK: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
-    ONE_PASS: tl.constexpr, INTERP: tl.constexpr,
+    ONE_PASS: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     """x, residual, out, residual_out: [T, H] contiguous; weight: [H].
 
@@ -89,89 +89,89 @@ def all_reduce_add_rms_norm_kernel(
     S pieces of CH elements per row; `per` pieces per block; BLOCK_H: row tile
     (ONE_PASS), BLOCK_C: piece tile.
     """
-    epoch, deadline = begin(table, rank, timeout_ns, INTERP)
+    epoch, deadline = begin(p_table, rank, timeout_ns, INTERPRET)
     p_lo = tl.program_id(0) * per
     p_hi = tl.minimum(p_lo + per, n_rows * S)
-    for p in range(p_lo, p_hi):
-        lo = (p // S) * H + (p % S) * CH
-        push_to_peers(p_x, lo, lo + tl.minimum(CH, H - (p % S) * CH), table, rank, epoch,
+    for piece in range(p_lo, p_hi):
+        lo = (piece // S) * H + (piece % S) * CH
+        push_to_peers(p_x, lo, lo + tl.minimum(CH, H - (piece % S) * CH), p_table, rank, epoch,
                       stage_off, slot_bytes, lane_bytes, W, BLOCK)
-    signal_peers(table, rank, epoch, 0, fp, W, INTERP)
-    status = wait_peers(table, rank, epoch, 0, fp, deadline, OP, W, INTERP)
+    signal_peers(p_table, rank, epoch, 0, fp, W, INTERPRET)
+    status = wait_peers(p_table, rank, epoch, 0, fp, deadline, OP, W, INTERPRET)
     if status == 0:
         if ONE_PASS:
             o_h = tl.arange(0, BLOCK_H)
-            m = o_h < H
-            b_w = tl.load(p_w + o_h, mask=m, other=0.0).to(tl.float32)  # once for all rows of the block
+            m_n = o_h < H
+            b_w = tl.load(p_w + o_h, mask=m_n, other=0.0).to(tl.float32)  # once for all rows of the block
             for row in range(p_lo, p_hi):
-                o = row * H + o_h
-                b_r = _residual_tile(p_x, p_res, o, m, table, rank, epoch, stage_off, slot_bytes, lane_bytes, W)
-                tl.store(p_res_out + o, b_r.to(p_res_out.dtype.element_ty), mask=m)
+                o_n = row * H + o_h
+                b_r = _residual_tile(p_x, p_res, o_n, m_n, p_table, rank, epoch, stage_off, slot_bytes, lane_bytes, W)
+                tl.store(p_res_out + o_n, b_r.to(p_res_out.dtype.element_ty), mask=m_n)
                 rstd = tl.math.rsqrt(tl.sum(b_r * b_r, axis=0) / H + eps)
-                _out_tile(b_r, rstd, b_w, p_out, o, m)
+                _out_tile(b_r, rstd, b_w, p_out, o_n, m_n)
         else:
             tag = (fp.to(tl.int64) << 32) | ((epoch + 1) & LOW32)
-            p_post = as_ptr(stage_addr(table, rank, epoch, W, stage_off, slot_bytes, lane_bytes), table)
+            p_post = as_ptr(stage_addr(p_table, rank, epoch, W, stage_off, slot_bytes, lane_bytes), p_table)
             o_c = tl.arange(0, BLOCK_C)
-            for p in range(p_lo, p_hi):
-                c_lo = (p // S) * H + (p % S) * CH
-                c_hi = c_lo + tl.minimum(CH, H - (p % S) * CH)
+            for piece in range(p_lo, p_hi):
+                c_lo = (piece // S) * H + (piece % S) * CH
+                c_hi = c_lo + tl.minimum(CH, H - (piece % S) * CH)
                 ss = tl.zeros([BLOCK_C], tl.float32)
                 for k in range(c_lo, c_hi, BLOCK_C):
-                    m = k + o_c < c_hi
-                    b_r = _residual_tile(p_x, p_res, k + o_c, m, table, rank, epoch, stage_off, slot_bytes,
+                    m_n = k + o_c < c_hi
+                    b_r = _residual_tile(p_x, p_res, k + o_c, m_n, p_table, rank, epoch, stage_off, slot_bytes,
                                          lane_bytes, W)
-                    tl.store(p_res_out + k + o_c, b_r.to(p_res_out.dtype.element_ty), mask=m)
+                    tl.store(p_res_out + k + o_c, b_r.to(p_res_out.dtype.element_ty), mask=m_n)
                     ss += b_r * b_r
-                publish_local(p_post + 2 * p, tl.sum(ss, axis=0), tag, INTERP)
+                publish_local(p_post + 2 * piece, tl.sum(ss, axis=0), tag, INTERPRET)
             tl.debug_barrier()
-            for p in range(p_lo, p_hi):
-                row = p // S
+            for piece in range(p_lo, p_hi):
+                row = piece // S
                 total = tl.zeros([], tl.float32)
                 for c in range(0, S):
                     if status == 0:
-                        part, status = wait_local(table, rank, p_post + 2 * (row * S + c), tag, deadline, epoch,
-                                                  OP, W, INTERP)
+                        part, status = wait_local(p_table, rank, p_post + 2 * (row * S + c), tag, deadline, epoch,
+                                                  OP, W, INTERPRET)
                         total += part
                 rstd = tl.math.rsqrt(total / H + eps)
-                c_lo = row * H + (p % S) * CH
-                c_hi = c_lo + tl.minimum(CH, H - (p % S) * CH)
+                c_lo = row * H + (piece % S) * CH
+                c_hi = c_lo + tl.minimum(CH, H - (piece % S) * CH)
                 for k in range(c_lo, c_hi, BLOCK_C):
-                    m = k + o_c < c_hi
-                    b_r = tl.load(p_res_out + k + o_c, mask=m, other=0.0).to(tl.float32)
-                    b_w = tl.load(p_w + k + o_c - row * H, mask=m, other=0.0).to(tl.float32)
-                    _out_tile(b_r, rstd, b_w, p_out, k + o_c, m)
-    finish(table, rank, epoch)
+                    m_n = k + o_c < c_hi
+                    b_r = tl.load(p_res_out + k + o_c, mask=m_n, other=0.0).to(tl.float32)
+                    b_w = tl.load(p_w + k + o_c - row * H, mask=m_n, other=0.0).to(tl.float32)
+                    _out_tile(b_r, rstd, b_w, p_out, k + o_c, m_n)
+    finish(p_table, rank, epoch)
 
 
 @triton.jit
-def _piece_words(p, S, CH, H, EPW: tl.constexpr):
-    """[lo, hi) in int32 words of piece p (EPW elements per word). Rows are
+def _piece_words(piece, S, CH, H, EPW: tl.constexpr):
+    """[lo, hi) in int32 words of piece `piece` (EPW elements per word). Rows are
     16-byte multiples and CH a multiple of 64 elements: lo is a multiple of 4."""
-    e_lo = (p // S) * H + (p % S) * CH
+    e_lo = (piece // S) * H + (piece % S) * CH
     w_lo = tl.multiple_of(e_lo // EPW, 4)
-    return w_lo, (e_lo + tl.minimum(CH, H - (p % S) * CH)) // EPW
+    return w_lo, (e_lo + tl.minimum(CH, H - (piece % S) * CH)) // EPW
 
 
 @triton.jit
-def _ll_push(p_x32, w_lo, w_hi, flag, table, rank, epoch, ll_off, ll_slot_bytes, ll_lane_bytes,
+def _ll_push(p_x32, w_lo, w_hi, flag, p_table, rank, epoch, ll_off, ll_slot_bytes, ll_lane_bytes,
              W: tl.constexpr, BLOCK_W: tl.constexpr):
     """Words x[w_lo:w_hi] -> LL words in lane[rank] of every peer (same word offsets)."""
     o_w = tl.arange(0, BLOCK_W)
     for k in range(w_lo, w_hi, BLOCK_W):
-        o = tl.multiple_of(k, 4) + o_w
-        m = o < w_hi
-        w = ll_pack(tl.load(p_x32 + o, mask=m), flag)
+        o_n = tl.multiple_of(k, 4) + o_w
+        m_n = o_n < w_hi
+        w = ll_pack(tl.load(p_x32 + o_n, mask=m_n), flag)
         for r in tl.static_range(W):
             if r != rank:
-                p_lane = as_ptr(stage_addr(table, r, epoch, rank, ll_off, ll_slot_bytes, ll_lane_bytes), table)
-                tl.store(p_lane + o, w, mask=m)
+                p_lane = as_ptr(stage_addr(p_table, r, epoch, rank, ll_off, ll_slot_bytes, ll_lane_bytes), p_table)
+                tl.store(p_lane + o_n, w, mask=m_n)
 
 
 @triton.jit
-def _ll_residual_tile(p_x32, p_res32, o, m, flag, table, rank, epoch, deadline, ll_off, ll_slot_bytes,
+def _ll_residual_tile(p_x32, p_res32, o_n, m_n, flag, p_table, rank, epoch, deadline, ll_off, ll_slot_bytes,
                       ll_lane_bytes, OP: tl.constexpr, W: tl.constexpr, HALF: tl.constexpr, DT: tl.constexpr,
-                      INTERP: tl.constexpr, SYNC: tl.constexpr):
+                      INTERPRET: tl.constexpr, SYNC: tl.constexpr):
     """residual_out at words o (where m) as fp32 (lo, hi) halves, and the wait status.
 
     Sum in rank order 0..W-1 in fp32 (this rank's x in its place), plus the
@@ -180,41 +180,41 @@ def _ll_residual_tile(p_x32, p_res32, o, m, flag, table, rank, epoch, deadline, 
     words than the block has threads, so warps hold copies of the same words and
     poll them each on their own (the readiness reduction stays inside a warp):
     a barrier keeps the zeroing until every warp has seen its copy."""
-    d_x = tl.load(p_x32 + o, mask=m, other=0)
-    d_res = tl.load(p_res32 + o, mask=m, other=0)
-    acc_lo = tl.zeros(o.shape, tl.float32)
-    acc_hi = tl.zeros(o.shape, tl.float32)
+    d_x = tl.load(p_x32 + o_n, mask=m_n, other=0)
+    d_res = tl.load(p_res32 + o_n, mask=m_n, other=0)
+    acc_lo = tl.zeros(o_n.shape, tl.float32)
+    acc_hi = tl.zeros(o_n.shape, tl.float32)
     status = tl.zeros([], tl.int32)
     for r in tl.static_range(W):
         if r == rank:
             d = d_x
         else:
-            p_lane = as_ptr(stage_addr(table, rank, epoch, r, ll_off, ll_slot_bytes, ll_lane_bytes), table)
-            v, st = ll_wait_tile(p_lane, o, m, flag, table, rank, r, epoch, deadline, OP, W, INTERP)
+            p_lane = as_ptr(stage_addr(p_table, rank, epoch, r, ll_off, ll_slot_bytes, ll_lane_bytes), p_table)
+            v, st = ll_wait_tile(p_lane, o_n, m_n, flag, p_table, rank, r, epoch, deadline, OP, W, INTERPRET)
             status = tl.maximum(status, st)
             d = (v & LOW32).to(tl.int32)
             if SYNC:
                 tl.debug_barrier()
-            tl.store(p_lane + o, tl.zeros_like(v), mask=m)  # consumed: 0 never passes for a flag
+            tl.store(p_lane + o_n, tl.zeros_like(v), mask=m_n)  # consumed: 0 never passes for a flag
         acc_lo, acc_hi = unpack_add(acc_lo, acc_hi, d, HALF, DT)
     acc_lo, acc_hi = unpack_add(acc_lo, acc_hi, d_res, HALF, DT)
     return acc_lo.to(DT).to(tl.float32), acc_hi.to(DT).to(tl.float32), status
 
 
 @triton.jit
-def _weight_halves(p_w, o_e, m, HALF: tl.constexpr):
+def _weight_halves(p_w, o_e, m_e, HALF: tl.constexpr):
     """fp32 weight of the elements held by the (lo, hi) halves of words whose low half is element o_e."""
-    b_lo = tl.load(p_w + o_e, mask=m, other=0.0).to(tl.float32)
-    b_hi = tl.load(p_w + o_e + 1, mask=m & HALF, other=0.0).to(tl.float32)
+    b_lo = tl.load(p_w + o_e, mask=m_e, other=0.0).to(tl.float32)
+    b_hi = tl.load(p_w + o_e + 1, mask=m_e & HALF, other=0.0).to(tl.float32)
     return b_lo, b_hi
 
 
 @triton.jit(do_not_specialize=["rank"])  # same code on every rank (rank 1 would be a constant)
 def all_reduce_add_rms_norm_ll_kernel(
     p_x, p_res, p_w, p_out, p_res_out, n_rows, H, S, CH, per, eps,
-    table, rank, fp, timeout_ns, stage_off, slot_bytes, lane_bytes, ll_off, ll_slot_bytes, ll_lane_bytes,
+    p_table, rank, fp, timeout_ns, stage_off, slot_bytes, lane_bytes, ll_off, ll_slot_bytes, ll_lane_bytes,
     OP: tl.constexpr, W: tl.constexpr, BLOCK_W: tl.constexpr, HALF: tl.constexpr, EPW: tl.constexpr,
-    NP: tl.constexpr, ONE_PASS: tl.constexpr, ONE_PIECE: tl.constexpr, INTERP: tl.constexpr,
+    NP: tl.constexpr, ONE_PASS: tl.constexpr, ONE_PIECE: tl.constexpr, INTERPRET: tl.constexpr,
     SYNC: tl.constexpr = False,
 ):
     """all_reduce_add_rms_norm_kernel over the LL transport (same pieces, same math;
@@ -224,7 +224,7 @@ def all_reduce_add_rms_norm_ll_kernel(
     block that fits one tile; SYNC: BLOCK_W is under the block's thread count
     (_ll_residual_tile)."""
     DT: tl.constexpr = p_x.dtype.element_ty
-    epoch, deadline = begin(table, rank, timeout_ns, INTERP)
+    epoch, deadline = begin(p_table, rank, timeout_ns, INTERPRET)
     flag = ll_flag(epoch, fp)
     p_x32 = p_x.to(tl.pointer_type(tl.int32), bitcast=True)
     p_res32 = p_res.to(tl.pointer_type(tl.int32), bitcast=True)
@@ -233,98 +233,101 @@ def all_reduce_add_rms_norm_ll_kernel(
     p_lo = tl.program_id(0) * per
     p_hi = tl.minimum(p_lo + per, n_rows * S)
     o_w = tl.arange(0, BLOCK_W)
-    for p in range(p_lo, p_hi):
-        w_lo, w_hi = _piece_words(p, S, CH, H, EPW)
-        _ll_push(p_x32, w_lo, w_hi, flag, table, rank, epoch, ll_off, ll_slot_bytes, ll_lane_bytes, W, BLOCK_W)
+    for piece in range(p_lo, p_hi):
+        w_lo, w_hi = _piece_words(piece, S, CH, H, EPW)
+        _ll_push(p_x32, w_lo, w_hi, flag, p_table, rank, epoch, ll_off, ll_slot_bytes, ll_lane_bytes, W, BLOCK_W)
     status = tl.zeros([], tl.int32)
-    if ONE_PASS:  # p is a row; no other block is involved
-        m = o_w < H // EPW
-        b_wlo, b_whi = _weight_halves(p_w, o_w * EPW, m, HALF)
+    if ONE_PASS:  # a piece is a row; no other block is involved
+        m_n = o_w < H // EPW
+        b_wlo, b_whi = _weight_halves(p_w, o_w * EPW, m_n, HALF)
         for row in range(p_lo, p_hi):
             w_lo, w_hi = _piece_words(row, 1, H, H, EPW)
-            o = w_lo + o_w
-            r_lo, r_hi, st = _ll_residual_tile(p_x32, p_res32, o, m, flag, table, rank, epoch, deadline, ll_off,
-                                               ll_slot_bytes, ll_lane_bytes, OP, W, HALF, DT, INTERP, SYNC)
+            o_n = w_lo + o_w
+            r_lo, r_hi, st = _ll_residual_tile(p_x32, p_res32, o_n, m_n, flag, p_table, rank, epoch, deadline, ll_off,
+                                               ll_slot_bytes, ll_lane_bytes, OP, W, HALF, DT, INTERPRET, SYNC)
             status = tl.maximum(status, st)
             rstd = tl.math.rsqrt(tl.sum(r_lo * r_lo + r_hi * r_hi, axis=0) / H + eps)
             if status == 0:
-                tl.store(p_res_out32 + o, pack_out(r_lo, r_hi, HALF, DT), mask=m)
-                tl.store(p_out32 + o, pack_out(r_lo * rstd * b_wlo, r_hi * rstd * b_whi, HALF, DT), mask=m)
-        finish(table, rank, epoch)
+                tl.store(p_res_out32 + o_n, pack_out(r_lo, r_hi, HALF, DT), mask=m_n)
+                tl.store(p_out32 + o_n, pack_out(r_lo * rstd * b_wlo, r_hi * rstd * b_whi, HALF, DT), mask=m_n)
+        finish(p_table, rank, epoch)
     else:
         # Partial sums travel as LL words (flag | fp32) in this rank's own lane of
         # the LL region, which no peer writes: one vector load polls all S of a
         # row, no atomics. Cleared by their reader (ONE_PIECE: a line per block)
         # or by the last block (otherwise: a line per row, read by many).
-        p_part = as_ptr(stage_addr(table, rank, epoch, rank, ll_off, ll_slot_bytes, ll_lane_bytes), table)
+        p_part = as_ptr(stage_addr(p_table, rank, epoch, rank, ll_off, ll_slot_bytes, ll_lane_bytes), p_table)
         NPAD: tl.constexpr = NP if NP > 16 else 16  # words per line of partials (>= 128 bytes)
-        if ONE_PIECE:  # the GPU shapes: piece p = program id in one tile, kept in registers throughout
-            p = p_lo
-            row = p // S
-            c = p % S
-            w_lo, w_hi = _piece_words(p, S, CH, H, EPW)
-            o = w_lo + o_w
-            m = o < w_hi
-            b_lo, b_hi = _weight_halves(p_w, o * EPW - row * H, m, HALF)  # issued before the spin
-            r_lo, r_hi, status = _ll_residual_tile(p_x32, p_res32, o, m, flag, table, rank, epoch, deadline, ll_off,
-                                                   ll_slot_bytes, ll_lane_bytes, OP, W, HALF, DT, INTERP, SYNC)
+        if ONE_PIECE:  # the GPU shapes: piece = program id in one tile, kept in registers throughout
+            piece = p_lo
+            row = piece // S
+            c = piece % S
+            w_lo, w_hi = _piece_words(piece, S, CH, H, EPW)
+            o_n = w_lo + o_w
+            m_n = o_n < w_hi
+            b_lo, b_hi = _weight_halves(p_w, o_n * EPW - row * H, m_n, HALF)  # issued before the spin
+            r_lo, r_hi, status = _ll_residual_tile(p_x32, p_res32, o_n, m_n, flag, p_table, rank, epoch, deadline,
+                                                   ll_off, ll_slot_bytes, ll_lane_bytes, OP, W, HALF, DT, INTERPRET,
+                                                   SYNC)
             ss = tl.sum(r_lo * r_lo + r_hi * r_hi, axis=0)
-            o_n = tl.arange(0, NP)
-            others = (o_n < S) & (o_n != c)
+            o_p = tl.arange(0, NP)
+            others = (o_p < S) & (o_p != c)
             if status == 0:
-                tl.store(p_res_out32 + o, pack_out(r_lo, r_hi, HALF, DT), mask=m)
+                tl.store(p_res_out32 + o_n, pack_out(r_lo, r_hi, HALF, DT), mask=m_n)
                 # the partial goes to the private line of every other block of the row
                 # (block j's line: words (row * S + j) * NPAD + [0, S)); its own stays in registers
                 word = ll_pack(ss.to(tl.int32, bitcast=True), flag) + tl.zeros([NP], tl.int64)
-                tl.store(p_part + (row * S + o_n) * NPAD + c, word, mask=others)
+                tl.store(p_part + (row * S + o_p) * NPAD + c, word, mask=others)
             # Arrive now: the counter's round trip overlaps the wait below, and the last
             # block has nothing to clear (each block zeroes its own line once read).
-            if arrive_last(table, rank):
-                close_epoch(table, rank, epoch)
+            if arrive_last(p_table, rank):
+                close_epoch(p_table, rank, epoch)
             if status == 0:
                 p_line = p_part + (row * S + c) * NPAD
-                total, status = ll_wait_sum(p_line, 0, S, c, ss, flag, table, rank, epoch, deadline, OP, W, NP, INTERP)
+                total, status = ll_wait_sum(p_line, 0, S, c, ss, flag, p_table, rank, epoch, deadline, OP, W, NP,
+                                            INTERPRET)
                 # The NP words are copied in every warp and each warp polls its copies on its
                 # own (ll_wait_sum's reduction stays inside a warp): zeroing the line as soon
                 # as the first warp is done could hide a word from a warp yet to see it, which
                 # would then wait out the deadline and leave its part of `out` unwritten.
                 tl.debug_barrier()
-                tl.store(p_line + o_n, tl.zeros([NP], tl.int64), mask=others)  # consumed
+                tl.store(p_line + o_p, tl.zeros([NP], tl.int64), mask=others)  # consumed
                 rstd = tl.math.rsqrt(total / H + eps)
                 if status == 0:
-                    tl.store(p_out32 + o, pack_out(r_lo * rstd * b_lo, r_hi * rstd * b_hi, HALF, DT), mask=m)
+                    tl.store(p_out32 + o_n, pack_out(r_lo * rstd * b_lo, r_hi * rstd * b_hi, HALF, DT), mask=m_n)
         else:
-            for p in range(p_lo, p_hi):
-                w_lo, w_hi = _piece_words(p, S, CH, H, EPW)
+            for piece in range(p_lo, p_hi):
+                w_lo, w_hi = _piece_words(piece, S, CH, H, EPW)
                 ss = tl.zeros([BLOCK_W], tl.float32)
                 for k in range(w_lo, w_hi, BLOCK_W):
-                    o = tl.multiple_of(k, 4) + o_w
-                    m = o < w_hi
-                    r_lo, r_hi, st = _ll_residual_tile(p_x32, p_res32, o, m, flag, table, rank, epoch, deadline,
-                                                       ll_off, ll_slot_bytes, ll_lane_bytes, OP, W, HALF, DT, INTERP,
+                    o_n = tl.multiple_of(k, 4) + o_w
+                    m_n = o_n < w_hi
+                    r_lo, r_hi, st = _ll_residual_tile(p_x32, p_res32, o_n, m_n, flag, p_table, rank, epoch, deadline,
+                                                       ll_off, ll_slot_bytes, ll_lane_bytes, OP, W, HALF, DT, INTERPRET,
                                                        SYNC)
                     status = tl.maximum(status, st)
                     if status == 0:
-                        tl.store(p_res_out32 + o, pack_out(r_lo, r_hi, HALF, DT), mask=m)
+                        tl.store(p_res_out32 + o_n, pack_out(r_lo, r_hi, HALF, DT), mask=m_n)
                     ss += r_lo * r_lo + r_hi * r_hi
                 if status == 0:
-                    tl.store(p_part + (p // S) * NPAD + p % S,
+                    tl.store(p_part + (piece // S) * NPAD + piece % S,
                              ll_pack(tl.sum(ss, axis=0).to(tl.int32, bitcast=True), flag))
-            for p in range(p_lo, p_hi):
-                row = p // S
+            for piece in range(p_lo, p_hi):
+                row = piece // S
                 if status == 0:
-                    total, status = ll_wait_sum(p_part, row * NPAD, S, -1, 0.0, flag, table, rank, epoch, deadline,
-                                                OP, W, NP, INTERP)
+                    total, status = ll_wait_sum(p_part, row * NPAD, S, -1, 0.0, flag, p_table, rank, epoch, deadline,
+                                                OP, W, NP, INTERPRET)
                     rstd = tl.math.rsqrt(total / H + eps)
-                    w_lo, w_hi = _piece_words(p, S, CH, H, EPW)
+                    w_lo, w_hi = _piece_words(piece, S, CH, H, EPW)
                     for k in range(w_lo, w_hi, BLOCK_W):
-                        o = tl.multiple_of(k, 4) + o_w
-                        m = o < w_hi
+                        o_n = tl.multiple_of(k, 4) + o_w
+                        m_n = o_n < w_hi
                         zero = tl.zeros([BLOCK_W], tl.float32)
-                        r_lo, r_hi = unpack_add(zero, zero, tl.load(p_res_out32 + o, mask=m, other=0), HALF, DT)
-                        b_lo, b_hi = _weight_halves(p_w, o * EPW - row * H, m, HALF)
+                        r_lo, r_hi = unpack_add(zero, zero, tl.load(p_res_out32 + o_n, mask=m_n, other=0), HALF, DT)
+                        b_lo, b_hi = _weight_halves(p_w, o_n * EPW - row * H, m_n, HALF)
                         if status == 0:
-                            tl.store(p_out32 + o, pack_out(r_lo * rstd * b_lo, r_hi * rstd * b_hi, HALF, DT), mask=m)
-            if arrive_last(table, rank):
+                            b_out = pack_out(r_lo * rstd * b_lo, r_hi * rstd * b_hi, HALF, DT)
+                            tl.store(p_out32 + o_n, b_out, mask=m_n)
+            if arrive_last(p_table, rank):
                 ll_clear(p_part, n_rows * NPAD, 256)
-                close_epoch(table, rank, epoch)
+                close_epoch(p_table, rank, epoch)

@@ -7,20 +7,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sparkinfer.comm import nccl
 from sparkinfer.comm.channel import MAX_BLOCKS
+from sparkinfer.comm.dispatch import check_tensor, launch, use_kernel
 from sparkinfer.comm.fused_norm.kernel import all_reduce_add_rms_norm_kernel, all_reduce_add_rms_norm_ll_kernel
 from sparkinfer.comm.fused_norm.reference import add_rms_norm
-from sparkinfer.comm.launching import (
-    OP_CODES,
-    channel_args,
-    check_capacity,
-    check_errors,
-    check_tensor,
-    fingerprint,
-    launch_kernel,
-    ll_channel_args,
-)
-from sparkinfer.comm.topology import LL_MAX_BYTES, TopologyCaps, launch_config
+from sparkinfer.comm.topology import LL_MAX_BYTES, TopologyCaps, grid_config
 from sparkinfer.errors import CapacityError, DTypeError, LayoutError, PlanError, ShapeError
 
 __all__ = ["NormConfig", "norm_config", "split_pieces", "check_config", "candidate_configs", "all_reduce_add_rms_norm",
@@ -68,7 +60,7 @@ MIN_PIECE_BYTES_GPU = 2 << 10
 MIN_PIECE_BYTES_LL = 1 << 10
 MIN_PIECE_BYTES_INTERP = 4 << 10
 PIECE_ALIGN = 64  # elements: piece starts stay 16-byte aligned
-# LL kernel warps. Pieces: 4 (2x H200 LL sweep, topology.ll_launch_config:
+# LL kernel warps. Pieces: 4 (2x H200 LL sweep, topology.ll_grid_config:
 # 512-word tiles at 4 warps won). Whole rows (up to 4096 words): one warp per
 # LL_ROW_WORDS_PER_WARP words, 4..16 warps. Same sweep: 8 warps for 2048-word
 # rows (H = 4096) won at T = 8 (5.08 vs 5.40 us at 16) and tied at T = 1 (5.12
@@ -163,7 +155,7 @@ def norm_config(caps: TopologyCaps, rows: int, hidden: int, itemsize: int = 2, *
     block_c = min(_pow2(chunk), block_h)
     # LL rows are 8 bytes in registers per 4 payload bytes: at most LL_MAX_ROW_WORDS
     one_pass = s == 1 and hidden <= block_h and (not ll or hidden * itemsize // 4 <= LL_MAX_ROW_WORDS)
-    base = launch_config(caps, 0)
+    base = grid_config(caps, 0)
     words = (hidden if one_pass else chunk) * itemsize // 4
     block_w = _pow2(words) if one_pass else min(_pow2(words), 1024)
     if interp:
@@ -255,7 +247,7 @@ def _check_like(name: str, t, x, device) -> None:
         raise ShapeError(f"{name} must match x ({tuple(x.shape)}, {x.dtype}); got {tuple(t.shape)}, {t.dtype}")
 
 
-def all_reduce_add_rms_norm(comm, x, residual, weight, eps: float = 1e-6, *, out=None, residual_out=None,
+def all_reduce_add_rms_norm(ctx, x, residual, weight, eps: float = 1e-6, *, out=None, residual_out=None,
                             algorithm: str = "auto", config: NormConfig | None = None):
     """residual_out = all_reduce(x) + residual;  out = rmsnorm(residual_out) * weight.
 
@@ -272,15 +264,16 @@ def all_reduce_add_rms_norm(comm, x, residual, weight, eps: float = 1e-6, *, out
     staging capacity; NCCL above it eagerly or without peer access), "fused",
     "fused_ll", or "nccl": all_reduce through torch.distributed + torch norm, which
     rounds the sum to x's dtype before the residual add and allocates.
+    ctx: the calling Communicator's OpContext (comm.context).
     config: an explicit launch shape (benchmark sweeps, tests) from
-    norm_config(comm.caps, T, H, itemsize, ll=...) with T = x.numel() // H (it
+    norm_config(ctx.caps, T, H, itemsize, ll=...) with T = x.numel() // H (it
     must be built with ll=True for the LL kernel to get the LL kernel's warps);
     None: norm_config's heuristic. PlanError if it does not cover x. Every rank
     must pass the same config (it is part of the fingerprint).
     """
     import torch
 
-    dev = comm.device
+    dev = ctx.device
     check_tensor("x", x, dev)
     if x.dim() == 0:
         raise ShapeError("x must be [*, H] with a hidden dim; got a 0-dimensional tensor")
@@ -306,50 +299,34 @@ def all_reduce_add_rms_norm(comm, x, residual, weight, eps: float = 1e-6, *, out
                          f"pad H to a multiple of {16 // x.element_size()} (rows are moved in 16-byte vectors)")
     T, nbytes = n // H, n * x.element_size()
     if config is not None:
-        check_config(config, comm.caps, rows=T, hidden=H, itemsize=x.element_size())
-    capturing = comm.streams.is_capturing()
+        check_config(config, ctx.caps, rows=T, hidden=H, itemsize=x.element_size())
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
-    if algorithm == "nccl" or not comm.caps.peer_access or nbytes > comm.caps.capacity:
-        if algorithm != "nccl" and comm.caps.peer_access and (capturing or algorithm != "auto"):
-            raise CapacityError(
-                f"{OP} of {nbytes} B exceeds the staging capacity {comm.caps.capacity} B "
-                f"{'during graph capture' if capturing else f'with algorithm={algorithm}'}; "
-                "create the Communicator with a larger capacity_bytes"
-            )
-        o, r = add_rms_norm(comm.all_reduce(x, algorithm="nccl"), residual, weight, float(eps))
+    if not use_kernel(ctx, OP, nbytes, algorithm):
+        o, r = add_rms_norm(nccl.all_reduce(ctx, x, torch.empty_like(x)), residual, weight, float(eps))
         residual_out.copy_(r)
         out.copy_(o)
         return out, residual_out
-    ch = comm.pool.channel()
-    check_errors(ch)
-    check_capacity(nbytes, ch, OP)
-    table, rank, stage_off, slot_bytes, lane_bytes = channel_args(ch)
+    ll_lane = ctx.layout.ll_lane_bytes
     ll = algorithm == "fused_ll" or (algorithm == "auto" and _auto_ll(nbytes))
-    if ll and 2 * nbytes > ch.layout.ll_lane_bytes:
+    if ll and 2 * nbytes > ll_lane:
         if algorithm == "fused_ll":
-            raise CapacityError(f"{OP} with algorithm='fused_ll' carries at most {ch.layout.ll_lane_bytes // 2} B on "
+            raise CapacityError(f"{OP} with algorithm='fused_ll' carries at most {ll_lane // 2} B on "
                                 f"this channel, got {nbytes} B; use algorithm='auto' or 'fused'")
         ll = False
-    cfg = norm_config(comm.caps, T, H, x.element_size(), ll=ll) if config is None else config
+    cfg = norm_config(ctx.caps, T, H, x.element_size(), ll=ll) if config is None else config
+    args = (x, residual, weight, out, residual_out, T, H, cfg.pieces, cfg.chunk, cfg.per, float(eps))
     # every field that changes the exchanged words or the order of the norm's sums (bitwise agreement)
-    fp = fingerprint(OP, T, H, str(x.dtype), cfg.grid, cfg.pieces, cfg.per, cfg.one_pass, cfg.num_warps, cfg.block_w,
-                     cfg.block_c, ll)
-    args = (x, residual, weight, out, residual_out, T, H, cfg.pieces, cfg.chunk, cfg.per, float(eps),
-            table, rank, fp, comm.timeout_ns, stage_off, slot_bytes, lane_bytes)
+    facts = (T, H, str(x.dtype), cfg.grid, cfg.pieces, cfg.per, cfg.one_pass, cfg.num_warps, cfg.block_w,
+             cfg.block_c, ll)
     if ll:
-        args += ll_channel_args(ch)[2:]
-        kernel = all_reduce_add_rms_norm_ll_kernel
         half = x.element_size() == 2
-        consts = dict(OP=OP_CODES[OP], W=comm.world_size, BLOCK_W=cfg.block_w, HALF=half, EPW=2 if half else 1,
-                      NP=_pow2(cfg.pieces), ONE_PASS=cfg.one_pass,
-                      ONE_PIECE=_one_piece(cfg, x.element_size(), T, ch.layout.ll_lane_bytes),
-                      INTERP=comm.caps.interpret, SYNC=cfg.block_w < 32 * cfg.num_warps)
+        consts = dict(BLOCK_W=cfg.block_w, HALF=half, EPW=2 if half else 1, NP=_pow2(cfg.pieces),
+                      ONE_PASS=cfg.one_pass, ONE_PIECE=_one_piece(cfg, x.element_size(), T, ll_lane),
+                      SYNC=cfg.block_w < 32 * cfg.num_warps)
+        launch(ctx, OP, all_reduce_add_rms_norm_ll_kernel, cfg=cfg, args=args, consts=consts, facts=facts,
+               region="both")
     else:
-        kernel = all_reduce_add_rms_norm_kernel
-        consts = dict(OP=OP_CODES[OP], W=comm.world_size, BLOCK=cfg.block, BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c,
-                      ONE_PASS=cfg.one_pass, INTERP=comm.caps.interpret)
-    launch_kernel(kernel, cfg, (OP,), capturing, args, consts)
-    if comm.caps.interpret:
-        check_errors(ch)  # interpreted kernels are synchronous: report at once
+        consts = dict(BLOCK=cfg.block, BLOCK_H=cfg.block_h, BLOCK_C=cfg.block_c, ONE_PASS=cfg.one_pass)
+        launch(ctx, OP, all_reduce_add_rms_norm_kernel, cfg=cfg, args=args, consts=consts, facts=facts)
     return out, residual_out

@@ -3,7 +3,9 @@ activation tile load, activation functions, and the routed-row resolution of
 the `micro` and `grouped` families.
 
 Legend: T tokens, K top-k, E experts, BN weight rows per tile, BM routed rows
-per tile, BK reduction elements per step.
+per tile, BK reduction elements per step. Names follow comm/protocol.py: `p_`
+pointers, `i_` program ids, `o_` offsets, `m_` masks, `b_` block values,
+`stride_` strides.
 
 Every GEMM is computed transposed ("swap AB"): acc[BN, BM] = W[BN, BK] @ A^T[BK, BM],
 so the dequantized weight tile is the left operand (it may stay in registers
@@ -128,18 +130,18 @@ def k_order(BK: tl.constexpr, NVFP4: tl.constexpr):
 
 
 @triton.jit
-def tile_slices(rows, c, num_chunks):
-    """Position of row `rows`' slice of chunk c in the tiled NVFP4 layout, in
+def tile_slices(o_n, c, num_chunks):
+    """Position of rows `o_n`' slices of chunk c in the tiled NVFP4 layout, in
     slices (one slice: one row's BK elements of one chunk): blocks of TILE_ROWS
     rows, each block's chunks in order, each chunk's TILE_ROWS slices in row
     order (`sparkinfer.moe.weights.tile_rows`)."""
-    return ((rows // TILE_ROWS) * num_chunks + c) * TILE_ROWS + rows % TILE_ROWS
+    return ((o_n // TILE_ROWS) * num_chunks + c) * TILE_ROWS + o_n % TILE_ROWS
 
 
 @triton.jit
-def load_scales(s_ptr, rows, row_mask, c, num_chunks, BK: tl.constexpr):
-    """Prepared scale codes [len(rows), BK/16] of chunk c (reduction elements
-    c*BK..(c+1)*BK) of one expert's tiled scales.
+def load_scales(p_s, o_n, m_n, c, num_chunks, BK: tl.constexpr):
+    """Prepared scale codes [len(o_n), BK/16] of rows o_n (masked by m_n) and
+    chunk c (reduction elements c*BK..(c+1)*BK) of one expert's tiled scales.
 
     One load of whole scale slices (8 contiguous bytes at BK 128) is what lets
     Triton's pipeliner turn it into cp.async stages like the codes: it needs
@@ -147,24 +149,24 @@ def load_scales(s_ptr, rows, row_mask, c, num_chunks, BK: tl.constexpr):
     Smaller loads stay a synchronous ld.global, one HBM round trip per step.
     """
     o_s = tl.arange(0, BK // 16)
-    p_s = s_ptr + tile_slices(rows, c, num_chunks)[:, None] * (BK // 16) + o_s[None, :]
-    return tl.load(p_s, mask=row_mask[:, None], other=0)
+    p_tile = p_s + tile_slices(o_n, c, num_chunks)[:, None] * (BK // 16) + o_s[None, :]
+    return tl.load(p_tile, mask=m_n[:, None], other=0)
 
 
 @triton.jit
-def load_scales_2(s_ptr, row0, n_rows, offset, c, num_chunks, BN: tl.constexpr,
+def load_scales_2(p_s, row0, n_rows, offset, c, num_chunks, BN: tl.constexpr,
                   BK: tl.constexpr):
     """Scale codes of rows row0..row0+BN and the same rows + offset (gate and up),
     rows >= n_rows masked, as one [2BN, BK/16] load (twice the bytes per thread
     of two loads), returned as two [BN, BK/16] tiles."""
     o_2 = tl.arange(0, 2 * BN)
     r = row0 + o_2 % BN
-    b_s = load_scales(s_ptr, r + (o_2 // BN) * offset, r < n_rows, c, num_chunks, BK)
+    b_s = load_scales(p_s, r + (o_2 // BN) * offset, r < n_rows, c, num_chunks, BK)
     return tl.split(tl.permute(tl.reshape(b_s, [2, BN, BK // 16]), (1, 2, 0)))
 
 
 @triton.jit
-def nvfp4_tile(w_ptr, b_c, rows, row_mask, c, num_chunks, BN: tl.constexpr, BK: tl.constexpr,
+def nvfp4_tile(p_w, b_c, o_n, m_n, c, num_chunks, BN: tl.constexpr, BK: tl.constexpr,
                PTX_DECODE: tl.constexpr, INTERPRET: tl.constexpr):
     """NVFP4 weight tile [BN, BK] in `k_order`, times 2**-8 (see NVFP4_WORD_ASM).
 
@@ -178,9 +180,9 @@ def nvfp4_tile(w_ptr, b_c, rows, row_mask, c, num_chunks, BN: tl.constexpr, BK: 
     NW: tl.constexpr = BK // 8  # prepared words per row and chunk
     U: tl.constexpr = BK // 32  # words per wgmma lane quad and row
     o_w = tl.arange(0, NW)
-    p_w = (w_ptr.to(tl.pointer_type(tl.int32)) + tile_slices(rows, c, num_chunks)[:, None] * NW
+    p_words = (p_w.to(tl.pointer_type(tl.int32)) + tile_slices(o_n, c, num_chunks)[:, None] * NW
            + o_w[None, :])
-    b_w = tl.load(p_w, mask=row_mask[:, None], other=0)  # [BN, NW]
+    b_w = tl.load(p_words, mask=m_n[:, None], other=0)  # [BN, NW]
     b_sp = scale_pair(b_c.to(tl.int32))  # [BN, BK/16]: two words per scale group
     b_sp = tl.reshape(tl.broadcast_to(b_sp[:, :, None], [BN, NW // 2, 2]), [BN, NW])
     if INTERPRET or not PTX_DECODE:
@@ -207,15 +209,15 @@ def nvfp4_tile(w_ptr, b_c, rows, row_mask, c, num_chunks, BN: tl.constexpr, BK: 
 
 
 @triton.jit
-def weight_tile(w_ptr, b_s, rows, row_mask, c, stride_w, num_chunks,
+def weight_tile(p_w, b_s, o_n, m_n, c, stride_w, num_chunks,
                 BN: tl.constexpr, BK: tl.constexpr, NVFP4: tl.constexpr,
                 PTX_DECODE: tl.constexpr, INTERPRET: tl.constexpr):
-    """Weight tile [BN, BK] of rows `rows` [BN] and chunk c (reduction elements
+    """Weight tile [BN, BK] of rows `o_n` [BN] (masked by m_n) and chunk c (reduction elements
     c*BK..(c+1)*BK) in `k_order`, in the dot dtype (`dot_operand`), for one
     tl.dot of K = BK.
 
-    bf16: w_ptr -> bf16 [N, R] of one expert, stride_w = R; b_s and num_chunks
-    are ignored. NVFP4: w_ptr -> one expert's tiled prepared words (num_chunks
+    bf16: p_w -> bf16 [N, R] of one expert, stride_w = R; b_s and num_chunks
+    are ignored. NVFP4: p_w -> one expert's tiled prepared words (num_chunks
     = R / BK chunks per row; stride_w is ignored); b_s: the rows' prepared
     scale codes [BN, BK/16] of this step (`load_scales`). Returns e2m1 * e4m3 * 2**-8
     exactly (bf16 holds it); the caller multiplies its fp32 accumulator by the
@@ -225,11 +227,11 @@ def weight_tile(w_ptr, b_s, rows, row_mask, c, stride_w, num_chunks,
     integer ops and an fp32 multiply. Both are exact, so both give the same bits.
     """
     if NVFP4:
-        w = nvfp4_tile(w_ptr, b_s, rows, row_mask, c, num_chunks, BN, BK, PTX_DECODE, INTERPRET)
+        w = nvfp4_tile(p_w, b_s, o_n, m_n, c, num_chunks, BN, BK, PTX_DECODE, INTERPRET)
     else:
         o_k = tl.arange(0, BK)
-        p_w = w_ptr + rows[:, None] * stride_w + c * BK + o_k[None, :]
-        w = tl.load(p_w, mask=row_mask[:, None], other=0.0).to(tl.bfloat16)
+        p_tile = p_w + o_n[:, None] * stride_w + c * BK + o_k[None, :]
+        w = tl.load(p_tile, mask=m_n[:, None], other=0.0).to(tl.bfloat16)
     return dot_operand(w, INTERPRET)
 
 
@@ -276,42 +278,42 @@ def activation(g, u, ACT: tl.constexpr, alpha, limit, INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def micro_rows(ids_ptr, pid_r, T, E: tl.constexpr, K: tl.constexpr, BM: tl.constexpr,
+def micro_rows(p_ids, i_r, T, E: tl.constexpr, K: tl.constexpr, BM: tl.constexpr,
                KP: tl.constexpr, RP: tl.constexpr):
-    """Routed rows of the `micro` program for route slot pid_r (no sort).
+    """Routed rows of the `micro` program for route slot i_r (no sort).
 
-    The program owns expert e = ids[pid_r] when pid_r is the first slot naming
+    The program owns expert e = ids[i_r] when i_r is the first slot naming
     e (so each active expert's weights are read once); rows are the T <= BM
     tokens, row t active when e is among its top-k. Returns (e or -1 when the
     program has nothing to do, route index t*K + k per row or -1).
     """
     o_r = tl.arange(0, RP)
-    b_all = tl.load(ids_ptr + o_r, mask=o_r < T * K, other=-1)
-    e = tl.load(ids_ptr + pid_r)
+    b_all = tl.load(p_ids + o_r, mask=o_r < T * K, other=-1)
+    e = tl.load(p_ids + i_r)
     first = tl.min(tl.where(b_all == e, o_r, RP), axis=0)
-    own = (first == pid_r) & (e >= 0) & (e < E)
+    own = (first == i_r) & (e >= 0) & (e < E)
     o_t = tl.arange(0, BM)
     o_k = tl.arange(0, KP)
     m_tk = (o_t[:, None] < T) & (o_k[None, :] < K)
-    b_ids = tl.load(ids_ptr + o_t[:, None] * K + o_k[None, :], mask=m_tk, other=-1)
+    b_ids = tl.load(p_ids + o_t[:, None] * K + o_k[None, :], mask=m_tk, other=-1)
     k_t = tl.max(tl.where(b_ids == e, o_k[None, :], -1), axis=1)  # [BM]
     route = tl.where((k_t >= 0) & own, o_t * K + k_t, -1)
     return tl.where(own, e, -1), route
 
 
 @triton.jit
-def program_rows(ids_ptr, sorted_ptr, tile_e_ptr, i_m, T, E: tl.constexpr, K: tl.constexpr,
+def program_rows(p_ids, p_sorted, p_tile_e, i_m, T, E: tl.constexpr, K: tl.constexpr,
                  BM: tl.constexpr, KP: tl.constexpr, RP: tl.constexpr, MICRO: tl.constexpr):
     """(expert or -1, route per row or -1, row index of the program's A/output rows)
     of GEMM program i_m: MICRO, route slot i_m (`micro_rows`; rows are indexed by
     route); else sorted tile i_m (`tile_expert`, `sorted_route`)."""
     if MICRO:
-        e, route = micro_rows(ids_ptr, i_m, T, E, K, BM, KP, RP)
+        e, route = micro_rows(p_ids, i_m, T, E, K, BM, KP, RP)
         o_row = route
     else:
-        e = tl.load(tile_e_ptr + i_m)
+        e = tl.load(p_tile_e + i_m)
         o_row = i_m * BM + tl.arange(0, BM)
-        route = tl.load(sorted_ptr + o_row)
+        route = tl.load(p_sorted + o_row)
     return e, route, o_row
 
 

@@ -35,7 +35,7 @@ from sparkinfer.moe.kernels.common import (
 
 @triton.jit
 def moe_fc1_kernel(
-    x_ptr, w_ptr, s_ptr, gs_ptr, ids_ptr, topk_w_ptr, sorted_ptr, tile_e_ptr, out_ptr,
+    p_x, p_w, p_s, p_gs, p_ids, p_topk_w, p_sorted, p_tile_e, p_out,
     T, I, num_chunks, chunks_per_split,
     stride_x, stride_we, stride_wn, stride_se, stride_os, stride_or,
     alpha, limit,
@@ -45,10 +45,10 @@ def moe_fc1_kernel(
     NVFP4: tl.constexpr, WEIGHT_BEFORE: tl.constexpr, PTX_DECODE: tl.constexpr,
     INTERPRET: tl.constexpr, PDL: tl.constexpr = False,
 ):
-    e, route, o_row = program_rows(ids_ptr, sorted_ptr, tile_e_ptr, tl.program_id(0), T, E, K, BM,
+    e, route, o_row = program_rows(p_ids, p_sorted, p_tile_e, tl.program_id(0), T, E, K, BM,
                                    KP, RP, MICRO)
     if e >= 0:
-        fc1_tile(x_ptr, w_ptr, s_ptr, gs_ptr, topk_w_ptr, out_ptr, e, route, o_row,
+        fc1_tile(p_x, p_w, p_s, p_gs, p_topk_w, p_out, e, route, o_row,
                  tl.program_id(1), tl.program_id(2), I, num_chunks, chunks_per_split,
                  stride_x, stride_we, stride_wn, stride_se, stride_os, stride_or, alpha, limit,
                  K, BM, BN, BK, PARTIALS, GATED, ACT, NVFP4, WEIGHT_BEFORE, PTX_DECODE,
@@ -56,49 +56,49 @@ def moe_fc1_kernel(
 
 
 @triton.jit
-def fc1_tile(x_ptr, w_ptr, s_ptr, gs_ptr, topk_w_ptr, out_ptr, e, route, o_row, i_n, i_s, I,
+def fc1_tile(p_x, p_w, p_s, p_gs, p_topk_w, p_out, e, route, o_row, i_n, i_s, I,
              num_chunks, chunks_per_split, stride_x, stride_we, stride_wn, stride_se, stride_os,
              stride_or, alpha, limit, K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
              BK: tl.constexpr, PARTIALS: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr,
              NVFP4: tl.constexpr, WEIGHT_BEFORE: tl.constexpr, PTX_DECODE: tl.constexpr,
              INTERPRET: tl.constexpr, PDL: tl.constexpr):
     """One FC1 tile: expert e (>= 0), rows route [BM] (-1: inactive) stored at
-    rows o_row, weight rows i_n*BN.., reduction split i_s (the kernel's program;
-    also one work item of the `resident` kernel)."""
+    rows o_row, weight rows i_n*BN.., reduction split i_s (one program of
+    moe_fc1_kernel)."""
     m_row = route >= 0
     tok = tl.where(m_row, route // K, 0)
     o_n = i_n * BN + tl.arange(0, BN)
     m_n = o_n < I
     o_k = k_order(BK, NVFP4)  # the weight operand's K order
-    p_w = w_ptr + e.to(tl.int64) * stride_we
-    p_s = s_ptr + e.to(tl.int64) * stride_se
+    p_we = p_w + e.to(tl.int64) * stride_we
+    p_se = p_s + e.to(tl.int64) * stride_se
     b_g = tl.zeros([BN, BM], dtype=tl.float32)
     b_u = tl.zeros([BN, BM], dtype=tl.float32)
     c_lo, c_hi = split_chunks(i_s, chunks_per_split, num_chunks)
     for c in range(c_lo, c_hi):
         k0 = c * BK
-        p_x = x_ptr + tok[None, :].to(tl.int64) * stride_x + k0 + o_k[:, None]
-        b_x = dot_operand(tl.load(p_x, mask=m_row[None, :], other=0.0), INTERPRET)  # [BK, BM]
+        p_xk = p_x + tok[None, :].to(tl.int64) * stride_x + k0 + o_k[:, None]
+        b_x = dot_operand(tl.load(p_xk, mask=m_row[None, :], other=0.0), INTERPRET)  # [BK, BM]
         b_sg = 0  # E4M3 scale bytes [BN, BK/16] of gate / up rows (NVFP4 only)
         b_su = 0
         if NVFP4:
             if GATED:
-                b_sg, b_su = load_scales_2(p_s, i_n * BN, I, I, c, num_chunks, BN, BK)
+                b_sg, b_su = load_scales_2(p_se, i_n * BN, I, I, c, num_chunks, BN, BK)
             else:
-                b_sg = load_scales(p_s, o_n, m_n, c, num_chunks, BK)
-        b_g = tl.dot(weight_tile(p_w, b_sg, o_n, m_n, c, stride_wn, num_chunks, BN, BK, NVFP4,
+                b_sg = load_scales(p_se, o_n, m_n, c, num_chunks, BK)
+        b_g = tl.dot(weight_tile(p_we, b_sg, o_n, m_n, c, stride_wn, num_chunks, BN, BK, NVFP4,
                                  PTX_DECODE, INTERPRET), b_x, b_g)
         if GATED:
-            b_u = tl.dot(weight_tile(p_w, b_su, o_n + I, m_n, c, stride_wn, num_chunks, BN, BK,
+            b_u = tl.dot(weight_tile(p_we, b_su, o_n + I, m_n, c, stride_wn, num_chunks, BN, BK,
                                      NVFP4, PTX_DECODE, INTERPRET), b_x, b_u)
     if PDL:  # the next kernel's blocks may launch now, to wait in gdc_wait (its prologue overlaps)
         gdc_launch_dependents()
     if NVFP4:  # the expert's global scale, once per output instead of once per weight
-        b_gs = tl.load(gs_ptr + e) * DECODE_UNSCALE
+        b_gs = tl.load(p_gs + e) * DECODE_UNSCALE
         b_g *= b_gs
         b_u *= b_gs
     m_out = m_n[:, None] & m_row[None, :]
-    p_o = out_ptr + i_s * stride_os + o_row[None, :].to(tl.int64) * stride_or + o_n[:, None]
+    p_o = p_out + i_s * stride_os + o_row[None, :].to(tl.int64) * stride_or + o_n[:, None]
     if PARTIALS:
         tl.store(p_o, b_g, mask=m_out)
         if GATED:
@@ -106,5 +106,5 @@ def fc1_tile(x_ptr, w_ptr, s_ptr, gs_ptr, topk_w_ptr, out_ptr, e, route, o_row, 
     else:
         b_h = activation(b_g, b_u, ACT, alpha, limit, INTERPRET)
         if WEIGHT_BEFORE:
-            b_h *= tl.load(topk_w_ptr + route, mask=m_row, other=0.0)[None, :]
-        tl.store(p_o, b_h.to(out_ptr.dtype.element_ty), mask=m_out)
+            b_h *= tl.load(p_topk_w + route, mask=m_row, other=0.0)[None, :]
+        tl.store(p_o, b_h.to(p_out.dtype.element_ty), mask=m_out)

@@ -33,27 +33,27 @@ from sparkinfer.moe.kernels.common import (
 
 
 @triton.jit
-def act_tile(a_ptr, route, m_row, o_k, k0, I, stride_as, stride_ar, topk_w_ptr, alpha, limit,
+def act_tile(p_a, route, m_row, o_k, k0, I, stride_as, stride_ar, p_topk_w, alpha, limit,
              S1: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr, WEIGHT_BEFORE: tl.constexpr,
              INTERPRET: tl.constexpr):
     """Activation tile [len(o_k), BM] for reduction elements k0 + o_k (those < I;
-    the rest are 0) of routes `route`, from FC1 partials a_ptr -> fp32 [S1, R, (2)I]."""
+    the rest are 0) of routes `route`, from FC1 partials p_a -> fp32 [S1, R, (2)I]."""
     m_a = m_row[None, :] & (k0 + o_k < I)[:, None]
-    p_a = a_ptr + route[None, :].to(tl.int64) * stride_ar + k0 + o_k[:, None]
+    p_ak = p_a + route[None, :].to(tl.int64) * stride_ar + k0 + o_k[:, None]
     b_g = tl.zeros([o_k.shape[0], route.shape[0]], dtype=tl.float32)
     b_u = tl.zeros([o_k.shape[0], route.shape[0]], dtype=tl.float32)
     for s in tl.static_range(S1):
-        b_g += tl.load(p_a + s * stride_as, mask=m_a, other=0.0)
+        b_g += tl.load(p_ak + s * stride_as, mask=m_a, other=0.0)
         if GATED:
-            b_u += tl.load(p_a + s * stride_as + I, mask=m_a, other=0.0)
+            b_u += tl.load(p_ak + s * stride_as + I, mask=m_a, other=0.0)
     b_h = activation(b_g, b_u, ACT, alpha, limit, INTERPRET)
     if WEIGHT_BEFORE:
-        b_h *= tl.load(topk_w_ptr + route, mask=m_row, other=0.0)[None, :]
+        b_h *= tl.load(p_topk_w + route, mask=m_row, other=0.0)[None, :]
     return dot_operand(b_h.to(tl.bfloat16), INTERPRET)
 
 
 @triton.jit
-def moe_act_kernel(a_ptr, topk_w_ptr, out_ptr, R, I, stride_as, stride_ar, stride_or, alpha,
+def moe_act_kernel(p_a, p_topk_w, p_out, R, I, stride_as, stride_ar, stride_or, alpha,
                    limit, BR: tl.constexpr, BI: tl.constexpr, S1: tl.constexpr,
                    GATED: tl.constexpr, ACT: tl.constexpr, WEIGHT_BEFORE: tl.constexpr,
                    INTERPRET: tl.constexpr, PDL: tl.constexpr = False):
@@ -67,15 +67,15 @@ def moe_act_kernel(a_ptr, topk_w_ptr, out_ptr, R, I, stride_as, stride_ar, strid
     m_row = route < R
     o_k = tl.arange(0, BI)
     k0 = tl.program_id(1) * BI
-    b_h = act_tile(a_ptr, route, m_row, o_k, k0, I, stride_as, stride_ar, topk_w_ptr, alpha,
+    b_h = act_tile(p_a, route, m_row, o_k, k0, I, stride_as, stride_ar, p_topk_w, alpha,
                    limit, S1, GATED, ACT, WEIGHT_BEFORE, INTERPRET)
-    p_o = out_ptr + route[None, :].to(tl.int64) * stride_or + k0 + o_k[:, None]
-    tl.store(p_o, b_h.to(out_ptr.dtype.element_ty), mask=m_row[None, :])
+    p_o = p_out + route[None, :].to(tl.int64) * stride_or + k0 + o_k[:, None]
+    tl.store(p_o, b_h.to(p_out.dtype.element_ty), mask=m_row[None, :])
 
 
 @triton.jit
 def moe_fc2_kernel(
-    a_ptr, w_ptr, s_ptr, gs_ptr, ids_ptr, topk_w_ptr, sorted_ptr, tile_e_ptr, out_ptr,
+    p_a, p_w, p_s, p_gs, p_ids, p_topk_w, p_sorted, p_tile_e, p_out,
     T, H, num_chunks, chunks_per_split,
     stride_ar, stride_we, stride_wn, stride_se, stride_os, stride_or,
     E: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, RP: tl.constexpr,
@@ -84,43 +84,42 @@ def moe_fc2_kernel(
     NVFP4: tl.constexpr, PTX_DECODE: tl.constexpr, INTERPRET: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
-    e, route, o_arow = program_rows(ids_ptr, sorted_ptr, tile_e_ptr, tl.program_id(0), T, E, K,
+    e, route, o_arow = program_rows(p_ids, p_sorted, p_tile_e, tl.program_id(0), T, E, K,
                                     BM, KP, RP, MICRO)
     if e >= 0:
-        fc2_tile(a_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, e, route, o_arow, tl.program_id(1),
+        fc2_tile(p_a, p_w, p_s, p_gs, p_out, e, route, o_arow, tl.program_id(1),
                  tl.program_id(2), H, num_chunks, chunks_per_split, stride_ar, stride_we,
                  stride_wn, stride_se, stride_os, stride_or, BM, BN, BK, NVFP4, PTX_DECODE,
                  INTERPRET, PDL)
 
 
 @triton.jit
-def fc2_tile(a_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, e, route, o_arow, i_n, i_s, H, num_chunks,
+def fc2_tile(p_a, p_w, p_s, p_gs, p_out, e, route, o_arow, i_n, i_s, H, num_chunks,
              chunks_per_split, stride_ar, stride_we, stride_wn, stride_se, stride_os, stride_or,
              BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NVFP4: tl.constexpr,
              PTX_DECODE: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr):
     """One FC2 tile: expert e (>= 0), activation rows o_arow for routes `route`
     [BM] (-1: inactive), weight rows i_n*BN.., reduction split i_s; stores
-    out[i_s, route, n] (the kernel's program; also one work item of the
-    `resident` kernel)."""
+    out[i_s, route, n] (one program of moe_fc2_kernel)."""
     m_row = route >= 0
     o_n = i_n * BN + tl.arange(0, BN)
     m_n = o_n < H
     o_k = k_order(BK, NVFP4)  # the weight operand's K order
-    p_w = w_ptr + e.to(tl.int64) * stride_we
-    p_s = s_ptr + e.to(tl.int64) * stride_se
+    p_we = p_w + e.to(tl.int64) * stride_we
+    p_se = p_s + e.to(tl.int64) * stride_se
     b_acc = tl.zeros([BN, BM], dtype=tl.float32)
     c_lo, c_hi = split_chunks(i_s, chunks_per_split, num_chunks)
     if PDL:  # launched early (programmatic dependent launch): FC1's rows are ready after this
         gdc_wait()
     for c in range(c_lo, c_hi):
-        p_a = a_ptr + o_arow[None, :].to(tl.int64) * stride_ar + c * BK + o_k[:, None]
-        b_a = dot_operand(tl.load(p_a, mask=m_row[None, :], other=0.0), INTERPRET)
-        b_s = load_scales(p_s, o_n, m_n, c, num_chunks, BK) if NVFP4 else 0
-        b_acc = tl.dot(weight_tile(p_w, b_s, o_n, m_n, c, stride_wn, num_chunks, BN, BK, NVFP4,
+        p_ak = p_a + o_arow[None, :].to(tl.int64) * stride_ar + c * BK + o_k[:, None]
+        b_a = dot_operand(tl.load(p_ak, mask=m_row[None, :], other=0.0), INTERPRET)
+        b_s = load_scales(p_se, o_n, m_n, c, num_chunks, BK) if NVFP4 else 0
+        b_acc = tl.dot(weight_tile(p_we, b_s, o_n, m_n, c, stride_wn, num_chunks, BN, BK, NVFP4,
                                    PTX_DECODE, INTERPRET), b_a, b_acc)
     if PDL:
         gdc_launch_dependents()
     if NVFP4:  # the expert's global scale, once per output instead of once per weight
-        b_acc *= tl.load(gs_ptr + e) * DECODE_UNSCALE
-    p_o = out_ptr + i_s * stride_os + route[None, :].to(tl.int64) * stride_or + o_n[:, None]
-    tl.store(p_o, b_acc.to(out_ptr.dtype.element_ty), mask=m_n[:, None] & m_row[None, :])
+        b_acc *= tl.load(p_gs + e) * DECODE_UNSCALE
+    p_o = p_out + i_s * stride_os + route[None, :].to(tl.int64) * stride_or + o_n[:, None]
+    tl.store(p_o, b_acc.to(p_out.dtype.element_ty), mask=m_n[:, None] & m_row[None, :])

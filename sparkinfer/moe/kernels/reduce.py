@@ -20,34 +20,33 @@ from triton.language.extra.cuda import gdc_wait
 
 
 @triton.jit
-def moe_reduce_kernel(part_ptr, ids_ptr, topk_w_ptr, out_ptr, H, S, stride_ps, stride_pr,
+def moe_reduce_kernel(p_part, p_ids, p_topk_w, p_out, H, S, stride_ps, stride_pr,
                       stride_o, E: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
                       BH: tl.constexpr, WEIGHT_AFTER: tl.constexpr, PDL: tl.constexpr = False):
     if PDL:  # launched early (programmatic dependent launch): FC2's partials after this
         gdc_wait()
-    reduce_row(part_ptr, ids_ptr, topk_w_ptr, out_ptr, tl.program_id(0),
+    reduce_row(p_part, p_ids, p_topk_w, p_out, tl.program_id(0),
                tl.program_id(1) * BH + tl.arange(0, BH), H, S, stride_ps, stride_pr, stride_o,
                E, K, KP, WEIGHT_AFTER)
 
 
 @triton.jit
-def reduce_row(part_ptr, ids_ptr, topk_w_ptr, out_ptr, t, o_h, H, S, stride_ps, stride_pr,
+def reduce_row(p_part, p_ids, p_topk_w, p_out, t, o_h, H, S, stride_ps, stride_pr,
                stride_o, E: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
                WEIGHT_AFTER: tl.constexpr):
-    """out[t, o_h] of token t (the kernel's program; also the `resident` kernel's
-    last FC2 tile of a column block, for each token)."""
+    """out[t, o_h] of token t (one program of moe_reduce_kernel)."""
     m_h = o_h < H
     o_k = tl.arange(0, KP)
     r = t * K + o_k
-    e = tl.load(ids_ptr + r, mask=o_k < K, other=-1)
+    e = tl.load(p_ids + r, mask=o_k < K, other=-1)
     ok = (o_k < K) & (e >= 0) & (e < E)
-    p = part_ptr + r[:, None].to(tl.int64) * stride_pr + o_h[None, :]
-    m = ok[:, None] & m_h[None, :]
+    p_rows = p_part + r[:, None].to(tl.int64) * stride_pr + o_h[None, :]
+    m_rh = ok[:, None] & m_h[None, :]
     b_r = tl.zeros([KP, o_h.shape[0]], dtype=tl.float32)
     for s in range(S):
-        b_r += tl.load(p + s * stride_ps, mask=m, other=0.0).to(tl.float32)
+        b_r += tl.load(p_rows + s * stride_ps, mask=m_rh, other=0.0).to(tl.float32)
     if WEIGHT_AFTER:
-        b_r *= tl.load(topk_w_ptr + r, mask=ok, other=0.0)[:, None]
+        b_r *= tl.load(p_topk_w + r, mask=ok, other=0.0)[:, None]
     b_out = tl.sum(b_r, axis=0)
-    tl.store(out_ptr + tl.cast(t, tl.int64) * stride_o + o_h, b_out.to(out_ptr.dtype.element_ty),
+    tl.store(p_out + tl.cast(t, tl.int64) * stride_o + o_h, b_out.to(p_out.dtype.element_ty),
              mask=m_h)

@@ -20,24 +20,24 @@ import triton.language as tl
 
 
 @triton.jit
-def _chunk_onehot(ids_ptr, c, R, E: tl.constexpr, EP: tl.constexpr, CH: tl.constexpr):
+def _chunk_onehot(p_ids, c, R, E: tl.constexpr, EP: tl.constexpr, CH: tl.constexpr):
     o_r = c * CH + tl.arange(0, CH)
-    b_id = tl.load(ids_ptr + o_r, mask=o_r < R, other=-1)
+    b_id = tl.load(p_ids + o_r, mask=o_r < R, other=-1)
     o_e = tl.arange(0, EP)
     hit = (b_id[:, None] == o_e[None, :]) & (o_e[None, :] < E)  # [CH, EP]
     return o_r, hit
 
 
 @triton.jit
-def sort_count_kernel(ids_ptr, counts_ptr, R, E: tl.constexpr, EP: tl.constexpr,
+def sort_count_kernel(p_ids, p_counts, R, E: tl.constexpr, EP: tl.constexpr,
                       CH: tl.constexpr):
-    c = tl.program_id(0)
-    o_r, hit = _chunk_onehot(ids_ptr, c, R, E, EP, CH)
-    tl.store(counts_ptr + c * EP + tl.arange(0, EP), tl.sum(hit.to(tl.int32), axis=0))
+    i_c = tl.program_id(0)
+    o_r, hit = _chunk_onehot(p_ids, i_c, R, E, EP, CH)
+    tl.store(p_counts + i_c * EP + tl.arange(0, EP), tl.sum(hit.to(tl.int32), axis=0))
 
 
 @triton.jit
-def sort_offsets_kernel(counts_ptr, base_ptr, tile_e_ptr, sorted_ptr, NCH, max_tiles,
+def sort_offsets_kernel(p_counts, p_base, p_tile_e, p_sorted, NCH, max_tiles,
                         E: tl.constexpr, EP: tl.constexpr, CB: tl.constexpr, BM: tl.constexpr,
                         FILL: tl.constexpr, TB: tl.constexpr):
     o_e = tl.arange(0, EP)
@@ -45,7 +45,7 @@ def sort_offsets_kernel(counts_ptr, base_ptr, tile_e_ptr, sorted_ptr, NCH, max_t
     total = tl.zeros([EP], dtype=tl.int32)
     for c0 in range(0, NCH, CB):
         m_c = (c0 + o_c) < NCH
-        b_cnt = tl.load(counts_ptr + (c0 + o_c[:, None]) * EP + o_e[None, :], mask=m_c[:, None],
+        b_cnt = tl.load(p_counts + (c0 + o_c[:, None]) * EP + o_e[None, :], mask=m_c[:, None],
                         other=0)
         total += tl.sum(b_cnt, axis=0)
     padded = (total + BM - 1) // BM * BM
@@ -53,32 +53,32 @@ def sort_offsets_kernel(counts_ptr, base_ptr, tile_e_ptr, sorted_ptr, NCH, max_t
     running = start
     for c0 in range(0, NCH, CB):
         m_c = (c0 + o_c) < NCH
-        p_c = (c0 + o_c[:, None]) * EP + o_e[None, :]
-        b_cnt = tl.load(counts_ptr + p_c, mask=m_c[:, None], other=0)
-        tl.store(base_ptr + p_c, tl.cumsum(b_cnt, axis=0) - b_cnt + running[None, :],
+        o_ce = (c0 + o_c[:, None]) * EP + o_e[None, :]
+        b_cnt = tl.load(p_counts + o_ce, mask=m_c[:, None], other=0)
+        tl.store(p_base + o_ce, tl.cumsum(b_cnt, axis=0) - b_cnt + running[None, :],
                  mask=m_c[:, None])
         running += tl.sum(b_cnt, axis=0)
     t_lo = start // BM
     t_hi = t_lo + padded // BM
     o_t = tl.arange(0, TB)
     for t0 in range(0, max_tiles, TB):
-        m_t = t0 + o_t
-        inside = (m_t[:, None] >= t_lo[None, :]) & (m_t[:, None] < t_hi[None, :])
-        tl.store(tile_e_ptr + m_t, tl.max(tl.where(inside, o_e[None, :], -1), axis=1),
-                 mask=m_t < max_tiles)
+        o_tile = t0 + o_t
+        inside = (o_tile[:, None] >= t_lo[None, :]) & (o_tile[:, None] < t_hi[None, :])
+        tl.store(p_tile_e + o_tile, tl.max(tl.where(inside, o_e[None, :], -1), axis=1),
+                 mask=o_tile < max_tiles)
     o_f = tl.arange(0, FILL)
     for p0 in range(0, max_tiles * BM, FILL):
-        tl.store(sorted_ptr + p0 + o_f, tl.full([FILL], -1, tl.int32),
+        tl.store(p_sorted + p0 + o_f, tl.full([FILL], -1, tl.int32),
                  mask=(p0 + o_f) < max_tiles * BM)
 
 
 @triton.jit
-def sort_scatter_kernel(ids_ptr, base_ptr, sorted_ptr, R, E: tl.constexpr, EP: tl.constexpr,
+def sort_scatter_kernel(p_ids, p_base, p_sorted, R, E: tl.constexpr, EP: tl.constexpr,
                         CH: tl.constexpr):
-    c = tl.program_id(0)
-    o_r, hit = _chunk_onehot(ids_ptr, c, R, E, EP, CH)
+    i_c = tl.program_id(0)
+    o_r, hit = _chunk_onehot(p_ids, i_c, R, E, EP, CH)
     b_hit = hit.to(tl.int32)
     rank = tl.sum(tl.where(hit, tl.cumsum(b_hit, axis=0), 0), axis=1) - 1  # [CH]
-    b_base = tl.load(base_ptr + c * EP + tl.arange(0, EP))
+    b_base = tl.load(p_base + i_c * EP + tl.arange(0, EP))
     pos = tl.sum(tl.where(hit, b_base[None, :], 0), axis=1) + rank
-    tl.store(sorted_ptr + pos, o_r, mask=tl.sum(b_hit, axis=1) > 0)
+    tl.store(p_sorted + pos, o_r, mask=tl.sum(b_hit, axis=1) > 0)

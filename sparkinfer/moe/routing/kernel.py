@@ -21,18 +21,18 @@ def _top1(x, o):
 
 
 @triton.jit
-def routing_kernel(logits_ptr, bias_ptr, ids_ptr, w_ptr, stride_l, scale,
+def routing_kernel(p_logits, p_bias, p_ids, p_w, stride_l, scale,
                    E: tl.constexpr, EP: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
                    SIGMOID: tl.constexpr, G: tl.constexpr, EG: tl.constexpr, TG: tl.constexpr,
                    RENORM: tl.constexpr):
-    t = tl.program_id(0)
+    i_t = tl.program_id(0)
     o_e = tl.arange(0, EP)
     m_e = o_e < E
-    b_l = tl.load(logits_ptr + t.to(tl.int64) * stride_l + o_e, mask=m_e,
+    b_l = tl.load(p_logits + i_t.to(tl.int64) * stride_l + o_e, mask=m_e,
                   other=-float("inf")).to(tl.float32)
     if SIGMOID:
         b_p = tl.sigmoid(b_l)
-        b_sel = b_p + tl.load(bias_ptr + o_e, mask=m_e, other=0.0)
+        b_sel = b_p + tl.load(p_bias + o_e, mask=m_e, other=0.0)
         b_sel = tl.where(m_e, b_sel, -float("inf"))
         if G > 1:
             o_g = tl.arange(0, G)
@@ -67,5 +67,5 @@ def routing_kernel(logits_ptr, bias_ptr, ids_ptr, w_ptr, stride_l, scale,
         b_w = b_w / tl.sum(b_w, axis=0)
     b_w = b_w * scale
     m_k = o_k < K
-    tl.store(ids_ptr + t * K + o_k, b_ids, mask=m_k)
-    tl.store(w_ptr + t * K + o_k, b_w, mask=m_k)
+    tl.store(p_ids + i_t * K + o_k, b_ids, mask=m_k)
+    tl.store(p_w + i_t * K + o_k, b_w, mask=m_k)

@@ -1,4 +1,4 @@
-"""Scratch, bind and run: the stateful half of a MoE plan.
+"""Scratch and bind: the stateful half of a MoE plan (`run` is in runner.py).
 
 Legend: T tokens, E experts, K top-k, H hidden, I intermediate per rank,
 N1 = 2I (gated) or I, R = T*K routes, P padded sorted rows, S splits.
@@ -16,25 +16,13 @@ import torch
 import triton
 
 from sparkinfer import envs
-from sparkinfer.errors import (
-    CapacityError,
-    CaptureError,
-    DeviceError,
-    DTypeError,
-    KernelWaitTimeout,
-    LayoutError,
-    PlanError,
-    ShapeError,
-)
+from sparkinfer.errors import CapacityError, CaptureError, DeviceError, DTypeError, LayoutError, PlanError, ShapeError
 from sparkinfer.moe.kernels.common import ACT_RELU2, ACT_SILU, ACT_SWIGLU_OAI
-from sparkinfer.moe.plan import MICRO_BLOCK_M, LaunchConfig, MoEPlan
+from sparkinfer.moe.plan import FAMILIES, MICRO_BLOCK_M, MoEPlan, TileConfig
 from sparkinfer.moe.weights import MoEWeights, nvfp4_shapes
 
-# int32 control words of "resident_sync": done counter, error code, error slot + 1, spare
-RESIDENT_CTL_WORDS = 4
-
 __all__ = ["ScratchSpec", "MoEBinding", "scratch_specs", "allocate_scratch", "bind",
-           "sort_chunk", "max_tiles", "resident_status"]
+           "sort_chunk", "max_tiles"]
 
 _ACT = {"silu": ACT_SILU, "relu2": ACT_RELU2, "swiglu_oai": ACT_SWIGLU_OAI}
 
@@ -65,20 +53,14 @@ def scratch_specs(plan: MoEPlan) -> tuple[ScratchSpec, ...]:
     n1 = (2 if plan.spec.gated else 1) * i
     specs = [ScratchSpec("topk_ids", (c.max_tokens, k), torch.int32),
              ScratchSpec("topk_weights", (c.max_tokens, k), torch.float32)]
-    micro = [(t, cfg) for t, cfg in plan.buckets if cfg.family in ("micro", "resident")]
-    rm = min(c.max_tokens, MICRO_BLOCK_M) * k  # routes of a micro / resident call
+    micro = [(t, cfg) for t, cfg in plan.buckets if cfg.family == "micro"]
+    rm = min(c.max_tokens, MICRO_BLOCK_M) * k  # routes of a micro call
     if micro:
         s1 = max(cfg.split1 for _, cfg in micro)
         s2 = max(cfg.split2 for _, cfg in micro)
         specs += [ScratchSpec("fc1_partial", (s1, rm, n1), torch.float32),
                   ScratchSpec("fc1_act", (rm, i), torch.bfloat16),
                   ScratchSpec("fc2_partial", (s2, rm, h), torch.float32)]
-    resident = [cfg for _, cfg in plan.buckets if cfg.family == "resident"]
-    if resident:
-        nb1 = max(triton.cdiv(i, cfg.block_n1) for cfg in resident)
-        nb2 = max(triton.cdiv(h, cfg.block_n2) for cfg in resident)
-        specs.append(ScratchSpec("resident_sync", (RESIDENT_CTL_WORDS + rm + rm * nb1 + nb2,),
-                                 torch.int32))
     grouped = [(t, cfg) for t, cfg in plan.buckets if cfg.family == "grouped"]
     if grouped:
         r = c.max_tokens * k
@@ -96,12 +78,9 @@ def scratch_specs(plan: MoEPlan) -> tuple[ScratchSpec, ...]:
 
 
 def allocate_scratch(plan: MoEPlan, device) -> dict[str, torch.Tensor]:
-    """Allocate every buffer of `scratch_specs(plan)` on `device`. Allocates; not capture-legal.
-
-    "resident_sync" (the resident kernel's counters) starts zeroed and the
-    kernel leaves it zeroed; every other buffer is uninitialized."""
-    return {s.name: (torch.zeros if s.name == "resident_sync" else torch.empty)(
-        s.shape, dtype=s.dtype, device=device) for s in scratch_specs(plan)}
+    """Allocate every buffer of `scratch_specs(plan)` on `device`, uninitialized.
+    Allocates; not capture-legal."""
+    return {s.name: torch.empty(s.shape, dtype=s.dtype, device=device) for s in scratch_specs(plan)}
 
 
 @dataclass(frozen=True)
@@ -111,7 +90,7 @@ class MoEBinding:
     read the same buffers, so refill x / logits / ids in place."""
 
     plan: MoEPlan
-    config: LaunchConfig
+    config: TileConfig
     weights: MoEWeights
     tokens: int
     x: torch.Tensor
@@ -208,7 +187,9 @@ def bind(plan: MoEPlan, scratch: dict, weights: MoEWeights, *, x: torch.Tensor,
             raise ShapeError("bind: topk_ids given without topk_weights")
         _check(topk_weights, "topk_weights", (t, k), torch.float32, dev)
     cfg = plan.config_for(t)
-    if cfg.family in ("micro", "resident") and t > cfg.block_m:
+    if cfg.family not in FAMILIES:
+        raise PlanError(f"bind: config family {cfg.family!r} for T={t}; the kernel families are {FAMILIES}")
+    if cfg.family == "micro" and t > cfg.block_m:
         raise PlanError(f"bind: the {cfg.family} family serves T <= block_m={cfg.block_m} tokens, "
                         f"got T={t}; use the plan's own config for this T (plan.config_for)")
     bk = cfg.block_k
@@ -239,16 +220,3 @@ def check_topk_ids(topk_ids: torch.Tensor, num_experts: int) -> None:
         raise ShapeError(f"topk_ids row {t} names an expert twice: {topk_ids[t].tolist()}; "
                          "each token's K experts must be distinct")
 
-
-def resident_status(scratch: dict) -> None:
-    """Raise KernelWaitTimeout when a `resident` kernel run on this scratch gave up
-    a wait (its counters are then inconsistent: allocate a new scratch). Syncs
-    with the host; not capture-legal."""
-    if "resident_sync" not in scratch:
-        return
-    code, slot = scratch["resident_sync"][1:3].tolist()
-    if code:
-        raise KernelWaitTimeout(f"moe resident kernel: a wait for route slot {slot - 1}'s "
-                                "activation rows passed SPARKINFER_TIMEOUT_S; the counters in "
-                                "scratch['resident_sync'] are left inconsistent, allocate_scratch "
-                                "again", slot=slot - 1)

@@ -1,10 +1,17 @@
-"""What every comm op does around its kernel: validate, pick the channel,
-fingerprint, launch, and turn a device-side error record into a typed error."""
+"""What every comm op does around its kernel, written once.
+
+`use_kernel` is the one place an op chooses between its peer kernel and
+torch.distributed. `launch` is the one launch sequence: resolve the channel,
+raise any error a kernel recorded there, append the channel arguments and the
+fingerprint, refuse to compile during capture, launch. `check_errors` turns a
+device-side error record into a typed error.
+"""
 
 from __future__ import annotations
 
 import zlib
 
+from sparkinfer.comm.topology import nccl_serves
 from sparkinfer.errors import (
     CapacityError,
     CaptureError,
@@ -16,7 +23,7 @@ from sparkinfer.errors import (
     LayoutError,
 )
 
-__all__ = ["OP_CODES", "fingerprint", "check_errors", "check_tensor", "launch_kernel", "channel_args"]
+__all__ = ["OP_CODES", "fingerprint", "check_errors", "check_tensor", "use_kernel", "launch", "launch_kernel"]
 
 OP_CODES = {
     "all_reduce_oneshot": 1,
@@ -89,40 +96,60 @@ def check_tensor(name: str, t, device, dtypes=_SUPPORTED) -> None:
                           "pass .contiguous()")
 
 
-def check_capacity(nbytes: int, channel, what: str) -> None:
-    if nbytes > channel.capacity:
-        raise CapacityError(
-            f"{what} stages {nbytes} B but the channel capacity is {channel.capacity} B; create the Communicator "
-            "with a larger capacity_bytes, or call it outside graph capture so it can fall back to NCCL"
-        )
+def use_kernel(ctx, op: str, nbytes: int, algorithm: str) -> bool:
+    """Whether this call of `op`, staging `nbytes` per rank, runs the peer kernel
+    (True) or goes to torch.distributed (False, see comm/nccl.py).
 
-
-def wants_fallback(comm, nbytes: int, what: str) -> bool:
-    """True when this call goes to torch.distributed (NCCL on GPUs): no peer
-    access, or more bytes than the staging capacity outside capture. Over
-    capacity during capture raises CapacityError."""
-    if not comm.caps.peer_access or comm.world_size == 1:
-        return True
-    if nbytes <= comm.caps.capacity:
+    algorithm: "nccl", "auto", or a kernel algorithm the caller named (any other
+    string). torch.distributed serves "nccl", every call on ranks that cannot map
+    each other (the same API on any group), and "auto" where
+    topology.nccl_serves says so. Above the staging capacity, a named kernel
+    algorithm or any call during graph capture raises CapacityError instead of
+    falling back. Reads host state only; the one place every comm op decides.
+    """
+    caps = ctx.caps
+    if algorithm == "nccl" or not caps.peer_access:
         return False
-    if comm.streams.is_capturing():
-        raise CapacityError(
-            f"{what} stages {nbytes} B but the staging capacity is {comm.caps.capacity} B, during graph capture; "
-            "create the Communicator with a larger capacity_bytes (or capture NCCL yourself)"
-        )
-    return True
+    if nbytes > caps.capacity:
+        capturing = ctx.capturing()
+        if algorithm != "auto" or capturing:
+            why, hint = ("during graph capture", "") if capturing else (
+                f"algorithm={algorithm!r}", ", or pass algorithm='auto' to use NCCL above it")
+            raise CapacityError(
+                f"{op} stages {nbytes} B but the staging capacity is {caps.capacity} B ({why}); create the "
+                f"Communicator with a larger capacity_bytes{hint}"
+            )
+    return algorithm != "auto" or not nccl_serves(caps, op, nbytes)
 
 
-def channel_args(channel) -> tuple:
-    """(table, rank) and the layout numbers every comm kernel takes."""
-    lay = channel.layout
-    return channel.table, channel.rank, lay.stage_off, lay.slot_bytes, lay.lane_bytes
+_REGIONS = ("stage", "ll", "both")
 
 
-def ll_channel_args(channel) -> tuple:
-    """Like channel_args, with the LL region's offsets (see channel.py)."""
-    lay = channel.layout
-    return channel.table, channel.rank, lay.ll_off, lay.ll_slot_bytes, lay.ll_lane_bytes
+def launch(ctx, op: str, kernel, *, cfg, args: tuple, consts: dict, facts: tuple, region: str = "stage") -> None:
+    """Launch `kernel` for `op` on the channel of the current stream or capture scope.
+
+    args: the op's own arguments; the channel's follow them: (slab address table,
+    rank, fingerprint, timeout_ns) and the staging region's (offset, slot bytes, lane
+    bytes): region "stage" the flag-synchronized slots, "ll" the LL slots,
+    "both" stage then LL. consts: the op's constexprs; OP, W and INTERPRET are
+    added. facts: what the fingerprint covers besides the op name, every value
+    that ranks must agree on (sizes, dtype, grid, tiles). cfg: the launch shape
+    (cfg.grid blocks, cfg.num_warps). Raises the channel's recorded error first;
+    interpreted kernels are synchronous, so their errors raise at once too.
+    """
+    assert region in _REGIONS, region
+    ch = ctx.channel()
+    check_errors(ch)
+    lay = ch.layout
+    stage = (lay.stage_off, lay.slot_bytes, lay.lane_bytes)
+    ll = (lay.ll_off, lay.ll_slot_bytes, lay.ll_lane_bytes)
+    offsets = {"stage": stage, "ll": ll, "both": stage + ll}[region]
+    fp = fingerprint(op, *facts)
+    args = (*args, ch.table, ch.rank, fp, ctx.timeout_ns, *offsets)
+    consts = dict(consts, OP=OP_CODES[op], W=ctx.world_size, INTERPRET=ctx.caps.interpret)
+    launch_kernel(kernel, cfg, op=op, capturing=ctx.capturing(), args=args, consts=consts)
+    if ctx.caps.interpret:
+        check_errors(ch)
 
 
 _warmed: set = set()
@@ -140,16 +167,16 @@ def _spec(a):
     return (type(a).__name__,)
 
 
-def launch_kernel(kernel, cfg, key: tuple, capturing: bool, args: tuple, consts: dict) -> None:
+def launch_kernel(kernel, cfg, *, op: str, capturing: bool, args: tuple, consts: dict) -> None:
     """Launch `kernel` on grid cfg.grid. During capture only specializations that
     already ran once in this process (and so are compiled) may launch: compiling
-    inside a capture is refused with CaptureError instead. `key` names the op;
-    the specialization is derived from the arguments the way Triton does."""
-    spec = (kernel.fn.__name__ if hasattr(kernel, "fn") else str(kernel), key[0], cfg,
+    inside a capture is refused with CaptureError instead. `op` names the op in
+    that error; the specialization is derived from the arguments the way Triton does."""
+    spec = (kernel.fn.__name__ if hasattr(kernel, "fn") else str(kernel), op, cfg,
             tuple(sorted(consts.items())), tuple(_spec(a) for a in args))
     if capturing and spec not in _warmed:
         raise CaptureError(
-            f"{key[0]} with this dtype/size/alignment class has not run yet in this process, so it would compile "
+            f"{op} with this dtype/size/alignment class has not run yet in this process, so it would compile "
             "during graph capture; run the same call once eagerly (a warm-up) before capturing"
         )
     kernel[(cfg.grid,)](*args, num_warps=cfg.num_warps, **consts)
