@@ -1,53 +1,85 @@
-"""Whole models against transformers: each family's tiny random checkpoint, loaded by our
-loader on 1-3 CPU ranks (and DCP = 2), prefill + 8 greedy steps; tokens identical to
-transformers' fp32 greedy decode, logits within `hf_reference.RTOL` of it at every
-step, and every rank's tokens and logits the same bits.
+"""Whole models against transformers, and speculative decoding against plain decoding.
+
+Each family's tiny random checkpoint is loaded by our loader on 1-3 CPU ranks (and
+DCP = 2); prefill + 8 greedy steps must give tokens identical to transformers'
+fp32 greedy decode, logits within `hf_reference.RTOL` of it at every step, and
+the same bits on every rank. In the same session, greedy speculative decoding
+with a self-draft (the target's first layer) must reproduce the plain greedy
+tokens for each k, also when a stop token ends a sequence mid-proposal.
 
 The seeds are ones `hf_reference.decidable_checkpoint` picked: on them no greedy step
 and no routing decision of the reference is a near-tie that bf16 rounding may flip
-(the fixture re-checks that, so a change in transformers fails loudly here)."""
+(the fixture re-checks that, so a change in transformers fails loudly here).
+"""
 
 import pytest
 import torch
 
 from sparkinfer.engine import SamplingParams
-from sparkinfer.engine.session import GenerateRequest, generate_on_rank
+from sparkinfer.engine.session import GenerateRequest, ModelSession
+from sparkinfer.engine.speculative import SpeculativeEngine
 from sparkinfer.models.hf_reference import MIN_MARGIN, MIN_ROUTER_MARGIN, compare, transformers_greedy
 from sparkinfer.models.presets import make_checkpoint
 from sparkinfer.runtime import run_ranks
 
-SEEDS = {"qwen3_moe-tiny": 16, "glm4_moe-tiny": 3, "mixtral-tiny": 18}
-FAMILIES = list(SEEDS)
-LAYOUTS = [(1, 1), (2, 1), (3, 1), (2, 2)]  # (TP ranks, DCP)
+SEEDS = {"qwen3_moe-tiny": 16, "glm4_moe-tiny": 6, "mixtral-tiny": 18}
 NEW = 8
 PROMPTS = [[5, 17, 3, 99], [7, 1, 250, 13, 64, 2]]
+# (family, TP ranks, DCP, speculative k values): every family at TP 1 and 2, TP 3 and
+# DCP 2 on the families whose KV heads split (Qwen3) and replicate (GLM, one KV head)
+CASES = [
+    ("qwen3_moe-tiny", 1, 1, (1, 3, 5)), ("glm4_moe-tiny", 1, 1, (1, 3, 5)), ("mixtral-tiny", 1, 1, (1, 3, 5)),
+    ("qwen3_moe-tiny", 2, 1, (1, 3, 5)), ("glm4_moe-tiny", 2, 1, (3,)), ("mixtral-tiny", 2, 1, (3,)),
+    ("qwen3_moe-tiny", 3, 1, ()), ("glm4_moe-tiny", 2, 2, (3,)),
+]
 
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     out = {}
-    for fam in FAMILIES:
-        path = make_checkpoint(fam, tmp_path_factory.mktemp(fam), seed=SEEDS[fam])
+    for fam, seed in SEEDS.items():
+        path = make_checkpoint(fam, tmp_path_factory.mktemp(fam), seed=seed)
         ref = transformers_greedy(path, PROMPTS, NEW)
         assert ref.margin >= MIN_MARGIN and ref.router_margin >= MIN_ROUTER_MARGIN, \
-            f"{fam} seed {SEEDS[fam]} is no longer decidable; pick one with decidable_checkpoint"
+            f"{fam} seed {seed} is no longer decidable; pick one with decidable_checkpoint"
         out[fam] = (path, ref)
     return out
 
 
-def _run(path, world, dcp, fmt="bf16"):
-    req = GenerateRequest(str(path), PROMPTS, SamplingParams(max_new_tokens=NEW), moe_format=fmt, dcp=dcp,
-                          keep_logits=True, max_len=32)
-    return run_ranks(generate_on_rank, world, backend="cpu", args=(req,), timeout_s=900)
+def _worker(world, path, dcp, ks):
+    params = SamplingParams(max_new_tokens=NEW)
+    req = GenerateRequest(str(path), PROMPTS, params, dcp=dcp, max_len=32, self_draft=1 if ks else 0,
+                          spec_k=max(ks, default=1))
+    s = ModelSession(world, req)
+    try:
+        plain = s.engine.generate(PROMPTS, params, keep_logits=True)
+        spec = {}
+        if ks:
+            stop = SamplingParams(max_new_tokens=NEW, stop_ids=(plain.tokens[0][2],))  # ends prompt 0 early
+            spec["stopped"] = s.engine.generate(PROMPTS, stop).tokens
+            for k in ks:
+                engine = SpeculativeEngine(s.engine, s.speculative.draft, k)
+                spec[k] = engine.generate(PROMPTS, params).tokens
+                if k == 3:
+                    spec["stopped", k] = engine.generate(PROMPTS, stop).tokens
+        return plain.tokens, plain.logits, spec
+    finally:
+        s.close()
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world,dcp", LAYOUTS, ids=[f"tp{w}_dcp{d}" for w, d in LAYOUTS])
-@pytest.mark.parametrize("family", FAMILIES)
-def test_matches_transformers(checkpoints, family, world, dcp):
+@pytest.mark.parametrize("family,world,dcp,ks", CASES, ids=[f"{c[0]}_tp{c[1]}_dcp{c[2]}" for c in CASES])
+def test_matches_transformers_and_speculative_matches_plain(checkpoints, family, world, dcp, ks):
     path, ref = checkpoints[family]
-    results = _run(path, world, dcp)
-    assert compare(ref, results[0].tokens, results[0].logits) == []
-    for res in results[1:]:
-        assert res.tokens == results[0].tokens
-        assert all(torch.equal(a, b) for a, b in zip(res.logits, results[0].logits))
+    results = run_ranks(_worker, world, backend="cpu", args=(path, dcp, ks), timeout_s=900)
+    tokens, logits, spec = results[0]
+    assert compare(ref, tokens, logits) == []
+    for other in results[1:]:
+        assert other[0] == tokens and other[2] == spec
+        assert all(torch.equal(a, b) for a, b in zip(other[1], logits))
+    for k in ks:
+        assert spec[k] == tokens, f"speculative k={k}"
+    if 3 in ks:
+        stopped = spec["stopped"]
+        assert stopped[0] == tokens[0][:tokens[0].index(tokens[0][2]) + 1] and stopped[1] == tokens[1]
+        assert spec["stopped", 3] == stopped, "speculative k=3 with a stop token mid-proposal"
