@@ -22,8 +22,10 @@ from pathlib import Path
 __all__ = ["add_parser"]
 
 
-def _prompts(vocab: int) -> list[list[int]]:
-    return [[(7 * i + 3) % vocab for i in range(5)], [(11 * i + 1) % vocab for i in range(9)]]
+# Prompts and per-preset seeds on which transformers' greedy path and routing have no
+# near-ties (see sparkinfer.models.hf_reference.decidable_checkpoint).
+PROMPTS = [[5, 17, 3, 99], [7, 1, 250, 13, 64, 2]]
+SEEDS = {"qwen3_moe-tiny": 16, "glm4_moe-tiny": 6, "mixtral-tiny": 18}
 
 
 def demo(args) -> int:
@@ -35,12 +37,13 @@ def demo(args) -> int:
     from sparkinfer.engine.session import GenerateRequest, generate_on_rank
     from sparkinfer.models.config import load_spec
     from sparkinfer.models.hf_reference import RTOL, compare, transformers_greedy
-    from sparkinfer.models.presets import PRESETS, make_checkpoint
+    from sparkinfer.models.nvfp4_export import write_nvfp4_checkpoint
+    from sparkinfer.models.presets import TINY_PRESETS, make_checkpoint
     from sparkinfer.runtime.ranks import resolve_backend, run_ranks
 
     con = Console()
-    if args.preset not in PRESETS:
-        con.print(f"[red]unknown preset {args.preset!r}; choose one of {sorted(PRESETS)}")
+    if args.preset not in TINY_PRESETS:
+        con.print(f"[red]unknown preset {args.preset!r}; choose one of {sorted(TINY_PRESETS)}")
         return 2
     if not 1 <= args.world_size <= 16:
         con.print(f"[red]--world-size {args.world_size}: SparkInfer runs 1 to 16 ranks")
@@ -52,13 +55,16 @@ def demo(args) -> int:
         return 2
     with tempfile.TemporaryDirectory(prefix="sparkinfer_demo_") as tmp:
         with con.status(f"writing a random {args.preset} checkpoint (transformers save_pretrained)"):
-            path = make_checkpoint(args.preset, Path(tmp) / args.preset, seed=args.seed,
-                                   nvfp4=args.moe_format == "nvfp4")
+            seed = SEEDS[args.preset] if args.seed is None else args.seed
+            path = ref_path = make_checkpoint(args.preset, Path(tmp) / args.preset, seed=seed)
+            if args.moe_format == "nvfp4":  # a ModelOpt NVFP4 checkpoint, and its experts dequantized
+                ref_path = Path(tmp) / "reference"
+                path = write_nvfp4_checkpoint(path, Path(tmp) / "nvfp4", shared_gate_up_scale=True,
+                                              reference=ref_path)
         spec = load_spec(path)
-        prompts = _prompts(spec.vocab_size)
+        prompts = PROMPTS
         with con.status("transformers fp32 reference"):
-            ref = transformers_greedy(path.parent / (path.name + "-reference") if args.moe_format == "nvfp4"
-                                      else path, prompts, args.new_tokens)
+            ref = transformers_greedy(ref_path, prompts, args.new_tokens)
         req = GenerateRequest(str(path), prompts, SamplingParams(max_new_tokens=args.new_tokens),
                               moe_format=args.moe_format, dcp=args.world_size if args.dcp else 1,
                               keep_logits=True, max_len=64)
@@ -100,5 +106,5 @@ def add_parser(sub) -> None:
     p.add_argument("--moe-format", default="bf16", choices=("bf16", "nvfp4"))
     p.add_argument("--backend", default="auto", choices=("auto", "cpu", "cuda", "cuda_shared"))
     p.add_argument("--new-tokens", type=int, default=8)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None, help="weights seed (default: the preset's decidable one)")
     p.set_defaults(run=demo)

@@ -160,16 +160,26 @@ class Decoder:
         b = step.row_slots.shape[0]
         if sh.dcp == 1:
             out, _ = attend(q.view(b, step.q_len, self.heads_l, d), *caches, step.row_slots, step.q_pos,
-                                      sm_scale=self.scale)
+                            sm_scale=self.scale, **self._attn_out(b, step.q_len, self.heads_l))
             out = out.view(t, self.heads_l * d)
         else:
             q_all = self.comm.all_gather_heads(q)  # [T, Hq, D]
             hq = q_all.shape[1]
             part, lse = attend(q_all.view(b, step.q_len, hq, d), *caches, step.row_slots, step.q_pos,
-                                         sm_scale=self.scale, kv_stride=sh.dcp, kv_offset=sh.rank)
+                               sm_scale=self.scale, kv_stride=sh.dcp, kv_offset=sh.rank,
+                               **self._attn_out(b, step.q_len, hq))
             out = self.comm.dcp_merge(part.view(t, hq, d), lse.view(t, hq), scatter_heads=True)
             out = out.reshape(t, self.heads_l * d)
         return F.linear(out, a.o)
+
+    def _attn_out(self, b: int, q: int, heads: int) -> dict:
+        """out / lse buffers of one attention call (the kernel refuses to allocate them during
+        a capture; here they come from the graph's pool). None for the torch ops."""
+        if self.torch_ops is not None:
+            return {}
+        d = self.spec.head_dim
+        return dict(out=torch.empty((b, q, heads, d), dtype=torch.bfloat16, device=self.device),
+                    lse=torch.empty((b, q, heads), dtype=torch.float32, device=self.device))
 
     @staticmethod
     def _dense(m: DenseMLPWeights, x):

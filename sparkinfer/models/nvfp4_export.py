@@ -22,7 +22,7 @@ from sparkinfer.errors import CheckpointError
 from sparkinfer.models.checkpoint import Checkpoint
 from sparkinfer.models.config import load_spec
 from sparkinfer.models.experts import expert_layout
-from sparkinfer.quant.nvfp4 import quantize_nvfp4
+from sparkinfer.quant.nvfp4 import dequantize_nvfp4, quantize_nvfp4
 from sparkinfer.quant.reference import E2M1_MAX, E4M3_MAX
 
 __all__ = ["write_nvfp4_checkpoint"]
@@ -32,12 +32,15 @@ _COPY = ("tokenizer.json", "tokenizer_config.json", "generation_config.json",
 
 
 def write_nvfp4_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, *,
-                           shared_gate_up_scale: bool = False) -> Path:
+                           shared_gate_up_scale: bool = False, reference: str | os.PathLike | None = None) -> Path:
     """Write `src`'s checkpoint to `dst` with NVFP4 routed experts (ModelOpt layout).
 
     shared_gate_up_scale: give each expert's gate and up one weight_scale_2 (the
     larger amax), as ModelOpt does when it fuses them; False quantizes each
     matrix on its own amax, so the loader has to join two global scales.
+    reference: also write there a plain checkpoint whose experts are the NVFP4
+    values dequantized to fp32 (what transformers runs as the reference of the
+    NVFP4 model; the other tensors as in `src`).
     Holds the whole checkpoint in host memory: for tiny and test checkpoints.
     Returns `dst`.
     """
@@ -48,6 +51,7 @@ def write_nvfp4_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, *,
     if spec.quant is not None:
         raise CheckpointError(f"{src} is already quantized ({spec.quant}); pass a bf16 checkpoint")
     out: dict[str, torch.Tensor] = {}
+    plain: dict[str, torch.Tensor] = {}
     quantized: set[str] = set()
     with Checkpoint(src) as ckpt:
         for layer in range(spec.num_layers):
@@ -67,6 +71,7 @@ def write_nvfp4_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, *,
                     scales[0] = scales[1] = amax / (E2M1_MAX * E4M3_MAX)
                 for name, w, gs in zip(names, mats, scales):
                     q = quantize_nvfp4(w, gs)
+                    plain[f"{name}.weight"] = dequantize_nvfp4(q)
                     out[f"{name}.weight"] = q.packed
                     out[f"{name}.weight_scale"] = q.scales
                     out[f"{name}.weight_scale_2"] = q.global_scale.reshape(()).clone()
@@ -74,7 +79,7 @@ def write_nvfp4_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, *,
                     quantized.add(f"{name}.weight")
         for name in ckpt.names:
             if name not in quantized:
-                out[name] = ckpt.read(name)
+                out[name] = plain[name] = ckpt.read(name)
     dst.mkdir(parents=True, exist_ok=True)
     save_file(out, str(dst / "model.safetensors"), metadata={"format": "pt"})
     exclude = ["lm_head", "model.embed_tokens", "*self_attn*", "*mlp.gate", "*shared_experts*",
@@ -92,4 +97,11 @@ def write_nvfp4_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, *,
     for f in _COPY:
         if (src / f).is_file():
             shutil.copy(src / f, dst / f)
+    if reference is not None:
+        ref = Path(reference)
+        ref.mkdir(parents=True, exist_ok=True)
+        save_file(plain, str(ref / "model.safetensors"), metadata={"format": "pt"})
+        for f in ("config.json", *_COPY):
+            if (src / f).is_file():
+                shutil.copy(src / f, ref / f)
     return dst
