@@ -25,9 +25,10 @@ import torch.nn.functional as F
 
 from sparkinfer.attention import decode_attention
 from sparkinfer.errors import CapacityError, ShapeError
+from sparkinfer.layers.aux_stream import CudaStreamOps, moe_with_shared_experts
 from sparkinfer.models.torch_ops import TorchOps
 from sparkinfer.models.weights import DenseMLPWeights, ExpertWeights, ModelWeights, Sharding
-from sparkinfer.moe import MoECaps, MoELayer, MoESpec
+from sparkinfer.moe import MoECaps, MoELayer, MoESpec, plan_supports_aux_stream_overlap
 from sparkinfer.norm import add_rms_norm, rms_norm
 from sparkinfer.rope import rope_qk_cache, rotary_table
 
@@ -125,6 +126,11 @@ class Decoder:
             if isinstance(lw.mlp, ExpertWeights) and spec.routing == "sigmoid_grouped" and share_moe is None:
                 lw.mlp.router = lw.mlp.router.float()  # transformers routes GLM-4.5 in fp32
         self._moe_out = torch.empty((max_tokens, spec.hidden), dtype=torch.bfloat16, device=dev)
+        # shared experts overlap the routed ones on an auxiliary stream (GPU only; the
+        # switch is for A/B runs and debugging)
+        self.overlap_shared = dev.type == "cuda"
+        self._aux = torch.cuda.Stream(dev) if dev.type == "cuda" else None
+        self._streams = CudaStreamOps(dev) if dev.type == "cuda" else None
 
     # ------------------------------------------------------------------ pieces
     def _norm(self, partial, residual, weight):
@@ -190,14 +196,21 @@ class Decoder:
         m = self.w.layers[i].mlp
         if isinstance(m, DenseMLPWeights):
             return self._dense(m, x)
-        logits = F.linear(x.to(m.router.dtype), m.router)
-        if self.torch_ops is not None:
-            out = self.torch_ops.moe(x, logits, m, m.correction_bias, self._moe_out[:x.shape[0]])
-        else:
-            out = self.moe[i](x, logits, out=self._moe_out[:x.shape[0]])
-        if m.shared is not None:
-            out = out + self._dense(m.shared, x)
-        return out
+        out = self._moe_out[:x.shape[0]]
+
+        def router(h):
+            return F.linear(h.to(m.router.dtype), m.router)
+
+        def routed(h, logits):
+            if self.torch_ops is not None:
+                return self.torch_ops.moe(h, logits, m, m.correction_bias, out)
+            return self.moe[i](h, logits, out=out)
+        if m.shared is None:
+            return routed(x, router(x))
+        safe = self.torch_ops is not None or plan_supports_aux_stream_overlap(self.moe[i].plan)
+        return moe_with_shared_experts(x, router=router, routed=routed, shared=lambda h: self._dense(m.shared, h),
+                                       overlap_safe=safe, streams=self._streams, aux=self._aux,
+                                       enabled=self.overlap_shared)
 
     # ------------------------------------------------------------------ forward
     def __call__(self, step: Step) -> torch.Tensor:

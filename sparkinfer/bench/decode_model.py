@@ -1,0 +1,152 @@
+"""The pieces of the decode benchmark: a realistic model with random weights, the
+floor of a decode step, and timers for graph replays and whole generations.
+
+Legend: B rows in a decode step, L layers, E experts, K top-k, H hidden, I expert
+intermediate, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import time
+
+__all__ = ["hf_model", "build", "floor_bytes", "copy_bandwidth", "step_us", "hf_step_us"]
+
+
+def hf_model(preset: str, layers: int, device, *, agree_after: int | None = None):
+    """(transformers model of `preset` in bf16 on `device`, its config dict). Weights are
+    random, N(0, 1/fan_in) for matrices, routers re-drawn N(0, 4/H) so routing spreads
+    (transformers initialises them to zero: every token would pick the same experts).
+    agree_after=N zeroes the output projections (o_proj, MLP and expert down_proj) of
+    layers N.., so those layers add nothing: a self-draft of the first N layers then
+    agrees with the target by construction (its logits are the same)."""
+    import torch
+    import transformers
+
+    from sparkinfer.models.presets import _CLASSES, preset_config
+
+    cfg = preset_config(preset, layers=layers)
+    cfg_cls, model_cls = (getattr(transformers, n) for n in _CLASSES[cfg["architectures"][0]])
+    config = cfg_cls(**{k: v for k, v in cfg.items() if k != "torch_dtype"})
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = model_cls(config).to(torch.bfloat16).eval()
+    h = config.hidden_size
+    with torch.no_grad():
+        for name, t in model.named_parameters():
+            if name.endswith("gate.weight"):
+                t.copy_(torch.randn_like(t, dtype=torch.float32) * 2 / h ** 0.5)
+            elif t.dim() >= 2 and not name.endswith("embed_tokens.weight"):
+                t.copy_(torch.randn_like(t, dtype=torch.float32) / t.shape[-1] ** 0.5)
+            if agree_after is not None and ".layers." in name:
+                layer = int(name.split(".layers.")[1].split(".")[0])
+                if layer >= agree_after and ("o_proj" in name or "down_proj" in name or ".w2" in name):
+                    t.zero_()
+    return model, cfg
+
+
+def build(model, cfg, *, fmt: str, ops: str, batch: int, max_len: int, max_tokens: int):
+    """(spec, decoder, engine) of our model on the transformers model's weights (one rank)."""
+    from sparkinfer.engine import Engine
+    from sparkinfer.models.config import load_spec
+    from sparkinfer.models.decoder import Decoder, KVCache
+    from sparkinfer.models.loader import load_weights
+    from sparkinfer.models.tensor_source import TensorSource
+    from sparkinfer.models.weights import Sharding
+
+    dev = next(model.parameters()).device
+    spec = load_spec(cfg)
+    weights = load_weights(TensorSource(model.state_dict()), spec, Sharding(), device=dev, moe_format=fmt)
+    cache = KVCache(spec.num_layers, batch + 1, max_len, weights.layers[0].attn.kv_heads, spec.head_dim,
+                    Sharding(), dev)
+    dec = Decoder(spec, weights, Sharding(), cache=cache, max_tokens=max_tokens, moe_format=fmt, ops=ops)
+    return spec, dec, Engine(dec, max_batch=batch)
+
+
+def floor_bytes(spec, weights, batch: int, ctx: int, fmt: str) -> int:
+    """Bytes a decode step must read at least: every non-expert weight once, the
+    distinct experts B tokens hit on average under uniform routing
+    (E (1 - (1 - K/E)^B)), B embedding rows, the KV cache of B rows at ctx."""
+    from sparkinfer.models.weights import ExpertWeights
+
+    e_bytes = 3 * spec.hidden * spec.moe_intermediate * (2 if fmt == "bf16" else 0.5 + 1 / 16)
+    distinct = spec.num_experts * (1 - (1 - spec.top_k / spec.num_experts) ** batch)
+    total = batch * spec.hidden * 2 + weights.lm_head.numel() * 2 + weights.final_norm.numel() * 2
+    for lw in weights.layers:
+        a, m = lw.attn, lw.mlp
+        total += (a.qkv.numel() + a.o.numel()) * 2 + 4 * spec.hidden
+        total += batch * ctx * 2 * a.kv_heads * spec.head_dim * 2
+        if isinstance(m, ExpertWeights):
+            total += distinct * e_bytes + m.router.numel() * m.router.element_size()
+            if m.shared is not None:
+                total += (m.shared.gate_up.numel() + m.shared.down.numel()) * 2
+        else:
+            total += (m.gate_up.numel() + m.down.numel()) * 2
+    return int(total)
+
+
+def copy_bandwidth(nbytes: int = 1 << 30) -> float:
+    """Bytes read + written per second by a device-to-device copy (median of 10 after 2)."""
+    import torch
+
+    a = torch.randn(nbytes // 4, device="cuda")
+    b = torch.empty_like(a)
+    times = []
+    for _ in range(12):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        b.copy_(a)
+        e.record()
+        torch.cuda.synchronize()
+        times.append(s.elapsed_time(e) / 1e3)
+    times = sorted(times[2:])
+    return 2 * nbytes / times[len(times) // 2]
+
+
+def step_us(engine, batch: int, ctx: int, replays: int) -> tuple[float, bool]:
+    """(median us of one decode step of B rows at context ctx, the step's output equal to
+    eager). On a GPU the step is the bucket's CUDA graph, timed with events over
+    `replays` replays (median of 3 runs); on the CPU the eager step, wall clock."""
+    import torch
+
+    from sparkinfer.engine import SamplingParams
+
+    params = SamplingParams()
+    rows = [[7]] * batch
+    logits, _ = engine.step(rows, [ctx] * batch, list(range(batch)), params)
+    first = logits.clone()
+    bufs, run = engine._graph_step(engine.bucket(batch), 1, params)
+    same = torch.equal(first, engine.dec(bufs.step)[:batch])
+    times = []
+    for _ in range(3):
+        if engine.graphs:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(replays):
+                run(params)
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end) * 1e3 / replays)
+        else:
+            t0 = time.perf_counter()
+            for _ in range(replays):
+                engine.dec(bufs.step)
+            times.append((time.perf_counter() - t0) * 1e6 / replays)
+    return sorted(times)[1], same
+
+
+def hf_step_us(model, batch: int, ctx: int, vocab: int) -> float:
+    """us per decode token of transformers' greedy `generate`: (t(1 + 8) - t(1)) / 8."""
+    import torch
+
+    ids = torch.randint(0, vocab, (batch, ctx), device=model.device)
+    t = {}
+    for n in (1, 9):
+        if ids.is_cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                       do_sample=False)
+        if ids.is_cuda:
+            torch.cuda.synchronize()
+        t[n] = time.perf_counter() - t0
+    return (t[9] - t[1]) / 8 * 1e6
