@@ -103,15 +103,17 @@ def copy_bandwidth(nbytes: int = 1 << 30) -> float:
 
 
 def step_us(engine, batch: int, ctx: int, replays: int) -> tuple[float, bool]:
-    """(median us of one decode step of B rows at context ctx, the step's output equal to
-    eager). On a GPU the step is the bucket's CUDA graph, timed with events over
+    """(median us of one decode step of B rows of random tokens at context ctx, the step's
+    output equal to eager). On a GPU the step is the bucket's CUDA graph, timed with events over
     `replays` replays (median of 3 runs); on the CPU the eager step, wall clock."""
     import torch
 
     from sparkinfer.engine import SamplingParams
 
     params = SamplingParams()
-    rows = [[7]] * batch
+    gen = torch.Generator().manual_seed(batch)
+    vocab = engine.dec.spec.vocab_size
+    rows = [[int(t)] for t in torch.randint(0, vocab, (batch,), generator=gen)]  # distinct rows route apart
     logits, _ = engine.step(rows, [ctx] * batch, list(range(batch)), params)
     first = logits.clone()
     bufs, run = engine._graph_step(engine.bucket(batch), 1, params)

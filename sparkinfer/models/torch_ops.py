@@ -92,7 +92,9 @@ class TorchOps:
         order = torch.argsort(flat, stable=True)
         tok = order // k
         if x.is_cuda:
-            counts = torch.bincount(flat, minlength=w.w1.shape[0])
+            # scatter_add, not bincount: bincount sizes its output on the host (a sync)
+            counts = torch.zeros(w.w1.shape[0], dtype=torch.int64, device=x.device).scatter_add_(
+                0, flat, torch.ones_like(flat))
             offs = torch.cumsum(counts, 0).to(torch.int32)
             h1 = torch._grouped_mm(x[tok], w.w1.transpose(1, 2), offs=offs)
             g, u = h1.chunk(2, dim=-1)
