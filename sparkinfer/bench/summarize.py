@@ -20,7 +20,7 @@ from sparkinfer.bench.common import RESULTS_DIR, load_rows
 
 __all__ = ["add_arguments", "main", "tables"]
 
-_FILE = re.compile(r"^(comm|fused|moe)_([a-z0-9]+)\.json$")
+_FILE = re.compile(r"^(comm|fused|moe|decode)_([a-z0-9]+)\.json$")
 ALL_REDUCE_TARGET_US = {2 << 10: 4, 32 << 10: 4, 128 << 10: 5, 512 << 10: 6.5, 2 << 20: 10, 8 << 20: 26,
                         32 << 20: 95}
 # --brief: the rows of one short table per op (fused norm at the largest H, dcp at D 128 replicated)
@@ -161,7 +161,54 @@ def moe_tables(rows: list, machine: str, brief: bool) -> list[str]:
                       "torch._grouped_mm bf16 µs", "nvfp4 speedup vs grouped_mm"], body)
 
 
-_TABLES = {"comm": comm_tables, "fused": fused_tables, "moe": moe_tables}
+def decode_tables(rows: list, machine: str, brief: bool) -> list[str]:
+    """Decode step time and tokens/s per preset and batch, ours against the torch-ops build
+    of the same model and transformers; the shared-expert overlap and speculative rows."""
+    steps = defaultdict(dict)
+    for r in rows:
+        if r.get("bench") == "decode" and r.get("overlap_shared", True) is not False:
+            steps[(r["preset"], r["batch"])][(r["impl"], r["experts"])] = r
+    bw = next((r["copy_bandwidth_Bps"] for r in rows if r.get("copy_bandwidth_Bps")), 0) / 1e9
+    layers = next((r["layers"] for r in rows if r.get("layers")), "?")
+    out = [f"Decode step, TP = 1, {layers} decoder layers of the preset's dimensions with random weights, context "
+           f"512; µs per step (CUDA graph) and % of the floor (the step's weight and KV bytes at {bw:.0f} GB/s "
+           f"measured in the same run; uniform routing assumed, so batches above 1 can exceed it); "
+           f"{provenance(rows, machine, brief)}:", ""]
+    body = []
+    for (preset, b), d in sorted(steps.items()):
+        ours, nv, tor, hf = (d.get(k) for k in (("sparkinfer", "bf16"), ("sparkinfer", "nvfp4"), ("torch", "bf16"),
+                                                ("transformers", "bf16")))
+        if not ours:
+            continue
+        cell = lambda r: f"{r['us_per_step']:.0f} ({100 * r['frac_floor']:.0f}%)" if r and r.get("frac_floor") else "–"  # noqa: E731
+        body.append([preset, b, cell(ours), cell(nv), f"{tor['us_per_step']:.0f}" if tor else "–",
+                     f"{hf['us_per_step']:.0f}" if hf else "–",
+                     f"{tor['us_per_step'] / ours['us_per_step']:.2f}x" if tor else "–",
+                     f"{b / ours['us_per_step'] * 1e6:.0f}"])
+    out += _md(["preset", "B", "ours bf16 µs (% floor)", "ours NVFP4 µs (% floor)", "torch ops bf16 µs",
+                "transformers µs", "torch ops / ours", "ours bf16 tokens/s"], body)
+    pairs = defaultdict(dict)
+    for r in rows:
+        if r.get("bench") == "decode" and "overlap_shared" in r and r["impl"] == "sparkinfer":
+            pairs[(r["preset"], r["experts"], r["batch"])][r["overlap_shared"]] = r["us_per_step"]
+    both = [(k, v) for k, v in sorted(pairs.items()) if len(v) == 2]
+    if both and not brief:
+        out += ["", "Shared experts on an auxiliary stream, µs per decode step with the overlap on / off:", ""]
+        out += _md(["preset", "experts", "B", "on", "off", "gain"],
+                   [[p, e, b, f"{v[True]:.0f}", f"{v[False]:.0f}", f"{100 * (1 - v[True] / v[False]):.1f}%"]
+                    for (p, e, b), v in both])
+    spec = [r for r in rows if r.get("bench") == "decode_speculative"]
+    if spec and not brief:
+        out += ["", "Speculative decoding, batch 1, generation tokens/s (host loop included), self-draft of the "
+                    "first half of the layers on a model whose later layers are zeroed (the draft agrees by "
+                    "construction):", ""]
+        out += _md(["preset", "k", "plain tok/s", "speculative tok/s", "speedup", "acceptance"],
+                   [[r["preset"], r["k"], f"{r['plain_tokens_per_s']:.0f}", f"{r['spec_tokens_per_s']:.0f}",
+                     f"{r['speedup']:.2f}x", f"{r['acceptance']:.2f}"] for r in spec])
+    return out
+
+
+_TABLES = {"comm": comm_tables, "fused": fused_tables, "moe": moe_tables, "decode": decode_tables}
 
 
 def tables(results: Path, brief: bool = False) -> tuple[str, list[str]]:
