@@ -28,13 +28,26 @@ PROMPTS = [[5, 17, 3, 99], [7, 1, 250, 13, 64, 2]]
 SEEDS = {"qwen3_moe-tiny": 16, "glm4_moe-tiny": 6, "mixtral-tiny": 18}
 
 
+def _demo_rank(world, req):
+    """Plain greedy generation (with every step's logits) and the same with a self-draft
+    of the first layer: (plain result, speculative result)."""
+    from sparkinfer.engine.session import ModelSession
+
+    session = ModelSession(world, req)
+    try:
+        plain = session.engine.generate(req.prompts, req.params, keep_logits=True)
+        return plain, session.speculative.generate(req.prompts, req.params)
+    finally:
+        session.close()
+
+
 def demo(args) -> int:
     import torch
     from rich.console import Console
     from rich.table import Table
 
     from sparkinfer.engine import SamplingParams
-    from sparkinfer.engine.session import GenerateRequest, generate_on_rank
+    from sparkinfer.engine.session import GenerateRequest
     from sparkinfer.models.config import load_spec
     from sparkinfer.models.hf_reference import RTOL, compare, transformers_greedy
     from sparkinfer.models.nvfp4_export import write_nvfp4_checkpoint
@@ -67,12 +80,13 @@ def demo(args) -> int:
             ref = transformers_greedy(ref_path, prompts, args.new_tokens)
         req = GenerateRequest(str(path), prompts, SamplingParams(max_new_tokens=args.new_tokens),
                               moe_format=args.moe_format, dcp=args.world_size if args.dcp else 1,
-                              keep_logits=True, max_len=64)
+                              keep_logits=True, max_len=64, self_draft=1, spec_k=3)
         where = {"cuda": "one GPU per rank", "cuda_shared": "every rank on cuda:0",
                  "cpu": "CPU ranks, Triton interpreter"}[backend]
         t0 = time.perf_counter()
         with con.status(f"loading and generating on {args.world_size} rank(s), {where}"):
-            results = run_ranks(generate_on_rank, args.world_size, backend=backend, args=(req,), timeout_s=1800)
+            both = run_ranks(_demo_rank, args.world_size, backend=backend, args=(req,), timeout_s=1800)
+            results, spec_results = [b[0] for b in both], [b[1] for b in both]
         wall = time.perf_counter() - t0
     bad = compare(ref, results[0].tokens, results[0].logits)
     for r, res in enumerate(results[1:], 1):
@@ -89,6 +103,11 @@ def demo(args) -> int:
     res = results[0]
     con.print(f"decode: {res.decode_tokens} tokens in {res.decode_steps} steps, {res.decode_tokens_per_s:.1f} tokens/s "
               f"on {where} (prefill {res.prefill_s:.2f} s; wall {wall:.1f} s with loading)")
+    sp = spec_results[0]
+    con.print(f"speculative (self-draft: the first layer, k = 3): {sp.decode_tokens_per_s:.1f} tokens/s, "
+              f"draft acceptance {sp.acceptance:.2f} over {sp.rounds} rounds")
+    if any(s_.tokens != res.tokens for s_ in spec_results):
+        bad.append("speculative greedy tokens differ from plain greedy tokens")
     if bad:
         for b in bad:
             con.print(f"[red]MISMATCH: {b}")

@@ -287,3 +287,24 @@ def test_debug_log_reports_lifecycle(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "[sparkinfer rank 0] channel 'target' #" in err
     assert "capture scope 'target' exited (captured=True)" in err and "pool closed (2 channels)" in err
+
+
+def test_capture_that_fails_midway_leaves_no_channel_slab_or_alias():
+    """The engine's pattern: checkpoint, capture on a new channel, fail inside (after torch
+    forked a nested capture stream), roll back."""
+    pool, streams, be = make_pool()
+    pool.prepare(["target"])
+    live = set(be.live)
+    cp = pool.checkpoint()
+    pool.prepare(["draft"])
+    with pytest.raises(RuntimeError, match="capture failed"):
+        with pool.capture("s", "draft") as ch, streams.capture("s"):
+            assert pool.channel() is ch
+            with streams.capture("nested"):
+                assert pool.channel() is ch  # a nested capture stream aliases the scope's channel
+            raise RuntimeError("capture failed")
+    assert pool.rollback(cp) == ["draft"]
+    assert pool.channel_ids == ["eager", "target"] and set(be.live) == live
+    with streams.capture("nested"), pytest.raises(CaptureError):
+        pool.channel()  # the alias went with the scope
+    pool.close()

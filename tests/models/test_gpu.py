@@ -109,3 +109,39 @@ def test_gpu_speculative_on_two_channels_two_ranks(checkpoints):
 
     plain, spec = tokens(0), tokens(3)
     assert plain[0].tokens == spec[0].tokens == spec[1].tokens
+
+
+def _failed_capture(world, path):
+    """Capture a decode step that raises midway; the pool must hold exactly the channels it
+    held before, and the next capture must work."""
+    params = SamplingParams(max_new_tokens=NEW)
+    s = ModelSession(world, GenerateRequest(str(path), PROMPTS, params, max_len=32))
+    try:
+        before = list(s.comm.pool.channel_ids)
+        real = s.decoder.__call__
+
+        def broken(step):
+            if torch.cuda.is_current_stream_capturing():
+                raise RuntimeError("injected failure inside the capture")
+            return real(step)
+        s.decoder.__class__ = type("Broken", (type(s.decoder),), {"__call__": lambda self, st: broken(st)})
+        try:
+            s.engine.generate(PROMPTS, params)
+            raised = False
+        except RuntimeError as e:
+            raised = "injected" in str(e)
+        after = list(s.comm.pool.channel_ids)
+        s.decoder.__class__ = type(s.decoder).__mro__[1]
+        s.engine._steps.clear()
+        tokens = s.engine.generate(PROMPTS, params).tokens
+        return raised, before, after, tokens
+    finally:
+        s.close()
+
+
+def test_gpu_failed_capture_leaves_no_channel_and_recovers(checkpoints):
+    path, ref = checkpoints["qwen3_moe-tiny"]
+    results = run_ranks(_failed_capture, 2, backend="cuda_shared", args=(path,), timeout_s=600)
+    for raised, before, after, tokens in results:
+        assert raised and before == after
+        assert tokens == ref.tokens
