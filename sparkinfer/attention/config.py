@@ -29,7 +29,7 @@ H200_SMS = 132
 MAX_SPLITS = 64
 # A split reads at least two BLOCK_N steps of the cache's L positions, so the
 # loads of one step overlap the maths of the other. Not yet measured on the
-# H200: `benchmarks/bench_attention.py --sweep` times NS in 1..64 to set it.
+# H200: `sparkinfer bench attention --sweep` times NS in 1..64 to set it.
 MIN_SPLIT_KEYS = 128
 # Up to 128 heads share a KV head (the tile then holds one query).
 MAX_GROUP = 128

@@ -23,7 +23,7 @@ __all__ = ["decode_attention", "attention_workspace", "plan_call"]
 # its programs are scheduled while the attention kernel's last programs finish and
 # wait (griddepcontrol.wait) for their partials. Measured for the MoE kernels'
 # chains (moe/runner.py MICRO_PDL: 23 of 24 H200 points faster); not yet
-# measured here (bench_attention.py runs with it on).
+# measured here (`sparkinfer bench attention` runs with it on).
 COMBINE_PDL = True
 # Split workspaces kept by the launcher when the caller passes none, keyed by
 # (device, fp32 elements); never freed, so a captured graph's buffer stays valid.

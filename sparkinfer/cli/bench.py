@@ -3,6 +3,7 @@
     sparkinfer bench comm --quick          # collectives on 2 GPUs
     sparkinfer bench fused --dry-run       # fused norm and dcp_merge, 2 CPU ranks
     sparkinfer bench moe --shapes qwen3    # the MoE layer on one GPU
+    sparkinfer bench attention --sweep     # decode attention and its split sweep on one GPU
     sparkinfer bench decode ...            # generation, tokens/s
     sparkinfer bench summarize             # the docs tables from benchmarks/results/
 
@@ -22,6 +23,7 @@ BENCHMARKS = {
     "comm": "all-reduce, reduce-scatter, all-gather against NCCL and SymmetricMemory (2 GPUs)",
     "fused": "fused all-reduce + residual + RMSNorm and dcp_merge against their compositions (2 GPUs)",
     "moe": "the fused MoE layer against the HBM floor and torch._grouped_mm (1 GPU)",
+    "attention": "decode attention against flash-attn and torch SDPA, GB/s of KV read (1 GPU)",
     "decode": "model generation: tokens/s per batch size",
     "summarize": "print the docs' results tables from benchmarks/results/",
 }
@@ -45,7 +47,7 @@ def run(args) -> int:
 
 def add_parser(sub) -> None:
     lines = "\n".join(f"  {name:10s} {text}" for name, text in BENCHMARKS.items())
-    p = sub.add_parser("bench", help="run a benchmark (comm, fused, moe, decode) or summarize results",
+    p = sub.add_parser("bench", help="run a benchmark (comm, fused, moe, attention, decode) or summarize results",
                        description=f"benchmarks:\n{lines}\n\n`sparkinfer bench <name> --help` lists its options.",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("name", choices=tuple(BENCHMARKS), metavar="name", help=", ".join(BENCHMARKS))

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Decode attention on one GPU: GB/s of KV cache read against the copy bandwidth.
 
 Legend: B batch rows, Hq / KVH query / KV heads, D head dim 128, C context
@@ -16,45 +15,61 @@ distinct slots, >= 256 MiB of cache together, so L2 (50 MiB) rarely serves a
 repeat. Reported: us per call, KV GB/s (B * C * KVH * D * 2 B * 2 / time), and
 that as a fraction of the copy bandwidth.
 
-Writes JSON rows (GPU, versions, commit, date, command) to --out and prints a
-table. --sweep: also NS forced to 1, 2, 4, ..., 64 (the measurements the split
+Appends JSON rows (GPU, versions, commit, date, command; every check and timing
+row with an `ok` flag) to --out (default benchmarks/results/attention_<machine>.json,
+with --sweep results/sweeps/attention_sweep_<machine>.json) and prints a table.
+--sweep: also NS forced to 1, 2, 4, ..., 64 (the measurements the split
 heuristic's thresholds need). --capacity L: cache of L positions per slot with
 contexts C < L (the heuristic sees L, the kernel the real C). --dry-run: tiny
-shapes on CPU through the Triton interpreter, to check this script's logic.
+shapes on CPU through the Triton interpreter, to check this module's logic.
 
-    python3 benchmarks/bench_attention.py                 # ~1-2 min on an H200
-    python3 benchmarks/bench_attention.py --sweep --models qwen3
+    sparkinfer bench attention                            # ~1-2 min on an H200
+    sparkinfer bench attention --sweep --models qwen3
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common  # noqa: E402  (imports nothing heavy)
+from sparkinfer.bench import common
+from sparkinfer.bench.timing import Graph, median, time_calls
+
+__all__ = ["add_arguments", "main", "MODELS"]
 
 MODELS = {"qwen3": (32, 4), "glm-air": (96, 8), "mixtral": (32, 8)}
 BATCHES, CONTEXTS, HEAD_DIM = (1, 8, 32, 64), (1024, 4096), 128
 DRY = dict(models={"tiny": (4, 2)}, batches=(1, 2), contexts=(64, 160), head_dim=64)
 ROTATE_BYTES = 256 << 20
 SWEEP_SPLITS = (1, 2, 4, 8, 16, 32, 64)
+PEERS = ("flash_attn", "torch_gather_sdpa", "torch_sdpa_pregathered")
 
 
-def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models", default=",".join(MODELS), help="subset of %s" % (list(MODELS),))
-    ap.add_argument("--batches", default=",".join(map(str, BATCHES)))
-    ap.add_argument("--contexts", default=",".join(map(str, CONTEXTS)))
-    ap.add_argument("--capacity", type=int, default=0, help="cache positions per slot (default: the context)")
-    ap.add_argument("--sweep", action="store_true", help="also time NS in %s" % (SWEEP_SPLITS,))
-    ap.add_argument("--no-peers", action="store_true")
-    ap.add_argument("--dry-run", action="store_true", help="tiny shapes, CPU, Triton interpreter")
-    ap.add_argument("--out", default=str(_common.REPO_ROOT / "benchmarks" / "results" / "attention_h200.json"))
-    return ap.parse_args(argv)
+def _model_list(text: str) -> list[str]:
+    import argparse
+
+    names = text.split(",")
+    unknown = sorted(set(names) - set(MODELS))
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown models {unknown}; choose from {sorted(MODELS)}")
+    return names
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(","))
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--models", default=list(MODELS), type=_model_list, help="comma list of " + ",".join(MODELS))
+    p.add_argument("--batches", default=BATCHES, type=_int_list, help="comma list of batch sizes")
+    p.add_argument("--contexts", default=CONTEXTS, type=_int_list, help="comma list of contexts")
+    p.add_argument("--capacity", type=int, default=0, help="cache positions per slot (default: the context)")
+    p.add_argument("--sweep", action="store_true", help=f"also time NS in {SWEEP_SPLITS}")
+    p.add_argument("--no-peers", action="store_true", help="time sparkinfer only")
+    p.add_argument("--dry-run", action="store_true", help="tiny shapes, CPU, Triton interpreter")
+    p.add_argument("--out", default=None,
+                   help="JSON rows (default benchmarks/results/attention_<machine>.json; --sweep: results/sweeps/)")
 
 
 def time_graph(torch, calls, cuda: bool, reps: int) -> float:
@@ -66,19 +81,22 @@ def time_graph(torch, calls, cuda: bool, reps: int) -> float:
 
     if not cuda:
         all_calls()
-        return _common.median(_common.time_calls(all_calls, reps, cuda=False)) / len(calls)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        all_calls()  # compile, keep workspaces
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        all_calls()
+        return median(time_calls(all_calls, reps, cuda=False)) / len(calls)
+    g = Graph(all_calls, torch.cuda.Stream())  # warm-up (compiles, keeps workspaces), then capture
     g.replay()
     torch.cuda.synchronize()
-    return _common.median(_common.time_calls(g.replay, reps, cuda=True)) / len(calls)
+    sec = median(time_calls(g.replay, reps, cuda=True)) / len(calls)
+    g.release()
+    return sec
+
+
+def copy_gbs(torch, dev: str, cuda: bool) -> float:
+    """The device's copy bandwidth, bytes read + written, GB/s."""
+    n = (2 << 30) if cuda else (16 << 20)
+    src = torch.ones(n, dtype=torch.uint8, device=dev)
+    dst = torch.empty_like(src)
+    t = median(time_calls(lambda: dst.copy_(src), 10, cuda=cuda))
+    return 2 * n / t / 1e9
 
 
 class Point:
@@ -102,7 +120,7 @@ class Point:
         self.scale = head_dim ** -0.5
 
 
-def check(torch, p: Point) -> dict:
+def check(p: Point) -> dict:
     from sparkinfer.attention import attention_reference, decode_attention
 
     out, lse = decode_attention(p.q, p.k, p.v, p.slots[0], p.q_pos, sm_scale=p.scale)
@@ -147,8 +165,7 @@ def time_point(torch, p: Point, cuda: bool, lim: dict, args) -> list[dict]:
         lambda s=s, ns=ns: decode_attention(p.q, p.k, p.v, s, p.q_pos, sm_scale=p.scale, out=p.out, lse=p.lse,
                                             num_splits=ns) for s in p.slots]) for ns in splits]
     if not args.no_peers:
-        runs += [(impl, None, peer_calls(torch, p, impl))
-                 for impl in ("flash_attn", "torch_gather_sdpa", "torch_sdpa_pregathered")]
+        runs += [(impl, None, peer_calls(torch, p, impl)) for impl in PEERS]
     rows = []
     for impl, ns, calls in runs:
         if calls is None:
@@ -156,67 +173,81 @@ def time_point(torch, p: Point, cuda: bool, lim: dict, args) -> list[dict]:
         try:
             sec = time_graph(torch, calls, cuda, reps)
         except Exception as exc:  # noqa: BLE001 - a peer may not support a shape; say so in the row
-            rows.append(dict(base, impl=impl, error=f"{type(exc).__name__}: {str(exc)[:200]}"))
+            if "CUDA error" in str(exc):
+                raise  # the context is poisoned: nothing after this would be measured
+            rows.append(dict(base, impl=impl, ok=False, error=f"{type(exc).__name__}: {str(exc)[:200]}"))
             continue
         gbs = p.kv_bytes / sec / 1e9
         ns_used = plan_call(p.q, p.k, num_splits=ns).num_splits if impl.startswith("sparkinfer") else None
         rows.append(dict(base, impl=impl, num_splits=ns_used, us=sec * 1e6, kv_gbs=gbs,
-                         frac_copy=gbs / lim["copy_gbs"]))
+                         frac_copy=gbs / lim["copy_gbs"], ok=True))
     return rows
 
 
-def table(rows):
+def print_summary(rows: list[dict], caption: str) -> None:
+    from sparkinfer.bench.report import fmt, print_table
+
     t = {(r["model"], r["batch"], r["context"], r["impl"]): r for r in rows if r.get("kind") == "time" and "us" in r}
-    print(f"\n{'model':8s} {'B':>3s} {'C':>5s} {'NS':>3s} {'us':>8s} {'GB/s':>7s} {'%copy':>6s} "
-          f"{'fa_us':>8s} {'sdpa_g_us':>9s} {'sdpa_us':>8s}")
+
+    def us(key, impl):
+        return t.get((*key, impl), {}).get("us")
+
+    body = []
     for (model, b, c, impl), r in sorted(t.items()):
-        if impl != "sparkinfer":
-            continue
-        peer = lambda name: t.get((model, b, c, name), {}).get("us", float("nan"))  # noqa: E731
-        print(f"{model:8s} {b:3d} {c:5d} {r['num_splits']:3d} {r['us']:8.1f} {r['kv_gbs']:7.0f} "
-              f"{100 * r['frac_copy']:6.1f} {peer('flash_attn'):8.1f} {peer('torch_gather_sdpa'):9.1f} "
-              f"{peer('torch_sdpa_pregathered'):8.1f}")
+        if impl == "sparkinfer":
+            key = (model, b, c)
+            body.append([model, b, c, r["num_splits"], fmt(r["us"], 1), fmt(r["kv_gbs"], 0),
+                         fmt(100 * r["frac_copy"], 1), *(fmt(us(key, peer), 1) for peer in PEERS)])
+    print_table("decode attention, us per call", ["model", "B", "C", "NS", "us", "KV GB/s", "% copy", "flash_attn us",
+                                                  "sdpa+gather us", "sdpa us"], body, caption=caption)
+    swept = sorted(r for r in t if r[3].startswith("sparkinfer-ns"))
+    if swept:
+        body = [[m, b, c, t[(m, b, c, i)]["num_splits"], fmt(t[(m, b, c, i)]["us"], 1),
+                 fmt(us((m, b, c), "sparkinfer"), 1)] for m, b, c, i in swept]
+        print_table("split sweep, us per call", ["model", "B", "C", "NS", "us", "heuristic us"], body)
 
 
-def main(argv=None):
-    args = parse_args(argv)
+def main(args) -> int:
+    from sparkinfer.bench.report import progress
+    from sparkinfer.errors import DeviceError
+
     if args.dry_run:
         os.environ["TRITON_INTERPRET"] = "1"  # before Triton is imported
-    _common.ensure_repo_on_path()
     import torch
 
     cuda = not args.dry_run
     if cuda and not torch.cuda.is_available():
-        sys.exit("bench_attention: no CUDA device (use --dry-run on CPU)")
+        raise DeviceError("sparkinfer bench attention: no CUDA device; use --dry-run to run it on the CPU")
     dev = "cuda" if cuda else "cpu"
     t0 = time.time()
-    meta = _common.metadata(sys.argv if argv is None else ["benchmarks/bench_attention.py", *argv])
-    n = (2 << 30) if cuda else (16 << 20)
-    src, dst = torch.ones(n, dtype=torch.uint8, device=dev), torch.empty(n, dtype=torch.uint8, device=dev)
-    lim = {"copy_gbs": 2 * n / _common.median(_common.time_calls(lambda: dst.copy_(src), 10, cuda=cuda)) / 1e9}
-    del src, dst
-    print(f"device: {meta.get('gpu')}  copy {lim['copy_gbs']:.0f} GB/s (read + write)", flush=True)
-    models = DRY["models"] if args.dry_run else {m: MODELS[m] for m in args.models.split(",")}
-    batches = DRY["batches"] if args.dry_run else tuple(int(x) for x in args.batches.split(","))
-    contexts = DRY["contexts"] if args.dry_run else tuple(int(x) for x in args.contexts.split(","))
+    meta = common.metadata(args)
+    out = Path(args.out) if args.out else common.default_out("attention", meta, 1, dry_run=args.dry_run,
+                                                              sweep=args.sweep)
+    lim = {"copy_gbs": copy_gbs(torch, dev, cuda)}
+    print(f"device: {meta.get('gpu')}, copy {lim['copy_gbs']:.0f} GB/s (read + write)", flush=True)
+    models = DRY["models"] if args.dry_run else {m: MODELS[m] for m in args.models}
+    batches = DRY["batches"] if args.dry_run else args.batches
+    contexts = DRY["contexts"] if args.dry_run else args.contexts
     head_dim = DRY["head_dim"] if args.dry_run else HEAD_DIM
-    all_rows = [dict(kind="device", **lim)]
-    for model, heads in models.items():
-        for b in batches:
-            for c in contexts:
-                p = Point(torch, dev, heads, b, c, args.capacity, head_dim)
-                rows = [check(torch, p)] + time_point(torch, p, cuda, lim, args)
-                rows = [dict(r, model=model, batch=b, context=c) for r in rows]
-                all_rows += rows
-                del p
-                if cuda:
-                    torch.cuda.empty_cache()
-    _common.append_rows(args.out, all_rows, meta)
-    table(all_rows)
-    bad = [r for r in all_rows if r.get("kind") == "check" and not r["ok"]]
-    print(f"\nwrote {args.out}; checks failed: {len(bad)}; {time.time() - t0:.0f} s", flush=True)
-    return 1 if bad else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    all_rows = [dict(kind="device", bench="attention", **lim)]
+    common.append_rows(out, all_rows, meta)
+    with progress(len(models) * len(batches) * len(contexts), "attention") as advance:
+        for model, heads in models.items():
+            for b in batches:
+                for c in contexts:
+                    p = Point(torch, dev, heads, b, c, args.capacity, head_dim)
+                    rows = [check(p)] + time_point(torch, p, cuda, lim, args)
+                    rows = [dict(r, bench="attention", model=model, batch=b, context=c) for r in rows]
+                    common.append_rows(out, rows, meta)  # point by point: a crash keeps what was measured
+                    all_rows += rows
+                    del p
+                    if cuda:
+                        torch.cuda.empty_cache()
+                    advance(f"{model} B={b} C={c}")
+    print_summary(all_rows, f"{meta['gpu']}, commit {str(meta.get('commit'))[:10]}")
+    failed = [r for r in all_rows if r["kind"] in ("check", "time") and not r["ok"]]
+    checks = sum(r["kind"] == "check" for r in failed)
+    ours = sum(r["kind"] == "time" and r["impl"].startswith("sparkinfer") for r in failed)
+    print(f"checks failed: {checks}; sparkinfer timings failed: {ours}; peer timings failed: "
+          f"{len(failed) - checks - ours}; {time.time() - t0:.0f} s; rows appended to {out}", flush=True)
+    return 1 if checks or ours else 0
