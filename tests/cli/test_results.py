@@ -70,6 +70,26 @@ def test_summarize_refuses_rows_whose_check_failed(tmp_path, capsys):
     assert "comm_2xh200.json: refused 1 rows" in out.err and "moe_h200.json: refused 1 rows" in out.err
 
 
+def _moe_time(impl, fmt, m, us, **kw):
+    return {"kind": "time", "shape": "mixtral", "format": fmt, "impl": impl, "M": m, "us": us,
+            "weight_bytes": 2.4e6 * us, "frac_floor": 0.9, "frac_tc": 0.01, "tflops": 1.0, "commit": "c",
+            "gpu": "NVIDIA H200", **kw}
+
+
+def test_summarize_refuses_a_moe_timing_whose_graph_output_failed_its_check(tmp_path, capsys):
+    """A timed graph's own check (row ok=False) refuses that row alone; the best
+    torch baseline and the spec fractions (H200: 4.8 TB/s) are tabulated."""
+    moe = [_moe_time("sparkinfer", "nvfp4", 1, 10.0), _moe_time("sparkinfer", "bf16", 1, 20.0, frac_floor=1.02),
+           _moe_time("torch_grouped_mm", "bf16", 1, 50.0), _moe_time("torch_loop", "bf16", 1, 40.0),
+           _moe_time("sparkinfer", "nvfp4", 8, 10.0, ok=False), _moe_time("sparkinfer", "bf16", 8, 20.0)]
+    (tmp_path / "moe_h200.json").write_text(json.dumps(moe))
+    assert main(["bench", "summarize", "--results", str(tmp_path)]) == 0
+    out = capsys.readouterr()
+    assert "| mixtral | 1 | 10.0 | 50% (90%) | 20.0 | 50% (102%†) | 0.1% (1.0%) | 40.0 l | 2.00x | 4.00x |" in out.out
+    assert "| mixtral | 8 |" not in out.out and "† above the copy rate measured" in out.out
+    assert "moe_h200.json: refused 1 rows" in out.err
+
+
 def test_summarize_tabulates_the_committed_results(capsys):
     assert main(["bench", "summarize", "--results", str(RESULTS)]) == 0
     out = capsys.readouterr()
