@@ -33,6 +33,8 @@ def test_bench_comm_dry_run(tmp_path, capsys):
         ("all_reduce", a) for a in ("ll", "oneshot", "twoshot", "auto", "nccl")} | {
         (op, i) for op in ("reduce_scatter", "all_gather") for i in ("ours", "nccl")}
     assert all(r["correct"] and r["us"] > 0 and len(r["us_per_rank"]) == 2 for r in measured)
+    # the timed graph's own output checked exactly (in-place NCCL: sum * 2^(ops - 1))
+    assert all(r["correct_eager"] and r["correct_graph"] for r in measured)
     assert {r["size_bytes"] for r in measured} == {4096}
     symm = [r for r in rows if r.get("impl", "").startswith("symm")]
     assert symm and all("unavailable" in r["error"] for r in symm)
