@@ -106,6 +106,12 @@ def comm_tables(rows: list, machine: str, brief: bool) -> list[str]:
     return out + _md(["size", "reduce_scatter ours", "NCCL", "all_gather ours", "NCCL"], body)
 
 
+def _whose_time(rows: list) -> str:
+    """Runs since the fused benchmark merged its ranks record every rank's time."""
+    timed = [r for r in rows if "us" in r]
+    return "slowest rank" if timed and all("us_per_rank" in r for r in timed) else "rank 0's time"
+
+
 def fused_tables(rows: list, machine: str, brief: bool) -> list[str]:
     t: dict = defaultdict(dict)
     top_h = max((r["H"] for r in rows if r.get("op") == "fused_norm"), default=0)
@@ -113,7 +119,7 @@ def fused_tables(rows: list, machine: str, brief: bool) -> list[str]:
         if r.get("op") == "fused_norm" and "us" in r and (not brief or (r["T"] in BRIEF_T and r["H"] == top_h)):
             t[(r["H"], r["T"])][r["impl"]] = r["us"]
     norm = [r for r in rows if r.get("op") == "fused_norm"]
-    out = [f"Fused all-reduce + residual + RMSNorm, bf16, µs per op in a CUDA graph, "
+    out = [f"Fused all-reduce + residual + RMSNorm, bf16, µs per op in a CUDA graph ({_whose_time(norm)}), "
            f"{provenance(norm, machine, brief)}:", ""]
     body = [[h, tk, _f(d, "fused"), _f(d, "ar_auto"), f"{d['fused'] / d['ar_auto']:.2f}", _f(d, "ar+torch"),
              _f(d, "nccl+torch")] for (h, tk), d in sorted(t.items()) if "fused" in d and "ar_auto" in d]
@@ -126,16 +132,25 @@ def fused_tables(rows: list, machine: str, brief: bool) -> list[str]:
             t[(r["H"], r["D"], r["T"], r["scatter"])][r["impl"]] = r["us"]
     dcp = [r for r in rows if r.get("op") == "dcp_merge"]
     ts = sorted({k[2] for k in t})
-    out += ["", f"dcp_merge (2 ranks, bf16), µs per op in a CUDA graph, ours / NCCL composition (all_gather + local "
-            f"merge) and the speedup (target ≥ 2x at T ≤ 64), {provenance(dcp, machine, brief)}:", ""]
+    has_ag_rs = any(r.get("impl") == "dcp_ag_rs" for r in dcp)
+    base = ("the faster torch composition: n = all_gather of o and lse + torch merge, a = all_gather of lse + one "
+            "compiled correction + reduce-scatter" if has_ag_rs else
+            "NCCL composition (all_gather of o and lse + torch merge; the stronger all_gather-of-lse + correction "
+            "+ reduce-scatter composition was not in this run)")
+    out += ["", f"dcp_merge (2 ranks, bf16), µs per op in a CUDA graph ({_whose_time(dcp)}), ours / {base}, and the "
+            f"speedup (target ≥ 2x at T ≤ 64), {provenance(dcp, machine, brief)}:", ""]
     body = []
     for h, dd, sc in sorted({(k[0], k[1], k[3]) for k in t}):
         cells = []
         for tk in ts:
             d = t.get((h, dd, tk, sc), {})
-            ok = "dcp_kernel" in d and "dcp_nccl" in d
-            cells.append(f"{d['dcp_kernel']:.1f} / {d['dcp_nccl']:.1f} ({d['dcp_nccl'] / d['dcp_kernel']:.1f}x)"
-                         if ok else "–")
+            bs = [(d[k], tag) for k, tag in (("dcp_nccl", "n"), ("dcp_ag_rs", "a")) if k in d]
+            if "dcp_kernel" in d and bs:
+                us, tag = min(bs)
+                cells.append(f"{d['dcp_kernel']:.1f} / {us:.1f}{' ' + tag if has_ag_rs else ''} "
+                             f"({us / d['dcp_kernel']:.1f}x)")
+            else:
+                cells.append("–")
         body.append([h, dd, sc, *cells])
     return out + _md(["H", "D", "scatter", *(f"T = {tk}" for tk in ts)], body)
 
