@@ -2,6 +2,7 @@
 
     sparkinfer bench summarize                  # every table, for docs/performance.md
     sparkinfer bench summarize --brief          # one short table per op, for the README
+    sparkinfer bench summarize --junit FILE     # GPU test log (pytest --junitxml) -> results JSON
 
 Reads `<bench>_<machine>.json` in --results (the latest run of each benchmark on
 each machine; sweeps live in results/sweeps/ and are not tabulated). Rows whose
@@ -31,6 +32,11 @@ BRIEF_M = (1, 8, 64, 4096)
 def add_arguments(p) -> None:
     p.add_argument("--results", default=str(RESULTS_DIR), help="directory of result files (default %(default)s)")
     p.add_argument("--brief", action="store_true", help="one short table per op (the README's)")
+    p.add_argument("--junit", default=None, metavar="FILE",
+                   help="instead: convert pytest's JUnit XML (GPU tests) into JSON rows with this machine's GPU, "
+                   "driver and commit (see sparkinfer.bench.junit), and print the counts")
+    p.add_argument("--out", default=None, help="with --junit: the JSON file (default "
+                   "benchmarks/results/gpu_tests_<machine>.json)")
 
 
 def _size(b: int) -> str:
@@ -238,6 +244,13 @@ def tables(results: Path, brief: bool = False) -> tuple[str, list[str]]:
 
 
 def main(args) -> int:
+    if args.junit:
+        from sparkinfer.bench.junit import convert
+
+        path, summary = convert(args.junit, args.out, args)
+        print(f"{summary['tests']} tests: {summary['passed']} passed, {summary['failed']} failed, "
+              f"{summary['error']} errors, {summary['skipped']} skipped; rows appended to {path}")
+        return 0 if summary["ok"] else 1
     results = Path(args.results)
     if not results.is_dir():
         print(f"sparkinfer bench summarize: no results directory {results}; pass --results DIR", file=sys.stderr)
