@@ -207,7 +207,8 @@ def moe_tables(rows: list, machine: str, brief: bool) -> list[str]:
             copy = _pct_flag(r["frac_floor"], "†")
             cells.append(f"{_pct_flag(spec_frac, '‡')} ({copy})" if spec_frac else f"– ({copy})")
         spec_tc = b["tflops"] / tc if tc and "tflops" in b else None
-        cells.append(f"{100 * spec_tc:.1f}% ({100 * b['frac_tc']:.1f}%)" if spec_tc else f"– ({100 * b['frac_tc']:.1f}%)")
+        measured = f"({100 * b['frac_tc']:.1f}%)"
+        cells.append(f"{100 * spec_tc:.1f}% {measured}" if spec_tc else f"– {measured}")
         cells += [f"{best:.1f} {tag}", f"{best / b['us']:.2f}x", f"{best / n['us']:.2f}x"]
         body.append(cells)
     out += _md(["shape", "M", "nvfp4 µs", "nvfp4 % HBM (% copy)", "bf16 µs", "bf16 % HBM (% copy)",

@@ -101,7 +101,8 @@ def test_summarize_tabulates_the_committed_results(capsys):
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="0" failures="1"
 skipped="1" tests="3" time="9.1" timestamp="2026-12-01T16:00:00" hostname="gpu-host">
-<testcase classname="tests.moe.test_gpu" name="test_gpu_layer_matches_reference_and_replays_bitwise[nvfp4-T1]" time="4.2"/>
+<testcase classname="tests.moe.test_gpu" name="test_gpu_layer_matches_reference_and_replays_bitwise[nvfp4-T1]"
+ time="4.2"/>
 <testcase classname="tests.moe.test_gpu" name="test_gpu_mixtral_micro_nvfp4_repeats_bitwise[ptx]" time="3.0">
 <failure message="AssertionError: MoE output vs fp32 reference: cosine 0.99">trace</failure></testcase>
 <testcase classname="tests.attention.test_gpu.TestDecode" name="test_x" time="0.0">
