@@ -185,9 +185,9 @@ def moe_tables(rows: list, machine: str, brief: bool) -> list[str]:
     peaks = _spec(devs[0], rows)
     hbm, tc = peaks.get("spec_hbm_gbs"), peaks.get("spec_bf16_tflops")
     out = [f"MoE layer, µs per call in a CUDA graph; HBM = active experts' weight bytes at the GPU's specified "
-           f"{hbm or '?'} GB/s, as a fraction of the time taken (in brackets: at the copy rate measured in the same "
+           f"{f'{hbm / 1000:g} TB/s' if hbm else '? GB/s'}, as a fraction of the time taken (in brackets: at the copy rate measured in the same "
            f"run, {gbs} GB/s counting read + write{', one per part' if len(devs) > 1 else ''}); tc = fraction of the "
-           f"specified {tc or '?'} TFLOP/s dense bf16 (in brackets: of the {tfl} TFLOP/s an 8192³ matmul reached in "
+           f"specified {f'{tc:g}' if tc else '?'} TFLOP/s dense bf16 (in brackets: of the {tfl} TFLOP/s an 8192³ matmul reached in "
            f"the same run); torch = the faster of `torch._grouped_mm` (g) and a per-expert loop (l), bf16; "
            f"{provenance(rows, machine, brief)}:", ""]
     body, over_copy, over_spec = [], False, False
@@ -214,6 +214,10 @@ def moe_tables(rows: list, machine: str, brief: bool) -> list[str]:
     out += _md(["shape", "M", "nvfp4 µs", "nvfp4 % HBM (% copy)", "bf16 µs", "bf16 % HBM (% copy)",
                 "bf16 % tc (% measured)", "torch bf16 µs", "bf16 vs torch", "nvfp4 vs torch"], body)
     notes = []
+    if any(r.get("impl") == "torch_loop" and r.get("mode") == "graph" for r in rows):
+        notes.append("l: in this run the loop's routing setup (which experts, which rows) ran on the host outside "
+                     "the timed graph, so its times are a lower bound for the loop (newer runs time the setup, "
+                     "eagerly)")
     if over_copy:
         notes.append("† above the copy rate measured in the same run: that rate is a 2 GiB copy's read + write "
                      "traffic, and a kernel that only reads its weights can beat it; the specified HBM rate is the "
