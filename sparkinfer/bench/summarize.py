@@ -184,12 +184,14 @@ def moe_tables(rows: list, machine: str, brief: bool) -> list[str]:
     tfl = " / ".join(f"{d.get('bf16_tflops', 0):.0f}" for d in devs)
     peaks = _spec(devs[0], rows)
     hbm, tc = peaks.get("spec_hbm_gbs"), peaks.get("spec_bf16_tflops")
+    hbm_s = f"{hbm / 1000:g} TB/s" if hbm else "? GB/s"
+    tc_s = f"{tc:g}" if tc else "?"
+    parts = ", one per part" if len(devs) > 1 else ""
     out = [f"MoE layer, µs per call in a CUDA graph; HBM = active experts' weight bytes at the GPU's specified "
-           f"{f'{hbm / 1000:g} TB/s' if hbm else '? GB/s'}, as a fraction of the time taken (in brackets: at the copy rate measured in the same "
-           f"run, {gbs} GB/s counting read + write{', one per part' if len(devs) > 1 else ''}); tc = fraction of the "
-           f"specified {f'{tc:g}' if tc else '?'} TFLOP/s dense bf16 (in brackets: of the {tfl} TFLOP/s an 8192³ matmul reached in "
-           f"the same run); torch = the faster of `torch._grouped_mm` (g) and a per-expert loop (l), bf16; "
-           f"{provenance(rows, machine, brief)}:", ""]
+           f"{hbm_s}, as a fraction of the time taken (in brackets: at the copy rate measured in the same "
+           f"run, {gbs} GB/s counting read + write{parts}); tc = fraction of the specified {tc_s} TFLOP/s dense "
+           f"bf16 (in brackets: of the {tfl} TFLOP/s an 8192³ matmul reached in the same run); torch = the faster "
+           f"of `torch._grouped_mm` (g) and a per-expert loop (l), bf16; {provenance(rows, machine, brief)}:", ""]
     body, over_copy, over_spec = [], False, False
     for (shape, m), d in sorted(t.items()):
         n, b = d.get(("sparkinfer", "nvfp4")), d.get(("sparkinfer", "bf16"))
