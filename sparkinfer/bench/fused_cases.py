@@ -252,6 +252,12 @@ def ag_correct_rs(b, o, lse, scatter: bool, out, lse_out):
     if key not in _COMPILED:
         fn = _correct_partial
         if b.cuda:
+            # one specialized kernel per shape: lift dynamo's per-function recompile limit
+            # (8 by default; the full sweep has 108 shapes), else later shapes would run eagerly
+            cfg = torch._dynamo.config
+            for name in ("recompile_limit", "cache_size_limit"):
+                if hasattr(cfg, name):
+                    setattr(cfg, name, max(getattr(cfg, name), 1024))
             fn = torch.compile(fn, dynamic=False, fullgraph=True)
         _COMPILED[key] = (fn, torch.empty(W * T * H, dtype=torch.float32, device=b.dev))
     correct, lse_all = _COMPILED[key]
