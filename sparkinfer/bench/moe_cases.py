@@ -91,8 +91,16 @@ def check(ctx, layer, fmt, ts, decode, kind="check") -> list[dict]:
         eager = out.clone()
         routing = route_reference(logits, spec, layer.k, bias=bias)
         ids_match = (b.topk_ids == routing[0]).float().mean().item()
-        # the reference routes by itself: a routing bug shows as an output error
-        cmp = compare_to_reference(eager, moe_reference(x, src, routing, spec=spec))
+        # The reference routes by itself: a routing bug shows as an output error.
+        # Tokens whose expert sets differ are left out of the output comparison and
+        # counted instead (at most 0.1% of tokens, none below M = 1000): an fp32
+        # near-tie between the K-th and (K+1)-th score, 1 ulp apart, is not a kernel
+        # bug; estimated from the score spacing (~1/E) at ~3e-5 per DeepSeek-V3
+        # token, so ~10% of M = 4096 checks would see one (not yet measured).
+        same = (b.topk_ids.sort(-1).values == routing[0].to(b.topk_ids.dtype).sort(-1).values).all(-1)
+        diff_tokens = int((~same).sum())
+        ref = moe_reference(x, src, routing, spec=spec)
+        cmp = compare_to_reference(eager[same], ref[same])
         out.fill_(float("nan"))
         run(b)
         repeat = torch.equal(out, eager)
@@ -107,15 +115,17 @@ def check(ctx, layer, fmt, ts, decode, kind="check") -> list[dict]:
             torch.cuda.synchronize()
             replay = torch.equal(out, eager)
             del g
-        ok = cmp.ok and repeat and replay is not False
+        ok = cmp.ok and repeat and replay is not False and diff_tokens <= t // 1000
         decode = b.config.decode if fmt == "nvfp4" else None
         rows.append(dict(kind=kind, shape=layer.name, format=fmt, M=t, decode=decode,
                          family=b.config.family, block_m=b.config.block_m, **cmp.as_row(),
-                         **_tol_row(cmp.tol), ids_match=ids_match, repeat_bitwise=repeat,
+                         **_tol_row(cmp.tol), ids_match=ids_match, tokens_routed_differently=diff_tokens,
+                         repeat_bitwise=repeat,
                          replay_bitwise=replay, ok=ok))
         if not ok:
             print(f"{kind} FAILED: {layer.name} {fmt} decode={decode} M={t} {b.config.family} "
-                  f"BM={b.config.block_m} {cmp} ids={ids_match:.4f} repeat={repeat} replay={replay}",
+                  f"BM={b.config.block_m} {cmp} ids={ids_match:.4f} ({diff_tokens} tokens routed differently) "
+                  f"repeat={repeat} replay={replay}",
                   flush=True)
     return rows
 
