@@ -14,7 +14,8 @@ One run, in 2 rank processes:
    target's yardstick), `ar+torch` (our all-reduce, torch add + F.rms_norm),
    `nccl+torch`.
 2. dcp_merge, per (H, D, T, scatter), impls: `dcp_kernel` (ours), `dcp_nccl`
-   (all_gather of o and lse through NCCL + torch merge) and `dcp_ag_rs` (the
+   (all_gather of o and lse through NCCL + torch merge), `dcp_nccl_compiled`
+   (the same gathers, the merge torch.compile'd) and `dcp_ag_rs` (the
    strongest composition, what serving engines run: all-gather of the lse only,
    one torch.compile'd correction kernel, reduce-scatter of the corrected
    outputs over heads, or all-reduce when every rank keeps every head).

@@ -250,16 +250,7 @@ def ag_correct_rs(b, o, lse, scatter: bool, out, lse_out):
     group = comm.context.torch_group()
     key = (T, H, D, scatter)
     if key not in _COMPILED:
-        fn = _correct_partial
-        if b.cuda:
-            # one specialized kernel per shape: lift dynamo's per-function recompile limit
-            # (8 by default; the full sweep has 108 shapes), else later shapes would run eagerly
-            cfg = torch._dynamo.config
-            for name in ("recompile_limit", "cache_size_limit"):
-                if hasattr(cfg, name):
-                    setattr(cfg, name, max(getattr(cfg, name), 1024))
-            fn = torch.compile(fn, dynamic=False, fullgraph=True)
-        _COMPILED[key] = (fn, torch.empty(W * T * H, dtype=torch.float32, device=b.dev))
+        _COMPILED[key] = (_compiled(b, _correct_partial), torch.empty(W * T * H, dtype=torch.float32, device=b.dev))
     correct, lse_all = _COMPILED[key]
     dist.all_gather_into_tensor(lse_all, lse.contiguous().view(-1), group=group)
     o_c, lse_new = correct(o, lse_all.view(W, T, H), rank)
@@ -271,6 +262,51 @@ def ag_correct_rs(b, o, lse, scatter: bool, out, lse_out):
         dist.all_reduce(o_c, group=group)
         out.copy_(o_c[:, heads] if scatter else o_c)
     lse_out.copy_(lse_new[:, heads] if scatter else lse_new)
+    return out, lse_out
+
+
+def _compiled(b, fn):
+    """fn compiled once per shape on GPUs (torch.compile, no graph breaks), as is on
+    CPU dry runs; dynamo's per-function recompile limit (8) lifted for the sweep's
+    108 shapes, else later shapes would run eagerly."""
+    import torch
+
+    if not b.cuda:
+        return fn
+    cfg = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(cfg, name):
+            setattr(cfg, name, max(getattr(cfg, name), 1024))
+    return torch.compile(fn, dynamic=False, fullgraph=True)
+
+
+def ag_compiled_merge(b, o, lse, scatter: bool, out, lse_out):
+    """dcp_nccl with its merge compiled: all-gather of o and lse through NCCL into
+    preallocated buffers, then `merge_partials` as one torch.compile'd function.
+    Writes out [T, Hs, D] and lse_out [T, Hs]; returns them."""
+    import torch
+    import torch.distributed as dist
+
+    from sparkinfer.comm.dcp.reference import merge_partials
+
+    comm, W, rank = b.comm, b.comm.world_size, b.comm.rank
+    T, H, D = o.shape
+    Hs = H // W if scatter else H
+    group = comm.context.torch_group()
+    key = ("merge", T, H, D, scatter)
+    if key not in _COMPILED:
+        def merge(o_all, l_all):
+            heads = slice(rank * Hs, (rank + 1) * Hs) if scatter else slice(None)
+            m_o, m_l = merge_partials(o_all[:, :, heads], l_all[:, :, heads])
+            return m_o.to(o_all.dtype), m_l
+        _COMPILED[key] = (_compiled(b, merge), torch.empty(W * T * H * D, dtype=o.dtype, device=b.dev),
+                          torch.empty(W * T * H, dtype=torch.float32, device=b.dev))
+    merge, o_all, l_all = _COMPILED[key]
+    dist.all_gather_into_tensor(o_all, o.contiguous().view(-1), group=group)
+    dist.all_gather_into_tensor(l_all, lse.contiguous().view(-1), group=group)
+    m_o, m_l = merge(o_all.view(W, T, H, D), l_all.view(W, T, H))
+    out.copy_(m_o)
+    lse_out.copy_(m_l)
     return out, lse_out
 
 
@@ -301,14 +337,17 @@ def bench_dcp(b, H: int, D: int, T: int, scatter: bool) -> list[dict]:
     kw = dict(scatter_heads=scatter, return_lse=True)
     o_ag = torch.empty(T, Hs, D, dtype=torch.bfloat16, device=dev)
     l_ag = torch.empty(T, Hs, dtype=torch.float32, device=dev)
+    o_cm, l_cm = torch.empty_like(o_ag), torch.empty_like(l_ag)
     impls = {
         "dcp_kernel": lambda: comm.dcp_merge(o, lse, out=o_out, lse_out=l_out, **kw),
         "dcp_nccl": lambda: comm.dcp_merge(o, lse, algorithm="nccl", **kw),
         "dcp_ag_rs": lambda: ag_correct_rs(b, o, lse, scatter, o_ag, l_ag),
+        "dcp_nccl_compiled": lambda: ag_compiled_merge(b, o, lse, scatter, o_cm, l_cm),
     }
     # dcp_ag_rs sums bf16-rounded corrected partials and rounds the sum (one
     # more rounding each way than the fp32 merges): 8 eps
-    tol = {"dcp_kernel": 4, "dcp_nccl": 4, "dcp_ag_rs": 8, "bitwise": ("dcp_kernel",) if not scatter else ()}
+    tol = {"dcp_kernel": 4, "dcp_nccl": 4, "dcp_nccl_compiled": 4, "dcp_ag_rs": 8,
+           "bitwise": ("dcp_kernel",) if not scatter else ()}
     base = dict(op="dcp_merge", H=H, D=D, T=T, scatter=scatter, dtype="bfloat16")
     rows = run_config(b, base, impls, load, lambda name: state["ref"], tol)
     per_row = D * 2 + 4
@@ -316,6 +355,6 @@ def bench_dcp(b, H: int, D: int, T: int, scatter: bool) -> list[dict]:
         if r["impl"] == "dcp_ag_rs":  # lse gather + outputs reduce-scattered (all-reduced: twice) in bf16
             r["link_bytes"] = (W - 1) * T * H * 4 + (W - 1) * T * H * D * 2 // W * (1 if scatter else 2)
             continue
-        sent = Hs if r["impl"] == "dcp_kernel" else H
+        sent = Hs if r["impl"] == "dcp_kernel" else H  # the gathers move every head
         r["link_bytes"] = (W - 1) * T * sent * per_row
     return rows

@@ -9,9 +9,10 @@ __all__ = ["verdicts", "sweep_table", "add_fractions", "print_tables", "plot", "
 
 TARGET_NORM_RATIO = 1.15  # fused <= 1.15x our bare all-reduce of the same tensor
 TARGET_DCP_SPEEDUP, TARGET_DCP_MAX_T = 2.0, 64  # dcp_merge >= 2x the NCCL composition at T <= 64
-# dcp_merge's torch compositions: all-gather of o and lse + torch merge, and
-# all-gather of lse + one compiled correction + reduce-scatter (fused_cases.ag_correct_rs)
-DCP_BASELINES = ("dcp_nccl", "dcp_ag_rs")
+# dcp_merge's torch compositions: all-gather of o and lse + torch merge (eager, and
+# compiled: fused_cases.ag_compiled_merge), and all-gather of lse + one compiled
+# correction + reduce-scatter (fused_cases.ag_correct_rs)
+DCP_BASELINES = ("dcp_nccl", "dcp_nccl_compiled", "dcp_ag_rs")
 NORM_IMPLS = ("fused", "fused_flag", "ar_auto", "ar_oneshot", "ar+torch", "nccl+torch")
 
 

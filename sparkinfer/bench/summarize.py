@@ -139,8 +139,8 @@ def fused_tables(rows: list, machine: str, brief: bool) -> list[str]:
     dcp = [r for r in rows if r.get("op") == "dcp_merge"]
     ts = sorted({k[2] for k in t})
     has_ag_rs = any(r.get("impl") == "dcp_ag_rs" for r in dcp)
-    base = ("the faster torch composition: n = all_gather of o and lse + torch merge, a = all_gather of lse + one "
-            "compiled correction + reduce-scatter" if has_ag_rs else
+    base = ("the fastest torch composition: n = all_gather of o and lse + torch merge, c = the same with the merge "
+            "torch.compile'd, a = all_gather of lse + one compiled correction + reduce-scatter" if has_ag_rs else
             "NCCL composition (all_gather of o and lse + torch merge; the stronger all_gather-of-lse + correction "
             "+ reduce-scatter composition was not in this run)")
     out += ["", f"dcp_merge (2 ranks, bf16), µs per op in a CUDA graph ({_whose_time(dcp)}), ours / {base}, and the "
@@ -150,7 +150,8 @@ def fused_tables(rows: list, machine: str, brief: bool) -> list[str]:
         cells = []
         for tk in ts:
             d = t.get((h, dd, tk, sc), {})
-            bs = [(d[k], tag) for k, tag in (("dcp_nccl", "n"), ("dcp_ag_rs", "a")) if k in d]
+            bs = [(d[k], tag) for k, tag in (("dcp_nccl", "n"), ("dcp_nccl_compiled", "c"), ("dcp_ag_rs", "a"))
+                  if k in d]
             if "dcp_kernel" in d and bs:
                 us, tag = min(bs)
                 cells.append(f"{d['dcp_kernel']:.1f} / {us:.1f}{' ' + tag if has_ag_rs else ''} "

@@ -48,7 +48,8 @@ def test_bench_fused_dry_run(tmp_path, capsys):
     timed = [r for r in rows if "us" in r]
     assert {(r["op"], r["impl"]) for r in timed} == {
         *(("fused_norm", i) for i in ("fused", "fused_flag", "ar_auto", "ar_oneshot", "ar+torch", "nccl+torch")),
-        ("dcp_merge", "dcp_kernel"), ("dcp_merge", "dcp_nccl"), ("dcp_merge", "dcp_ag_rs")}
+        ("dcp_merge", "dcp_kernel"), ("dcp_merge", "dcp_nccl"), ("dcp_merge", "dcp_ag_rs"),
+        ("dcp_merge", "dcp_nccl_compiled")}
     assert all(len(r["us_per_rank"]) == 2 and r["us"] == max(r["us_per_rank"]) for r in timed)  # slowest rank
     assert all(r["ok"] and r["replay_bitwise"] for r in timed)
     assert all(r["ranks_bitwise"] for r in timed if r["impl"] in ("fused", "fused_flag", "ar_auto"))
