@@ -70,8 +70,9 @@ def add_arguments(p) -> None:
 def options(args) -> dict:
     preset = "dry" if args.dry_run else "sweep" if args.sweep else "quick" if args.quick else "full"
     opt = dict(PRESETS[preset], dry=args.dry_run, only=("sweep",) if args.sweep else tuple(args.only.split(",")))
-    if args.budget_s:
+    if args.budget_s:  # the ranks' deadline follows: a config started at the budget still finishes
         opt["budget_s"] = args.budget_s
+        opt["timeout_s"] = max(opt["timeout_s"], int(args.budget_s) + 180)
     e = 2  # bf16 bytes
     dcp_bytes = max((t * h * d * e + t * h * 4 + 16 for h, d in opt.get("heads", ()) for t in opt.get("dcp_t", ())),
                     default=0)
