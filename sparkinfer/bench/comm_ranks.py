@@ -24,10 +24,11 @@ class Impl:
 
     load(seed) writes the inputs; call() is one op (captured `ops` times);
     result() is the tensor to compare with coll.expected(seed); reset() makes the
-    buffers safe to reduce repeatedly (in-place implementations)."""
+    buffers safe to reduce repeatedly (in-place implementations, which set
+    inplace: a graph of `ops` calls then multiplies the sum by W^(ops - 1))."""
 
-    def __init__(self, name, coll, call, *, load=None, result=None, reset=None, ours=False):
-        self.name, self.coll, self.call, self.ours = name, coll, call, ours
+    def __init__(self, name, coll, call, *, load=None, result=None, reset=None, ours=False, inplace=False):
+        self.name, self.coll, self.call, self.ours, self.inplace = name, coll, call, ours, inplace
         self.load = load or (lambda seed: (coll.load(seed), poison(coll.out)))
         self.result = result or (lambda: coll.out)
         self.reset = reset or (lambda: None)
@@ -65,7 +66,8 @@ def make_impls(comm, op: str, size: int, symm) -> list:
                for c in [Collective(comm, "ar", n, bf, alg)]]
         c = Collective(comm, "ar", n, bf)
         load = lambda seed: (c.load(seed), c.out.copy_(c.x))  # noqa: E731 - NCCL reduces in place
-        return out + [Impl("nccl", c, lambda: dist.all_reduce(c.out), load=load, reset=lambda: c.out.zero_())]
+        return out + [Impl("nccl", c, lambda: dist.all_reduce(c.out), load=load, reset=lambda: c.out.zero_(),
+                           inplace=True)]
     assert op == "symm", op
     if isinstance(symm, str):
         return [symm, symm]
@@ -82,19 +84,36 @@ def make_impls(comm, op: str, size: int, symm) -> list:
     out.append(Impl("symm_one_shot", c1, lambda: ops.one_shot_all_reduce_out(buf, "sum", gname, c1.out), load=load1))
     c2 = Collective(comm, "ar", n, bf)
     out.append(Impl("symm_two_shot", c2, lambda: ops.two_shot_all_reduce_(buf, "sum", gname),
-                    load=lambda seed: (c2.load(seed), buf.copy_(c2.x)), result=lambda: buf, reset=lambda: buf.zero_()))
+                    load=lambda seed: (c2.load(seed), buf.copy_(c2.x)), result=lambda: buf, reset=lambda: buf.zero_(),
+                    inplace=True))
     return out
 
 
+def _graph_expected(impl, seed: int, ops: int):
+    """What one replay of a graph of `ops` calls leaves in impl.result(), or None
+    when it is not exact: an in-place all-reduce reduces its own output again on
+    each call, so it holds sum * W^(ops - 1), exact in bf16 when W is a power of
+    two (payload sums are integers of at most 8 bits)."""
+    want = impl.coll.expected(seed)
+    if not impl.inplace:
+        return want
+    W = impl.coll.comm.world_size
+    if W & (W - 1) or (ops - 1) * W.bit_length() > 100:
+        return None
+    return (want.float() * float(W) ** (ops - 1)).to(want.dtype)
+
+
 def measure(ctx, impl, ops: int, replays: int, channel: str = "bench") -> dict:
-    """Exact check once eagerly, then the graph timing. Returns row fields."""
+    """Exact check once eagerly, then the graph timing, then the exact check of
+    one more replay of the timed graph on new inputs (poisoned outputs).
+    Returns row fields: correct is True only when both checks pass."""
     import torch
 
     row = {}
     impl.load(1)
     impl.call()
     ctx.sync()
-    row["correct"] = bool(torch.equal(impl.result(), impl.coll.expected(1)))
+    eager_ok = bool(torch.equal(impl.result(), impl.coll.expected(1)))
     impl.reset()
     s = ctx.stream()
     scope = (lambda r: ctx.comm.pool.capture(s, channel, reuse=True)) if impl.ours else None
@@ -102,7 +121,15 @@ def measure(ctx, impl, ops: int, replays: int, channel: str = "bench") -> dict:
     g.replay()  # upload / first-launch cost stays out of the timings
     ctx.sync()
     ts = time_calls(g.replay, replays + 1, cuda=ctx.cuda)[1:]
+    impl.load(2)  # the timed graph itself, on new inputs (the default load poisons outputs)
+    g.replay()
+    ctx.sync()
+    want = _graph_expected(impl, 2, ops)
+    graph_ok = None if want is None else bool(torch.equal(impl.result(), want))
+    impl.reset()
     g.release()
+    row["correct_eager"], row["correct_graph"] = eager_ok, graph_ok
+    row["correct"] = eager_ok and graph_ok is not False
     row["us"] = median(ts) / ops * 1e6
     row["us_min"] = min(ts) / ops * 1e6
     return row

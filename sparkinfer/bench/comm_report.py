@@ -31,7 +31,10 @@ def merge(per_rank: list, world_size: int, peak_GBps: float | None) -> list:
         if "us" in row:
             row["us_per_rank"] = [round(r.get("us", float("nan")), 3) for r in rs]
             row["us"] = max(r["us"] for r in rs if "us" in r)
-            row["correct"] = all(r.get("correct", False) for r in rs)
+            row["correct"] = all(r.get("correct", False) for r in rs)  # eager and the timed graph, every rank
+            for k in ("correct_eager", "correct_graph"):
+                vals = [r.get(k) for r in rs]
+                row[k] = None if None in vals else all(vals)
             algbw = row["size_bytes"] / (row["us"] * 1e-6) / 1e9
             factor = 2 * (world_size - 1) / world_size if row["op"] == "all_reduce" else (world_size - 1) / world_size
             row.update(algbw_GBps=round(algbw, 2), busbw_GBps=round(algbw * factor, 2))

@@ -26,7 +26,8 @@ from pathlib import Path
 from sparkinfer import envs
 
 __all__ = ["metadata", "command_line", "scrub_paths", "append_rows", "load_rows", "default_out",
-           "machine_label", "gpu_info", "versions", "git_commit", "RESULTS_DIR"]
+           "machine_label", "gpu_info", "versions", "git_commit", "RESULTS_DIR",
+           "SPEC_PEAKS", "spec_peaks"]
 
 # Where result files live, relative to the repository root (the current directory of a run).
 RESULTS_DIR = Path("benchmarks") / "results"
@@ -34,6 +35,21 @@ _PACKAGE_DIR = Path(__file__).resolve().parent.parent
 # An absolute path: "/" at a boundary (not inside a word, a URL or a relative path),
 # then components. Only its last component is kept.
 _ABS_PATH = re.compile(r"(?<![\w.:/~-])(?:/[^\s/\"'`:,;=()\[\]]+)+/(?=[^\s/\"'`:,;=()\[\]]+)")
+
+
+# Specified peaks, shown beside the rates each run measures (a measured rate is
+# a floor a kernel may beat; the specified one is the part's bound). NVIDIA
+# H200 SXM datasheet: 4.8 TB/s HBM3e, 989 TFLOP/s dense bf16 (1,979 sparse).
+SPEC_PEAKS = {"NVIDIA H200": dict(spec_hbm_gbs=4800.0, spec_bf16_tflops=989.0)}
+
+
+def spec_peaks(gpu: str | None) -> dict:
+    """{"spec_hbm_gbs", "spec_bf16_tflops"} for a GPU name starting with a known
+    part ("NVIDIA H200", "NVIDIA H200 NVL" ...), else {}."""
+    for name, peaks in SPEC_PEAKS.items():
+        if gpu and gpu.startswith(name):
+            return dict(peaks)
+    return {}
 
 
 def _run(cmd: list[str], timeout: float = 10.0) -> str | None:

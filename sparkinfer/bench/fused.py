@@ -13,8 +13,12 @@ One run, in 2 rank processes:
    `ar_auto` and `ar_oneshot` (our bare all-reduce of the same tensor: the
    target's yardstick), `ar+torch` (our all-reduce, torch add + F.rms_norm),
    `nccl+torch`.
-2. dcp_merge, per (H, D, T, scatter), impls: `dcp_kernel` (ours) and `dcp_nccl`
-   (all_gather through NCCL + torch merge).
+2. dcp_merge, per (H, D, T, scatter), impls: `dcp_kernel` (ours), `dcp_nccl`
+   (all_gather of o and lse through NCCL + torch merge), `dcp_nccl_compiled`
+   (the same gathers, the merge torch.compile'd) and `dcp_ag_rs` (the
+   strongest composition, what serving engines run: all-gather of the lse only,
+   one torch.compile'd correction kernel, reduce-scatter of the corrected
+   outputs over heads, or all-reduce when every rank keeps every head).
 3. p2p copy bandwidth GPU 0 -> GPU 1 (one 256 MiB copy, rank 0, after the
    communicator closed): the link limit that `frac_p2p` divides by.
 Every config is first checked (outputs poisoned with NaN): eager vs the fp32
@@ -22,7 +26,8 @@ reference (with empty shards whose o is NaN for dcp), our kernels bitwise equal
 across ranks, then a CUDA graph of N calls is captured (inside
 comm.pool.capture(stream, "bench") after an eager warm-up on that stream),
 replayed and compared bitwise with eager, inputs changed and replayed again
-(vs the reference). Timing: median over replays of that graph / N.
+(vs the reference). Timing: median over replays of that graph / N; a row's
+time is the slowest rank's (each rank's in us_per_rank), its ok every rank's.
 
 Targets: fused <= 1.15x ar_auto of the same tensor; dcp_kernel >= 2x faster
 than dcp_nccl at T <= 64.
@@ -65,8 +70,9 @@ def add_arguments(p) -> None:
 def options(args) -> dict:
     preset = "dry" if args.dry_run else "sweep" if args.sweep else "quick" if args.quick else "full"
     opt = dict(PRESETS[preset], dry=args.dry_run, only=("sweep",) if args.sweep else tuple(args.only.split(",")))
-    if args.budget_s:
+    if args.budget_s:  # the ranks' deadline follows: a config started at the budget still finishes
         opt["budget_s"] = args.budget_s
+        opt["timeout_s"] = max(opt["timeout_s"], int(args.budget_s) + 180)
     e = 2  # bf16 bytes
     dcp_bytes = max((t * h * d * e + t * h * 4 + 16 for h, d in opt.get("heads", ()) for t in opt.get("dcp_t", ())),
                     default=0)
@@ -119,6 +125,25 @@ def _worker(world, opt):
     return [dict(kind="device", p2p_copy_gbs=p2p_gbs(b), capacity=opt["capacity"], world_size=world.world_size)] + rows
 
 
+def merge_ranks(ranks: list) -> list:
+    """One row per measurement from every rank's rows (same configs, same order:
+    the ranks share the budget verdict): the slowest rank's time (us; each rank's
+    in us_per_rank) and ok only when every rank's check passed. Other rows are
+    rank 0's (the device row holds rank 0's p2p copy)."""
+    if any(len(r) != len(ranks[0]) for r in ranks):
+        raise RuntimeError(f"ranks returned {[len(r) for r in ranks]} rows; they must run the same configs")
+    rows = []
+    for rs in zip(*ranks):
+        row = dict(rs[0])
+        if "us" in row:
+            row["us_per_rank"] = [r.get("us") for r in rs]
+            row["us"] = max(r["us"] for r in rs if "us" in r)
+        if "ok" in row:
+            row["ok"] = all(r.get("ok", False) for r in rs)
+        rows.append(row)
+    return rows
+
+
 def main(args) -> int:
     from sparkinfer.bench.fused_report import add_fractions, plot, print_tables, sweep_table, verdicts
     from sparkinfer.errors import RankFailed
@@ -133,7 +158,7 @@ def main(args) -> int:
     try:
         ranks = run_ranks(_worker, WORLD, backend="cpu" if args.dry_run else "cuda", args=(opt,),
                           timeout_s=opt["timeout_s"])
-        rows, failed = ranks[0], None
+        rows, failed = merge_ranks(ranks), None
     except RankFailed as e:
         rows, failed = [], f"rank {e.rank}: {e.detail[-4000:]}"
         print(f"FAILED: {failed}", flush=True)

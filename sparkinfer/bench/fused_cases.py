@@ -212,6 +212,104 @@ def sweep_norm(b, H: int, T: int) -> list[dict]:
     return rows
 
 
+def _correct_partial(o, lse_all, rank: int):
+    """The composition's one fused correction: this rank's o [T, H, D] scaled by
+    exp(lse_r - lse) (0 for an empty shard, whose o may be NaN), and the merged
+    lse [T, H] fp32, from every rank's lse_all [W, T, H]. Pure torch; compiled
+    once per shape by torch.compile on GPUs (one generated kernel)."""
+    import torch
+
+    m = lse_all.amax(dim=0)
+    m_ref = torch.where(m == float("-inf"), torch.zeros_like(m), m)
+    den = torch.exp(lse_all - m_ref).sum(dim=0)
+    full = den > 0
+    scale = torch.where(full, torch.exp(lse_all[rank] - m_ref) / torch.where(full, den, torch.ones_like(den)),
+                        torch.zeros_like(den))
+    o_c = torch.where(scale[..., None] > 0, o.float() * scale[..., None], torch.zeros((), device=o.device))
+    lse_new = torch.where(full, m + torch.log(torch.where(full, den, torch.ones_like(den))),
+                          torch.full_like(den, float("-inf")))
+    return o_c.to(o.dtype), lse_new
+
+
+_COMPILED: dict = {}
+
+
+def ag_correct_rs(b, o, lse, scatter: bool, out, lse_out):
+    """The strongest torch composition of dcp_merge (what serving engines run):
+    all-gather of the lse only, one fused correction kernel (torch.compile on
+    GPUs), then a reduce-scatter of the corrected outputs over heads (scatter) or
+    an all-reduce (every head). Writes out [T, Hs, D] (o's dtype) and lse_out
+    [T, Hs] fp32; returns (out, lse_out). Graph-capturable once warmed up. Its
+    sum is of bf16 corrected partials (two roundings), the kernel's of fp32."""
+    import torch
+    import torch.distributed as dist
+
+    comm, W, rank = b.comm, b.comm.world_size, b.comm.rank
+    T, H, D = o.shape
+    Hs = H // W if scatter else H
+    group = comm.context.torch_group()
+    key = (T, H, D, scatter)
+    if key not in _COMPILED:
+        _COMPILED[key] = (_compiled(b, _correct_partial), torch.empty(W * T * H, dtype=torch.float32, device=b.dev))
+    correct, lse_all = _COMPILED[key]
+    dist.all_gather_into_tensor(lse_all, lse.contiguous().view(-1), group=group)
+    o_c, lse_new = correct(o, lse_all.view(W, T, H), rank)
+    heads = slice(rank * Hs, (rank + 1) * Hs)
+    if scatter and b.cuda:  # rank q's block of the input holds heads q*Hs:(q+1)*Hs
+        send = o_c.view(T, W, Hs, D).transpose(0, 1).contiguous()
+        dist.reduce_scatter_tensor(out.view(-1), send.view(-1), group=group)
+    else:  # every head (or a CPU dry run: gloo has no reduce-scatter; all-reduce, keep this rank's heads)
+        dist.all_reduce(o_c, group=group)
+        out.copy_(o_c[:, heads] if scatter else o_c)
+    lse_out.copy_(lse_new[:, heads] if scatter else lse_new)
+    return out, lse_out
+
+
+def _compiled(b, fn):
+    """fn compiled once per shape on GPUs (torch.compile, no graph breaks), as is on
+    CPU dry runs; dynamo's per-function recompile limit (8) lifted for the sweep's
+    108 shapes, else later shapes would run eagerly."""
+    import torch
+
+    if not b.cuda:
+        return fn
+    cfg = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(cfg, name):
+            setattr(cfg, name, max(getattr(cfg, name), 1024))
+    return torch.compile(fn, dynamic=False, fullgraph=True)
+
+
+def ag_compiled_merge(b, o, lse, scatter: bool, out, lse_out):
+    """dcp_nccl with its merge compiled: all-gather of o and lse through NCCL into
+    preallocated buffers, then `merge_partials` as one torch.compile'd function.
+    Writes out [T, Hs, D] and lse_out [T, Hs]; returns them."""
+    import torch
+    import torch.distributed as dist
+
+    from sparkinfer.comm.dcp.reference import merge_partials
+
+    comm, W, rank = b.comm, b.comm.world_size, b.comm.rank
+    T, H, D = o.shape
+    Hs = H // W if scatter else H
+    group = comm.context.torch_group()
+    key = ("merge", T, H, D, scatter)
+    if key not in _COMPILED:
+        def merge(o_all, l_all):
+            heads = slice(rank * Hs, (rank + 1) * Hs) if scatter else slice(None)
+            m_o, m_l = merge_partials(o_all[:, :, heads], l_all[:, :, heads])
+            return m_o.to(o_all.dtype), m_l
+        _COMPILED[key] = (_compiled(b, merge), torch.empty(W * T * H * D, dtype=o.dtype, device=b.dev),
+                          torch.empty(W * T * H, dtype=torch.float32, device=b.dev))
+    merge, o_all, l_all = _COMPILED[key]
+    dist.all_gather_into_tensor(o_all, o.contiguous().view(-1), group=group)
+    dist.all_gather_into_tensor(l_all, lse.contiguous().view(-1), group=group)
+    m_o, m_l = merge(o_all.view(W, T, H, D), l_all.view(W, T, H))
+    out.copy_(m_o)
+    lse_out.copy_(m_l)
+    return out, lse_out
+
+
 def bench_dcp(b, H: int, D: int, T: int, scatter: bool) -> list[dict]:
     torch, comm, W, dev = b.torch, b.comm, b.comm.world_size, b.dev
     from sparkinfer.comm.dcp.reference import merge_partials
@@ -237,15 +335,26 @@ def bench_dcp(b, H: int, D: int, T: int, scatter: bool) -> list[dict]:
         state["ref"] = (ref_o.bfloat16(), ref_l)
 
     kw = dict(scatter_heads=scatter, return_lse=True)
+    o_ag = torch.empty(T, Hs, D, dtype=torch.bfloat16, device=dev)
+    l_ag = torch.empty(T, Hs, dtype=torch.float32, device=dev)
+    o_cm, l_cm = torch.empty_like(o_ag), torch.empty_like(l_ag)
     impls = {
         "dcp_kernel": lambda: comm.dcp_merge(o, lse, out=o_out, lse_out=l_out, **kw),
         "dcp_nccl": lambda: comm.dcp_merge(o, lse, algorithm="nccl", **kw),
+        "dcp_ag_rs": lambda: ag_correct_rs(b, o, lse, scatter, o_ag, l_ag),
+        "dcp_nccl_compiled": lambda: ag_compiled_merge(b, o, lse, scatter, o_cm, l_cm),
     }
-    tol = {"dcp_kernel": 4, "dcp_nccl": 4, "bitwise": ("dcp_kernel",) if not scatter else ()}
+    # dcp_ag_rs sums bf16-rounded corrected partials and rounds the sum (one
+    # more rounding each way than the fp32 merges): 8 eps
+    tol = {"dcp_kernel": 4, "dcp_nccl": 4, "dcp_nccl_compiled": 4, "dcp_ag_rs": 8,
+           "bitwise": ("dcp_kernel",) if not scatter else ()}
     base = dict(op="dcp_merge", H=H, D=D, T=T, scatter=scatter, dtype="bfloat16")
     rows = run_config(b, base, impls, load, lambda name: state["ref"], tol)
     per_row = D * 2 + 4
     for r in rows:
-        sent = Hs if r["impl"] == "dcp_kernel" else H
+        if r["impl"] == "dcp_ag_rs":  # lse gather + outputs reduce-scattered (all-reduced: twice) in bf16
+            r["link_bytes"] = (W - 1) * T * H * 4 + (W - 1) * T * H * D * 2 // W * (1 if scatter else 2)
+            continue
+        sent = Hs if r["impl"] == "dcp_kernel" else H  # the gathers move every head
         r["link_bytes"] = (W - 1) * T * sent * per_row
     return rows

@@ -9,11 +9,15 @@ __all__ = ["verdicts", "sweep_table", "add_fractions", "print_tables", "plot", "
 
 TARGET_NORM_RATIO = 1.15  # fused <= 1.15x our bare all-reduce of the same tensor
 TARGET_DCP_SPEEDUP, TARGET_DCP_MAX_T = 2.0, 64  # dcp_merge >= 2x the NCCL composition at T <= 64
+# dcp_merge's torch compositions: all-gather of o and lse + torch merge (eager, and
+# compiled: fused_cases.ag_compiled_merge), and all-gather of lse + one compiled
+# correction + reduce-scatter (fused_cases.ag_correct_rs)
+DCP_BASELINES = ("dcp_nccl", "dcp_nccl_compiled", "dcp_ag_rs")
 NORM_IMPLS = ("fused", "fused_flag", "ar_auto", "ar_oneshot", "ar+torch", "nccl+torch")
 
 
 def verdicts(rows) -> list[dict]:
-    """Target verdicts: fused / ar_auto per (H, T); dcp_nccl / dcp_kernel per config."""
+    """Target verdicts: fused / ar_auto per (H, T); the faster of DCP_BASELINES / dcp_kernel per config."""
     t = {}
     for r in rows:
         if "us" in r:
@@ -30,9 +34,13 @@ def verdicts(rows) -> list[dict]:
                             speedup_vs_nccl_torch=us.get("nccl+torch", float("nan")) / us["fused"],
                             speedup_vs_ar_torch=us.get("ar+torch", float("nan")) / us["fused"],
                             target=f"<= {TARGET_NORM_RATIO}", meets_target=ratio <= TARGET_NORM_RATIO))
-        if op == "dcp_merge" and "dcp_kernel" in us and "dcp_nccl" in us:
-            sp = us["dcp_nccl"] / us["dcp_kernel"]
-            out.append(dict(kind="summary", op=op, H=H, D=D, T=T, scatter=scatter, speedup_vs_nccl=sp,
+        base = {k: us[k] for k in DCP_BASELINES if k in us}
+        if op == "dcp_merge" and "dcp_kernel" in us and base:
+            best = min(base, key=base.get)  # the target is against the strongest composition measured
+            sp = base[best] / us["dcp_kernel"]
+            out.append(dict(kind="summary", op=op, H=H, D=D, T=T, scatter=scatter, best_baseline=best,
+                            speedup_vs_best=sp, speedup_vs_nccl=us.get("dcp_nccl", float("nan")) / us["dcp_kernel"],
+                            speedup_vs_ag_rs=us.get("dcp_ag_rs", float("nan")) / us["dcp_kernel"],
                             target=f">= {TARGET_DCP_SPEEDUP} at T <= {TARGET_DCP_MAX_T}",
                             meets_target=sp >= TARGET_DCP_SPEEDUP if T <= TARGET_DCP_MAX_T else None))
     return out
@@ -61,10 +69,10 @@ def print_tables(rows, title: str) -> None:
         ts = sorted({r["T"] for r in dcp})
         keys = sorted({(r["H"], r["D"], r["scatter"]) for r in dcp})
         by = {(r["H"], r["D"], r["scatter"], r["T"]): r for r in dcp}
-        cells = [[h, d, sc] + [fmt(by[(h, d, sc, t)]["speedup_vs_nccl"], 1) + ("" if by[(h, d, sc, t)]["meets_target"]
+        cells = [[h, d, sc] + [fmt(by[(h, d, sc, t)]["speedup_vs_best"], 1) + ("" if by[(h, d, sc, t)]["meets_target"]
                                                                                 is not False else " missed")
                                if (h, d, sc, t) in by else "–" for t in ts] for h, d, sc in keys]
-        print_table(f"dcp_merge: NCCL composition / ours (target >= {TARGET_DCP_SPEEDUP}x at T <= "
+        print_table(f"dcp_merge: the faster torch composition / ours (target >= {TARGET_DCP_SPEEDUP}x at T <= "
                     f"{TARGET_DCP_MAX_T}), {title}", ["H", "D", "scatter", *(f"T={t}" for t in ts)], cells)
 
 

@@ -11,7 +11,11 @@ sparkinfer, `torch._grouped_mm` (bf16, with torch sort/gather/scatter) and a
 per-expert torch loop (bf16), with the active experts' weight bytes and the
 fraction of the HBM floor (those bytes at the measured copy bandwidth). A graph
 replays G calls with different routings, so L2 rarely serves a repeat.
-Routing is not timed (top-k ids are given).
+Routing is not timed for sparkinfer (top-k ids are given); the baselines' routing
+setup (sort, offsets, gather; the loop's per-expert row lists) is timed. The
+outputs of every timed graph are checked against the fp32 reference (rows' `ok`).
+Each row also carries the GPU's specified peaks (`common.SPEC_PEAKS`: H200
+4.8 TB/s, 989 TFLOP/s dense bf16) and the fractions of them.
 
 Writes JSON rows (with GPU, driver, versions, commit, date, command) to --out,
 a PNG beside it, and prints a table. --quick: fewer M values (~1-2 min on an
@@ -106,9 +110,12 @@ class Ctx:
     def over_budget(self) -> bool:
         return time.time() - self.t0 > self.budget
 
-    def time_calls(self, calls) -> tuple[float, str]:
+    def time_calls(self, calls, *, outs=(), graph: bool = True) -> tuple[float, str]:
         """Seconds per call of the G callables `calls`, replayed back to back
-        (CUDA graph when it captures, else eager), median of self.reps."""
+        (CUDA graph when it captures and `graph`, else eager), median of
+        self.reps. outs: the calls' output tensors, poisoned (NaN) after the
+        timing and written by one more replay of the same graph (or eager
+        pass), so the caller checks the exact graph that was timed."""
         torch = self.torch
 
         def all_calls():
@@ -116,27 +123,35 @@ class Ctx:
 
         if not self.cuda:
             all_calls()
-            return median(time_calls(all_calls, self.reps, cuda=False)) / len(
-                calls), "eager-cpu"
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            all_calls()
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        mode = "graph"
-        try:
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
+            sec = median(time_calls(all_calls, self.reps, cuda=False)) / len(calls)
+            mode, fn = "eager-cpu", all_calls
+        else:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
                 all_calls()
-            fn = g.replay
-        except Exception as exc:  # noqa: BLE001 - fall back, and say so in the row
+            torch.cuda.current_stream().wait_stream(side)
             torch.cuda.synchronize()
-            mode, fn = f"eager ({type(exc).__name__})", all_calls
-        fn()
-        torch.cuda.synchronize()
-        ts = time_calls(fn, self.reps, cuda=True)
-        return median(ts) / len(calls), mode
+            mode, fn = ("graph", None) if graph else ("eager (host-synchronizing setup)", all_calls)
+            if graph:
+                try:
+                    g = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(g):
+                        all_calls()
+                    fn = g.replay
+                except Exception as exc:  # noqa: BLE001 - fall back, and say so in the row
+                    torch.cuda.synchronize()
+                    mode, fn = f"eager ({type(exc).__name__})", all_calls
+            fn()
+            torch.cuda.synchronize()
+            sec = median(time_calls(fn, self.reps, cuda=True)) / len(calls)
+        for o in outs:
+            o.fill_(float("nan"))
+        if outs:
+            fn()
+            if self.cuda:
+                torch.cuda.synchronize()
+        return sec, mode
 
 
 def device_limits(ctx) -> dict:
@@ -183,8 +198,9 @@ def main(args) -> int:
     out = Path(args.out) if args.out else common.default_out("moe", meta, 1, dry_run=args.dry_run,
                                                               sweep=args.sweep)
     faulthandler.dump_traceback_later(ctx.budget + 180, exit=True, file=sys.__stderr__)  # never hang
-    lim = device_limits(ctx)
-    print(f"device: {meta.get('gpu')}, copy {lim['copy_gbs']:.0f} GB/s, bf16 {lim['bf16_tflops']:.0f} TFLOP/s",
+    lim = {**device_limits(ctx), **common.spec_peaks(meta.get("gpu"))}
+    print(f"device: {meta.get('gpu')}, copy {lim['copy_gbs']:.0f} GB/s, bf16 {lim['bf16_tflops']:.0f} TFLOP/s"
+          f" measured (specified: {lim.get('spec_hbm_gbs', '?')} GB/s, {lim.get('spec_bf16_tflops', '?')} TFLOP/s)",
           flush=True)
     all_rows = [dict(kind="device", bench="moe", **lim)]
     common.append_rows(out, all_rows[:1], meta)

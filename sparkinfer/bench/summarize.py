@@ -2,6 +2,7 @@
 
     sparkinfer bench summarize                  # every table, for docs/performance.md
     sparkinfer bench summarize --brief          # one short table per op, for the README
+    sparkinfer bench summarize --junit FILE     # GPU test log (pytest --junitxml) -> results JSON
 
 Reads `<bench>_<machine>.json` in --results (the latest run of each benchmark on
 each machine; sweeps live in results/sweeps/ and are not tabulated). Rows whose
@@ -16,7 +17,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from sparkinfer.bench.common import RESULTS_DIR, load_rows
+from sparkinfer.bench.common import RESULTS_DIR, load_rows, spec_peaks
 
 __all__ = ["add_arguments", "main", "tables"]
 
@@ -31,6 +32,11 @@ BRIEF_M = (1, 8, 64, 4096)
 def add_arguments(p) -> None:
     p.add_argument("--results", default=str(RESULTS_DIR), help="directory of result files (default %(default)s)")
     p.add_argument("--brief", action="store_true", help="one short table per op (the README's)")
+    p.add_argument("--junit", default=None, metavar="FILE",
+                   help="instead: convert pytest's JUnit XML (GPU tests) into JSON rows with this machine's GPU, "
+                   "driver and commit (see sparkinfer.bench.junit), and print the counts")
+    p.add_argument("--out", default=None, help="with --junit: the JSON file (default "
+                   "benchmarks/results/gpu_tests_<machine>.json)")
 
 
 def _size(b: int) -> str:
@@ -62,11 +68,14 @@ def provenance(rows: list, machine: str, brief: bool = False) -> str:
 
 def refuse_failed(bench: str, rows: list) -> tuple[list, list]:
     """(rows to tabulate, refused rows): comm rows with correct=False, fused rows with
-    ok=False, MoE timings of a (shape, format) whose check failed in the same run."""
+    ok=False, MoE timings whose own output check failed (ok=False: the timed
+    graph's outputs against the reference) or of a (shape, format) whose check
+    failed in the same run."""
     if bench == "moe":
         bad = {(r.get("shape"), r.get("format"), r.get("commit")) for r in rows
                if r.get("kind") == "check" and r.get("ok") is False}
-        failed = lambda r: r.get("kind") == "time" and (r.get("shape"), r.get("format"), r.get("commit")) in bad  # noqa: E731
+        failed = lambda r: r.get("kind") == "time" and (  # noqa: E731
+            r.get("ok") is False or (r.get("shape"), r.get("format"), r.get("commit")) in bad)
     else:
         key = "correct" if bench == "comm" else "ok"
         failed = lambda r: r.get(key) is False  # noqa: E731
@@ -103,6 +112,12 @@ def comm_tables(rows: list, machine: str, brief: bool) -> list[str]:
     return out + _md(["size", "reduce_scatter ours", "NCCL", "all_gather ours", "NCCL"], body)
 
 
+def _whose_time(rows: list) -> str:
+    """Runs since the fused benchmark merged its ranks record every rank's time."""
+    timed = [r for r in rows if "us" in r]
+    return "slowest rank" if timed and all("us_per_rank" in r for r in timed) else "rank 0's time"
+
+
 def fused_tables(rows: list, machine: str, brief: bool) -> list[str]:
     t: dict = defaultdict(dict)
     top_h = max((r["H"] for r in rows if r.get("op") == "fused_norm"), default=0)
@@ -110,7 +125,7 @@ def fused_tables(rows: list, machine: str, brief: bool) -> list[str]:
         if r.get("op") == "fused_norm" and "us" in r and (not brief or (r["T"] in BRIEF_T and r["H"] == top_h)):
             t[(r["H"], r["T"])][r["impl"]] = r["us"]
     norm = [r for r in rows if r.get("op") == "fused_norm"]
-    out = [f"Fused all-reduce + residual + RMSNorm, bf16, µs per op in a CUDA graph, "
+    out = [f"Fused all-reduce + residual + RMSNorm, bf16, µs per op in a CUDA graph ({_whose_time(norm)}), "
            f"{provenance(norm, machine, brief)}:", ""]
     body = [[h, tk, _f(d, "fused"), _f(d, "ar_auto"), f"{d['fused'] / d['ar_auto']:.2f}", _f(d, "ar+torch"),
              _f(d, "nccl+torch")] for (h, tk), d in sorted(t.items()) if "fused" in d and "ar_auto" in d]
@@ -123,18 +138,41 @@ def fused_tables(rows: list, machine: str, brief: bool) -> list[str]:
             t[(r["H"], r["D"], r["T"], r["scatter"])][r["impl"]] = r["us"]
     dcp = [r for r in rows if r.get("op") == "dcp_merge"]
     ts = sorted({k[2] for k in t})
-    out += ["", f"dcp_merge (2 ranks, bf16), µs per op in a CUDA graph, ours / NCCL composition (all_gather + local "
-            f"merge) and the speedup (target ≥ 2x at T ≤ 64), {provenance(dcp, machine, brief)}:", ""]
+    has_ag_rs = any(r.get("impl") == "dcp_ag_rs" for r in dcp)
+    base = ("the fastest torch composition: n = all_gather of o and lse + torch merge, c = the same with the merge "
+            "torch.compile'd, a = all_gather of lse + one compiled correction + reduce-scatter" if has_ag_rs else
+            "NCCL composition (all_gather of o and lse + torch merge; the stronger all_gather-of-lse + correction "
+            "+ reduce-scatter composition was not in this run)")
+    out += ["", f"dcp_merge (2 ranks, bf16), µs per op in a CUDA graph ({_whose_time(dcp)}), ours / {base}, and the "
+            f"speedup (target ≥ 2x at T ≤ 64), {provenance(dcp, machine, brief)}:", ""]
     body = []
     for h, dd, sc in sorted({(k[0], k[1], k[3]) for k in t}):
         cells = []
         for tk in ts:
             d = t.get((h, dd, tk, sc), {})
-            ok = "dcp_kernel" in d and "dcp_nccl" in d
-            cells.append(f"{d['dcp_kernel']:.1f} / {d['dcp_nccl']:.1f} ({d['dcp_nccl'] / d['dcp_kernel']:.1f}x)"
-                         if ok else "–")
+            bs = [(d[k], tag) for k, tag in (("dcp_nccl", "n"), ("dcp_nccl_compiled", "c"), ("dcp_ag_rs", "a"))
+                  if k in d]
+            if "dcp_kernel" in d and bs:
+                us, tag = min(bs)
+                cells.append(f"{d['dcp_kernel']:.1f} / {us:.1f}{' ' + tag if has_ag_rs else ''} "
+                             f"({us / d['dcp_kernel']:.1f}x)")
+            else:
+                cells.append("–")
         body.append([h, dd, sc, *cells])
     return out + _md(["H", "D", "scatter", *(f"T = {tk}" for tk in ts)], body)
+
+
+def _spec(r: dict, rows: list) -> dict:
+    """The GPU's specified peaks for a row: the row's own (newer runs record them),
+    else looked up by the GPU name its file records."""
+    if "spec_hbm_gbs" in r:
+        return r
+    return spec_peaks(next((x.get("gpu") for x in rows if x.get("gpu")), None))
+
+
+def _pct_flag(frac: float, over: str) -> str:
+    """A percentage, flagged with `over` when it passes 100%."""
+    return f"{100 * frac:.0f}%{over if frac > 1.0 else ''}"
 
 
 def moe_tables(rows: list, machine: str, brief: bool) -> list[str]:
@@ -145,20 +183,52 @@ def moe_tables(rows: list, machine: str, brief: bool) -> list[str]:
     devs = [r for r in rows if r.get("kind") == "device"] or [{}]
     gbs = " / ".join(f"{d.get('copy_gbs', 0):.0f}" for d in devs)
     tfl = " / ".join(f"{d.get('bf16_tflops', 0):.0f}" for d in devs)
-    out = [f"MoE layer, µs per call in a CUDA graph; floor = active experts' weight bytes at the copy bandwidth "
-           f"measured in the same run ({gbs} GB/s counting read + write{', one per part' if len(devs) > 1 else ''}); "
-           f"tc = fraction of the measured bf16 matmul rate ({tfl} TFLOP/s); {provenance(rows, machine, brief)}:", ""]
-    body = []
+    peaks = _spec(devs[0], rows)
+    hbm, tc = peaks.get("spec_hbm_gbs"), peaks.get("spec_bf16_tflops")
+    hbm_s = f"{hbm / 1000:g} TB/s" if hbm else "? GB/s"
+    tc_s = f"{tc:g}" if tc else "?"
+    parts = ", one per part" if len(devs) > 1 else ""
+    out = [f"MoE layer, µs per call in a CUDA graph; HBM = active experts' weight bytes at the GPU's specified "
+           f"{hbm_s}, as a fraction of the time taken (in brackets: at the copy rate measured in the same "
+           f"run, {gbs} GB/s counting read + write{parts}); tc = fraction of the specified {tc_s} TFLOP/s dense "
+           f"bf16 (in brackets: of the {tfl} TFLOP/s an 8192³ matmul reached in the same run); torch = the faster "
+           f"of `torch._grouped_mm` (g) and a per-expert loop (l), bf16; {provenance(rows, machine, brief)}:", ""]
+    body, over_copy, over_spec = [], False, False
     for (shape, m), d in sorted(t.items()):
-        n, b, g = d.get(("sparkinfer", "nvfp4")), d.get(("sparkinfer", "bf16")), d.get(("torch_grouped_mm", "bf16"))
+        n, b = d.get(("sparkinfer", "nvfp4")), d.get(("sparkinfer", "bf16"))
         if not (n and b):
             continue
-        gus = g["us"] if g else float("nan")
-        body.append([shape, m, f"{n['us']:.1f}", f"{100 * n['frac_floor']:.0f}%", f"{b['us']:.1f}",
-                     f"{100 * b['frac_floor']:.0f}%", f"{100 * b['frac_tc']:.1f}%", f"{gus:.1f}",
-                     f"{gus / n['us']:.2f}x"])
-    return out + _md(["shape", "M", "nvfp4 µs", "nvfp4 % floor", "bf16 µs", "bf16 % floor", "bf16 % tc",
-                      "torch._grouped_mm bf16 µs", "nvfp4 speedup vs grouped_mm"], body)
+        base = [(r["us"], tag) for tag, key in (("g", "torch_grouped_mm"), ("l", "torch_loop"))
+                if (r := d.get((key, "bf16")))]
+        best, tag = min(base) if base else (float("nan"), "")
+        cells = [shape, m]
+        for r in (n, b):
+            cells.append(f"{r['us']:.1f}")
+            spec_frac = r["weight_bytes"] / (hbm * 1e9) / (r["us"] * 1e-6) if hbm else None
+            over_copy |= r["frac_floor"] > 1.0
+            over_spec |= bool(spec_frac and spec_frac > 1.0)
+            copy = _pct_flag(r["frac_floor"], "†")
+            cells.append(f"{_pct_flag(spec_frac, '‡')} ({copy})" if spec_frac else f"– ({copy})")
+        spec_tc = b["tflops"] / tc if tc and "tflops" in b else None
+        measured = f"({100 * b['frac_tc']:.1f}%)"
+        cells.append(f"{100 * spec_tc:.1f}% {measured}" if spec_tc else f"– {measured}")
+        cells += [f"{best:.1f} {tag}", f"{best / b['us']:.2f}x", f"{best / n['us']:.2f}x"]
+        body.append(cells)
+    out += _md(["shape", "M", "nvfp4 µs", "nvfp4 % HBM (% copy)", "bf16 µs", "bf16 % HBM (% copy)",
+                "bf16 % tc (% measured)", "torch bf16 µs", "bf16 vs torch", "nvfp4 vs torch"], body)
+    notes = []
+    if any(r.get("impl") == "torch_loop" and r.get("mode") == "graph" for r in rows):
+        notes.append("l: in this run the loop's routing setup (which experts, which rows) ran on the host outside "
+                     "the timed graph, so its times are a lower bound for the loop (newer runs time the setup, "
+                     "eagerly)")
+    if over_copy:
+        notes.append("† above the copy rate measured in the same run: that rate is a 2 GiB copy's read + write "
+                     "traffic, and a kernel that only reads its weights can beat it; the specified HBM rate is the "
+                     "bound")
+    if over_spec:
+        notes.append("‡ above the specified HBM rate: some weights were served from L2 (50 MiB; the graph replays "
+                     "G calls whose routings share experts), so the HBM fraction does not apply")
+    return out + ([""] + [f"{x}." for x in notes] if notes else [])
 
 
 def decode_tables(rows: list, machine: str, brief: bool) -> list[str]:
@@ -229,6 +299,13 @@ def tables(results: Path, brief: bool = False) -> tuple[str, list[str]]:
 
 
 def main(args) -> int:
+    if args.junit:
+        from sparkinfer.bench.junit import convert
+
+        path, summary = convert(args.junit, args.out, args)
+        print(f"{summary['tests']} tests: {summary['passed']} passed, {summary['failed']} failed, "
+              f"{summary['error']} errors, {summary['skipped']} skipped; rows appended to {path}")
+        return 0 if summary["ok"] else 1
     results = Path(args.results)
     if not results.is_dir():
         print(f"sparkinfer bench summarize: no results directory {results}; pass --results DIR", file=sys.stderr)

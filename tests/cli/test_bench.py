@@ -33,6 +33,8 @@ def test_bench_comm_dry_run(tmp_path, capsys):
         ("all_reduce", a) for a in ("ll", "oneshot", "twoshot", "auto", "nccl")} | {
         (op, i) for op in ("reduce_scatter", "all_gather") for i in ("ours", "nccl")}
     assert all(r["correct"] and r["us"] > 0 and len(r["us_per_rank"]) == 2 for r in measured)
+    # the timed graph's own output checked exactly (in-place NCCL: sum * 2^(ops - 1))
+    assert all(r["correct_eager"] and r["correct_graph"] for r in measured)
     assert {r["size_bytes"] for r in measured} == {4096}
     symm = [r for r in rows if r.get("impl", "").startswith("symm")]
     assert symm and all("unavailable" in r["error"] for r in symm)
@@ -46,7 +48,9 @@ def test_bench_fused_dry_run(tmp_path, capsys):
     timed = [r for r in rows if "us" in r]
     assert {(r["op"], r["impl"]) for r in timed} == {
         *(("fused_norm", i) for i in ("fused", "fused_flag", "ar_auto", "ar_oneshot", "ar+torch", "nccl+torch")),
-        ("dcp_merge", "dcp_kernel"), ("dcp_merge", "dcp_nccl")}
+        ("dcp_merge", "dcp_kernel"), ("dcp_merge", "dcp_nccl"), ("dcp_merge", "dcp_ag_rs"),
+        ("dcp_merge", "dcp_nccl_compiled")}
+    assert all(len(r["us_per_rank"]) == 2 and r["us"] == max(r["us_per_rank"]) for r in timed)  # slowest rank
     assert all(r["ok"] and r["replay_bitwise"] for r in timed)
     assert all(r["ranks_bitwise"] for r in timed if r["impl"] in ("fused", "fused_flag", "ar_auto"))
     summary = [r for r in rows if r.get("kind") == "summary"]
@@ -58,13 +62,15 @@ def test_bench_fused_dry_run(tmp_path, capsys):
 def test_bench_moe_dry_run(tmp_path, capsys):
     rows = _run(tmp_path, "moe", "--m", "2,20")
     checks = [r for r in rows if r["kind"] == "check"]
-    assert checks and all(r["ok"] for r in checks)
+    assert checks and all(r["ok"] and r["rel_norm"] <= r["tol_rel_norm_max"] for r in checks)
     assert {r["family"] for r in checks} == {"micro", "grouped"}
     times = [r for r in rows if r["kind"] == "time" and "us" in r]
     assert {(r["impl"], r["format"]) for r in times} >= {("sparkinfer", "nvfp4"), ("sparkinfer", "bf16"),
                                                           ("torch_grouped_mm", "bf16"), ("torch_loop", "bf16")}
     assert {r["M"] for r in times} == {2, 20}
     assert all(r["weight_bytes"] > 0 and r["us"] > 0 for r in times)
+    # every timing checked on the outputs of the run that was timed, baselines included
+    assert all(r["ok"] and r["check_rel_norm"] <= r["tol_rel_norm_max"] for r in times)
     assert "MoE layer, us per call" in capsys.readouterr().out
 
 

@@ -70,6 +70,26 @@ def test_summarize_refuses_rows_whose_check_failed(tmp_path, capsys):
     assert "comm_2xh200.json: refused 1 rows" in out.err and "moe_h200.json: refused 1 rows" in out.err
 
 
+def _moe_time(impl, fmt, m, us, **kw):
+    return {"kind": "time", "shape": "mixtral", "format": fmt, "impl": impl, "M": m, "us": us,
+            "weight_bytes": 2.4e6 * us, "frac_floor": 0.9, "frac_tc": 0.01, "tflops": 1.0, "commit": "c",
+            "gpu": "NVIDIA H200", **kw}
+
+
+def test_summarize_refuses_a_moe_timing_whose_graph_output_failed_its_check(tmp_path, capsys):
+    """A timed graph's own check (row ok=False) refuses that row alone; the best
+    torch baseline and the spec fractions (H200: 4.8 TB/s) are tabulated."""
+    moe = [_moe_time("sparkinfer", "nvfp4", 1, 10.0), _moe_time("sparkinfer", "bf16", 1, 20.0, frac_floor=1.02),
+           _moe_time("torch_grouped_mm", "bf16", 1, 50.0), _moe_time("torch_loop", "bf16", 1, 40.0),
+           _moe_time("sparkinfer", "nvfp4", 8, 10.0, ok=False), _moe_time("sparkinfer", "bf16", 8, 20.0)]
+    (tmp_path / "moe_h200.json").write_text(json.dumps(moe))
+    assert main(["bench", "summarize", "--results", str(tmp_path)]) == 0
+    out = capsys.readouterr()
+    assert "| mixtral | 1 | 10.0 | 50% (90%) | 20.0 | 50% (102%†) | 0.1% (1.0%) | 40.0 l | 2.00x | 4.00x |" in out.out
+    assert "| mixtral | 8 |" not in out.out and "† above the copy rate measured" in out.out
+    assert "moe_h200.json: refused 1 rows" in out.err
+
+
 def test_summarize_tabulates_the_committed_results(capsys):
     assert main(["bench", "summarize", "--results", str(RESULTS)]) == 0
     out = capsys.readouterr()
@@ -77,3 +97,32 @@ def test_summarize_tabulates_the_committed_results(capsys):
                   "dcp_merge (2 ranks, bf16)", "MoE layer"):
         assert title in out.out
     assert "refused" not in out.err
+
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="0" failures="1"
+skipped="1" tests="3" time="9.1" timestamp="2026-12-01T16:00:00" hostname="gpu-host">
+<testcase classname="tests.moe.test_gpu" name="test_gpu_layer_matches_reference_and_replays_bitwise[nvfp4-T1]"
+ time="4.2"/>
+<testcase classname="tests.moe.test_gpu" name="test_gpu_mixtral_micro_nvfp4_repeats_bitwise[ptx]" time="3.0">
+<failure message="AssertionError: MoE output vs fp32 reference: cosine 0.99">trace</failure></testcase>
+<testcase classname="tests.attention.test_gpu.TestDecode" name="test_x" time="0.0">
+<skipped message="needs a CUDA GPU"/></testcase></testsuite></testsuites>"""
+
+
+def test_junit_xml_becomes_evidence_rows_with_provenance(tmp_path, capsys):
+    xml = tmp_path / "gpu.xml"
+    xml.write_text(JUNIT)
+    out = tmp_path / "gpu_tests_h200.json"
+    assert main(["bench", "summarize", "--junit", str(xml), "--out", str(out)]) == 1  # a test failed
+    rows = json.loads(out.read_text())
+    tests = [r for r in rows if r["kind"] == "test"]
+    assert [(r["test_id"], r["outcome"]) for r in tests] == [
+        ("tests/moe/test_gpu.py::test_gpu_layer_matches_reference_and_replays_bitwise[nvfp4-T1]", "passed"),
+        ("tests/moe/test_gpu.py::test_gpu_mixtral_micro_nvfp4_repeats_bitwise[ptx]", "failed"),
+        ("tests/attention/test_gpu.py::TestDecode::test_x", "skipped")]
+    assert "cosine 0.99" in tests[1]["message"]
+    summary = rows[-1]
+    assert (summary["passed"], summary["failed"], summary["skipped"], summary["ok"]) == (1, 1, 1, False)
+    assert summary["junit_hostname"] == "gpu-host"
+    assert all({"gpu", "driver", "commit", "torch", "triton", "date", "command"} <= set(r) for r in rows)
+    assert "3 tests: 1 passed, 1 failed" in capsys.readouterr().out

@@ -1,7 +1,8 @@
 """The tensor-parallel MoE block on 2, 4 and 8 CPU ranks: every rank runs the
 interpreted MoE kernels on its shard of I, then the fused all-reduce + residual
 + RMSNorm; the result matches the unsharded fp32 reference and is bitwise the
-same on every rank."""
+same on every rank. Both outputs are checked by the MoE suite's one check
+(`sparkinfer.moe.reference.compare_to_reference`), which sees magnitude."""
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ def _block(world, fmt):
     from sparkinfer.comm import Communicator
     from sparkinfer.layers import TPMoEBlock
     from sparkinfer.moe import MoECaps, MoESpec, moe_reference
+    from sparkinfer.moe.reference import compare_to_reference
     from sparkinfer.moe.routing import route_reference
     from sparkinfer.quant import quantize_nvfp4
 
@@ -40,14 +42,16 @@ def _block(world, fmt):
     r_ref = residual.float() + moe
     o_ref = r_ref * torch.rsqrt(r_ref.pow(2).mean(-1, keepdim=True) + 1e-5) * norm_w.float()
     comm.close()
-    err_r = ((res_out.float() - r_ref).norm() / r_ref.norm()).item()
-    err_o = ((out.float() - o_ref).norm() / o_ref.norm()).item()
-    return err_r, err_o, out.view(torch.int16).tolist(), res_out.view(torch.int16).tolist()
+    # the MoE suite's check (cosine, relative error norm, worst element; bounds
+    # in sparkinfer.moe.reference.TOLERANCES) on residual + MoE and on the norm
+    c_r, c_o = compare_to_reference(res_out, r_ref), compare_to_reference(out, o_ref)
+    return str(c_r) if not c_r.ok else "", str(c_o) if not c_o.ok else "", \
+        out.view(torch.int16).tolist(), res_out.view(torch.int16).tolist()
 
 
 @pytest.mark.parametrize("world,fmt", [(2, "bf16"), (4, "nvfp4"), (8, "bf16")], ids=["2r-bf16", "4r-nvfp4", "8r-bf16"])
 def test_tp_moe_block_matches_unsharded_reference(world, fmt):
     res = run_ranks(_block, world, backend="cpu", args=(fmt,), timeout_s=1200)
-    for err_r, err_o, _, _ in res:
-        assert err_r < 8e-3 and err_o < 8e-3  # seen 4.4e-3: bf16 activations and outputs, fp32 accumulation
+    for bad_r, bad_o, _, _ in res:  # "" when the check passed, else what it saw
+        assert not bad_r and not bad_o, f"residual + MoE: {bad_r or 'ok'}; normed: {bad_o or 'ok'}"
     assert all(r[2] == res[0][2] and r[3] == res[0][3] for r in res)  # bitwise the same on every rank

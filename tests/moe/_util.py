@@ -2,14 +2,25 @@
 
 import torch
 
-from sparkinfer.moe import MoEWeights, allocate_scratch, plan, prepare_weights
+from sparkinfer.moe import MoECaps, MoEWeights, allocate_scratch, bind, moe_reference, plan, prepare_weights, run
+from sparkinfer.moe.reference import Comparison, compare_to_reference
+from sparkinfer.moe.routing import route_reference
 from sparkinfer.moe.weights import nvfp4_shapes
 from sparkinfer.quant import quantize_nvfp4
 
 
-def cosine(a, b):
-    return torch.nn.functional.cosine_similarity(a.float().flatten(), b.float().flatten(),
-                                                 dim=0).item()
+def check_moe(out, ref) -> Comparison:
+    """The suite's one MoE output check: cosine, relative error norm and worst
+    element against the fp32 reference (computed with its own routing), bounds
+    from `sparkinfer.moe.reference.TOLERANCES` (the row for out's device).
+    tests/moe/test_mutations.py asserts that it flags a scaled output, a dropped
+    route and two swapped experts."""
+    return compare_to_reference(out, ref)
+
+
+def assert_moe_close(out, ref) -> None:
+    c = check_moe(out, ref)
+    assert c.ok, f"MoE output vs fp32 reference: {c}"
 
 
 def random_layer(caps, spec, seed=None):
@@ -25,6 +36,22 @@ def random_layer(caps, spec, seed=None):
         w1, w2 = w1.bfloat16(), w2.bfloat16()
     p = plan(caps, spec)
     return p, prepare_weights(p, w1, w2), (w1, w2), allocate_scratch(p, "cpu")
+
+
+def run_case(spec, t, e, k, max_tokens=32, num_sms=132, h=64, i=32):
+    """One random layer run on T tokens routed from random logits: (binding, fp32
+    reference computed with the reference's own routing)."""
+    caps = MoECaps(max_tokens=max_tokens, num_experts=e, top_k=k, hidden=h, intermediate=i,
+                   num_sms=num_sms)
+    p, w, src, scratch = random_layer(caps, spec)
+    x = torch.randn(t, h).bfloat16()
+    logits = torch.randn(t, e)
+    bias = torch.randn(e) if spec.routing == "sigmoid_grouped" else None
+    out = torch.full((t, h), float("nan"), dtype=torch.bfloat16)
+    b = bind(p, scratch, w, x=x, out=out, logits=logits, bias=bias)
+    run(b)
+    ref = moe_reference(x, src, route_reference(logits, spec, k, bias=bias), spec=spec)
+    return b, ref
 
 
 def meta_weights(p):

@@ -20,7 +20,7 @@ from sparkinfer.moe import (
     run,
 )
 from sparkinfer.moe.routing import route_reference
-from tests.moe._util import cosine, random_layer
+from tests.moe._util import assert_moe_close, random_layer, run_case
 
 CASES = [
     # id, spec kwargs, T, E, K
@@ -40,27 +40,13 @@ CASES = [
 ]
 
 
-def _run_case(spec, t, e, k, max_tokens=32, num_sms=132, h=64, i=32):
-    caps = MoECaps(max_tokens=max_tokens, num_experts=e, top_k=k, hidden=h, intermediate=i,
-                   num_sms=num_sms)
-    p, w, src, scratch = random_layer(caps, spec)
-    x = torch.randn(t, h).bfloat16()
-    logits = torch.randn(t, e)
-    bias = torch.randn(e) if spec.routing == "sigmoid_grouped" else None
-    out = torch.full((t, h), float("nan"), dtype=torch.bfloat16)
-    b = bind(p, scratch, w, x=x, out=out, logits=logits, bias=bias)
-    run(b)
-    ref = moe_reference(x, src, route_reference(logits, spec, k, bias=bias), spec=spec)
-    return b, ref
-
-
 @pytest.mark.parametrize("kw,t,e,k", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_layer_matches_reference(kw, t, e, k):
     spec = MoESpec(**kw)
-    b, ref = _run_case(spec, t, e, k)
+    b, ref = run_case(spec, t, e, k)
     assert b.config.family == ("micro" if t <= 16 else "grouped")
     assert torch.isfinite(b.out.float()).all()
-    assert cosine(b.out, ref) >= 0.9999
+    assert_moe_close(b.out, ref)
 
 
 @pytest.mark.parametrize("act,t", [("silu", 3), ("silu", 18), ("relu2", 2)],
@@ -69,10 +55,10 @@ def test_nvfp4_rows_not_a_multiple_of_the_tile(act, t):
     """H 160 (FC2 rows pad to 192), I 96 (gate and up rows share a 64-row tile;
     relu2's 96 FC1 rows pad to 128), chunk 32: five FC1 chunks per row."""
     spec = MoESpec(weight_format="nvfp4", activation=act)
-    b, ref = _run_case(spec, t, 4, 2, h=160, i=96)
+    b, ref = run_case(spec, t, 4, 2, h=160, i=96)
     assert b.plan.chunk == 32 and b.weights.w2.shape[1:3] == (3, 3)
     assert torch.isfinite(b.out.float()).all()
-    assert cosine(b.out, ref) >= 0.9999
+    assert_moe_close(b.out, ref)
 
 
 SPLITS = [  # id, format, T, num_sms: 132 SMs split tiny micro GEMMs, 1 SM does not
@@ -84,15 +70,15 @@ SPLITS = [  # id, format, T, num_sms: 132 SMs split tiny micro GEMMs, 1 SM does 
 @pytest.mark.parametrize("fmt,t,sms", [c[1:] for c in SPLITS], ids=[c[0] for c in SPLITS])
 def test_micro_with_and_without_reduction_splits(fmt, t, sms):
     spec = MoESpec(weight_format=fmt, router_weight_after_fc2=False, activation="swiglu_oai")
-    b, ref = _run_case(spec, t, 8, 2, num_sms=sms)
+    b, ref = run_case(spec, t, 8, 2, num_sms=sms)
     assert (b.config.split1 > 1) == (sms > 1)  # FC2's I = 32 is one chunk: never split
-    assert cosine(b.out, ref) >= 0.9999
+    assert_moe_close(b.out, ref)
 
 
 @pytest.mark.parametrize("fmt,t", [("bf16", 3), ("nvfp4", 19)], ids=["micro", "grouped"])
 def test_deterministic_bitwise_across_repeats(fmt, t):
     spec = MoESpec(weight_format=fmt)
-    b, _ = _run_case(spec, t, 8, 2)
+    b, _ = run_case(spec, t, 8, 2)
     first = b.out.clone()
     for _ in range(2):
         b.out.fill_(float("nan"))
@@ -124,7 +110,7 @@ def test_mixtral_micro_tiling_repeats_bitwise(decode):
     b = bind(p, scratch, w, x=x, out=out, topk_ids=ids, topk_weights=tw)
     run(b)
     first = out.clone()
-    assert cosine(first, moe_reference(x, src, (ids, tw), spec=spec)) >= 0.9999
+    assert_moe_close(first, moe_reference(x, src, (ids, tw), spec=spec))
     for _ in range(2):
         out.fill_(float("nan"))
         run(b)
@@ -144,7 +130,7 @@ def test_out_of_range_ids_contribute_nothing_and_are_rejected_eagerly():
         out = torch.full((t, 64), float("nan"), dtype=torch.bfloat16)
         run(bind(p, scratch, w, x=x, out=out, topk_ids=ids, topk_weights=tw))
         ref = moe_reference(x, src, (ids, tw), spec=spec)
-        assert cosine(out, ref) >= 0.9999
+        assert_moe_close(out, ref)
         with pytest.raises(CapacityError, match=r"outside \[0, E=4\)"):
             check_topk_ids(ids, 4)
     check_topk_ids(torch.tensor([[0, 3], [2, 1]], dtype=torch.int32), 4)
@@ -167,7 +153,7 @@ def test_tensor_parallel_shards_sum_to_full_layer():
         b = bind(pr, allocate_scratch(pr, "cpu"), prepare_weights(pr, *src), x=x, logits=logits)
         run(b)
         total += b.out.float()
-    assert cosine(total, ref) >= 0.9999
+    assert_moe_close(total, ref)
 
 
 def test_moe_layer_wrapper_eager_and_with_out():
@@ -181,7 +167,7 @@ def test_moe_layer_wrapper_eager_and_with_out():
     x, logits = torch.randn(2, 64).bfloat16(), torch.randn(2, 4)
     got = layer(x, logits)
     ref = moe_reference(x, src, route_reference(logits, spec, 2, bias=bias), spec=spec)
-    assert cosine(got, ref) >= 0.9999
+    assert_moe_close(got, ref)
     out = torch.full((2, 64), float("nan"), dtype=torch.bfloat16)
     assert layer(x, logits, out=out) is out and torch.equal(out, got)
     ids, tw = route_reference(logits, spec, 2, bias=bias)
