@@ -13,6 +13,7 @@ import zlib
 
 from sparkinfer.comm.topology import nccl_serves
 from sparkinfer.errors import (
+    AliasingError,
     CapacityError,
     CaptureError,
     CollectiveError,
@@ -23,7 +24,7 @@ from sparkinfer.errors import (
     LayoutError,
 )
 
-__all__ = ["OP_CODES", "fingerprint", "check_errors", "check_tensor", "use_kernel", "launch", "launch_kernel"]
+__all__ = ["OP_CODES", "fingerprint", "check_errors", "check_tensor", "check_overlap", "use_kernel", "launch", "launch_kernel"]
 
 OP_CODES = {
     "all_reduce_oneshot": 1,
@@ -94,6 +95,31 @@ def check_tensor(name: str, t, device, dtypes=_SUPPORTED) -> None:
     if not t.is_contiguous():
         raise LayoutError(f"{name} with shape {tuple(t.shape)} and strides {t.stride()} is not contiguous; "
                           "pass .contiguous()")
+
+
+def _span(t) -> tuple[int, int]:
+    """[first, last) byte addresses of a contiguous tensor."""
+    return t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+
+
+def check_overlap(out_name: str, out, in_name: str, x, *, in_place: bool) -> None:
+    """AliasingError if contiguous `out` overlaps `x` other than exactly.
+
+    in_place: whether out == x (same first byte and size) is legal for the op;
+    any other overlap would let one rank's kernel read what it already wrote.
+    Rank-local: the other ranks of the call wait out their deadline."""
+    if out.numel() == 0 or x.numel() == 0:
+        return
+    (o0, o1), (x0, x1) = _span(out), _span(x)
+    if o0 >= x1 or x0 >= o1:
+        return
+    if in_place and (o0, o1) == (x0, x1):
+        return
+    how = "in place (the same tensor) or " if in_place else ""
+    raise AliasingError(
+        f"{out_name} [{o0:#x}, {o1:#x}) overlaps {in_name} [{x0:#x}, {x1:#x}) by {min(o1, x1) - max(o0, x0)} B; "
+        f"pass {how}a separate buffer"
+    )
 
 
 def use_kernel(ctx, op: str, nbytes: int, algorithm: str) -> bool:
