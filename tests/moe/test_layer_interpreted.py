@@ -207,3 +207,12 @@ def test_nan_logit_gives_a_nan_row(kw):
     ref = moe_reference(x, src, route_reference(logits, spec, k, bias=bias), spec=spec)
     assert b.out[1].isnan().all() and ref[1].isnan().all()
     assert cosine(b.out[[0, 2]], ref[[0, 2]]) >= 0.9999
+
+
+def test_moe_layer_rejects_three_weights():
+    from sparkinfer.moe import MoELayer
+
+    caps = MoECaps(max_tokens=8, num_experts=4, top_k=2, hidden=64, intermediate=32)
+    w = torch.zeros(4, 64, 64)
+    with pytest.raises(ShapeError, match=r"weights must be \(w1, w2\).*got 3 tensors"):
+        MoELayer(caps, MoESpec(), (w, w, w), device="cpu")

@@ -243,8 +243,10 @@ def _auto_ll(nbytes: int) -> bool:
 
 def _check_like(name: str, t, x, device) -> None:
     check_tensor(name, t, device)
-    if tuple(t.shape) != tuple(x.shape) or t.dtype != x.dtype:
-        raise ShapeError(f"{name} must match x ({tuple(x.shape)}, {x.dtype}); got {tuple(t.shape)}, {t.dtype}")
+    if t.dtype != x.dtype:
+        raise DTypeError(f"{name} has dtype {t.dtype} but x has {x.dtype}; cast it with .to({x.dtype})")
+    if tuple(t.shape) != tuple(x.shape):
+        raise ShapeError(f"{name} must match x's shape {tuple(x.shape)}; got {tuple(t.shape)}")
 
 
 def all_reduce_add_rms_norm(ctx, x, residual, weight, eps: float = 1e-6, *, out=None, residual_out=None,
