@@ -33,9 +33,17 @@ from typing import Any
 
 from sparkinfer.errors import RankFailed, SetupError
 
-__all__ = ["World", "run_ranks", "resolve_backend", "BACKENDS"]
+__all__ = ["World", "run_ranks", "resolve_backend", "check_world_size", "BACKENDS", "MAX_WORLD_SIZE"]
 
 BACKENDS = ("auto", "cpu", "cuda", "cuda_shared")
+MAX_WORLD_SIZE = 16  # one box of up to 16 GPUs (README); the kernels are unrolled over W
+
+
+def check_world_size(world_size) -> int:
+    """world_size as an int in [1, MAX_WORLD_SIZE]; SetupError quoting it otherwise."""
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or not 1 <= world_size <= MAX_WORLD_SIZE:
+        raise SetupError(f"world size {world_size!r}: SparkInfer runs 1 to {MAX_WORLD_SIZE} ranks")
+    return world_size
 
 
 @dataclass(frozen=True)
