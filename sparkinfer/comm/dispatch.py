@@ -35,6 +35,7 @@ OP_CODES = {
     "dcp_merge": 6,
     "all_gather_heads": 7,
     "all_reduce_ll": 8,
+    "nccl_fallback": 9,
 }
 OP_NAMES = {v: k for k, v in OP_CODES.items()}
 ERR_TIMEOUT, ERR_MISMATCH = 1, 2
@@ -45,13 +46,24 @@ def fingerprint(op: str, *facts) -> int:
     return zlib.crc32(repr((op,) + facts).encode()) & 0x7FFFFFFF
 
 
+_UNUSABLE = "close() the communicator on every rank and create a new one"
+
+
 def check_errors(channel) -> None:
     """Raise the typed error recorded by a kernel on this channel, if any.
 
     Reads host-visible memory only; never syncs. Once a device-side error is
-    seen the channel's flags are inconsistent, so every later call raises too."""
+    seen the channel's flags are inconsistent (the communicator is poisoned):
+    every later call raises a new error of the same type that says so, with the
+    first error as its cause."""
     if channel.broken is not None:
-        raise channel.broken
+        first = channel.broken
+        err = type(first)(
+            f"this communicator is unusable since an earlier error on channel {channel.channel_id!r}; "
+            f"{_UNUSABLE} (the earlier error: {first})",
+            rank=first.rank, peer=first.peer, op=first.op, epoch=first.epoch,
+        )
+        raise err from first
     rec = channel.errors.numpy()  # host memory (pinned on CUDA): no device sync
     code = int(rec[0])
     if code == 0:
@@ -62,17 +74,21 @@ def check_errors(channel) -> None:
     name = OP_NAMES.get(op, f"op#{op}")
     via = "" if origin == rank else f" (reported by rank {origin}, which aborted the group)"
     kw = dict(rank=rank, peer=peer, op=name, epoch=epoch)
+    after = f"; this communicator is now unusable: {_UNUSABLE}"
     if code == ERR_TIMEOUT:
         err: CollectiveError = CollectiveTimeout(
             f"rank {rank}: {name} at sequence {epoch} on channel {channel.channel_id!r} timed out waiting for "
-            f"rank {peer}{via}; rank {peer} did not make the same call (is it alive? did it skip this collective?)",
+            f"rank {peer}{via}; rank {peer} did not make the same call (is it alive? did it skip this "
+            f"collective?){after}",
             **kw,
         )
     else:
+        observed, expected = int(rec[5]), int(rec[6])
+        flags = f" (flag {observed:#x}, expected {expected:#x})" if observed != expected else ""
         err = CollectiveMismatch(
             f"rank {rank}: {name} at sequence {epoch} on channel {channel.channel_id!r}: rank {peer} called a "
-            f"different collective or size{via} (flag {int(rec[5]):#x}, expected {int(rec[6]):#x}); every rank "
-            "must issue the same collectives in the same order with the same sizes",
+            f"different collective or size{via}{flags}; every rank must issue the same collectives in the same "
+            f"order with the same sizes{after}",
             **kw,
         )
     channel.broken = err

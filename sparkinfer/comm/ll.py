@@ -45,7 +45,8 @@ def _ll_stuck(got, flag, p_table, rank, peer, epoch, deadline, op, W: tl.constex
     status = tl.zeros([], tl.int32)
     if wrong != 0:
         status = tl.full([], ERR_MISMATCH, tl.int32)
-        _report(p_table, rank, status, peer, rank, epoch, tl.max(got, axis=0), flag, op, W, INTERPRET)
+        foreign = tl.max(tl.where((got != 0) & (got != flag), got, 0), axis=0)  # never `flag` itself
+        _report(p_table, rank, status, peer, rank, epoch, foreign, flag, op, W, INTERPRET)
     elif ab != 0:
         status = ((ab >> 32) & 0xFFFF).to(tl.int32)
         _report(p_table, rank, status, (ab & 0xFFFF).to(tl.int32), ((ab >> 16) & 0xFFFF).to(tl.int32),

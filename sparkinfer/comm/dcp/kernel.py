@@ -132,7 +132,7 @@ def dcp_merge_kernel(
         _merge_rows(p_o, stride_ot, stride_oh, p_lse, stride_lt, stride_lh, h0, p_out, stride_ut, stride_uh,
                     p_lse_out, lo, hi, Hs, D,
                     p_table, rank, epoch, stage_off, slot_bytes, lane_bytes, lse_off, W, R, BLOCK_D, BASE2, RETURN_LSE)
-    finish(p_table, rank, epoch)
+    finish(p_table, rank, epoch, OP, W, INTERPRET)
 
 
 @triton.jit(do_not_specialize=["rank"])  # same code on every rank (rank 1 would be a constant)
@@ -159,4 +159,4 @@ def all_gather_heads_kernel(
                 a_lane = stage_addr(p_table, rank, epoch, r, stage_off, slot_bytes, lane_bytes)
                 _copy_rows(as_ptr(a_lane, p_x), Hs * D, D, 0, p_out, stride_ut, stride_uh, r * Hs, lo, hi, Hs, D, R,
                            BLOCK_D)
-    finish(p_table, rank, epoch)
+    finish(p_table, rank, epoch, OP, W, INTERPRET)
