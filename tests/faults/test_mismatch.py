@@ -1,0 +1,35 @@
+"""Mismatched calls raise CollectiveMismatch on every rank, and the message never
+prints the same flag twice as "observed" and "expected"."""
+
+import re
+
+from sparkinfer.errors import CollectiveError
+from sparkinfer.runtime import run_ranks
+from tests.faults._util import CAP, payload
+
+SIZES = [(64, 128), (128, 64), (64, 96), (96, 64)]  # fp32 elements on (rank 0, rank 1): both flag orders
+
+
+def _ll_sizes(world):
+    from sparkinfer.comm import Communicator
+
+    got = []
+    for sizes in SIZES:
+        comm = Communicator(capacity_bytes=CAP, timeout_s=10)
+        try:
+            comm.all_reduce(payload(world.rank, sizes[world.rank]), algorithm="ll")
+            got.append("returned")
+        except CollectiveError as e:
+            got.append((type(e).__name__, str(e)))
+        comm.close()
+    return got
+
+
+def test_ll_size_mismatch_message_never_prints_identical_flags():
+    for r, results in enumerate(run_ranks(_ll_sizes, 2, backend="cpu", timeout_s=180)):
+        for sizes, res in zip(SIZES, results):
+            assert res != "returned", (r, sizes)
+            kind, msg = res
+            assert kind == "CollectiveMismatch", (r, sizes, msg)
+            m = re.search(r"flag (0x[0-9a-f]+), expected (0x[0-9a-f]+)", msg)
+            assert m is None or m.group(1) != m.group(2), (r, sizes, msg)
