@@ -17,8 +17,7 @@ def _handshake(ctx, what: str, x) -> None:
     torch.distributed with this shape and dtype (protocol.handshake_kernel).
 
     Ranks whose sizes straddle the staging capacity (one in a kernel, one here)
-    or that differ here get CollectiveMismatch (or, against an LL kernel, which
-    waits on other words, CollectiveTimeout) on every rank within the deadline,
+    or that differ here get CollectiveMismatch on every rank within the deadline,
     never a hang in NCCL/gloo. One one-block launch: a few microseconds beside a
     transfer above the staging capacity. Skipped in capture (graphs replay what
     was checked eagerly) and where there is no peer channel."""

@@ -33,3 +33,25 @@ def test_ll_size_mismatch_message_never_prints_identical_flags():
             assert kind == "CollectiveMismatch", (r, sizes, msg)
             m = re.search(r"flag (0x[0-9a-f]+), expected (0x[0-9a-f]+)", msg)
             assert m is None or m.group(1) != m.group(2), (r, sizes, msg)
+
+
+def _cross_transport(world):
+    from sparkinfer.comm import Communicator
+
+    comm = Communicator(capacity_bytes=CAP, timeout_s=10)
+    x = payload(world.rank, 64)
+    try:
+        if world.rank == 0:
+            comm.all_reduce(x, algorithm="ll")  # LL words
+        else:
+            comm.all_gather(x)  # staging slots and flags
+        res = "returned"
+    except CollectiveError as e:
+        res = (type(e).__name__, e.peer)
+    comm.close()
+    return res
+
+
+def test_ll_against_a_flag_synchronized_op_is_a_mismatch_not_a_timeout():
+    assert run_ranks(_cross_transport, 2, backend="cpu", timeout_s=120) == [("CollectiveMismatch", 1),
+                                                                            ("CollectiveMismatch", 0)]
