@@ -15,6 +15,7 @@ The ops see only `comm.context` (an OpContext), never the Communicator.
 from __future__ import annotations
 
 import math
+import operator
 
 from sparkinfer import envs
 from sparkinfer.comm import torch_ops
@@ -72,9 +73,13 @@ def _check_timeout(timeout_s) -> float:
 
 
 def _check_capacity(capacity_bytes) -> int:
-    if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int) or capacity_bytes <= 0:
+    try:  # any integer type (numpy's too), never a float or a bool
+        value = None if isinstance(capacity_bytes, bool) else operator.index(capacity_bytes)
+    except TypeError:
+        value = None
+    if value is None or value <= 0:
         raise SetupError(f"capacity_bytes must be a positive int (bytes), got {capacity_bytes!r}")
-    return capacity_bytes
+    return value
 
 
 def _check_channel_ids(channel_ids) -> tuple:
