@@ -24,7 +24,10 @@ from sparkinfer.errors import (
     LayoutError,
 )
 
-__all__ = ["OP_CODES", "fingerprint", "check_errors", "check_tensor", "check_overlap", "use_kernel", "launch", "launch_kernel"]
+__all__ = [
+    "OP_CODES", "fingerprint", "check_errors", "check_tensor",
+    "check_overlap", "use_kernel", "launch", "launch_kernel",
+]
 
 OP_CODES = {
     "all_reduce_oneshot": 1,

@@ -39,7 +39,6 @@ def spawn_ranks(fn, world_size: int, *, args=(), timeout_s: float = 120.0) -> di
     others: returns {rank: ("ok", result) | ("err", traceback)} for the ranks that
     reported; ranks still running at the deadline are killed and absent."""
     import multiprocessing as mp
-    import os
     import pickle
     import queue
     import shutil
