@@ -238,6 +238,13 @@ class Communicator:
         self.check()
 
     def close(self) -> None:
-        """Collective teardown of every channel (see ChannelPool.close)."""
-        self.pool.close()
-        torch_ops.detach(self.id)
+        """Collective teardown of every channel (see ChannelPool.close).
+
+        TeardownError on every rank if a phase failed somewhere (call close() again);
+        after a peer died, TeardownError on the survivors and the communicator is
+        closed for good (docs/design.md, "Error model")."""
+        try:
+            self.pool.close()
+        finally:
+            if self.pool.closed:
+                torch_ops.detach(self.id)
