@@ -10,7 +10,10 @@
 
 from __future__ import annotations
 
+import math
 import os
+
+from sparkinfer.errors import SetupError
 
 
 def triton_interpret() -> bool:
@@ -19,7 +22,19 @@ def triton_interpret() -> bool:
 
 
 def default_timeout_s() -> float:
-    return float(os.environ.get("SPARKINFER_TIMEOUT_S", "10"))
+    """SPARKINFER_TIMEOUT_S as a positive finite float (10 when unset or empty);
+    SetupError quoting the value otherwise."""
+    raw = os.environ.get("SPARKINFER_TIMEOUT_S", "").strip()
+    if not raw:
+        return 10.0
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise SetupError(f"SPARKINFER_TIMEOUT_S={raw!r} is not a positive number of seconds; set it to e.g. 10, "
+                         "or unset it for the default (10 s)")
+    return value
 
 
 def debug_log() -> bool:

@@ -11,6 +11,7 @@ __all__ = [
     "DTypeError",
     "DeviceError",
     "LayoutError",
+    "AliasingError",
     "CapacityError",
     "CaptureError",
     "LifecycleError",
@@ -44,6 +45,11 @@ class DeviceError(SparkInferError, ValueError):
 
 class LayoutError(SparkInferError, ValueError):
     """A tensor's strides are not a layout the kernel reads."""
+
+
+class AliasingError(SparkInferError, ValueError):
+    """An output partially overlaps an input (exact in-place aliasing, where an op
+    allows it, is not an overlap)."""
 
 
 class CapacityError(SparkInferError, ValueError):

@@ -28,7 +28,13 @@ def main(argv=None) -> int:
             continue
         mod.add_parser(sub)
     args = ap.parse_args(argv)
-    return args.run(args)
+    from sparkinfer.errors import SparkInferError
+
+    try:
+        return args.run(args)
+    except SparkInferError as e:  # a rejection says what to do: one message, no traceback
+        print(f"sparkinfer {args.cmd}: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

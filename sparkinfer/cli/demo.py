@@ -52,20 +52,13 @@ def demo(args) -> int:
     from sparkinfer.models.hf_reference import RTOL, compare, transformers_greedy
     from sparkinfer.models.nvfp4_export import write_nvfp4_checkpoint
     from sparkinfer.models.presets import TINY_PRESETS, make_checkpoint
-    from sparkinfer.runtime.ranks import resolve_backend, run_ranks
+    from sparkinfer.runtime.ranks import check_world_size, resolve_backend, run_ranks
 
     con = Console()
     if args.preset not in TINY_PRESETS:
         con.print(f"[red]unknown preset {args.preset!r}; choose one of {sorted(TINY_PRESETS)}")
         return 2
-    if not 1 <= args.world_size <= 16:
-        con.print(f"[red]--world-size {args.world_size}: SparkInfer runs 1 to 16 ranks")
-        return 2
-    try:
-        backend = resolve_backend(args.backend, args.world_size)
-    except Exception as e:  # noqa: BLE001 - SetupError: say it plainly, no traceback
-        con.print(f"[red]{e}")
-        return 2
+    backend = resolve_backend(args.backend, check_world_size(args.world_size))  # SetupError: one line (cli.main)
     with tempfile.TemporaryDirectory(prefix="sparkinfer_demo_") as tmp:
         with con.status(f"writing a random {args.preset} checkpoint (transformers save_pretrained)"):
             seed = SEEDS[args.preset] if args.seed is None else args.seed

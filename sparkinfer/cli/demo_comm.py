@@ -66,9 +66,9 @@ def _demo_rank(world, sizes):
 
 
 def demo(args) -> int:
-    from sparkinfer.runtime.ranks import resolve_backend, run_ranks
+    from sparkinfer.runtime.ranks import check_world_size, resolve_backend, run_ranks
 
-    backend = resolve_backend(args.backend, args.world_size)
+    backend = resolve_backend(args.backend, check_world_size(args.world_size))  # SetupError: one line (cli.main)
     print(f"sparkinfer demo-comm: {args.world_size} ranks on {backend}"
           + (" (Triton interpreter; no GPU found for every rank)" if backend == "cpu" else ""), flush=True)
     sizes = [1, 1000, 20000] if backend == "cpu" else [1, 4096, 1 << 18]

@@ -14,15 +14,86 @@ The ops see only `comm.context` (an OpContext), never the Communicator.
 
 from __future__ import annotations
 
+import math
+import operator
+
 from sparkinfer import envs
 from sparkinfer.comm import torch_ops
 from sparkinfer.comm.context import OpContext
 from sparkinfer.comm.dispatch import check_errors
 from sparkinfer.comm.pool import ChannelPool
 from sparkinfer.comm.topology import TopologyCaps
-from sparkinfer.errors import SetupError
+from sparkinfer.errors import DeviceError, SetupError, SparkInferError
 
 __all__ = ["Communicator", "detect_caps"]
+
+
+def _exchange(group, obj) -> list:
+    """group.all_gather during setup; a failed exchange (a peer died or left) is SetupError."""
+    try:
+        return group.all_gather(obj)
+    except SparkInferError:
+        raise
+    except Exception as e:  # noqa: BLE001 - gloo/NCCL raise RuntimeError subclasses of all kinds
+        raise SetupError(f"rank {group.rank}: Communicator setup could not exchange with its peers "
+                         f"({type(e).__name__}: {e}); a peer died or left the group") from e
+
+
+def _resolve_device(device, torch_group):
+    """This rank's torch.device: "cpu" (any index) or "cuda[:i]" (default: the current CUDA device for
+    NCCL groups, else cpu); DeviceError quoting anything else."""
+    import torch
+    import torch.distributed as dist
+
+    if device is None:
+        if torch_group is not None and dist.get_backend(torch_group) == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise DeviceError(f"device={device!r} is not a device ({e}); pass 'cpu', 'cuda' or 'cuda:<index>'") from e
+    if dev.type == "cpu":
+        return torch.device("cpu")  # "cpu:0" names the same memory; tensors report plain "cpu"
+    if dev.type != "cuda":
+        raise DeviceError(f"device={device!r}: a Communicator runs on 'cpu' or 'cuda:<index>', not {dev.type!r}")
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    index = dev.index if dev.index is not None else (torch.cuda.current_device() if n else 0)
+    if index >= n:
+        raise DeviceError(f"device={device!r}: this process sees {n} CUDA device(s); pass one of them or 'cpu'")
+    return torch.device("cuda", index)
+
+
+def _check_timeout(timeout_s) -> float:
+    if timeout_s is None:
+        return envs.default_timeout_s()
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < math.inf:
+        raise SetupError(f"timeout_s must be a positive finite number of seconds, got {timeout_s!r}")
+    return float(timeout_s)
+
+
+def _check_capacity(capacity_bytes) -> int:
+    try:  # any integer type (numpy's too), never a float or a bool
+        value = None if isinstance(capacity_bytes, bool) else operator.index(capacity_bytes)
+    except TypeError:
+        value = None
+    if value is None or value <= 0:
+        raise SetupError(f"capacity_bytes must be a positive int (bytes), got {capacity_bytes!r}")
+    return value
+
+
+def _check_channel_ids(channel_ids) -> tuple:
+    if isinstance(channel_ids, (str, bytes)):
+        raise SetupError(f"channel_ids must be a collection of ids, got the bare string {channel_ids!r} "
+                         f"(it would be read letter by letter); pass ({channel_ids!r},)")
+    try:
+        ids = tuple(channel_ids)
+    except TypeError:
+        raise SetupError(f"channel_ids must be a collection of strings, got {channel_ids!r}") from None
+    for cid in ids:
+        if not isinstance(cid, str) or not cid:
+            raise SetupError(f"channel ids are non-empty strings, got {cid!r} in channel_ids={channel_ids!r}")
+    return ids
 
 
 def detect_caps(group, device, capacity: int) -> TopologyCaps:
@@ -32,11 +103,11 @@ def detect_caps(group, device, capacity: int) -> TopologyCaps:
     interpret = envs.triton_interpret()
     if device.type == "cpu":
         return TopologyCaps(group.size, True, "host", 2, capacity, interpret=True)
-    idx = group.all_gather(device.index)
+    idx = _exchange(group, device.index)
     peer = all(
         i == j or torch.cuda.can_device_access_peer(i, j) for i in idx for j in idx if i == device.index
     )
-    peer = all(group.all_gather(peer))
+    peer = all(_exchange(group, peer))
     props = torch.cuda.get_device_properties(device)
     return TopologyCaps(group.size, peer, "nvlink" if peer else "none", props.multi_processor_count, capacity,
                         interpret)
@@ -57,9 +128,6 @@ class Communicator:
 
     def __init__(self, group=None, *, device=None, capacity_bytes: int = 8 << 20, timeout_s: float | None = None,
                  channel_ids=(), backend=None, streams=None):
-        import torch
-        import torch.distributed as dist
-
         from sparkinfer.runtime.group import TorchGroup
 
         if hasattr(group, "all_gather") and hasattr(group, "size"):
@@ -67,21 +135,42 @@ class Communicator:
         else:
             self.group = TorchGroup(group)
             self.torch_group = self.group.group
-        if device is None:
-            if self.torch_group is not None and dist.get_backend(self.torch_group) == "nccl":
-                device = torch.device("cuda", torch.cuda.current_device())
-            else:
-                device = torch.device("cpu")
-        self.device = torch.device(device)
-        self.timeout_s = envs.default_timeout_s() if timeout_s is None else float(timeout_s)
-        if self.timeout_s <= 0:
-            raise SetupError(f"timeout_s must be positive, got {timeout_s}")
+        # Check the arguments, then agree: one exchange gives every rank the same verdict
+        # (a bad argument or a capacity that differs on one rank is SetupError everywhere,
+        # never one rank raising while the others wait in the next exchange).
+        err, capacity, ids = None, None, ()
+        try:
+            self.device = _resolve_device(device, self.torch_group)
+            self.timeout_s = _check_timeout(timeout_s)
+            capacity = _check_capacity(capacity_bytes)
+            ids = _check_channel_ids(channel_ids)
+        except SparkInferError as e:
+            err = e
+        views = _exchange(self.group, (None if err is None else f"{type(err).__name__}: {err}", capacity))
+        if err is not None:
+            raise err
+        bad = [(r, e) for r, (e, _) in enumerate(views) if e]
+        if bad:
+            raise SetupError("Communicator arguments rejected on " + "; ".join(f"rank {r} ({e})" for r, e in bad))
+        caps_seen = [c for _, c in views]
+        if len(set(caps_seen)) > 1:
+            raise SetupError(f"ranks passed different capacity_bytes {caps_seen} (in rank order); every rank must "
+                             "pass the same capacity, since each maps its peers' slabs of that size")
         self.timeout_ns = int(self.timeout_s * 1e9)
-        caps = detect_caps(self.group, self.device, int(capacity_bytes))
-        self.pool = ChannelPool(self.group, self.device, int(capacity_bytes), backend=backend, streams=streams)
-        self.streams = self.pool.streams
-        if caps.peer_access:
-            self.pool.prepare(channel_ids)
+        self.pool = None
+        try:
+            caps = detect_caps(self.group, self.device, capacity)
+            self.pool = ChannelPool(self.group, self.device, capacity, backend=backend, streams=streams)
+            self.streams = self.pool.streams
+            if caps.peer_access:
+                self.pool.prepare(ids)
+        except BaseException as e:
+            if self.pool is not None:
+                self.pool.abandon()
+            if isinstance(e, SparkInferError):
+                raise
+            raise SetupError(f"rank {self.group.rank}: Communicator setup failed ({type(e).__name__}: {e}); "
+                             "nothing was left allocated on this rank") from e
         self.context = OpContext(caps=caps, layout=self.pool.layout, device=self.device, rank=self.group.rank,
                                  timeout_ns=self.timeout_ns, channel=self.pool.channel,
                                  capturing=self.streams.is_capturing, nccl_group=self.torch_group)
@@ -149,6 +238,13 @@ class Communicator:
         self.check()
 
     def close(self) -> None:
-        """Collective teardown of every channel (see ChannelPool.close)."""
-        self.pool.close()
-        torch_ops.detach(self.id)
+        """Collective teardown of every channel (see ChannelPool.close).
+
+        TeardownError on every rank if a phase failed somewhere (call close() again);
+        after a peer died, TeardownError on the survivors and the communicator is
+        closed for good (docs/design.md, "Error model")."""
+        try:
+            self.pool.close()
+        finally:
+            if self.pool.closed:
+                torch_ops.detach(self.id)

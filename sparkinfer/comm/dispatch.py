@@ -13,6 +13,7 @@ import zlib
 
 from sparkinfer.comm.topology import nccl_serves
 from sparkinfer.errors import (
+    AliasingError,
     CapacityError,
     CaptureError,
     CollectiveError,
@@ -23,7 +24,10 @@ from sparkinfer.errors import (
     LayoutError,
 )
 
-__all__ = ["OP_CODES", "fingerprint", "check_errors", "check_tensor", "use_kernel", "launch", "launch_kernel"]
+__all__ = [
+    "OP_CODES", "fingerprint", "check_errors", "check_tensor",
+    "check_overlap", "use_kernel", "launch", "launch_kernel",
+]
 
 OP_CODES = {
     "all_reduce_oneshot": 1,
@@ -34,6 +38,7 @@ OP_CODES = {
     "dcp_merge": 6,
     "all_gather_heads": 7,
     "all_reduce_ll": 8,
+    "nccl_fallback": 9,
 }
 OP_NAMES = {v: k for k, v in OP_CODES.items()}
 ERR_TIMEOUT, ERR_MISMATCH = 1, 2
@@ -44,13 +49,24 @@ def fingerprint(op: str, *facts) -> int:
     return zlib.crc32(repr((op,) + facts).encode()) & 0x7FFFFFFF
 
 
+_UNUSABLE = "close() the communicator on every rank and create a new one"
+
+
 def check_errors(channel) -> None:
     """Raise the typed error recorded by a kernel on this channel, if any.
 
     Reads host-visible memory only; never syncs. Once a device-side error is
-    seen the channel's flags are inconsistent, so every later call raises too."""
+    seen the channel's flags are inconsistent (the communicator is poisoned):
+    every later call raises a new error of the same type that says so, with the
+    first error as its cause."""
     if channel.broken is not None:
-        raise channel.broken
+        first = channel.broken
+        err = type(first)(
+            f"this communicator is unusable since an earlier error on channel {channel.channel_id!r}; "
+            f"{_UNUSABLE} (the earlier error: {first})",
+            rank=first.rank, peer=first.peer, op=first.op, epoch=first.epoch,
+        )
+        raise err from first
     rec = channel.errors.numpy()  # host memory (pinned on CUDA): no device sync
     code = int(rec[0])
     if code == 0:
@@ -61,17 +77,21 @@ def check_errors(channel) -> None:
     name = OP_NAMES.get(op, f"op#{op}")
     via = "" if origin == rank else f" (reported by rank {origin}, which aborted the group)"
     kw = dict(rank=rank, peer=peer, op=name, epoch=epoch)
+    after = f"; this communicator is now unusable: {_UNUSABLE}"
     if code == ERR_TIMEOUT:
         err: CollectiveError = CollectiveTimeout(
             f"rank {rank}: {name} at sequence {epoch} on channel {channel.channel_id!r} timed out waiting for "
-            f"rank {peer}{via}; rank {peer} did not make the same call (is it alive? did it skip this collective?)",
+            f"rank {peer}{via}; rank {peer} did not make the same call (is it alive? did it skip this "
+            f"collective?){after}",
             **kw,
         )
     else:
+        observed, expected = int(rec[5]), int(rec[6])
+        flags = f" (flag {observed:#x}, expected {expected:#x})" if observed != expected else ""
         err = CollectiveMismatch(
             f"rank {rank}: {name} at sequence {epoch} on channel {channel.channel_id!r}: rank {peer} called a "
-            f"different collective or size{via} (flag {int(rec[5]):#x}, expected {int(rec[6]):#x}); every rank "
-            "must issue the same collectives in the same order with the same sizes",
+            f"different collective or size{via}{flags}; every rank must issue the same collectives in the same "
+            f"order with the same sizes{after}",
             **kw,
         )
     channel.broken = err
@@ -94,6 +114,31 @@ def check_tensor(name: str, t, device, dtypes=_SUPPORTED) -> None:
     if not t.is_contiguous():
         raise LayoutError(f"{name} with shape {tuple(t.shape)} and strides {t.stride()} is not contiguous; "
                           "pass .contiguous()")
+
+
+def _span(t) -> tuple[int, int]:
+    """[first, last) byte addresses of a contiguous tensor."""
+    return t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+
+
+def check_overlap(out_name: str, out, in_name: str, x, *, in_place: bool) -> None:
+    """AliasingError if contiguous `out` overlaps `x` other than exactly.
+
+    in_place: whether out == x (same first byte and size) is legal for the op;
+    any other overlap would let one rank's kernel read what it already wrote.
+    Rank-local: the other ranks of the call wait out their deadline."""
+    if out.numel() == 0 or x.numel() == 0:
+        return
+    (o0, o1), (x0, x1) = _span(out), _span(x)
+    if o0 >= x1 or x0 >= o1:
+        return
+    if in_place and (o0, o1) == (x0, x1):
+        return
+    how = "in place (the same tensor) or " if in_place else ""
+    raise AliasingError(
+        f"{out_name} [{o0:#x}, {o1:#x}) overlaps {in_name} [{x0:#x}, {x1:#x}) by {min(o1, x1) - max(o0, x0)} B; "
+        f"pass {how}a separate buffer"
+    )
 
 
 def use_kernel(ctx, op: str, nbytes: int, algorithm: str) -> bool:

@@ -13,7 +13,16 @@ Only @triton.jit helpers live here.
 import triton
 import triton.language as tl
 
-from sparkinfer.comm.protocol import ERR_MISMATCH, ERR_TIMEOUT, HDR_ABORT, _report, addr_of, ld_acquire, now_ns
+from sparkinfer.comm.protocol import (
+    ERR_MISMATCH,
+    ERR_TIMEOUT,
+    HDR_ABORT,
+    _report,
+    addr_of,
+    flag_word,
+    ld_acquire,
+    now_ns,
+)
 
 LOW32 = tl.constexpr(0xFFFFFFFF)
 # ll_wait_sum: spin rounds between the slow checks (an acquire load of the abort word,
@@ -42,10 +51,25 @@ def _ll_stuck(got, flag, p_table, rank, peer, epoch, deadline, op, W: tl.constex
     p_hdr = addr_of(p_table, rank).to(tl.pointer_type(tl.int64))
     wrong = tl.max(((got != 0) & (got != flag)).to(tl.int32), axis=0)
     ab = ld_acquire(p_hdr + HDR_ABORT, INTERPRET)
+    # A peer in a flag-synchronized op at this very sequence number (it signalled
+    # block 0's first phase in this rank's slab) is running another collective: it
+    # would never write these LL words, so say mismatch now rather than time out.
+    stage_peer = tl.full([], -1, tl.int32)
+    stage_v = tl.zeros([], tl.int64)
+    for r in tl.static_range(W):
+        if r != rank:
+            v = ld_acquire(p_hdr + flag_word(epoch, 0, r, 0, W), INTERPRET)
+            if (v & LOW32) == ((epoch + 1) & LOW32):
+                stage_peer = tl.full([], r, tl.int32)
+                stage_v = v
     status = tl.zeros([], tl.int32)
     if wrong != 0:
         status = tl.full([], ERR_MISMATCH, tl.int32)
-        _report(p_table, rank, status, peer, rank, epoch, tl.max(got, axis=0), flag, op, W, INTERPRET)
+        foreign = tl.max(tl.where((got != 0) & (got != flag), got, 0), axis=0)  # never `flag` itself
+        _report(p_table, rank, status, peer, rank, epoch, foreign, flag, op, W, INTERPRET)
+    elif stage_peer >= 0:
+        status = tl.full([], ERR_MISMATCH, tl.int32)
+        _report(p_table, rank, status, stage_peer, rank, epoch, stage_v, flag, op, W, INTERPRET)
     elif ab != 0:
         status = ((ab >> 32) & 0xFFFF).to(tl.int32)
         _report(p_table, rank, status, (ab & 0xFFFF).to(tl.int32), ((ab >> 16) & 0xFFFF).to(tl.int32),

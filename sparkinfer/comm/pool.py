@@ -33,8 +33,8 @@ from sparkinfer.comm.memory import make_backend
 from sparkinfer.errors import (
     CaptureError,
     LifecycleError,
-    PeerMemoryError,
     SetupError,
+    SparkInferError,
     StreamAffinityError,
     TeardownError,
 )
@@ -137,7 +137,7 @@ class ChannelPool:
         for cid in wanted:
             if not isinstance(cid, str) or not cid:
                 raise SetupError(f"channel ids are non-empty strings, got {cid!r}")
-        views = self.group.all_gather(wanted)
+        views = self._gather(wanted, "prepare()")
         if any(v != wanted for v in views):
             raise SetupError(f"ranks asked prepare() for different channel ids: {views}; "
                              "call it with the same ids everywhere")
@@ -149,35 +149,39 @@ class ChannelPool:
         return created
 
     def _create(self, cid: str) -> None:
+        """Allocate, exchange and map one channel. A failure on any rank (or a
+        peer that died) raises SetupError and leaves nothing of the channel on
+        this rank: a failed setup never reaches close() (the host backend
+        unlinks the slab's /dev/shm name; peers' own mappings stay valid)."""
         import torch
 
         layout, group, backend = self.layout, self.group, self.backend
-        slab, err = None, None
+        slab, peers, err = None, {}, None
         try:
             slab = backend.allocate(layout.nbytes)
         except Exception as e:  # noqa: BLE001 - turned into an all-rank verdict
             err = f"{type(e).__name__}: {e}"
-        votes = group.all_gather((err, slab.handle if slab else None))
-        failed = [(r, e) for r, (e, _) in enumerate(votes) if e]
-        if failed:
-            if slab is not None:
-                backend.free(slab)
-            raise SetupError(f"prepare({cid!r}): allocation failed on {_fmt(failed)}; no channel was created")
-        peers, err = {}, None
         try:
-            for r, (_, handle) in enumerate(votes):
-                if r != group.rank:
-                    peers[r] = backend.open(r, handle, layout.nbytes)
-        except Exception as e:  # noqa: BLE001
-            err = f"{type(e).__name__}: {e}"
-        failed = [(r, e) for r, e in enumerate(group.all_gather(err)) if e]
-        if failed:
-            for m in peers.values():
-                with contextlib.suppress(PeerMemoryError):
-                    backend.close(m)
-            group.barrier()  # every rank has unmapped before anyone frees
-            backend.free(slab)
-            raise SetupError(f"prepare({cid!r}): mapping peer slabs failed on {_fmt(failed)}; no channel was created")
+            votes = self._gather((err, slab.handle if slab else None), f"prepare({cid!r})")
+            failed = [(r, e) for r, (e, _) in enumerate(votes) if e]
+            if failed:
+                raise SetupError(f"prepare({cid!r}): allocation failed on {_fmt(failed)}; no channel was created")
+            try:
+                for r, (_, handle) in enumerate(votes):
+                    if r != group.rank:
+                        peers[r] = backend.open(r, handle, layout.nbytes)
+            except Exception as e:  # noqa: BLE001
+                err = f"{type(e).__name__}: {e}"
+            failed = [(r, e) for r, e in enumerate(self._gather(err, f"prepare({cid!r})")) if e]
+            if failed:
+                self._release_local(None, peers)
+                peers = {}
+                self._gather(None, f"prepare({cid!r})")  # every rank has unmapped before anyone frees
+                raise SetupError(f"prepare({cid!r}): mapping peer slabs failed on {_fmt(failed)}; "
+                                 "no channel was created")
+        except BaseException:
+            self._release_local(slab, peers)
+            raise
         backend.seal(slab)
         bases = [slab.ptr if r == group.rank else peers[r].ptr for r in range(group.size)]
         cuda = self.device.type == "cuda"
@@ -186,6 +190,36 @@ class ChannelPool:
         self._channels[cid] = Channel(cid, group.rank, layout, slab, peers, table, errors, serial=self._serial)
         _log(group, f"channel {cid!r} #{self._serial}: {layout.nbytes} B slab, {len(peers)} peer mappings")
         self._serial += 1
+
+    def _release_local(self, slab, peers: dict) -> None:
+        """Unmap `peers` and free `slab` on this rank only, ignoring failures (setup
+        failed on every rank, so no kernel can use them)."""
+        for m in peers.values():
+            if not m.closed:
+                with contextlib.suppress(Exception):
+                    self.backend.close(m)
+        if slab is not None and not slab.freed:
+            with contextlib.suppress(Exception):
+                self.backend.free(slab)
+
+    def abandon(self) -> None:
+        """Release every channel on this rank without talking to peers and close
+        the pool: for a setup that failed on every rank (the Communicator calls it)."""
+        for ch in list(self._channels.values()):
+            self._release_local(ch.slab, ch.peers)
+            ch.closed = True
+            self._forget(ch)
+        self._closed = True
+
+    def _gather(self, obj, what: str, error: type = SetupError) -> list:
+        """group.all_gather; a failed exchange (a peer died or left the group) raises `error`."""
+        try:
+            return self.group.all_gather(obj)
+        except SparkInferError:
+            raise
+        except Exception as e:  # noqa: BLE001 - gloo/NCCL raise RuntimeError subclasses of all kinds
+            raise error(f"rank {self.group.rank}: the host exchange of {what} failed ({type(e).__name__}: {e}); "
+                        "a peer died or left the group") from e
 
     # ------------------------------------------------------------------ resolution
     def bind_stream(self, stream, channel_id: str) -> None:
@@ -299,7 +333,18 @@ class ChannelPool:
         if self._scopes:
             raise CaptureError("close() inside a capture scope; exit every pool.capture() first")
         chans = sorted(self._channels.values(), key=lambda c: c.serial)
-        self._teardown(chans)
+        try:
+            self._teardown(chans)
+        except _PeerLost as e:
+            # nothing collective can finish: unmap this rank's imports (only it uses them), keep
+            # its own slabs until exit (a live peer may still map them), and close for good
+            for ch in chans:
+                self._release_local(None, ch.peers)
+                _KEPT_UNTIL_EXIT.append(ch)
+                self._forget(ch)
+            self._closed = True
+            raise TeardownError(f"close(): {e}; this rank unmapped its imports and keeps its own slabs until "
+                                "process exit; the pool is closed (create a new group and communicator)") from e
         for ch in chans:
             self._forget(ch)
         self._closed = True
@@ -341,7 +386,7 @@ class ChannelPool:
             ch.table = ch.errors = None
 
     def _verdict(self, err: str | None, phase: str, consequence: str) -> None:
-        failed = [(r, e) for r, e in enumerate(self.group.all_gather(err)) if e]
+        failed = [(r, e) for r, e in enumerate(self._gather(err, f"teardown phase '{phase}'", _PeerLost)) if e]
         if failed:
             raise TeardownError(f"teardown phase '{phase}' failed on {_fmt(failed)}; {consequence}")
 
@@ -359,6 +404,10 @@ class ChannelPool:
                 ResourceWarning,
                 stacklevel=2,
             )
+
+
+class _PeerLost(TeardownError):
+    """A teardown exchange failed: a peer died or left the group."""
 
 
 def _fmt(failed: list[tuple[int, Any]]) -> str:

@@ -205,18 +205,28 @@ def arrive_last(p_table, rank):
 
 
 @triton.jit
-def close_epoch(p_table, rank, epoch):
-    """The last block (arrive_last) resets the counter and bumps the epoch."""
+def close_epoch(p_table, rank, epoch, op, W: tl.constexpr, INTERPRET: tl.constexpr):
+    """The last block (arrive_last) resets the counter and bumps the epoch.
+
+    It also looks at the abort word once: a rank that arrived after a peer
+    timed out and aborted the group found every flag in place and finished,
+    but the group is broken; recording the abort here makes this call (or,
+    on the GPU, the next host check) raise on this rank too. One local load."""
     p_hdr = tl.load(p_table + rank).to(tl.pointer_type(tl.int64))
+    ab = ld_acquire(p_hdr + HDR_ABORT, INTERPRET)
+    if ab != 0:  # first claim only: a no-op where this rank already recorded an error
+        _report(p_table, rank, ((ab >> 32) & 0xFFFF).to(tl.int32), (ab & 0xFFFF).to(tl.int32),
+                ((ab >> 16) & 0xFFFF).to(tl.int32), epoch, _i64(0), _i64(0), op, W, INTERPRET)
     tl.store(p_hdr + HDR_ARRIVE, 0)
     tl.store(p_hdr + HDR_EPOCH, epoch + 1)
 
 
 @triton.jit
-def finish(p_table, rank, epoch):
-    """Every block calls this last; the last block to arrive bumps the epoch."""
+def finish(p_table, rank, epoch, op, W: tl.constexpr, INTERPRET: tl.constexpr):
+    """Every block calls this last; the last block to arrive bumps the epoch
+    (and records an abort a peer broadcast, see close_epoch)."""
     if arrive_last(p_table, rank):
-        close_epoch(p_table, rank, epoch)
+        close_epoch(p_table, rank, epoch, op, W, INTERPRET)
 
 
 @triton.jit
@@ -296,3 +306,17 @@ def wait_local(p_table, rank, p_slot, tag, deadline, epoch, op, W: tl.constexpr,
                 status = tl.full([], ERR_TIMEOUT, tl.int32)
                 _report(p_table, rank, status, rank, rank, epoch, v, tag, op, W, INTERPRET)
     return tl.load((p_slot + 1).to(tl.pointer_type(tl.float32))), status
+
+
+@triton.jit(do_not_specialize=["rank"])  # same code on every rank
+def handshake_kernel(p_table, rank, fp, timeout_ns, stage_off, slot_bytes, lane_bytes,
+                     OP: tl.constexpr, W: tl.constexpr, INTERPRET: tl.constexpr):
+    """A collective that moves no data: every rank signals phase 0 with fingerprint
+    fp and awaits its peers'. Run (one block) before an op leaves the peer channel
+    for torch.distributed, so ranks that disagree on the path (sizes straddling the
+    capacity) meet on the flags and raise CollectiveMismatch, instead of one rank
+    waiting in a kernel and the other in NCCL forever."""
+    epoch, deadline = begin(p_table, rank, timeout_ns, INTERPRET)
+    signal_peers(p_table, rank, epoch, 0, fp, W, INTERPRET)
+    wait_peers(p_table, rank, epoch, 0, fp, deadline, OP, W, INTERPRET)
+    finish(p_table, rank, epoch, OP, W, INTERPRET)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from sparkinfer.errors import ShapeError
 from sparkinfer.moe.binding import allocate_scratch, bind
 from sparkinfer.moe.plan import MoEPlan, plan
 from sparkinfer.moe.runner import run
@@ -35,6 +36,10 @@ class MoELayer:
 
     def __init__(self, caps: MoECaps, spec: MoESpec, weights: tuple, *, device="cuda",
                  bias: torch.Tensor | None = None):
+        if not isinstance(weights, (tuple, list)) or len(weights) != 2:
+            got = f"{len(weights)} tensors" if isinstance(weights, (tuple, list)) else type(weights).__name__
+            raise ShapeError(f"MoELayer weights must be (w1, w2): FC1 [E, N1, H] and FC2 [E, H, I]; got {got} "
+                             "(gate and up go together in w1, in spec.gate_up_order)")
         self.plan: MoEPlan = plan(caps, spec)
         w1, w2 = (w.to(device) if isinstance(w, torch.Tensor) else w for w in weights)
         self.weights = prepare_weights(self.plan, w1, w2)

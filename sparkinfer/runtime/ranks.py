@@ -33,9 +33,17 @@ from typing import Any
 
 from sparkinfer.errors import RankFailed, SetupError
 
-__all__ = ["World", "run_ranks", "resolve_backend", "BACKENDS"]
+__all__ = ["World", "run_ranks", "resolve_backend", "check_world_size", "BACKENDS", "MAX_WORLD_SIZE"]
 
 BACKENDS = ("auto", "cpu", "cuda", "cuda_shared")
+MAX_WORLD_SIZE = 16  # one box of up to 16 GPUs (README); the kernels are unrolled over W
+
+
+def check_world_size(world_size) -> int:
+    """world_size as an int in [1, MAX_WORLD_SIZE]; SetupError quoting it otherwise."""
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or not 1 <= world_size <= MAX_WORLD_SIZE:
+        raise SetupError(f"world size {world_size!r}: SparkInfer runs 1 to {MAX_WORLD_SIZE} ranks")
+    return world_size
 
 
 @dataclass(frozen=True)
@@ -87,7 +95,28 @@ def resolve_backend(backend: str, world_size: int) -> str:
     return backend
 
 
-def _child(fn, rank, world_size, backend, init_method, args, env, results):
+def _die_with_launcher(launcher_pid: int, store_dir: str | None) -> None:
+    """Exit this rank when its launcher is gone (killed, crashed) instead of living on as an
+    orphan: a daemon thread polls the parent pid (portable; a launcher killed by SIGKILL runs
+    no cleanup) and removes the rendezvous directory the launcher can no longer remove."""
+    import threading
+
+    def watch():
+        while os.getppid() == launcher_pid:
+            time.sleep(_ORPHAN_POLL_S)
+        if store_dir:
+            shutil.rmtree(store_dir, ignore_errors=True)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="sparkinfer-launcher-watch", daemon=True).start()
+
+
+_ORPHAN_POLL_S = 0.5  # how late a rank notices its launcher died; a getppid() per poll costs nothing
+
+
+def _child(fn, rank, world_size, backend, init_method, args, env, results, launcher_pid=None):
+    if launcher_pid is not None:
+        _die_with_launcher(launcher_pid, os.path.dirname(init_method.removeprefix("file://")))
     os.environ.update(env)
     if backend == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"
@@ -137,7 +166,8 @@ def run_ranks(
     Raises RankFailed with the first failing rank's traceback if any rank raises
     or exits without a result, and RankFailed naming every unfinished rank if the
     launch outlives `timeout_s` (their Python stacks are dumped to stderr first).
-    Never returns while a rank is still running.
+    Never returns while a rank is still running. If this process dies, its ranks
+    exit within a second and remove the `sparkinfer_launch_*` rendezvous directory.
     """
     if world_size < 1:
         raise SetupError(f"world_size must be >= 1, got {world_size}")
@@ -151,7 +181,7 @@ def run_ranks(
     procs = [
         ctx.Process(
             target=_child,
-            args=(fn, r, world_size, backend, init_method, tuple(args), dict(env or {}), results),
+            args=(fn, r, world_size, backend, init_method, tuple(args), dict(env or {}), results, os.getpid()),
             daemon=True,
         )
         for r in range(world_size)

@@ -172,3 +172,33 @@ def test_moe_layer_wrapper_eager_and_with_out():
     assert layer(x, logits, out=out) is out and torch.equal(out, got)
     ids, tw = route_reference(logits, spec, 2, bias=bias)
     assert torch.equal(layer.forward_topk(x, (ids, tw)), got)
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(routing="sigmoid_grouped", n_group=4, topk_group=2)],
+                         ids=["softmax", "sigmoid-grouped"])
+def test_nan_logit_gives_a_nan_row(kw):
+    """A token with a NaN router logit: its output row is NaN (the reference's),
+    never silent zeros from an out-of-range expert id; other rows are exact to the reference."""
+    spec = MoESpec(**kw)
+    t, e, k, h = 3, 8, 2, 64
+    caps = MoECaps(max_tokens=32, num_experts=e, top_k=k, hidden=h, intermediate=32, num_sms=132)
+    p, w, src, scratch = random_layer(caps, spec)
+    x = torch.randn(t, h).bfloat16()
+    logits = torch.randn(t, e)
+    logits[1, 3] = float("nan")
+    bias = torch.randn(e) if spec.routing == "sigmoid_grouped" else None
+    out = torch.full((t, h), 7.0, dtype=torch.bfloat16)
+    b = bind(p, scratch, w, x=x, out=out, logits=logits, bias=bias)
+    run(b)
+    ref = moe_reference(x, src, route_reference(logits, spec, k, bias=bias), spec=spec)
+    assert b.out[1].isnan().all() and ref[1].isnan().all()
+    assert cosine(b.out[[0, 2]], ref[[0, 2]]) >= 0.9999
+
+
+def test_moe_layer_rejects_three_weights():
+    from sparkinfer.moe import MoELayer
+
+    caps = MoECaps(max_tokens=8, num_experts=4, top_k=2, hidden=64, intermediate=32)
+    w = torch.zeros(4, 64, 64)
+    with pytest.raises(ShapeError, match=r"weights must be \(w1, w2\).*got 3 tensors"):
+        MoELayer(caps, MoESpec(), (w, w, w), device="cpu")

@@ -53,3 +53,35 @@ def test_route_rejects(over, err, match):
     a.update(over)
     with pytest.raises(err, match=match):
         route(a["logits"], a["spec"], (a["ids"], a["w"]), bias=a["bias"])
+
+
+NONFINITE = [
+    # id, spec, the bad token's logits (E = 8)
+    ("softmax-nan", MoESpec(), [0.5, float("nan"), 1, 2, 0, 0, 0, 0]),
+    ("softmax-plus-inf", MoESpec(), [0.5, float("inf"), 1, 2, 0, 0, 0, 0]),
+    ("softmax-all-minus-inf", MoESpec(), [float("-inf")] * 8),
+    ("softmax-raw-nan", MoESpec(renormalize=False), [float("nan")] * 8),
+    ("sigmoid-grouped-nan", MoESpec(routing="sigmoid_grouped", n_group=4, topk_group=2),
+     [0.5, float("nan"), 1, 2, 0, 0, 0, 0]),
+    ("sigmoid-raw-nan", MoESpec(routing="sigmoid_grouped", renormalize=False), [0.5, 0, 1, 2, float("nan"), 0, 0, 0]),
+]
+
+
+@pytest.mark.parametrize("spec,bad", [c[1:] for c in NONFINITE], ids=[c[0] for c in NONFINITE])
+def test_routing_nonfinite_logits(spec, bad):
+    """ids stay K distinct experts in [0, E); the bad token's weights are all NaN
+    (its output row is NaN, like the reference's); other tokens are untouched."""
+    t, e, k = 3, 8, 3
+    logits = torch.randn(t, e)
+    logits[1] = torch.tensor(bad)
+    bias = torch.randn(e) * 0.1 if spec.routing == "sigmoid_grouped" else None
+    ids = torch.full((t, k), -7, dtype=torch.int32)
+    w = torch.full((t, k), 7.0)
+    route(logits, spec, (ids, w), bias=bias)
+    rid, rw = route_reference(logits, spec, k, bias=bias)
+    assert ((ids >= 0) & (ids < e)).all(), ids
+    assert all(len(set(row.tolist())) == k for row in ids), ids
+    assert w[1].isnan().all() and rw[1].isnan().all(), (w, rw)
+    good = [0, 2]
+    assert torch.equal(ids[good], rid[good])
+    torch.testing.assert_close(w[good], rw[good], rtol=1e-5, atol=1e-6)

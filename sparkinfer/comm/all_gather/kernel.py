@@ -35,4 +35,4 @@ def all_gather_kernel(
         for r in tl.static_range(W):
             if r != rank:
                 copy_range(p_g + r * n, p_out + r * n, lo, hi, BLOCK)
-    finish(p_table, rank, epoch)
+    finish(p_table, rank, epoch, OP, W, INTERPRET)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sparkinfer.comm import nccl
 from sparkinfer.comm.all_gather.kernel import all_gather_kernel
-from sparkinfer.comm.dispatch import check_tensor, launch, use_kernel
+from sparkinfer.comm.dispatch import check_overlap, check_tensor, launch, use_kernel
 from sparkinfer.comm.topology import GridConfig, check_grid_config, grid_config
 from sparkinfer.errors import ShapeError
 
@@ -32,6 +32,7 @@ def all_gather(ctx, x, out=None, *, config: GridConfig | None = None):
         check_tensor("out", out, ctx.device, (str(x.dtype).removeprefix("torch."),))
         if tuple(out.shape) != oshape:
             raise ShapeError(f"out must have shape {oshape}, got {tuple(out.shape)}")
+        check_overlap("out", out, "x", x, in_place=False)
     m = x.numel()
     if m == 0:
         return out

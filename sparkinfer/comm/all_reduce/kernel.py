@@ -61,7 +61,7 @@ def oneshot_all_reduce_kernel(
                 m_n = o_n < s_hi
                 acc = reduce_lanes(p_x, o_n, m_n, p_table, rank, epoch, stage_off, slot_bytes, lane_bytes, W)
                 tl.store(p_out + o_n, acc.to(p_out.dtype.element_ty), mask=m_n)
-    finish(p_table, rank, epoch)
+    finish(p_table, rank, epoch, OP, W, INTERPRET)
 
 
 @triton.jit(do_not_specialize=["rank"])  # same code on every rank (rank 1 would be a constant)
@@ -121,7 +121,7 @@ def twoshot_all_reduce_kernel(
                 for c in tl.static_range(W):
                     if c != rank:
                         copy_range(p_g + c * chunk, p_out + c * chunk, s_lo, tl.minimum(s_hi, n - c * chunk), BLOCK)
-    finish(p_table, rank, epoch)
+    finish(p_table, rank, epoch, OP, W, INTERPRET)
 
 
 @triton.jit(do_not_specialize=["rank"])  # same code on every rank (rank 1 would be a constant)
@@ -167,4 +167,4 @@ def oneshot_ll_all_reduce_kernel(
             acc_lo, acc_hi = unpack_add(acc_lo, acc_hi, d, HALF, DT)
         if status == 0:
             tl.store(p_out32 + o_n, pack_out(acc_lo, acc_hi, HALF, DT), mask=m_n)
-    finish(p_table, rank, epoch)
+    finish(p_table, rank, epoch, OP, W, INTERPRET)

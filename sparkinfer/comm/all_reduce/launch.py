@@ -8,7 +8,7 @@ from sparkinfer.comm.all_reduce.kernel import (
     oneshot_ll_all_reduce_kernel,
     twoshot_all_reduce_kernel,
 )
-from sparkinfer.comm.dispatch import check_tensor, launch, use_kernel
+from sparkinfer.comm.dispatch import check_overlap, check_tensor, launch, use_kernel
 from sparkinfer.comm.topology import (
     ALGORITHMS,
     GridConfig,
@@ -32,7 +32,8 @@ def all_reduce(ctx, x, out=None, *, algorithm: str = "auto", config: GridConfig 
     """out = sum of x over ranks, bitwise identical on every rank.
 
     ctx: the calling Communicator's OpContext (comm.context). x: [*]
-    bf16/fp16/fp32, contiguous, on ctx.device. out: like x (may be x).
+    bf16/fp16/fp32, contiguous, on ctx.device. out: like x (may be x; AliasingError if it
+    overlaps x otherwise).
     algorithm: "auto" (topology.select_algorithm; NCCL above the staging
     capacity outside capture), "ll", "oneshot", "twoshot" or "nccl".
     config: the launch shape of the kernel that runs (benchmark sweeps, tests);
@@ -51,6 +52,7 @@ def all_reduce(ctx, x, out=None, *, algorithm: str = "auto", config: GridConfig 
         check_tensor("out", out, ctx.device)
         if out.shape != x.shape or out.dtype != x.dtype:
             raise ShapeError(f"out must match x: got {tuple(out.shape)}/{out.dtype} for x {tuple(x.shape)}/{x.dtype}")
+        check_overlap("out", out, "x", x, in_place=True)
     n, nbytes = x.numel(), x.numel() * x.element_size()
     if n == 0:
         return out

@@ -53,7 +53,7 @@ def _merge_rows(p_o, stride_ot, stride_oh, p_lse, stride_lt, stride_lh, h0, p_ou
 
     A shard with lse = -inf gets weight exactly 0 and its o (possibly NaN) is
     selected out, never multiplied; rows where every shard is empty give o = 0
-    and lse = -inf."""
+    and lse = -inf; a NaN lse on any shard makes the row's o and lse NaN."""
     o_d = tl.arange(0, BLOCK_D)
     for start in range(lo, hi, R):
         o_i = start + tl.arange(0, R)
@@ -62,11 +62,14 @@ def _merge_rows(p_o, stride_ot, stride_oh, p_lse, stride_lt, stride_lh, h0, p_ou
         t = o_i // Hs
         h = h0 + o_i % Hs
         b_max = tl.full([R], float("-inf"), tl.float32)
+        b_nan = tl.zeros([R], tl.int32)  # rows with a NaN lse on some shard: NaN out (as the reference)
         for r in tl.static_range(W):
             a_lane = stage_addr(p_table, rank, epoch, r, stage_off, slot_bytes, lane_bytes)
             p_rows, p_l = _source(r, rank, o_i, o_d, t, h, p_o, stride_ot, stride_oh, p_lse, stride_lt, stride_lh,
                                   a_lane, lse_off, D)
-            b_max = tl.maximum(b_max, tl.load(p_l, mask=m_i, other=float("-inf")))
+            b_l = tl.load(p_l, mask=m_i, other=float("-inf"))
+            b_nan = b_nan | (b_l != b_l).to(tl.int32)
+            b_max = tl.maximum(b_max, tl.where(b_l != b_l, float("-inf"), b_l))
         b_ref = tl.where(b_max == float("-inf"), 0.0, b_max)
         acc = tl.zeros([R, BLOCK_D], tl.float32)
         den = tl.zeros([R], tl.float32)
@@ -84,6 +87,7 @@ def _merge_rows(p_o, stride_ot, stride_oh, p_lse, stride_lt, stride_lh, h0, p_ou
             den += b_w
         full = den > 0.0
         b_out = acc / tl.where(full, den, 1.0)[:, None]
+        b_out = tl.where(b_nan[:, None] != 0, float("nan"), b_out)
         p_dst = p_out + (t * stride_ut + (o_i % Hs) * stride_uh)[:, None] + o_d[None, :]
         tl.store(p_dst, b_out.to(p_out.dtype.element_ty), mask=m_id)
         if RETURN_LSE:
@@ -91,7 +95,8 @@ def _merge_rows(p_o, stride_ot, stride_oh, p_lse, stride_lt, stride_lh, h0, p_ou
                 b_lse = b_max + tl.log2(tl.where(full, den, 1.0))
             else:
                 b_lse = b_max + tl.log(tl.where(full, den, 1.0))
-            tl.store(p_lse_out + o_i, tl.where(full, b_lse, float("-inf")), mask=m_i)
+            b_lse = tl.where(full, b_lse, float("-inf"))
+            tl.store(p_lse_out + o_i, tl.where(b_nan != 0, float("nan"), b_lse), mask=m_i)
 
 
 @triton.jit(do_not_specialize=["rank"])  # same code on every rank (rank 1 would be a constant)
@@ -127,7 +132,7 @@ def dcp_merge_kernel(
         _merge_rows(p_o, stride_ot, stride_oh, p_lse, stride_lt, stride_lh, h0, p_out, stride_ut, stride_uh,
                     p_lse_out, lo, hi, Hs, D,
                     p_table, rank, epoch, stage_off, slot_bytes, lane_bytes, lse_off, W, R, BLOCK_D, BASE2, RETURN_LSE)
-    finish(p_table, rank, epoch)
+    finish(p_table, rank, epoch, OP, W, INTERPRET)
 
 
 @triton.jit(do_not_specialize=["rank"])  # same code on every rank (rank 1 would be a constant)
@@ -154,4 +159,4 @@ def all_gather_heads_kernel(
                 a_lane = stage_addr(p_table, rank, epoch, r, stage_off, slot_bytes, lane_bytes)
                 _copy_rows(as_ptr(a_lane, p_x), Hs * D, D, 0, p_out, stride_ut, stride_uh, r * Hs, lo, hi, Hs, D, R,
                            BLOCK_D)
-    finish(p_table, rank, epoch)
+    finish(p_table, rank, epoch, OP, W, INTERPRET)

@@ -12,9 +12,11 @@ def merge_partials(o_parts, lse_parts, lse_base: str = "e"):
     o_parts: [W, T, H, D] (any float dtype; rows of empty shards may be NaN).
     lse_parts: [W, T, H], natural log (lse_base "e") or log2 ("2"); -inf = empty shard.
     Returns (o [T, H, D] fp32, lse [T, H] fp32). A row whose every shard is empty
-    gives o = 0, lse = -inf. Allocates; used by the NCCL fallback too.
+    gives o = 0, lse = -inf; a NaN lse on any shard makes the row's o and lse NaN
+    (a NaN is never dropped as an empty shard). Allocates; used by the NCCL fallback too.
     """
     lse = lse_parts.float()
+    nan = lse.isnan().any(dim=0)  # [T, H]
     b_max = lse.amax(dim=0)  # [T, H]
     b_ref = torch.where(b_max == float("-inf"), torch.zeros_like(b_max), b_max)
     w = torch.exp2(lse - b_ref) if lse_base == "2" else torch.exp(lse - b_ref)  # [W, T, H]
@@ -26,7 +28,8 @@ def merge_partials(o_parts, lse_parts, lse_base: str = "e"):
     o = contrib.sum(dim=0) / safe.unsqueeze(-1)
     log = torch.log2 if lse_base == "2" else torch.log
     lse_out = torch.where(full, b_max + log(safe), torch.full_like(den, float("-inf")))
-    return o, lse_out
+    o = torch.where(nan.unsqueeze(-1), float("nan"), o)
+    return o, torch.where(nan, float("nan"), lse_out)
 
 
 def dcp_merge_reference(o_list: list, lse_list: list, lse_base: str = "e"):

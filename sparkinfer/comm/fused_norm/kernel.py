@@ -141,7 +141,7 @@ def all_reduce_add_rms_norm_kernel(
                     b_r = tl.load(p_res_out + k + o_c, mask=m_n, other=0.0).to(tl.float32)
                     b_w = tl.load(p_w + k + o_c - row * H, mask=m_n, other=0.0).to(tl.float32)
                     _out_tile(b_r, rstd, b_w, p_out, k + o_c, m_n)
-    finish(p_table, rank, epoch)
+    finish(p_table, rank, epoch, OP, W, INTERPRET)
 
 
 @triton.jit
@@ -250,7 +250,7 @@ def all_reduce_add_rms_norm_ll_kernel(
             if status == 0:
                 tl.store(p_res_out32 + o_n, pack_out(r_lo, r_hi, HALF, DT), mask=m_n)
                 tl.store(p_out32 + o_n, pack_out(r_lo * rstd * b_wlo, r_hi * rstd * b_whi, HALF, DT), mask=m_n)
-        finish(p_table, rank, epoch)
+        finish(p_table, rank, epoch, OP, W, INTERPRET)
     else:
         # Partial sums travel as LL words (flag | fp32) in this rank's own lane of
         # the LL region, which no peer writes: one vector load polls all S of a
@@ -281,7 +281,7 @@ def all_reduce_add_rms_norm_ll_kernel(
             # Arrive now: the counter's round trip overlaps the wait below, and the last
             # block has nothing to clear (each block zeroes its own line once read).
             if arrive_last(p_table, rank):
-                close_epoch(p_table, rank, epoch)
+                close_epoch(p_table, rank, epoch, OP, W, INTERPRET)
             if status == 0:
                 p_line = p_part + (row * S + c) * NPAD
                 total, status = ll_wait_sum(p_line, 0, S, c, ss, flag, p_table, rank, epoch, deadline, OP, W, NP,
@@ -330,4 +330,4 @@ def all_reduce_add_rms_norm_ll_kernel(
                             tl.store(p_out32 + o_n, b_out, mask=m_n)
             if arrive_last(p_table, rank):
                 ll_clear(p_part, n_rows * NPAD, 256)
-                close_epoch(p_table, rank, epoch)
+                close_epoch(p_table, rank, epoch, OP, W, INTERPRET)

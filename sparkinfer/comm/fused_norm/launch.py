@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from sparkinfer.comm import nccl
 from sparkinfer.comm.channel import MAX_BLOCKS
-from sparkinfer.comm.dispatch import check_tensor, launch, use_kernel
+from sparkinfer.comm.dispatch import check_overlap, check_tensor, launch, use_kernel
 from sparkinfer.comm.fused_norm.kernel import all_reduce_add_rms_norm_kernel, all_reduce_add_rms_norm_ll_kernel
 from sparkinfer.comm.fused_norm.reference import add_rms_norm
 from sparkinfer.comm.topology import LL_MAX_BYTES, TopologyCaps, grid_config
@@ -243,8 +243,10 @@ def _auto_ll(nbytes: int) -> bool:
 
 def _check_like(name: str, t, x, device) -> None:
     check_tensor(name, t, device)
-    if tuple(t.shape) != tuple(x.shape) or t.dtype != x.dtype:
-        raise ShapeError(f"{name} must match x ({tuple(x.shape)}, {x.dtype}); got {tuple(t.shape)}, {t.dtype}")
+    if t.dtype != x.dtype:
+        raise DTypeError(f"{name} has dtype {t.dtype} but x has {x.dtype}; cast it with .to({x.dtype})")
+    if tuple(t.shape) != tuple(x.shape):
+        raise ShapeError(f"{name} must match x's shape {tuple(x.shape)}; got {tuple(t.shape)}")
 
 
 def all_reduce_add_rms_norm(ctx, x, residual, weight, eps: float = 1e-6, *, out=None, residual_out=None,
@@ -289,6 +291,11 @@ def all_reduce_add_rms_norm(ctx, x, residual, weight, eps: float = 1e-6, *, out=
     if out.numel() and out.data_ptr() == residual_out.data_ptr():
         raise LayoutError("out and residual_out are the same memory; pass distinct tensors "
                           "(out=x, residual_out=residual is fine)")
+    check_overlap("out", out, "x", x, in_place=True)
+    check_overlap("residual_out", residual_out, "residual", residual, in_place=True)
+    check_overlap("out", out, "residual", residual, in_place=False)
+    check_overlap("residual_out", residual_out, "x", x, in_place=False)
+    check_overlap("out", out, "residual_out", residual_out, in_place=False)
     if not isinstance(eps, (int, float)) or not eps >= 0:
         raise DTypeError(f"eps must be a non-negative Python float, got {eps!r}")
     n = x.numel()

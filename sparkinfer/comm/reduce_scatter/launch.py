@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sparkinfer.comm import nccl
 from sparkinfer.comm.all_reduce.kernel import twoshot_all_reduce_kernel
-from sparkinfer.comm.dispatch import check_tensor, launch, use_kernel
+from sparkinfer.comm.dispatch import check_overlap, check_tensor, launch, use_kernel
 from sparkinfer.comm.topology import GridConfig, check_grid_config, grid_config
 from sparkinfer.errors import ShapeError
 
@@ -33,6 +33,7 @@ def reduce_scatter(ctx, x, out=None, *, config: GridConfig | None = None):
         check_tensor("out", out, ctx.device)
         if tuple(out.shape) != oshape or out.dtype != x.dtype:
             raise ShapeError(f"out must be {oshape} {x.dtype}, got {tuple(out.shape)} {out.dtype}")
+        check_overlap("out", out, "x", x, in_place=False)
     n = x.numel()
     if n == 0:
         return out

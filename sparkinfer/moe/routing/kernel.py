@@ -6,6 +6,12 @@ G expert groups of EG experts, TG groups kept.
 
 Selection takes the largest score, ties to the lowest expert id, K times in
 order; outputs are in selection order (descending score).
+
+Non-finite logits: ids are always K distinct experts in [0, E). A token with a
+NaN logit gets NaN in every weight (both routings), so its output row is NaN
+like the fp32 reference's; softmax over a +inf or all -inf row is NaN by IEEE
+(inf - inf) and routes the same way. NaN scores select as -inf, so selection
+never depends on how max treats NaN (the GPU's max drops it, numpy keeps it).
 """
 
 import triton
@@ -30,6 +36,7 @@ def routing_kernel(p_logits, p_bias, p_ids, p_w, stride_l, scale,
     m_e = o_e < E
     b_l = tl.load(p_logits + i_t.to(tl.int64) * stride_l + o_e, mask=m_e,
                   other=-float("inf")).to(tl.float32)
+    has_nan = tl.sum((b_l != b_l).to(tl.int32), axis=0) > 0
     if SIGMOID:
         b_p = tl.sigmoid(b_l)
         b_sel = b_p + tl.load(p_bias + o_e, mask=m_e, other=0.0)
@@ -55,17 +62,20 @@ def routing_kernel(p_logits, p_bias, p_ids, p_w, stride_l, scale,
         b_x = tl.where(m_e, tl.exp(b_l - b_max), 0.0)
         b_p = b_x / tl.sum(b_x, axis=0)
         b_sel = tl.where(m_e, b_p, -float("inf"))
+    b_sel = tl.where(b_sel != b_sel, -float("inf"), b_sel)
+    m_free = m_e  # experts not yet taken: -inf scores still select, never twice, never past E
     o_k = tl.arange(0, KP)
     b_ids = tl.zeros([KP], dtype=tl.int32)
     b_w = tl.zeros([KP], dtype=tl.float32)
     for k in tl.static_range(K):
-        v, i = _top1(b_sel, o_e)
+        v = tl.max(tl.where(m_free, b_sel, -float("inf")), axis=0)
+        i = tl.min(tl.where(m_free & (b_sel == v), o_e, EP), axis=0)
         b_ids = tl.where(o_k == k, i, b_ids)
         b_w = tl.where(o_k == k, tl.sum(tl.where(o_e == i, b_p, 0.0), axis=0), b_w)
-        b_sel = tl.where(o_e == i, -float("inf"), b_sel)
+        m_free = m_free & (o_e != i)
     if RENORM:
         b_w = b_w / tl.sum(b_w, axis=0)
-    b_w = b_w * scale
+    b_w = tl.where(has_nan, float("nan"), b_w * scale)
     m_k = o_k < K
     tl.store(p_ids + i_t * K + o_k, b_ids, mask=m_k)
     tl.store(p_w + i_t * K + o_k, b_w, mask=m_k)

@@ -14,7 +14,9 @@ def route_reference(logits: torch.Tensor, spec: MoESpec, top_k: int, *,
                     bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [T, E] -> (ids [T, K] int32, weights [T, K] fp32), descending by selection score.
 
-    Allocates; no host sync.
+    A token with a NaN logit gets NaN in every weight (softmax does so by
+    itself; sigmoid would leave the other experts' weights finite). Allocates;
+    no host sync.
     """
     x = logits.float()
     t, e = x.shape
@@ -35,4 +37,5 @@ def route_reference(logits: torch.Tensor, spec: MoESpec, top_k: int, *,
     w = p.gather(1, ids)
     if spec.renormalize:
         w = w / w.sum(-1, keepdim=True)
+    w = torch.where(x.isnan().any(-1, keepdim=True), float("nan"), w)  # [T, K]
     return ids.to(torch.int32), w * spec.routed_scaling_factor
