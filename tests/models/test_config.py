@@ -65,7 +65,7 @@ def test_family_specifics_of_the_tiny_presets(ckpt_dir):
     assert (qwen.qk_norm, qwen.routing, qwen.moe_layers, qwen.dense_intermediate) == \
         (True, "softmax", (False, True, True), 192)
     assert (glm.routing, glm.n_group, glm.topk_group, glm.routed_scaling_factor) == \
-        ("sigmoid_grouped", 4, 2, 2.5)
+        ("sigmoid_grouped", 1, 1, 2.5)
     assert (glm.rotary_dim, glm.head_dim, glm.attention_bias, glm.qk_norm) == (16, 32, True, False)
     assert (glm.num_shared_experts, glm.shared_intermediate, glm.moe_layers) == \
         (1, 192, (False, True, True))
