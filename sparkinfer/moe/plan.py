@@ -138,6 +138,13 @@ NVFP4_DEQUANT_MIN_ROWS = 160
 # 128 elements of a row, so a K step is one block (BK 128) and FC1 programs
 # span whole activation groups (BN1 128: its epilogue quantizes FC2's input).
 FP8_BLOCK = 128
+# fp8_block grouped tiles stop at BM 64 (8 warps): at BM 128 ptxas -v (sm_90a)
+# spills 1128 bytes in FC1 and 204 in FC2 at 255 registers (Qwen3 dims, 8
+# warps; BM 64 at 4 warps spills 960 in FC1): the fp32 accumulators, each K
+# step's dot result (the block scales keep it out of the MMA accumulation) and
+# the per-column scales of this step and the next (`kernels/fp8.py`) do not
+# fit beside each other. BM 64 at 8 warps: 255 / 191 registers, no spill.
+FP8_MAX_BLOCK_M = 64
 
 
 @dataclass(frozen=True)
@@ -262,8 +269,8 @@ def _fp8_config(caps: MoECaps, spec: MoESpec, tokens: int) -> TileConfig:
                           stages1=_stages(fc1, SMEM_TWO_PER_SM),
                           stages2=_stages(fc2, SMEM_TWO_PER_SM))
     mean_rows = routes / active
-    bm = next((b for limit, b in GROUPED_BLOCK_M_BF16 if mean_rows <= limit),
-              GROUPED_BLOCK_M_LARGE)
+    bm = min(FP8_MAX_BLOCK_M, next((b for limit, b in GROUPED_BLOCK_M_BF16 if mean_rows <= limit),
+                                   GROUPED_BLOCK_M_LARGE))
     bn2 = 64 if bm <= 32 else 128
     budget, warps = (SMEM_TWO_PER_SM, 4) if bm <= 32 else (SMEM_ONE_PER_SM, 8)
     fc1 = halves * _weight_bytes(ck, ck, False, True) + ck * bm

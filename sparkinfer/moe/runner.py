@@ -215,7 +215,7 @@ def _decoded(b: MoEBinding, wt: _Weights, wb, e_lo: int, e_hi: int, n: int, r: i
     """Decode experts [e_lo, e_hi) of one prepared NVFP4 matrix [E, n, r] into
     wb as bf16 [e_hi - e_lo, n, r]; the _Weights the bf16 kernels read (global
     scales still wt.g, indexed by the global expert id)."""
-    nvfp4_dequant_kernel[(e_hi - e_lo, triton.cdiv(n, NVFP4_TILE_ROWS))](
+    nvfp4_dequant_kernel[(e_hi - e_lo, triton.cdiv(n, NVFP4_TILE_ROWS), r // b.plan.chunk)](
         wt.w, wt.s, wb, e_lo, b.plan.caps.num_experts, n, r, r // b.plan.chunk, wt.w.stride(0),
         wt.s.stride(0), n * r, BN=NVFP4_TILE_ROWS, BK=b.plan.chunk,
         PTX_DECODE=b.config.decode == "ptx", INTERPRET=b.interpret)

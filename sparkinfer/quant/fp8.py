@@ -13,7 +13,7 @@ GLM-4.5-FP8 and Qwen3-FP8 checkpoints, `quantization_config` `quant_method:
   (the checkpoints call it `weight_scale_inv`: the inverse of the quantizing scale).
 
 Activations (`quantize_fp8_groups`): scale s = max(amax, ACT_AMIN) / 448 per
-row and group of 128 along K, q = e4m3(x / s), both divisions correctly
+row and group of 128 along K, q = e4m3(x * (1 / s)), each operation correctly
 rounded fp32: the MoE kernels compute exactly this (`moe/kernels/fp8.py`), so
 the reference and the GPU agree bit for bit on the quantized activations.
 """
@@ -156,13 +156,13 @@ def from_checkpoint(weight: torch.Tensor, scale_inv: torch.Tensor | None) -> FP8
 def quantize_fp8_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Activations x [..., K] (K % 128 == 0) -> (q float8_e4m3fn [..., K], s fp32
     [..., K/128]) with s = max(amax, ACT_AMIN) / 448 per 128-element group and
-    q = e4m3(x / s): what the MoE kernels compute in-kernel. Allocates; no host sync."""
+    q = e4m3(x * (1 / s)): what the MoE kernels compute in-kernel. Allocates; no host sync."""
     if x.shape[-1] % FP8_BLOCK:
         raise ShapeError(f"quantize_fp8_groups: x shape {tuple(x.shape)}; the last dim must "
                          f"be a multiple of {FP8_BLOCK}")
     g = x.float().reshape(*x.shape[:-1], -1, FP8_BLOCK)
     s = g.abs().amax(-1).clamp(min=ACT_AMIN) / E4M3_MAX
-    q = round_to_e4m3_signed(g / s[..., None])
+    q = round_to_e4m3_signed(g * (1.0 / s)[..., None])
     return q.reshape(x.shape), s
 
 

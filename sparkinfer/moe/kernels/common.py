@@ -167,8 +167,9 @@ def load_scales_2(p_s, row0, n_rows, offset, c, num_chunks, BN: tl.constexpr,
 
 @triton.jit
 def nvfp4_tile(p_w, b_c, o_n, m_n, c, num_chunks, BN: tl.constexpr, BK: tl.constexpr,
-               PTX_DECODE: tl.constexpr, INTERPRET: tl.constexpr):
-    """NVFP4 weight tile [BN, BK] in `k_order`, times 2**-8 (see NVFP4_WORD_ASM).
+               PTX_DECODE: tl.constexpr, INTERPRET: tl.constexpr, NATURAL: tl.constexpr = False):
+    """NVFP4 weight tile [BN, BK] in `k_order` (NATURAL: in row order, for the
+    dequantize kernel), times 2**-8 (see NVFP4_WORD_ASM).
 
     Each thread loads its prepared words with LDS.128 and decodes them into the
     wgmma A registers with no layout conversion. Measured on the sm_90a SASS of
@@ -204,6 +205,8 @@ def nvfp4_tile(p_w, b_c, o_n, m_n, c, num_chunks, BN: tl.constexpr, BK: tl.const
         h2 = _halves(r2)
         h3 = _halves(r3)
     w = tl.join(tl.join(h0, h1), tl.join(h2, h3))  # [BN, NW, 2 (q0), 2 (j0), 2 (j1)]
+    if NATURAL:  # word n holds elements 8n + 4 j1 + 2 j0 + q0
+        return tl.reshape(tl.permute(w, (0, 1, 4, 3, 2)), [BN, BK])
     w = tl.reshape(w, [BN, 4, U, 2, 2, 2])
     return tl.reshape(tl.permute(w, (0, 2, 5, 4, 1, 3)), [BN, BK])
 

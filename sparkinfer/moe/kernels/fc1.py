@@ -22,7 +22,7 @@ from triton.language.extra.cuda import gdc_launch_dependents
 
 from sparkinfer.moe.kernels.common import (DECODE_UNSCALE, activation, k_order, load_scales,
                                            load_scales_2, program_rows, split_chunks, weight_tile)
-from sparkinfer.moe.kernels.fp8 import act_operand, scaled_dot, store_act, weight_scales
+from sparkinfer.moe.kernels.fp8 import act_operand, scaled_dot, step_scales, store_act
 
 
 @triton.jit
@@ -71,26 +71,37 @@ def fc1_tile(p_x, p_xs, p_w, p_s, p_gs, p_topk_w, p_out, p_os, e, e_w, route, o_
     b_g = tl.zeros([BN, BM], dtype=tl.float32)
     b_u = tl.zeros([BN, BM], dtype=tl.float32)
     c_lo, c_hi = split_chunks(i_s, chunks_per_split, num_chunks)
+    n_wg, n_wu, n_xs = 0.0, 0.0, 0  # FP8: the next step's scales (`step_scales`)
+    if FP8:
+        n_wg, n_wu, n_xs = step_scales(p_se, i_n * BN, i_n * BN + I, p_xs, tok, m_row, c_lo,
+                                       num_chunks, BK, GATED, X_FP8)
     for c in range(c_lo, c_hi):
-        b_x, b_xs = act_operand(p_x, p_xs, tok, m_row, o_k, c, stride_x, num_chunks, BK, FP8,
-                                X_FP8, INTERPRET)  # [BK, BM], [BM]
-        b_sg = 0  # NVFP4: E4M3 scale bytes [BN, BK/16]; FP8: block scales [BN] of gate / up rows
+        b_x, b_xs = act_operand(p_x, tok, m_row, o_k, c, stride_x, BK, FP8, not X_FP8,
+                                INTERPRET)  # [BK, BM], FP8 and not X_FP8: scales [BM]
+        b_sg = 0  # NVFP4: E4M3 scale bytes [BN, BK/16] of gate / up rows
         b_su = 0
         if NVFP4:
             if GATED:
                 b_sg, b_su = load_scales_2(p_se, i_n * BN, I, I, c, num_chunks, BN, BK)
             else:
                 b_sg = load_scales(p_se, o_n, m_n, c, num_chunks, BK)
+        b_cg = 0  # FP8: w_scale * x_scale per column, gate / up
+        b_cu = 0
         if FP8:
-            b_sg = weight_scales(p_se, o_n, m_n, c, num_chunks, BK)
-            if GATED:
-                b_su = weight_scales(p_se, o_n + I, m_n, c, num_chunks, BK)
+            b_wg, b_wu = n_wg, n_wu
+            if X_FP8:
+                b_xs = n_xs
+            n_wg, n_wu, n_xs = step_scales(p_se, i_n * BN, i_n * BN + I, p_xs, tok, m_row,
+                                           tl.minimum(c + 1, c_hi - 1), num_chunks, BK, GATED,
+                                           X_FP8)
+            b_cg = b_xs * b_wg
+            b_cu = b_xs * b_wu
         b_g = scaled_dot(weight_tile(p_we, b_sg, o_n, m_n, c, stride_wn, num_chunks, BN, BK,
-                                     NVFP4, FP8, PTX_DECODE, INTERPRET), b_x, b_g, b_sg, b_xs, FP8)
+                                     NVFP4, FP8, PTX_DECODE, INTERPRET), b_x, b_g, b_cg, FP8)
         if GATED:
             b_u = scaled_dot(weight_tile(p_we, b_su, o_n + I, m_n, c, stride_wn, num_chunks, BN,
-                                         BK, NVFP4, FP8, PTX_DECODE, INTERPRET), b_x, b_u, b_su,
-                             b_xs, FP8)
+                                         BK, NVFP4, FP8, PTX_DECODE, INTERPRET), b_x, b_u, b_cu,
+                             FP8)
     if PDL:  # the next kernel's blocks may launch now, to wait in gdc_wait (its prologue overlaps)
         gdc_launch_dependents()
     if GSCALE:  # NVFP4's global scale, once per output instead of once per weight

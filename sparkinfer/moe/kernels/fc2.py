@@ -26,7 +26,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from sparkinfer.moe.kernels.common import (DECODE_UNSCALE, activation, k_order, load_scales,
                                            program_rows, split_chunks, weight_tile)
-from sparkinfer.moe.kernels.fp8 import act_operand, scaled_dot, store_act, weight_scales
+from sparkinfer.moe.kernels.fp8 import act_operand, scaled_dot, step_scales, store_act
 
 
 @triton.jit
@@ -112,17 +112,22 @@ def fc2_tile(p_a, p_as, p_w, p_s, p_gs, p_out, e, e_w, route, o_arow, i_n, i_s, 
     c_lo, c_hi = split_chunks(i_s, chunks_per_split, num_chunks)
     if PDL:  # launched early (programmatic dependent launch): FC1's rows are ready after this
         gdc_wait()
+    n_w, n_as = 0.0, 0  # FP8: the next step's scales (`step_scales`)
+    if FP8:
+        n_w, _, n_as = step_scales(p_se, i_n * BN, 0, p_as, o_arow, m_row, c_lo, num_chunks, BK,
+                                   False, True)
     for c in range(c_lo, c_hi):
-        b_a, b_as = act_operand(p_a, p_as, o_arow, m_row, o_k, c, stride_ar, num_chunks, BK,
-                                FP8, True, INTERPRET)
-        b_s = 0
+        b_a, _ = act_operand(p_a, o_arow, m_row, o_k, c, stride_ar, BK, FP8, False, INTERPRET)
+        b_s = 0  # NVFP4: scale bytes [BN, BK/16]
+        b_c = 0  # FP8: w_scale * a_scale per column
         if NVFP4:
             b_s = load_scales(p_se, o_n, m_n, c, num_chunks, BK)
         if FP8:
-            b_s = weight_scales(p_se, o_n, m_n, c, num_chunks, BK)
+            b_c = n_as * n_w
+            n_w, _, n_as = step_scales(p_se, i_n * BN, 0, p_as, o_arow, m_row,
+                                       tl.minimum(c + 1, c_hi - 1), num_chunks, BK, False, True)
         b_acc = scaled_dot(weight_tile(p_we, b_s, o_n, m_n, c, stride_wn, num_chunks, BN, BK,
-                                       NVFP4, FP8, PTX_DECODE, INTERPRET), b_a, b_acc, b_s, b_as,
-                           FP8)
+                                       NVFP4, FP8, PTX_DECODE, INTERPRET), b_a, b_acc, b_c, FP8)
     if PDL:
         gdc_launch_dependents()
     if GSCALE:  # NVFP4's global scale, once per output instead of once per weight

@@ -7,9 +7,11 @@ Names follow kernels/common.py (`p_` pointers, `o_` offsets, `m_` masks, `b_`
 block values).
 
 Numerics (`sparkinfer.quant.fp8` is the torch definition): an activation group
-of 128 elements gets s = max(amax, ACT_AMIN) / 448 and q = e4m3(x / s), both
-divisions correctly rounded (div.rn.f32), the conversion nearest-even and
-saturating (cvt.rn.satfinite.e4m3x2.f32 on sm_90). A K step multiplies the
+of 128 elements gets s = max(amax, ACT_AMIN) / 448 and q = e4m3(x * (1 / s)),
+both divisions correctly rounded (div.rn.f32, once per group: a div.rn per
+element is a long instruction sequence, and FC1's epilogue at BM 128 spilled
+with it), the conversion nearest-even and saturating
+(cvt.rn.satfinite.e4m3x2.f32 on sm_90). A K step multiplies the
 fp32 result of one e4m3 x e4m3 tensor-core dot by w_scale[row block, k block]
 * a_scale[row, k block] and adds it to the fp32 accumulator (the scales change
 every 128 elements of K, so they cannot ride inside the MMA accumulation).
@@ -66,7 +68,8 @@ def quantize_groups(b_x, INTERPRET: tl.constexpr):
     its fp32 values under INTERPRET; s fp32 [BM]: the dequantizing scales)."""
     amax = tl.max(tl.abs(b_x), axis=0)
     b_s = tl.math.div_rn(tl.maximum(amax, ACT_AMIN), E4M3_MAX)
-    y = tl.math.div_rn(b_x, b_s[None, :])
+    b_r = tl.math.div_rn(1.0, b_s)  # one division per group, then a multiply per element
+    y = b_x * b_r[None, :]
     y = tl.minimum(tl.maximum(y, -E4M3_MAX), E4M3_MAX)
     if INTERPRET:
         b_q = _e4m3_round(y)
@@ -96,42 +99,58 @@ def store_e4m3(p_base, offsets, b_q, mask, INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def act_operand(p_a, p_as, o_rows, m_row, o_k, c, stride_a, num_chunks, BK: tl.constexpr,
-                FP8: tl.constexpr, A_FP8: tl.constexpr, INTERPRET: tl.constexpr):
+def act_operand(p_a, o_rows, m_row, o_k, c, stride_a, BK: tl.constexpr, FP8: tl.constexpr,
+                QUANTIZE: tl.constexpr, INTERPRET: tl.constexpr):
     """Activation tile [BK, BM] of rows o_rows (masked by m_row), reduction
     elements c*BK + o_k, as the dot's right operand, and its scales [BM].
 
-    Not FP8: bf16 rows (scales 1.0). FP8 and A_FP8: e4m3 rows with fp32 scales
-    p_as [rows, num_chunks]. FP8 and not A_FP8: bf16 rows quantized here
-    (`quantize_groups`; BK is the 128-element group)."""
+    Not FP8: bf16 rows (scales: a placeholder). FP8 and QUANTIZE: bf16 rows
+    quantized here (`quantize_groups`; BK is the 128-element group). FP8: e4m3
+    rows, whose scales the caller loads (`step_scales`)."""
     p_tile = p_a + o_rows[None, :].to(tl.int64) * stride_a + c * BK + o_k[:, None]
-    if FP8 and A_FP8:
-        b_a = load_e4m3(p_tile, m_row[None, :], INTERPRET)
-        b_as = tl.load(p_as + o_rows.to(tl.int64) * num_chunks + c, mask=m_row, other=0.0)
-    elif FP8:
+    b_as = 0
+    if FP8 and QUANTIZE:
         b_a, b_as = quantize_groups(tl.load(p_tile, mask=m_row[None, :], other=0.0).to(
             tl.float32), INTERPRET)
+    elif FP8:
+        b_a = load_e4m3(p_tile, m_row[None, :], INTERPRET)
     else:
         b_a = tl.load(p_tile, mask=m_row[None, :], other=0.0)
         if INTERPRET:  # interpreted bf16 dots are not exact; the values are bf16 already
             b_a = b_a.to(tl.float32)
-        b_as = tl.full([o_rows.shape[0]], 1.0, tl.float32)
     return b_a, b_as
 
 
 @triton.jit
-def weight_scales(p_se, o_n, m_n, c, num_chunks, BK: tl.constexpr):
-    """fp32 [BN]: the block scale of rows o_n at chunk c, from one expert's
-    scales [ceil(N/BK), num_chunks] (a 128-row block shares one)."""
-    return tl.load(p_se + (o_n // BK) * num_chunks + c, mask=m_n, other=0.0)
+def step_scales(p_se, row0, row1, p_as, o_rows, m_row, c, num_chunks, BK: tl.constexpr,
+                TWO: tl.constexpr, LOAD_AS: tl.constexpr):
+    """FP8 scales of K step c: the weight block scales of the tiles starting at
+    rows row0 and (TWO) row1 (a tile of <= 128 rows aligned to its size lies in
+    one block: scalars), and (LOAD_AS) the activation scales of rows o_rows
+    from p_as [rows, num_chunks]. Placeholders (0) for what is not loaded.
+
+    The kernels load these one step ahead and carry them in registers: no cp.async
+    stage carries them (Triton pipelines only loads that feed a dot's operands;
+    sm_90 TTGIR of moe_fc2_kernel at DeepSeek-V3 dims shows them as plain loads
+    after the stage wait), so loaded in their own step each would add a global
+    memory round trip to every step."""
+    b_w0 = tl.load(p_se + (row0 // BK) * num_chunks + c)
+    b_w1 = 0.0
+    if TWO:
+        b_w1 = tl.load(p_se + (row1 // BK) * num_chunks + c)
+    b_as = 0
+    if LOAD_AS:
+        b_as = tl.load(p_as + o_rows.to(tl.int64) * num_chunks + c, mask=m_row, other=0.0)
+    return b_w0, b_w1, b_as
 
 
 @triton.jit
-def scaled_dot(b_w, b_a, b_acc, b_ws, b_as, FP8: tl.constexpr):
-    """b_acc + W @ A: FP8, one K block's dot times w_scale [BN] x a_scale [BM];
-    else the tensor-core accumulation itself (b_ws, b_as ignored)."""
+def scaled_dot(b_w, b_a, b_acc, b_scale, FP8: tl.constexpr):
+    """b_acc + W @ A: FP8, one K block's dot times b_scale [BM] (w_scale *
+    a_scale of each column; the tile's rows share one weight block); else the
+    tensor-core accumulation itself (b_scale ignored)."""
     if FP8:
-        b_acc += tl.dot(b_w, b_a) * (b_ws[:, None] * b_as[None, :])
+        b_acc += tl.dot(b_w, b_a) * b_scale[None, :]
     else:
         b_acc = tl.dot(b_w, b_a, b_acc)
     return b_acc
