@@ -4,26 +4,27 @@
 Legend: M (= T) tokens, E experts, K top-k, H hidden, I intermediate per rank.
 
 One run: 1. device limits measured here: copy bandwidth (large device-to-device
-copy, bytes read + written) and the bf16 tensor-core rate (8192^3 matmul);
-2. per shape and format, correctness of every family the plan uses (router +
-MoE vs the fp32 reference, NVFP4 vs its dequantized weights), eager repeat and
-CUDA-graph replay bitwise equal to eager; 3. timing (CUDA graph, median) of
-sparkinfer, `torch._grouped_mm` (bf16, with torch sort/gather/scatter) and a
-per-expert torch loop (bf16), with the active experts' weight bytes and the
-fraction of the HBM floor (those bytes at the measured copy bandwidth). A graph
-replays G calls with different routings, so L2 rarely serves a repeat.
-Routing is not timed (top-k ids are given).
+copy, bytes read + written) and the bf16 tensor-core rate (8192^3 matmul); 2. per
+shape and format, correctness of every family the plan uses (router + MoE vs the
+fp32 reference: NVFP4 / fp8_block of their dequantized weights, fp8_block with
+its E4M3 activations), eager repeat and CUDA-graph replay bitwise equal to eager;
+3. timing (CUDA graph, median) of sparkinfer, `torch._grouped_mm` (bf16, with
+torch sort/gather/scatter) and a per-expert torch loop (bf16), with the active
+experts' weight bytes and the fraction of the HBM floor (those bytes at the
+measured copy bandwidth). A graph replays G calls with different routings, so
+L2 rarely serves a repeat. Routing is not timed (top-k ids are given).
 
-Writes JSON rows (with GPU, driver, versions, commit, date, command) to --out,
-a PNG beside it, and prints a table. --quick: fewer M values (~1-2 min on an
-H200 with compilation). --sweep: no checks, no baselines; times the launch
-configs `sparkinfer.moe.tuning.candidates` proposes around the plan's choice at
-M in {1, 8, 64, 4096} (~3 min), the measurements the planner's thresholds and
-tiles need. --dry-run: tiny shapes on CPU through the Triton interpreter, to
-check this script's logic without a GPU.
+Writes JSON rows (with GPU, driver, versions, commit, date, command) to --out, a
+PNG beside it, and prints a table. --quick: fewer M values (~1-2 min on an H200
+with compilation). --sweep: no checks, no baselines; times the configs
+`sparkinfer.moe.tuning.candidates` proposes around the plan's at M in {1, 8, 64,
+4096} (~3 min), what the planner's thresholds and tiles need (NVFP4 grouped: the
+dequantized path vs the NVFP4 kernels, NVFP4_DEQUANT_MIN_ROWS). --dry-run: tiny
+shapes on CPU through the Triton interpreter (checks this script without a GPU).
 
     python3 benchmarks/bench_moe.py --quick
     python3 benchmarks/bench_moe.py --sweep        # -> benchmarks/results/moe_sweep_h200.json
+    python3 benchmarks/bench_moe.py --sweep --formats nvfp4 --m 256,512,1024,2048,4096
     python3 benchmarks/bench_moe.py --shapes dsv3,dsv3_tp8     # full, in two parts
     python3 benchmarks/bench_moe.py --shapes qwen3,mixtral
 """
@@ -33,7 +34,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import faulthandler
-import math
 import os
 import sys
 import time
@@ -48,7 +48,8 @@ SHAPES = {
     "mixtral": dict(num_experts=8, top_k=2, hidden=4096, intermediate=14336),
     "dsv3_tp8": dict(num_experts=256, top_k=8, hidden=7168, intermediate=256),
 }
-DRY_SHAPES = {"tiny": dict(num_experts=8, top_k=2, hidden=64, intermediate=32)}
+DRY_SHAPES = {"tiny": dict(num_experts=8, top_k=2, hidden=128, intermediate=128)}  # fp8: 128s
+FORMATS = "nvfp4,bf16,fp8_block"
 FULL_M = (1, 2, 4, 8, 16, 64, 256, 1024, 4096)
 QUICK_M = (1, 8, 64, 4096)
 SWEEP_M = QUICK_M
@@ -61,7 +62,7 @@ def parse_args(argv=None):
     ap.add_argument("--dry-run", action="store_true", help="CPU, interpreter, tiny shapes")
     ap.add_argument("--shapes", default=None, help="comma list of %s" % ",".join(SHAPES))
     ap.add_argument("--m", default=None, help="comma list of token counts (overrides presets)")
-    ap.add_argument("--formats", default="nvfp4,bf16")
+    ap.add_argument("--formats", default=FORMATS)
     ap.add_argument("--no-baselines", action="store_true")
     ap.add_argument("--nvfp4-decode", choices=("ptx", "arith"), default=None,
                     help="NVFP4 weight decode (default: the plan's; ptx falls back to arith by "
@@ -91,8 +92,8 @@ class Ctx:
         self.cuda = not args.dry_run
         self.dev = "cuda" if self.cuda else "cpu"
         self.t0 = time.time()
-        self.budget = args.budget_s or (170.0 if args.sweep else 120.0 if args.quick or
-                                        args.dry_run else 400.0)
+        short = args.quick or args.dry_run
+        self.budget = args.budget_s or (170.0 if args.sweep else 120.0 if short else 400.0)
         self.reps = 2 if args.dry_run else (5 if args.sweep else 8 if args.quick else 15)
 
     def calls_per_graph(self, m: int, baseline: bool = False) -> int:
@@ -115,8 +116,8 @@ class Ctx:
 
         if not self.cuda:
             all_calls()
-            return _common.median(_common.time_calls(all_calls, self.reps, cuda=False)) / len(
-                calls), "eager-cpu"
+            ts = _common.time_calls(all_calls, self.reps, cuda=False)
+            return _common.median(ts) / len(calls), "eager-cpu"
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -155,25 +156,21 @@ def device_limits(ctx) -> dict:
 
 
 class Layer:
-    """One shape's random weights: bf16 (also the baselines') and NVFP4 sources."""
+    """One shape's random weights: bf16 (also the baselines'), and NVFP4 and
+    fp8_block sources made the first time a format is built."""
 
     def __init__(self, ctx, name, shape, max_tokens):
         torch = ctx.torch
-        from sparkinfer.quant import NVFP4Tensor
+        from _moe_weights import random_fp8_block, random_nvfp4
         self.ctx, self.name, self.shape, self.max_tokens = ctx, name, shape, max_tokens
         e, h, i = shape["num_experts"], shape["hidden"], shape["intermediate"]
         self.e, self.k, self.h, self.i = e, shape["top_k"], h, i
         gen = dict(device=ctx.dev)
         self.w1 = torch.randn(e, 2 * i, h, dtype=torch.bfloat16, **gen).mul_(h ** -0.5)
         self.w2 = torch.randn(e, h, i, dtype=torch.bfloat16, **gen).mul_(i ** -0.5)
-
-        def fp4(n, r):  # random codes; E4M3 scales in [0.5, 1.875]; global ~ 1/(3 sqrt(r))
-            packed = torch.randint(0, 256, (e, n, r // 2), dtype=torch.uint8, **gen)
-            scales = torch.randint(0x30, 0x40, (e, n, r // 16), dtype=torch.uint8, **gen)
-            gs = torch.full((e,), 1.0 / (3.0 * math.sqrt(r)), dtype=torch.float32, **gen)
-            return NVFP4Tensor(packed, scales.view(torch.float8_e4m3fn), gs)
-
-        self.q1, self.q2 = fp4(2 * i, h), fp4(h, i)
+        self.src = {"bf16": (self.w1, self.w2)}
+        self.make = {fmt: (lambda f=f: (f(e, 2 * i, h, ctx.dev), f(e, h, i, ctx.dev)))
+                     for fmt, f in (("nvfp4", random_nvfp4), ("fp8_block", random_fp8_block))}
         self.dsv3 = e == 256
 
     def spec(self, fmt):
@@ -192,7 +189,7 @@ class Layer:
         caps = MoECaps(max_tokens=self.max_tokens, **self.shape)
         p = plan(caps, self.spec(fmt))
         p = p.with_changes(decode=decode) if decode else p
-        src = (self.w1, self.w2) if fmt == "bf16" else (self.q1, self.q2)
+        src = self.src[fmt] if fmt in self.src else self.src.setdefault(fmt, self.make[fmt]())
         return p, prepare_weights(p, *src), allocate_scratch(p, self.ctx.dev), src
 
     def routing(self, m, seed):
@@ -216,8 +213,7 @@ def check(ctx, layer, fmt, ts, decode, kind="check") -> list[dict]:
         spec = p.spec
         x = torch.randn(t, layer.h, device=ctx.dev).bfloat16()
         logits = torch.randn(t, layer.e, device=ctx.dev)
-        bias = (torch.randn(layer.e, device=ctx.dev) * 0.1 if spec.routing == "sigmoid_grouped"
-                else None)
+        bias = torch.randn(layer.e, device=ctx.dev) * 0.1 if layer.dsv3 else None
         out = torch.full((t, layer.h), float("nan"), dtype=torch.bfloat16, device=ctx.dev)
         b = bind(p, scratch, w, x=x, out=out, logits=logits, bias=bias)
         run(b)
@@ -225,8 +221,8 @@ def check(ctx, layer, fmt, ts, decode, kind="check") -> list[dict]:
         rid, _ = route_reference(logits, spec, layer.k, bias=bias)
         ids_match = (b.topk_ids == rid).float().mean().item()
         ref = moe_reference(x, src, (b.topk_ids, b.topk_weights), spec=spec)
-        cos = torch.nn.functional.cosine_similarity(eager.float().flatten(), ref.flatten(),
-                                                    dim=0).item()
+        cos = torch.nn.functional.cosine_similarity(eager.float().flatten(), ref.flatten(), 0)
+        cos = cos.item()
         out.fill_(float("nan"))
         run(b)
         repeat = torch.equal(out, eager)
@@ -243,10 +239,9 @@ def check(ctx, layer, fmt, ts, decode, kind="check") -> list[dict]:
             del g
         ok = cos >= 0.9999 and repeat and replay is not False and ids_match >= 0.999
         decode = b.config.decode if fmt == "nvfp4" else None
-        rows.append(dict(kind=kind, shape=layer.name, format=fmt, M=t, decode=decode,
+        rows.append(dict(kind=kind, shape=layer.name, format=fmt, M=t, decode=decode, ok=ok,
                          family=b.config.family, block_m=b.config.block_m, cosine=cos,
-                         ids_match=ids_match, repeat_bitwise=repeat, replay_bitwise=replay,
-                         ok=ok))
+                         ids_match=ids_match, repeat_bitwise=repeat, replay_bitwise=replay))
         label = decode if fmt == "nvfp4" else "-"
         print(f"{kind:5s} {layer.name:8s} {fmt:5s} {label:5s} M={t:<5d} {b.config.family:7s} "
               f"BM={b.config.block_m:<3d} cos={cos:.6f} ids={ids_match:.4f} repeat={repeat} "
@@ -415,7 +410,7 @@ def plot(rows, path):
         for key in sorted({(r["impl"], r["format"]) for r in sr}):
             pts = sorted((r["M"], r["us"]) for r in sr if (r["impl"], r["format"]) == key)
             ax.plot(*zip(*pts), marker="o", label=f"{key[0]} {key[1]}")
-        for fmt, style in (("nvfp4", ":"), ("bf16", "--")):
+        for fmt, style in (("nvfp4", ":"), ("bf16", "--"), ("fp8_block", "-.")):
             pts = sorted((r["M"], r["floor_us"]) for r in sr
                          if r["impl"] == "sparkinfer" and r["format"] == fmt)
             if pts:

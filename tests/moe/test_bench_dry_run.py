@@ -19,9 +19,11 @@ def test_bench_moe_dry_run_writes_rows(tmp_path):
     checks = [r for r in rows if r["kind"] == "check"]
     assert checks and all(r["ok"] for r in checks)
     assert {r["family"] for r in checks} == {"micro", "grouped"}
+    assert {r["format"] for r in checks} == {"nvfp4", "bf16", "fp8_block"}
     times = [r for r in rows if r["kind"] == "time" and "us" in r]
     assert {(r["impl"], r["format"]) for r in times} >= {("sparkinfer", "nvfp4"),
                                                           ("sparkinfer", "bf16"),
+                                                          ("sparkinfer", "fp8_block"),
                                                           ("torch_grouped_mm", "bf16"),
                                                           ("torch_loop", "bf16")}
     assert all(r["weight_bytes"] > 0 and r["us"] > 0 for r in times)
