@@ -115,6 +115,9 @@ def candidates(p: MoEPlan, tokens: int) -> tuple[tuple[str, TileConfig], ...]:
                     grouped_config(p, chosen.block_m, 64, 128, chosen.decode)))
         if chosen.block_m != 64:
             out.append(("grouped-bm64", grouped_config(p, 64, 64, 128, chosen.decode)))
+    elif p.spec.weight_format == "fp8_block":  # BM 64 is the largest that fits (plan.py)
+        out.append(("grouped-bn2-64", grouped_config(p, chosen.block_m, 128, 64, chosen.decode)))
+        out.append(("grouped-bm32", grouped_config(p, 32, 128, 64, chosen.decode)))
     else:
         out.append(("grouped-bn128", grouped_config(p, chosen.block_m, 128, 128, chosen.decode)))
         if chosen.block_m != 64:
