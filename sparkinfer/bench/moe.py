@@ -5,8 +5,9 @@ Legend: M (= T) tokens, E experts, K top-k, H hidden, I intermediate per rank.
 One run: 1. device limits measured here: copy bandwidth (large device-to-device
 copy, bytes read + written) and the bf16 tensor-core rate (8192^3 matmul);
 2. per shape and format, correctness of every family the plan uses (router +
-MoE vs the fp32 reference, NVFP4 vs its dequantized weights), eager repeat and
-CUDA-graph replay bitwise equal to eager; 3. timing (CUDA graph, median) of
+MoE vs the fp32 reference: NVFP4 / fp8_block of their dequantized weights,
+fp8_block with its E4M3 activations), eager repeat and CUDA-graph replay bitwise
+equal to eager; 3. timing (CUDA graph, median) of
 sparkinfer, `torch._grouped_mm` (bf16, with torch sort/gather/scatter) and a
 per-expert torch loop (bf16), with the active experts' weight bytes and the
 fraction of the HBM floor (those bytes at the measured copy bandwidth). A graph
@@ -22,11 +23,13 @@ a PNG beside it, and prints a table. --quick: fewer M values (~1-2 min on an
 H200 with compilation). --sweep: no checks, no baselines; times the launch
 configs `sparkinfer.moe.tuning.candidates` proposes around the plan's choice at
 M in {1, 8, 64, 4096} (~3 min), the measurements the planner's thresholds and
-tiles need. --dry-run: tiny shapes on CPU through the Triton interpreter, to
+tiles need (NVFP4 grouped: the dequantized path vs the NVFP4 kernels,
+NVFP4_DEQUANT_MIN_ROWS). --dry-run: tiny shapes on CPU through the Triton interpreter, to
 check this script's logic without a GPU.
 
     sparkinfer bench moe --quick
     sparkinfer bench moe --sweep        # -> benchmarks/results/sweeps/moe_sweep_<machine>.json
+    sparkinfer bench moe --sweep --formats nvfp4 --m 256,512,1024,2048,4096
     sparkinfer bench moe --shapes dsv3,dsv3_tp8     # full, in two parts
     sparkinfer bench moe --shapes qwen3,mixtral
 """
@@ -50,7 +53,8 @@ SHAPES = {
     "mixtral": dict(num_experts=8, top_k=2, hidden=4096, intermediate=14336),
     "dsv3_tp8": dict(num_experts=256, top_k=8, hidden=7168, intermediate=256),
 }
-DRY_SHAPES = {"tiny": dict(num_experts=8, top_k=2, hidden=64, intermediate=32)}
+DRY_SHAPES = {"tiny": dict(num_experts=8, top_k=2, hidden=128, intermediate=128)}  # fp8: 128s
+FORMATS = "nvfp4,bf16,fp8_block"
 FULL_M = (1, 2, 4, 8, 16, 64, 256, 1024, 4096)
 QUICK_M = (1, 8, 64, 4096)
 SWEEP_M = QUICK_M
@@ -72,7 +76,7 @@ def add_arguments(p) -> None:
     p.add_argument("--dry-run", action="store_true", help="CPU, interpreter, tiny shapes")
     p.add_argument("--shapes", default=None, type=_shape_list, help="comma list of " + ",".join(SHAPES))
     p.add_argument("--m", default=None, help="comma list of token counts (overrides presets)")
-    p.add_argument("--formats", default="nvfp4,bf16")
+    p.add_argument("--formats", default=FORMATS)
     p.add_argument("--no-baselines", action="store_true")
     p.add_argument("--nvfp4-decode", choices=("ptx", "arith"), default=None,
                    help="NVFP4 weight decode (default: the plan's; ptx falls back to arith by "

@@ -7,31 +7,26 @@ Legend: M (= T) tokens, E experts, K top-k, H hidden, I intermediate per rank.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 __all__ = ["Layer", "checks", "time_ours", "time_baselines", "BASELINES"]
 
 
 class Layer:
-    """One shape's random weights: bf16 (also the baselines') and NVFP4 sources."""
+    """One shape's random weights: bf16 (also the baselines'), and NVFP4 and
+    fp8_block sources made the first time a format is built."""
 
     def __init__(self, ctx, name, shape, max_tokens):
         torch = ctx.torch
-        from sparkinfer.quant import NVFP4Tensor
+        from sparkinfer.bench.moe_weights import random_fp8_block, random_nvfp4
         self.ctx, self.name, self.shape, self.max_tokens = ctx, name, shape, max_tokens
         e, h, i = shape["num_experts"], shape["hidden"], shape["intermediate"]
         self.e, self.k, self.h, self.i = e, shape["top_k"], h, i
         gen = dict(device=ctx.dev)
         self.w1 = torch.randn(e, 2 * i, h, dtype=torch.bfloat16, **gen).mul_(h ** -0.5)
         self.w2 = torch.randn(e, h, i, dtype=torch.bfloat16, **gen).mul_(i ** -0.5)
-
-        def fp4(n, r):  # random codes; E4M3 scales in [0.5, 1.875]; global ~ 1/(3 sqrt(r))
-            packed = torch.randint(0, 256, (e, n, r // 2), dtype=torch.uint8, **gen)
-            scales = torch.randint(0x30, 0x40, (e, n, r // 16), dtype=torch.uint8, **gen)
-            gs = torch.full((e,), 1.0 / (3.0 * math.sqrt(r)), dtype=torch.float32, **gen)
-            return NVFP4Tensor(packed, scales.view(torch.float8_e4m3fn), gs)
-
-        self.q1, self.q2 = fp4(2 * i, h), fp4(h, i)
+        self.src = {"bf16": (self.w1, self.w2)}
+        self.make = {fmt: (lambda f=f: (f(e, 2 * i, h, ctx.dev), f(e, h, i, ctx.dev)))
+                     for fmt, f in (("nvfp4", random_nvfp4), ("fp8_block", random_fp8_block))}
         self.dsv3 = e == 256
 
     def spec(self, fmt):
@@ -50,7 +45,7 @@ class Layer:
         caps = MoECaps(max_tokens=self.max_tokens, **self.shape)
         p = plan(caps, self.spec(fmt))
         p = p.with_changes(decode=decode) if decode else p
-        src = (self.w1, self.w2) if fmt == "bf16" else (self.q1, self.q2)
+        src = self.src[fmt] if fmt in self.src else self.src.setdefault(fmt, self.make[fmt]())
         return p, prepare_weights(p, *src), allocate_scratch(p, self.ctx.dev), src
 
     def routing(self, m, seed):

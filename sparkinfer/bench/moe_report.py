@@ -50,7 +50,7 @@ def plot(rows, path):
             for key in sorted({(r["impl"], r["format"]) for r in sr}):
                 pts = sorted((r["M"], r["us"]) for r in sr if (r["impl"], r["format"]) == key)
                 ax.plot(*zip(*pts), marker="o", label=f"{key[0]} {key[1]}")
-            for f, style in (("nvfp4", ":"), ("bf16", "--")):
+            for f, style in (("nvfp4", ":"), ("bf16", "--"), ("fp8_block", "-.")):
                 pts = sorted((r["M"], r["floor_us"]) for r in sr if r["impl"] == "sparkinfer" and r["format"] == f)
                 if pts:
                     ax.plot(*zip(*pts), linestyle=style, color="gray", label=f"HBM floor {f}")

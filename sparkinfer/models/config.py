@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 
 from sparkinfer.errors import UnsupportedModelError
+from sparkinfer.models.fp8_io import fp8_quant_config
 
 __all__ = ["ModelSpec", "load_spec", "FAMILIES", "rope_inv_freq"]
 
@@ -83,8 +84,8 @@ class ModelSpec:
     True for a MoE MLP).
     tie_word_embeddings: lm_head is the embedding. bos_token_id (or None),
     eos_token_ids (every stop id). max_position_embeddings. torch_dtype: the
-    checkpoint's declared dtype (None when absent). quant: None, or "nvfp4" for
-    a ModelOpt NVFP4 checkpoint.
+    checkpoint's declared dtype (None when absent). quant: None, "nvfp4" for
+    a ModelOpt NVFP4 checkpoint, or "fp8_block" for an FP8 block-scaled one.
     """
 
     family: str
@@ -280,8 +281,10 @@ def _rope(cfg, where, family, head_dim, default_theta) -> tuple[float, int]:
 
 
 def _quant(qcfg, quant_file, where) -> str | None:
-    """None, or "nvfp4" for ModelOpt NVFP4 (config.json `quantization_config` or
-    hf_quant_config.json `quantization`); anything else is unsupported."""
+    """None, "nvfp4" for ModelOpt NVFP4 (config.json `quantization_config` or
+    hf_quant_config.json `quantization`), or "fp8_block" for FP8 block-scaled
+    checkpoints (`quant_method: "fp8"`, `weight_block_size: [128, 128]`,
+    `fp8_io.fp8_quant_config`); anything else is unsupported."""
     sources = []
     if qcfg:
         sources.append(("quantization_config", qcfg))
@@ -290,6 +293,9 @@ def _quant(qcfg, quant_file, where) -> str | None:
     found = None
     for key, q in sources:
         method = str(q.get("quant_method", "modelopt")).lower()
+        if method == "fp8":
+            found = fp8_quant_config(q, where, key)
+            continue
         algo = str(q.get("quant_algo", "")).upper()
         if method != "modelopt" or algo != "NVFP4":
             _unsupported(where, key, {"quant_method": method, "quant_algo": algo},

@@ -12,10 +12,12 @@ Checkpoint layouts read (the first that the checkpoint holds):
   `model.layers.{i}.block_sparse_moe` (Mixtral);
 - fused 3-D tensors, transformers' in-memory layout: `<moe>.experts.gate_up_proj`
   [E, 2I, H] (gate rows then up rows) and `<moe>.experts.down_proj` [E, H, I];
-- ModelOpt NVFP4 per-expert linears (see `nvfp4_io`).
+- ModelOpt NVFP4 per-expert linears (see `nvfp4_io`);
+- FP8 block-scaled per-expert linears, `weight` + `weight_scale_inv` (see `fp8_io`).
 
 Output: w1 [E, 2 * I_l, H] (this rank's gate rows, then its up rows) and
-w2 [E, H, I_l], bf16 tensors or NVFP4Tensors with global_scale [E].
+w2 [E, H, I_l], bf16 tensors, NVFP4Tensors with global_scale [E], or
+FP8BlockTensors (scales [E, 2 * I_l / 128, H / 128] and [E, H / 128, I_l / 128]).
 """
 
 from __future__ import annotations
@@ -27,20 +29,23 @@ import torch
 from sparkinfer.errors import PlanError, ShapeError
 from sparkinfer.models.checkpoint import FLOAT_DTYPES, Checkpoint
 from sparkinfer.models.config import ModelSpec
+from sparkinfer.models.fp8_io import is_fp8, read_experts_fp8
 from sparkinfer.models.nvfp4_io import FoldStats, is_nvfp4, join_gate_up, read_nvfp4
 from sparkinfer.models.weights import Sharding
+from sparkinfer.quant.fp8 import FP8_BLOCK, dequantize_fp8_block, quantize_fp8_block
 from sparkinfer.quant.nvfp4 import BLOCK, NVFP4Tensor, dequantize_nvfp4, quantize_nvfp4
 
 __all__ = ["ExpertLayout", "RoutedExperts", "expert_layout", "load_routed", "MOE_FORMATS"]
 
-MOE_FORMATS = ("bf16", "nvfp4")
+MOE_FORMATS = ("bf16", "nvfp4", "fp8_block")
 
 
 @dataclass(frozen=True)
 class ExpertLayout:
     """Where one layer's routed experts live. prefix: the MoE module
     (`model.layers.{i}.mlp`); fused: 3-D `experts.gate_up_proj` / `experts.down_proj`;
-    else gate, up, down: the per-expert projection names; nvfp4: ModelOpt packed."""
+    else gate, up, down: the per-expert projection names; nvfp4: ModelOpt packed;
+    fp8: E4M3 with 128 x 128 block scales (`fp8_io`)."""
 
     prefix: str
     fused: bool
@@ -48,6 +53,7 @@ class ExpertLayout:
     up: str = "up_proj"
     down: str = "down_proj"
     nvfp4: bool = False
+    fp8: bool = False
 
     def expert(self, e: int, proj: str) -> str:
         """Module name of expert e's projection `proj` (no `.weight`)."""
@@ -84,7 +90,8 @@ def expert_layout(ckpt: Checkpoint, spec: ModelSpec, layer: int) -> ExpertLayout
         lay = ExpertLayout(prefix, False, gate, up, down)
         if ckpt.has(f"{lay.expert(0, gate)}.weight"):
             return ExpertLayout(prefix, False, gate, up, down,
-                                nvfp4=is_nvfp4(ckpt, lay.expert(0, gate)))
+                                nvfp4=is_nvfp4(ckpt, lay.expert(0, gate)),
+                                fp8=is_fp8(ckpt, lay.expert(0, gate)))
     return ExpertLayout(prefix, False, *names[0])  # reads will name the missing tensor
 
 
@@ -97,8 +104,11 @@ def load_routed(ckpt: Checkpoint, spec: ModelSpec, sharding: Sharding, layer: in
     with "nvfp4" are quantized here, after slicing, one global scale per
     expert's stacked w1 and per w2.
     NVFP4 checkpoints with "nvfp4" load as stored (no bf16 round trip); with
-    "bf16" they are dequantized. Allocates on `device`; reads only this rank's
-    rows/columns.
+    "bf16" they are dequantized. "fp8_block": FP8BlockTensors, as stored from an
+    FP8 checkpoint (the rank's slice of I must be whole 128-blocks: ShapeError
+    otherwise), quantized here per 128 x 128 block from a bf16 one; FP8
+    checkpoints with "bf16" / "nvfp4" are dequantized (then quantized to NVFP4).
+    Allocates on `device`; reads only this rank's rows/columns.
     """
     if moe_format not in MOE_FORMATS:
         raise PlanError(f"moe_format={moe_format!r}; choose one of {MOE_FORMATS}")
@@ -110,6 +120,21 @@ def load_routed(ckpt: Checkpoint, spec: ModelSpec, sharding: Sharding, layer: in
                          f"moe_intermediate_size ({i} / {sharding.world} = {b - a}) to be "
                          f"multiples of {BLOCK} (down_proj shards on its reduction axis I); "
                          "choose another world size or moe_format='bf16'")
+    if (lay.fp8 or moe_format == "fp8_block") and ((b - a) % FP8_BLOCK or h % FP8_BLOCK):
+        raise ShapeError(f"layer {layer}: FP8 block experts need hidden ({h}) and the per-rank "
+                         f"moe_intermediate_size ({i} / {sharding.world} = {b - a}) to be "
+                         f"multiples of {FP8_BLOCK} (the 128 x 128 scale blocks); choose another "
+                         "world size or moe_format='bf16'")
+    if lay.fp8:
+        w1, w2 = read_experts_fp8(ckpt, lambda x: (lay.expert(x, lay.gate), lay.expert(x, lay.up),
+                                                   lay.expert(x, lay.down)), (e, h, i), (a, b),
+                                  device)
+        if moe_format == "fp8_block":
+            return RoutedExperts(w1, w2)
+        w1, w2 = dequantize_fp8_block(w1, torch.bfloat16), dequantize_fp8_block(w2, torch.bfloat16)
+        if moe_format == "nvfp4":
+            return RoutedExperts(quantize_nvfp4(w1), quantize_nvfp4(w2))
+        return RoutedExperts(w1, w2)
     if lay.nvfp4:
         gate = _stack([read_nvfp4(ckpt, lay.expert(x, lay.gate), (i, h), dim=0, span=(a, b),
                                   device=device) for x in range(e)])
@@ -125,6 +150,8 @@ def load_routed(ckpt: Checkpoint, spec: ModelSpec, sharding: Sharding, layer: in
     w1, w2 = _read_bf16(ckpt, lay, spec, (a, b), device)
     if moe_format == "nvfp4":
         return RoutedExperts(quantize_nvfp4(w1), quantize_nvfp4(w2))
+    if moe_format == "fp8_block":
+        return RoutedExperts(quantize_fp8_block(w1), quantize_fp8_block(w2))
     return RoutedExperts(w1, w2)
 
 

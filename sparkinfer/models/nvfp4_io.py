@@ -18,6 +18,7 @@ import torch
 
 from sparkinfer.errors import CheckpointError, ShapeError
 from sparkinfer.models.checkpoint import FLOAT_DTYPES, Checkpoint
+from sparkinfer.models.fp8_io import is_fp8, read_dense_fp8
 from sparkinfer.quant.nvfp4 import BLOCK, NVFP4Tensor, dequantize_nvfp4
 from sparkinfer.quant.reference import round_to_e4m3
 
@@ -79,9 +80,12 @@ def read_dense(ckpt: Checkpoint, prefix: str, shape: tuple[int, int], *, dim: in
                dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """Read the linear `prefix` ([N, R] = `shape`), rows (dim 0) or columns (dim 1)
     [span), as a dense `dtype` tensor: stored float weights are cast, NVFP4 ones
-    (quantized non-expert linears of a ModelOpt checkpoint) are dequantized.
+    (quantized non-expert linears of a ModelOpt checkpoint) and FP8 block ones
+    (every linear of an FP8 checkpoint, `fp8_io`) are dequantized.
     Allocates on `device`.
     """
+    if is_fp8(ckpt, prefix):
+        return read_dense_fp8(ckpt, prefix, shape, dim=dim, span=span, device=device, dtype=dtype)
     if is_nvfp4(ckpt, prefix):
         if dim == 1 and span is not None and (span[0] % BLOCK or span[1] % BLOCK):
             lo, hi = span[0] // BLOCK * BLOCK, -(-span[1] // BLOCK) * BLOCK

@@ -18,7 +18,7 @@ import triton
 from sparkinfer import envs
 from sparkinfer.errors import CapacityError, CaptureError, DeviceError, DTypeError, LayoutError, PlanError, ShapeError
 from sparkinfer.moe.kernels.common import ACT_RELU2, ACT_SILU, ACT_SWIGLU_OAI
-from sparkinfer.moe.plan import FAMILIES, MICRO_BLOCK_M, MoEPlan, TileConfig
+from sparkinfer.moe.plan import FAMILIES, FP8_BLOCK, MICRO_BLOCK_M, MoEPlan, TileConfig
 from sparkinfer.moe.weights import MoEWeights, nvfp4_shapes
 
 __all__ = ["ScratchSpec", "MoEBinding", "scratch_specs", "allocate_scratch", "bind",
@@ -47,10 +47,17 @@ def max_tiles(routes: int, num_experts: int, block_m: int) -> int:
 
 
 def scratch_specs(plan: MoEPlan) -> tuple[ScratchSpec, ...]:
-    """Buffers `bind` needs for any T up to caps.max_tokens. Pure."""
+    """Buffers `bind` needs for any T up to caps.max_tokens. Pure.
+
+    fp8_block: FC2's input rows are e4m3 with fp32 scales [rows, I/128]
+    (`*_scale`), and the grouped family quantizes x once into x_fp8 / x_scale.
+    NVFP4 plans with a dequantized bucket hold w_bf16: bf16 copies of
+    `dequant_experts` experts' larger matrix (`plan.dequant_chunk`)."""
     c = plan.caps
     k, h, i, e = c.top_k, c.hidden, c.intermediate, c.num_experts
     n1 = (2 if plan.spec.gated else 1) * i
+    fp8 = plan.spec.weight_format == "fp8_block"
+    act = torch.float8_e4m3fn if fp8 else torch.bfloat16
     specs = [ScratchSpec("topk_ids", (c.max_tokens, k), torch.int32),
              ScratchSpec("topk_weights", (c.max_tokens, k), torch.float32)]
     micro = [(t, cfg) for t, cfg in plan.buckets if cfg.family == "micro"]
@@ -59,8 +66,10 @@ def scratch_specs(plan: MoEPlan) -> tuple[ScratchSpec, ...]:
         s1 = max(cfg.split1 for _, cfg in micro)
         s2 = max(cfg.split2 for _, cfg in micro)
         specs += [ScratchSpec("fc1_partial", (s1, rm, n1), torch.float32),
-                  ScratchSpec("fc1_act", (rm, i), torch.bfloat16),
+                  ScratchSpec("fc1_act", (rm, i), act),
                   ScratchSpec("fc2_partial", (s2, rm, h), torch.float32)]
+        if fp8:
+            specs.append(ScratchSpec("fc1_act_scale", (rm, i // FP8_BLOCK), torch.float32))
     grouped = [(t, cfg) for t, cfg in plan.buckets if cfg.family == "grouped"]
     if grouped:
         r = c.max_tokens * k
@@ -72,8 +81,15 @@ def scratch_specs(plan: MoEPlan) -> tuple[ScratchSpec, ...]:
                   ScratchSpec("sort_base", (nch, ep), torch.int32),
                   ScratchSpec("tile_expert", (tiles,), torch.int32),
                   ScratchSpec("sorted_route", (rows,), torch.int32),
-                  ScratchSpec("inter", (rows, i), torch.bfloat16),
+                  ScratchSpec("inter", (rows, i), act),
                   ScratchSpec("route_out", (r, h), c.out_dtype)]
+        if fp8:
+            specs += [ScratchSpec("inter_scale", (rows, i // FP8_BLOCK), torch.float32),
+                      ScratchSpec("x_fp8", (c.max_tokens, h), torch.float8_e4m3fn),
+                      ScratchSpec("x_scale", (c.max_tokens, h // FP8_BLOCK), torch.float32)]
+        experts = max(cfg.dequant_experts for _, cfg in grouped)
+        if experts:
+            specs.append(ScratchSpec("w_bf16", (experts * max(n1 * h, h * i),), torch.bfloat16))
     return tuple(specs)
 
 
@@ -131,6 +147,18 @@ def _check_weights(plan: MoEPlan, w: MoEWeights, device):
     if w.weight_format == "bf16":
         _check(w.w1, "weights.w1", (e, n1, h), torch.bfloat16, device)
         _check(w.w2, "weights.w2", (e, h, i), torch.bfloat16, device)
+        return
+    if w.weight_format == "fp8_block":
+        b = FP8_BLOCK
+        for name, shape, dt in (("w1", (e, n1, h), torch.float8_e4m3fn),
+                                ("w2", (e, h, i), torch.float8_e4m3fn),
+                                ("s1", (e, n1 // b, h // b), torch.float32),
+                                ("s2", (e, h // b, i // b), torch.float32)):
+            if getattr(w, name) is None:
+                raise LayoutError(f"bind: weights.{name} is None; fp8_block weights need E4M3 "
+                                  "values and their 128 x 128 block scales: call "
+                                  "prepare_weights(plan, w1, w2) with FP8BlockTensors")
+            _check(getattr(w, name), f"weights.{name}", shape, dt, device)
         return
     for (n, r), names in (((n1, h), ("w1", "s1", "g1")), ((h, i), ("w2", "s2", "g2"))):
         shapes = (*nvfp4_shapes(e, n, r, plan.chunk), (e,))
@@ -192,9 +220,18 @@ def bind(plan: MoEPlan, scratch: dict, weights: MoEWeights, *, x: torch.Tensor,
     if cfg.family == "micro" and t > cfg.block_m:
         raise PlanError(f"bind: the {cfg.family} family serves T <= block_m={cfg.block_m} tokens, "
                         f"got T={t}; use the plan's own config for this T (plan.config_for)")
+    fmt = plan.spec.weight_format
+    if cfg.dequant_experts and (fmt != "nvfp4" or cfg.family != "grouped"):
+        raise PlanError(f"bind: config dequant_experts={cfg.dequant_experts} for {fmt} weights, "
+                        f"family {cfg.family!r}; only grouped NVFP4 buckets dequantize")
+    if fmt == "fp8_block" and (plan.chunk != FP8_BLOCK or cfg.block_n1 != FP8_BLOCK):
+        raise PlanError(f"bind: fp8_block plan with chunk {plan.chunk}, block_n1 "
+                        f"{cfg.block_n1}; both must be {FP8_BLOCK}: a K step is one scale block "
+                        "and an FC1 program quantizes whole 128-column groups of its output")
     bk = cfg.block_k
-    if bk and (plan.spec.weight_format != "bf16" or bk % 32 or c.hidden % bk or c.intermediate % bk):
-        raise PlanError(f"bind: config block_k={bk} for {plan.spec.weight_format} weights, H={c.hidden}, "
+    dense = fmt == "bf16" or cfg.dequant_experts > 0  # plain bf16 rows: any step
+    if bk and (not dense or bk % 32 or c.hidden % bk or c.intermediate % bk):
+        raise PlanError(f"bind: config block_k={bk} for {fmt} weights, H={c.hidden}, "
                         f"I={c.intermediate}; block_k must be 0 (the plan's chunk) or, for bf16 weights, a "
                         "multiple of 32 dividing H and I")
     return MoEBinding(plan, cfg, weights, t, x, out, logits, bias, topk_ids,

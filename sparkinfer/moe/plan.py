@@ -116,6 +116,35 @@ GROUPED_BLOCK_M_LARGE = 128
 # NVFP4 keeps BN1 64 and the plan's chunk (the sweep's NVFP4 tiles: moe_tile_sweep_h200.json).
 BF16_WIDE_MIN_ROWS = 16
 BF16_WIDE_BM64_MAX_ROWS = 96
+# NVFP4 from NVFP4_DEQUANT_MIN_ROWS mean routed rows per active expert: the call
+# dequantizes its experts to bf16 once (`kernels/convert.py`, a chunk of experts
+# at a time within MoECaps.dequant_scratch_bytes) and runs the bf16 grouped
+# tiles on the copies, instead of the NVFP4 grouped kernel that decodes every
+# weight tile again for each BM-row tile, with narrower tiles: at M = 4096 it
+# reaches 19-37% of the bf16 tensor-core rate where bf16 reaches 30-64%
+# (moe_h200.json, b7c56e6: Qwen3 1540 vs 815 us, Mixtral 9831 vs 5645).
+# NOT YET MEASURED (`bench_moe.py --sweep` times both sides; see tuning.py);
+# from the arithmetic with that run's 4.27 TB/s copy and 796 TFLOP/s bf16: the
+# copy costs 2.56 bytes per weight (0.56 NVFP4 read + 2 bf16 written; the bf16
+# GEMM's weight reads replace the NVFP4 kernel's), 0.60 ns; the GEMM saves 2 x
+# rows x (1/0.27 - 1/0.45) / 796e12 = rows x 3.7e-15 s per weight (0.27, 0.45:
+# the mean NVFP4 and bf16 tensor-core fractions at M = 4096): even at 161 rows.
+# Predicted, us (bf16 time + copy vs NVFP4 grouped, same run): Qwen3 M=4096
+# (256 rows) 815 + 362 vs 1540; Mixtral M=1024 (256) 1698 + 845 vs 2885, M=4096
+# 5645 + 845 vs 9831; below the threshold DeepSeek-V3 M=4096 (128 rows) 9068 +
+# 6750 vs 13890 and the TP8 shard (128) 1508 + 845 vs 2432 keep the NVFP4 kernel.
+NVFP4_DEQUANT_MIN_ROWS = 160
+# fp8_block: one weight scale per 128 x 128 block and one activation scale per
+# 128 elements of a row, so a K step is one block (BK 128) and FC1 programs
+# span whole activation groups (BN1 128: its epilogue quantizes FC2's input).
+FP8_BLOCK = 128
+# fp8_block grouped tiles stop at BM 64 (8 warps): at BM 128 ptxas -v (sm_90a)
+# spills 1128 bytes in FC1 and 204 in FC2 at 255 registers (Qwen3 dims, 8
+# warps; BM 64 at 4 warps spills 960 in FC1): the fp32 accumulators, each K
+# step's dot result (the block scales keep it out of the MMA accumulation) and
+# the per-column scales of this step and the next (`kernels/fp8.py`) do not
+# fit beside each other. BM 64 at 8 warps: 255 / 191 registers, no spill.
+FP8_MAX_BLOCK_M = 64
 
 
 @dataclass(frozen=True)
@@ -128,8 +157,12 @@ class TileConfig:
     FC1 / FC2 reduction (micro only; grouped uses 1). num_warps: both GEMMs.
     stages1 / stages2: software-pipeline depth of FC1 / FC2 (Triton num_stages).
     block_k: reduction elements per step, 0 for the plan's chunk; only bf16
-    plans use another (bind rejects it for NVFP4, whose K order within a step
-    follows the step: kernels/common.py k_order).
+    plans (and NVFP4's dequantized path) use another (bind rejects it for NVFP4
+    kernels, whose K order within a step follows the step: kernels/common.py
+    k_order, and for fp8_block, whose step is the 128-element scale block).
+    dequant_experts: NVFP4 only, grouped only: > 0 dequantizes the call's
+    experts to bf16, this many at a time, and runs the bf16 tiles of this
+    config on them (NVFP4_DEQUANT_MIN_ROWS); 0 runs the NVFP4 kernels.
     decode: NVFP4 weight decode on the GPU, "ptx" (rotate + mask + bf16x2
     multiply in inline PTX) or "arith" (the same bit operations as Triton
     integer ops and an fp32 multiply); both exact, same bits. SASS per weight
@@ -152,6 +185,7 @@ class TileConfig:
     stages2: int = 3
     decode: str = "ptx"
     block_k: int = 0
+    dequant_experts: int = 0
 
 
 @dataclass(frozen=True)
@@ -200,14 +234,61 @@ def _stages(per_stage: int, budget: int) -> int:
     return max(2, min(4, (budget - SMEM_FIXED) // per_stage))
 
 
-def _weight_bytes(rows: int, chunk: int, nvfp4: bool) -> int:
+def _weight_bytes(rows: int, chunk: int, nvfp4: bool, fp8: bool = False) -> int:
+    if fp8:
+        return rows * chunk
     return rows * (chunk // 2 + chunk // 16 if nvfp4 else 2 * chunk)
 
 
+def dequant_chunk(caps: MoECaps, spec: MoESpec) -> int:
+    """Experts per chunk of the NVFP4 dequantized path: as many bf16 copies of
+    the larger of FC1 [N1, H] and FC2 [H, I] as caps.dequant_scratch_bytes
+    holds (0: not even one). Pure."""
+    n1 = (2 if spec.gated else 1) * caps.intermediate
+    per_expert = 2 * max(n1 * caps.hidden, caps.hidden * caps.intermediate)
+    return min(caps.num_experts, caps.dequant_scratch_bytes // per_expert)
+
+
+def _fp8_config(caps: MoECaps, spec: MoESpec, tokens: int) -> TileConfig:
+    """fp8_block tiles: the bf16 rules with BN1 = 128 (whole activation groups)
+    and 1-byte weights. Not yet measured on a GPU (`bench_moe.py --sweep`)."""
+    routes = tokens * caps.top_k
+    active = min(caps.num_experts, routes)
+    halves = 2 if spec.gated else 1
+    ck = FP8_BLOCK
+    if tokens <= MICRO_MAX_TOKENS:
+        bm = MICRO_BLOCK_M
+        programs1 = active * triton.cdiv(caps.intermediate, ck)
+        s1 = 1 if programs1 >= FC1_SPLIT_MAX_PROGRAMS_PER_SM * caps.num_sms else _split(
+            programs1, caps.hidden // ck, caps.num_sms, MAX_SPLIT1)
+        s2 = _split(active * triton.cdiv(caps.hidden, 64), caps.intermediate // ck,
+                    caps.num_sms, MAX_SPLIT)
+        fc1 = halves * _weight_bytes(ck, ck, False, True) + ck * bm * 2
+        fc2 = _weight_bytes(64, ck, False, True) + ck * bm
+        return TileConfig("micro", bm, ck, 64, s1, s2, num_warps=4,
+                          stages1=_stages(fc1, SMEM_TWO_PER_SM),
+                          stages2=_stages(fc2, SMEM_TWO_PER_SM))
+    mean_rows = routes / active
+    bm = min(FP8_MAX_BLOCK_M, next((b for limit, b in GROUPED_BLOCK_M_BF16 if mean_rows <= limit),
+                                   GROUPED_BLOCK_M_LARGE))
+    bn2 = 64 if bm <= 32 else 128
+    budget, warps = (SMEM_TWO_PER_SM, 4) if bm <= 32 else (SMEM_ONE_PER_SM, 8)
+    fc1 = halves * _weight_bytes(ck, ck, False, True) + ck * bm
+    fc2 = _weight_bytes(bn2, ck, False, True) + ck * bm
+    return TileConfig("grouped", bm, ck, bn2, num_warps=warps,
+                      stages1=min(4, _stages(fc1, budget)), stages2=min(4, _stages(fc2, budget)))
+
+
 def _config(caps: MoECaps, spec: MoESpec, tokens: int, chunk: int) -> TileConfig:
+    if spec.weight_format == "fp8_block":
+        return _fp8_config(caps, spec, tokens)
     routes = tokens * caps.top_k
     active = min(caps.num_experts, routes)
     nvfp4 = spec.weight_format == "nvfp4"
+    experts = dequant_chunk(caps, spec) if nvfp4 else 0
+    if tokens > MICRO_MAX_TOKENS and experts and routes / active >= NVFP4_DEQUANT_MIN_ROWS:
+        bf16 = _config(caps, dataclasses.replace(spec, weight_format="bf16"), tokens, chunk)
+        return dataclasses.replace(bf16, dequant_experts=experts)
     halves = 2 if spec.gated else 1  # FC1 weight tiles per step (gate, up)
     if tokens <= MICRO_MAX_TOKENS:
         bn, bm = 64, MICRO_BLOCK_M
@@ -258,8 +339,16 @@ def plan(caps: MoECaps, spec: MoESpec) -> MoEPlan:
     """Plan every token count 1..caps.max_tokens for `spec`. Pure: no device work.
 
     Raises PlanError when H or I cannot be cut into chunks of >= 32 elements
-    (the tensor-core step, and NVFP4's 16-element scale groups, need it).
+    (the tensor-core step, and NVFP4's 16-element scale groups, need it), and
+    for fp8_block when H or the per-rank I is not a multiple of 128 (its scale
+    blocks; a rank's slice of I must start and end on a block).
     """
+    if spec.weight_format == "fp8_block" and (caps.hidden % FP8_BLOCK or
+                                              caps.intermediate % FP8_BLOCK):
+        raise PlanError(f"plan: weight_format='fp8_block' with H={caps.hidden}, I={caps.intermediate} "
+                        f"per rank (tp_size={caps.tp_size}); both must be multiples of "
+                        f"{FP8_BLOCK} (the 128 x 128 scale blocks). Choose a tp_size that "
+                        "keeps I / tp_size a multiple of 128, or use 'bf16' / 'nvfp4' weights")
     chunk = next((c for c in (128, 64, 32)
                   if caps.hidden % c == 0 and caps.intermediate % c == 0), None)
     if chunk is None:

@@ -7,18 +7,29 @@ micro:   [routing] -> FC1 (+ activation, bf16; or fp32 partials when split)
          -> FC2 (fp32 partials) -> weighted top-k sum.
 grouped: [routing] -> sort count -> sort offsets -> sort scatter -> FC1 +
          activation (bf16, sorted rows) -> FC2 (per route) -> weighted top-k sum.
+
+fp8_block: the same kernels with e4m3 operands; micro quantizes x inside FC1,
+grouped in one pass before it (`moe_quant_kernel`); FC2's input is e4m3 +
+scales from FC1's (or the act kernel's) epilogue.
+NVFP4 buckets with `dequant_experts`: grouped, and per chunk of experts:
+decode FC1's weights to bf16 -> FC1 (bf16 tiles) -> decode FC2's -> FC2.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import torch
 import triton
 
 from sparkinfer.moe.binding import _ACT, MoEBinding, max_tiles, sort_chunk
+from sparkinfer.moe.kernels.common import NVFP4_TILE_ROWS
+from sparkinfer.moe.kernels.convert import moe_quant_kernel, nvfp4_dequant_kernel
 from sparkinfer.moe.kernels.fc1 import moe_fc1_kernel
 from sparkinfer.moe.kernels.fc2 import moe_act_kernel, moe_fc2_kernel
 from sparkinfer.moe.kernels.reduce import moe_reduce_kernel
 from sparkinfer.moe.kernels.sort import sort_count_kernel, sort_offsets_kernel, sort_scatter_kernel
-from sparkinfer.moe.plan import MICRO_BLOCK_M
+from sparkinfer.moe.plan import FP8_BLOCK, MICRO_BLOCK_M
 from sparkinfer.moe.routing.launch import route
 
 __all__ = ["run"]
@@ -30,6 +41,9 @@ __all__ = ["run"]
 # 3.0; T 4096: 1124 / 1059 / 299 / 126 (bf16 partials).
 REDUCE_BLOCKS_H = (1024, 512, 256, 128)
 ACT_BLOCK_R = 16
+# Tokens per program of the grouped FP8 family's x quantization (a [128, 32]
+# bf16 tile, 8 KiB, per program; memory-bound, 448 programs at T 256, H 7168).
+QUANT_BLOCK_T = 32
 # micro family: the act kernel, FC2 and the reduce are launched with
 # programmatic dependent launch: FC1 and FC2 let the next kernel's blocks launch
 # once their K loops end, and those blocks wait (griddepcontrol.wait) before
@@ -50,17 +64,6 @@ def _splits(chunks: int, split: int) -> tuple[int, int]:
     return per, triton.cdiv(chunks, per)
 
 
-def _gemm_common(b: MoEBinding, bk: int) -> dict:
-    spec, c = b.plan.spec, b.plan.caps
-    return dict(E=c.num_experts, K=c.top_k, KP=triton.next_power_of_2(c.top_k),
-                RP=triton.next_power_of_2(MICRO_BLOCK_M * c.top_k), BK=bk,
-                GATED=spec.gated, ACT=_ACT[spec.activation],
-                NVFP4=spec.weight_format == "nvfp4",
-                WEIGHT_BEFORE=not spec.router_weight_after_fc2,
-                PTX_DECODE=b.config.decode == "ptx", INTERPRET=b.interpret,
-                num_warps=b.config.num_warps)
-
-
 def _sort(b: MoEBinding, routes: int, block_m: int, tiles: int) -> None:
     c, s = b.plan.caps, b.scratch
     ch = sort_chunk(c.num_experts)
@@ -76,74 +79,143 @@ def _sort(b: MoEBinding, routes: int, block_m: int, tiles: int) -> None:
                                 EP=ep, CH=ch)
 
 
+@dataclass(frozen=True)
+class _Weights:
+    """What the GEMM kernels read for one matrix: values, scales (NVFP4 codes or
+    FP8 block scales; a placeholder otherwise), NVFP4 global scales (or a
+    placeholder), and (expert stride, row stride, scale expert stride)."""
+
+    w: torch.Tensor
+    s: torch.Tensor
+    g: torch.Tensor
+    strides: tuple[int, int, int]
+
+
+def _weights(w, s, g, nvfp4: bool) -> _Weights:
+    strides = (w.stride(0), 0 if nvfp4 else w.stride(1), 0 if s is None else s.stride(0))
+    return _Weights(w, w if s is None else s, w if g is None else g, strides)
+
+
 def run(b: MoEBinding) -> None:
     """Compute b.out [T, H] = MoE(b.x) for the bound call.
 
     Allocates nothing, never syncs with the host, legal inside CUDA graph
     capture (all grids come from T and the plan, never from routed data).
     """
-    spec, c, cfg, s, w = b.plan.spec, b.plan.caps, b.config, b.scratch, b.weights
-    t, h, i = b.tokens, c.hidden, c.intermediate
-    routes = t * c.top_k
+    spec, c, cfg, w = b.plan.spec, b.plan.caps, b.config, b.weights
     if b.logits is not None:
         route(b.logits, spec, (b.topk_ids, b.topk_weights), bias=b.bias)
-    nvfp4 = spec.weight_format == "nvfp4"
-    s1, s2 = (w.s1, w.s2) if nvfp4 else (w.w1, w.w2)
-    g1, g2 = (w.g1, w.g2) if nvfp4 else (w.w1, w.w2)
-    # expert stride, row stride (bf16; NVFP4 rows are tiled), scale expert stride
-    sw1 = (w.w1.stride(0), 0 if nvfp4 else w.w1.stride(1), s1.stride(0) if nvfp4 else 0)
-    sw2 = (w.w2.stride(0), 0 if nvfp4 else w.w2.stride(1), s2.stride(0) if nvfp4 else 0)
+    fmt = spec.weight_format
+    nvfp4 = fmt == "nvfp4"
+    w1, w2 = _weights(w.w1, w.s1, w.g1, nvfp4), _weights(w.w2, w.s2, w.g2, nvfp4)
     bk = cfg.block_k or b.plan.chunk
-    chunks1, chunks2 = h // bk, i // bk
-    common = _gemm_common(b, bk)
-    alpha, limit = float(spec.swiglu_alpha), float(spec.swiglu_limit)
-    ids, tw = b.topk_ids, b.topk_weights
-    pdl = MICRO_PDL and cfg.family == "micro" and not b.interpret
-    trigger = dict(PDL=True) if pdl else {}  # FC1: lets its successor launch early
-    on = dict(trigger, launch_pdl=True) if pdl else {}  # the early-launched dependents
+    common = dict(E=c.num_experts, K=c.top_k, KP=triton.next_power_of_2(c.top_k),
+                  RP=triton.next_power_of_2(MICRO_BLOCK_M * c.top_k), BK=bk, GATED=spec.gated,
+                  ACT=_ACT[spec.activation], NVFP4=nvfp4, FP8=fmt == "fp8_block",
+                  GSCALE=nvfp4, WEIGHT_BEFORE=not spec.router_weight_after_fc2,
+                  PTX_DECODE=cfg.decode == "ptx", INTERPRET=b.interpret,
+                  num_warps=cfg.num_warps)
     if cfg.family == "micro":
-        (cps1, sp1), (cps2, sp2) = _splits(chunks1, cfg.split1), _splits(chunks2, cfg.split2)
-        # one FC1 split: FC1 applies the activation and stores bf16 rows; more:
-        # fp32 gate/up partials, which moe_act_kernel turns into those rows
-        split = sp1 > 1
-        p1 = s["fc1_partial"] if split else s["fc1_act"]
-        p2 = s["fc2_partial"]
-        p1s = (p1.stride(0), p1.stride(1)) if split else (0, p1.stride(0))
-        moe_fc1_kernel[(routes, triton.cdiv(i, cfg.block_n1), sp1)](
-            b.x, w.w1, s1, g1, ids, tw, ids, ids, p1, t, i, chunks1, cps1,
-            h, *sw1, *p1s, alpha, limit,
-            BM=cfg.block_m, BN=cfg.block_n1, MICRO=True, PARTIALS=split,
-            num_stages=cfg.stages1, **common, **trigger)
-        if split:  # sum and activate the partials once per route
-            a = s["fc1_act"]
-            moe_act_kernel[(triton.cdiv(routes, ACT_BLOCK_R), i // bk)](
-                p1, tw, a, routes, i, *p1s, a.stride(0), alpha, limit, BR=ACT_BLOCK_R,
-                BI=bk, S1=sp1, GATED=common["GATED"], ACT=common["ACT"],
-                WEIGHT_BEFORE=common["WEIGHT_BEFORE"], INTERPRET=common["INTERPRET"], **on)
-            p1 = a
-        moe_fc2_kernel[(routes, triton.cdiv(h, cfg.block_n2), sp2)](
-            p1, w.w2, s2, g2, ids, tw, ids, ids, p2, t, h, chunks2, cps2, p1.stride(0), *sw2,
-            p2.stride(0), p2.stride(1), BM=cfg.block_m, BN=cfg.block_n2, MICRO=True,
-            num_stages=cfg.stages2, **common, **on)
-        part, splits, stride_ps = p2, sp2, p2.stride(0)
+        part, splits = _micro(b, w1, w2, common)
+        stride_ps = part.stride(0)
     else:
-        tiles = max_tiles(routes, c.num_experts, cfg.block_m)
-        _sort(b, routes, cfg.block_m, tiles)
-        srt, te, inter, ro = s["sorted_route"], s["tile_expert"], s["inter"], s["route_out"]
-        moe_fc1_kernel[(tiles, triton.cdiv(i, cfg.block_n1), 1)](
-            b.x, w.w1, s1, g1, ids, tw, srt, te, inter, t, i, chunks1, chunks1,
-            h, *sw1, 0, inter.stride(0), alpha, limit,
-            BM=cfg.block_m, BN=cfg.block_n1, MICRO=False, PARTIALS=False,
-            num_stages=cfg.stages1, **common)
-        moe_fc2_kernel[(tiles, triton.cdiv(h, cfg.block_n2), 1)](
-            inter, w.w2, s2, g2, ids, tw, srt, te, ro, t, h, chunks2, chunks2,
-            inter.stride(0), *sw2, 0, ro.stride(0), BM=cfg.block_m, BN=cfg.block_n2,
-            MICRO=False, num_stages=cfg.stages2, **common)
-        part, splits, stride_ps = ro, 1, 0
+        part, splits, stride_ps = _grouped(b, w1, w2, common), 1, 0
+    t, h = b.tokens, c.hidden
+    pdl = MICRO_PDL and cfg.family == "micro" and not b.interpret
     bh = next((bh for bh in REDUCE_BLOCKS_H if 2 * t * triton.cdiv(h, bh) >= c.num_sms),
               REDUCE_BLOCKS_H[-1])
     moe_reduce_kernel[(t, triton.cdiv(h, bh))](
-        part, ids, tw, b.out, h, splits, stride_ps, part.stride(-2), b.out.stride(0),
-        E=c.num_experts, K=c.top_k, KP=triton.next_power_of_2(c.top_k), BH=bh,
-        WEIGHT_AFTER=spec.router_weight_after_fc2, **on)
+        part, b.topk_ids, b.topk_weights, b.out, h, splits, stride_ps, part.stride(-2),
+        b.out.stride(0), E=c.num_experts, K=c.top_k, KP=triton.next_power_of_2(c.top_k),
+        BH=bh, WEIGHT_AFTER=spec.router_weight_after_fc2, **(dict(PDL=True, launch_pdl=True) if pdl else {}))
 
+
+def _micro(b: MoEBinding, w1: _Weights, w2: _Weights, common: dict):
+    """micro: FC1 (+ activation; or fp32 partials and the act kernel) -> FC2
+    partials. Returns (FC2 partials [S2, R, H], S2)."""
+    spec, c, cfg, s = b.plan.spec, b.plan.caps, b.config, b.scratch
+    t, h, i, bk = b.tokens, c.hidden, c.intermediate, common["BK"]
+    routes, fp8 = t * c.top_k, common["FP8"]
+    alpha, limit = float(spec.swiglu_alpha), float(spec.swiglu_limit)
+    ids, tw = b.topk_ids, b.topk_weights
+    pdl = MICRO_PDL and not b.interpret
+    trigger = dict(PDL=True) if pdl else {}  # FC1: lets its successor launch early
+    on = dict(trigger, launch_pdl=True) if pdl else {}  # the early-launched dependents
+    (cps1, sp1), (cps2, sp2) = _splits(h // bk, cfg.split1), _splits(i // bk, cfg.split2)
+    # one FC1 split: FC1 applies the activation and stores bf16 rows (FP8: e4m3
+    # rows + scales); more: fp32 gate/up partials, which moe_act_kernel turns into those rows
+    split = sp1 > 1
+    a = s["fc1_act"]
+    a_s = s["fc1_act_scale"] if fp8 else a
+    p1 = s["fc1_partial"] if split else a
+    p2 = s["fc2_partial"]
+    p1s = (p1.stride(0), p1.stride(1)) if split else (0, p1.stride(0))
+    moe_fc1_kernel[(routes, triton.cdiv(i, cfg.block_n1), sp1)](
+        b.x, b.x, w1.w, w1.s, w1.g, ids, tw, ids, ids, p1, a_s, t, i, h // bk, cps1, 0,
+        c.num_experts, b.x.stride(0), *w1.strides, *p1s, alpha, limit,
+        BM=cfg.block_m, BN=cfg.block_n1, MICRO=True, PARTIALS=split, X_FP8=False,
+        num_stages=cfg.stages1, **common, **trigger)
+    if split:  # sum and activate the partials once per route
+        moe_act_kernel[(triton.cdiv(routes, ACT_BLOCK_R), i // bk)](
+            p1, tw, a, a_s, routes, i, *p1s, a.stride(0), alpha, limit, BR=ACT_BLOCK_R,
+            BI=bk, S1=sp1, GATED=common["GATED"], ACT=common["ACT"],
+            WEIGHT_BEFORE=common["WEIGHT_BEFORE"], FP8=fp8, INTERPRET=common["INTERPRET"], **on)
+    moe_fc2_kernel[(routes, triton.cdiv(h, cfg.block_n2), sp2)](
+        a, a_s, w2.w, w2.s, w2.g, ids, tw, ids, ids, p2, t, h, i // bk, cps2, 0, c.num_experts,
+        a.stride(0), *w2.strides, p2.stride(0), p2.stride(1), BM=cfg.block_m,
+        BN=cfg.block_n2, MICRO=True, X_FP8=True, num_stages=cfg.stages2, **common, **on)
+    return p2, sp2
+
+
+def _grouped(b: MoEBinding, w1: _Weights, w2: _Weights, common: dict):
+    """grouped: sort -> [FP8: quantize x] -> FC1 -> FC2, over all experts at once
+    or (NVFP4 dequantized path) one chunk of experts at a time, each chunk's
+    weights first decoded to bf16 in w_bf16. Returns route_out [R, H]."""
+    spec, c, cfg, s = b.plan.spec, b.plan.caps, b.config, b.scratch
+    t, h, i, e = b.tokens, c.hidden, c.intermediate, c.num_experts
+    routes, bk = t * c.top_k, common["BK"]
+    tiles = max_tiles(routes, e, cfg.block_m)
+    _sort(b, routes, cfg.block_m, tiles)
+    x, xs = b.x, b.x
+    if common["FP8"]:  # x once to e4m3 + scales, not in every FC1 program
+        x, xs = s["x_fp8"], s["x_scale"]
+        moe_quant_kernel[(triton.cdiv(t, QUANT_BLOCK_T), h // FP8_BLOCK)](
+            b.x, x, xs, t, b.x.stride(0), h // FP8_BLOCK, BT=QUANT_BLOCK_T, G=FP8_BLOCK,
+            INTERPRET=b.interpret)
+    inter, ro = s["inter"], s["route_out"]
+    inter_s = s["inter_scale"] if common["FP8"] else inter
+    ids, tw, srt, te = b.topk_ids, b.topk_weights, s["sorted_route"], s["tile_expert"]
+    alpha, limit = float(spec.swiglu_alpha), float(spec.swiglu_limit)
+    n1 = (2 if spec.gated else 1) * i
+    chunk = cfg.dequant_experts
+    if chunk:  # bf16 kernels on decoded copies, the global scale in their epilogues
+        common = dict(common, NVFP4=False, GSCALE=True)
+        wb = s["w_bf16"]
+    for e_lo in range(0, e, chunk or e):
+        e_hi = min(e, e_lo + (chunk or e))
+        ww1, ww2 = w1, w2
+        if chunk:
+            ww1 = _decoded(b, w1, wb, e_lo, e_hi, n1, h)
+        moe_fc1_kernel[(tiles, triton.cdiv(i, cfg.block_n1), 1)](
+            x, xs, ww1.w, ww1.s, ww1.g, ids, tw, srt, te, inter, inter_s, t, i, h // bk, h // bk,
+            e_lo, e_hi, x.stride(0), *ww1.strides, 0, inter.stride(0), alpha, limit,
+            BM=cfg.block_m, BN=cfg.block_n1, MICRO=False, PARTIALS=False, X_FP8=True,
+            num_stages=cfg.stages1, **common)
+        if chunk:
+            ww2 = _decoded(b, w2, wb, e_lo, e_hi, h, i)
+        moe_fc2_kernel[(tiles, triton.cdiv(h, cfg.block_n2), 1)](
+            inter, inter_s, ww2.w, ww2.s, ww2.g, ids, tw, srt, te, ro, t, h, i // bk, i // bk,
+            e_lo, e_hi, inter.stride(0), *ww2.strides, 0, ro.stride(0), BM=cfg.block_m,
+            BN=cfg.block_n2, MICRO=False, X_FP8=True, num_stages=cfg.stages2, **common)
+    return ro
+
+
+def _decoded(b: MoEBinding, wt: _Weights, wb, e_lo: int, e_hi: int, n: int, r: int) -> _Weights:
+    """Decode experts [e_lo, e_hi) of one prepared NVFP4 matrix [E, n, r] into
+    wb as bf16 [e_hi - e_lo, n, r]; the _Weights the bf16 kernels read (global
+    scales still wt.g, indexed by the global expert id)."""
+    nvfp4_dequant_kernel[(e_hi - e_lo, triton.cdiv(n, NVFP4_TILE_ROWS), r // b.plan.chunk)](
+        wt.w, wt.s, wb, e_lo, b.plan.caps.num_experts, n, r, r // b.plan.chunk, wt.w.stride(0),
+        wt.s.stride(0), n * r, BN=NVFP4_TILE_ROWS, BK=b.plan.chunk,
+        PTX_DECODE=b.config.decode == "ptx", INTERPRET=b.interpret)
+    return _Weights(wb, wb, wt.g, (n * r, r, 0))

@@ -14,7 +14,7 @@ from sparkinfer.errors import DTypeError, PlanError
 
 __all__ = ["MoESpec", "MoECaps", "WEIGHT_FORMATS", "ACTIVATIONS", "GATE_UP_ORDERS", "ROUTINGS"]
 
-WEIGHT_FORMATS = ("bf16", "nvfp4")
+WEIGHT_FORMATS = ("bf16", "nvfp4", "fp8_block")
 ACTIVATIONS = ("silu", "relu2", "swiglu_oai")
 # How the gated FC1 weight [E, 2I, H] stacks its halves: gate rows then up rows,
 # up then gate, or alternating rows (gpt-oss: gate = rows 0, 2, 4..).
@@ -26,8 +26,15 @@ ROUTINGS = ("softmax", "sigmoid_grouped")
 class MoESpec:
     """What the layer computes. out[t] = sum_k w[t,k] * FC2_e(act(FC1_e(x[t]))), e = ids[t,k].
 
-    weight_format: "bf16" or "nvfp4" (E2M1 + E4M3 per 16 + fp32 global, see
-        `sparkinfer.quant.nvfp4`); compute is bf16 on tensor cores, fp32 accumulate.
+    weight_format: "bf16"; "nvfp4" (E2M1 + E4M3 per 16 + fp32 global, see
+        `sparkinfer.quant.nvfp4`; compute is bf16 on tensor cores, fp32
+        accumulate); or "fp8_block" (W8A8: E4M3 weights with an fp32 scale per
+        128 x 128 block, as FP8 checkpoints store them, `sparkinfer.quant.fp8`;
+        activations quantized to E4M3 per token and 128 elements on the fly;
+        E4M3 tensor-core dots, fp32 accumulate, the scales applied per K block).
+        fp8_block needs H and the per-rank I to be multiples of 128 (`plan`) and
+        takes no "interleaved" gate_up_order (its 128-row scale blocks would mix
+        gate and up rows).
     activation: "silu" (silu(gate) * up), "swiglu_oai" (gpt-oss: clamp at
         `swiglu_limit`, gate * sigmoid(swiglu_alpha * gate) * (up + 1)) or
         "relu2" (relu(h)**2, not gated: FC1 is [E, I, H]).
@@ -60,6 +67,10 @@ class MoESpec:
                                      ("routing", self.routing, ROUTINGS)):
             if value not in allowed:
                 raise PlanError(f"MoESpec.{name}={value!r}; choose one of {allowed}")
+        if self.weight_format == "fp8_block" and self.gate_up_order == "interleaved":
+            raise PlanError("MoESpec: weight_format='fp8_block' with gate_up_order='interleaved'; "
+                            "a 128-row scale block would hold gate and up rows. Use 'gate_up' or "
+                            "'up_gate' (FP8 checkpoints stack the halves), or bf16 weights")
         if self.n_group < 1 or not 1 <= self.topk_group <= self.n_group:
             raise PlanError(f"MoESpec: n_group={self.n_group}, topk_group={self.topk_group}; "
                             "need 1 <= topk_group <= n_group")
@@ -83,6 +94,10 @@ class MoECaps:
         added only where measured faster.
     num_sms: streaming multiprocessors of the target GPU (132 on an H200); the
     planner splits work to fill them.
+    dequant_scratch_bytes: the most scratch the NVFP4 large-batch path may hold
+    for bf16 copies of a chunk of experts (`plan.NVFP4_DEQUANT_MIN_ROWS`); 0
+    never takes that path. 512 MiB holds 2 Mixtral FC1s (235 MB each), 9
+    DeepSeek-V3 FC1s (58.7 MB), 85 Qwen3-30B-A3B FC1s (6.3 MB).
     """
 
     max_tokens: int
@@ -95,12 +110,16 @@ class MoECaps:
     out_dtype: torch.dtype = torch.bfloat16
     deterministic: bool = True
     num_sms: int = 132
+    dequant_scratch_bytes: int = 512 << 20
 
     def __post_init__(self):
         for name in ("max_tokens", "num_experts", "top_k", "hidden", "intermediate", "tp_size",
                      "num_sms"):
             if getattr(self, name) < 1:
                 raise PlanError(f"MoECaps.{name}={getattr(self, name)}; must be >= 1")
+        if self.dequant_scratch_bytes < 0:
+            raise PlanError(f"MoECaps.dequant_scratch_bytes={self.dequant_scratch_bytes}; must be "
+                            ">= 0 (0 turns the NVFP4 dequantized path off)")
         if self.top_k > self.num_experts:
             raise PlanError(f"MoECaps.top_k={self.top_k} > num_experts={self.num_experts}")
         if not 0 <= self.tp_rank < self.tp_size:

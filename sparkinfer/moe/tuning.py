@@ -14,7 +14,18 @@ from __future__ import annotations
 
 import dataclasses
 
-from sparkinfer.moe.plan import MAX_SPLIT, SMEM_ONE_PER_SM, SMEM_TWO_PER_SM, MoEPlan, TileConfig, _stages, _weight_bytes
+from sparkinfer.moe.plan import (
+    FP8_BLOCK,
+    MAX_SPLIT,
+    SMEM_ONE_PER_SM,
+    SMEM_TWO_PER_SM,
+    MoEPlan,
+    TileConfig,
+    _stages,
+    _weight_bytes,
+    dequant_chunk,
+    plan,
+)
 
 __all__ = ["candidates", "grouped_config", "tile_candidates", "TILE_STAGE_CAP"]
 
@@ -54,13 +65,17 @@ TILES_NVFP4 = (("deep", 128, 64, 128, 8, 1, 128), ("bm64", 64, 64, 128, 8, 1, 12
 def grouped_config(p: MoEPlan, bm: int, bn1: int, bn2: int, decode: str) -> TileConfig:
     """A `grouped` config with tiles (BM, BN1, BN2): 4 warps and two programs
     per SM up to BM 32, else 8 warps and one; pipeline depth (2..3 at two per
-    SM, 2..4 at one) from the shared memory a step needs. Pure."""
+    SM, 2..4 at one) from the shared memory a step needs. fp8_block: BN1 is
+    always 128 (whole activation groups). Pure."""
     nvfp4 = p.spec.weight_format == "nvfp4"
+    fp8 = p.spec.weight_format == "fp8_block"
+    bn1 = FP8_BLOCK if fp8 else bn1
     halves = 2 if p.spec.gated else 1
     big = bm > 32
     budget, warps, cap = (SMEM_ONE_PER_SM, 8, 4) if big else (SMEM_TWO_PER_SM, 4, 3)
-    fc1 = halves * _weight_bytes(bn1, p.chunk, nvfp4) + p.chunk * bm * 2
-    fc2 = _weight_bytes(bn2, p.chunk, nvfp4) + p.chunk * bm * 2
+    act = 1 if fp8 else 2  # bytes per activation element
+    fc1 = halves * _weight_bytes(bn1, p.chunk, nvfp4, fp8) + p.chunk * bm * act
+    fc2 = _weight_bytes(bn2, p.chunk, nvfp4, fp8) + p.chunk * bm * act
     return TileConfig("grouped", bm, bn1, bn2, num_warps=warps,
                         stages1=min(cap, _stages(fc1, budget)),
                         stages2=min(cap, _stages(fc2, budget)), decode=decode)
@@ -75,12 +90,18 @@ def candidates(p: MoEPlan, tokens: int) -> tuple[tuple[str, TileConfig], ...]:
     grouped: the neighbouring BMs (BM 32: 16 and 64); at BM >= 64 also BM 64 and, for bf16, wider
     FC1 tiles (BN1 128: m64 wgmma per warpgroup on gate and up), for nvfp4 a
     deeper pipeline (up to 4 stages). nvfp4 grouped, T <= 64: the other decode.
-    At most four per T, so a sweep of 4 shapes x 2 formats x 4 T compiles in
-    about three minutes. Pure.
+    nvfp4 grouped: the other side of NVFP4_DEQUANT_MIN_ROWS second ("dequant":
+    bf16 tiles on decoded copies, or "nvfp4-kernel"), so the sweep times the
+    threshold. At most four per T, so a sweep of 4 shapes x 2 formats x 4 T
+    compiles in about three minutes. Pure.
     """
     chosen = p.config_for(tokens)
     out = [("planned", chosen)]
     nvfp4 = p.spec.weight_format == "nvfp4"
+    if nvfp4 and chosen.family == "grouped":
+        out.append(_other_nvfp4_path(p, tokens))
+        if chosen.dequant_experts:  # the rest are variations of the NVFP4 kernels' tiles
+            chosen = out[-1][1]
     if nvfp4 and tokens <= 64 and chosen.family != "micro":  # micro: both decodes timed by bench_moe --quick
         other = "ptx" if chosen.decode == "arith" else "arith"
         out.append((f"decode-{other}", dataclasses.replace(chosen, decode=other)))
@@ -104,16 +125,35 @@ def candidates(p: MoEPlan, tokens: int) -> tuple[tuple[str, TileConfig], ...]:
                     grouped_config(p, chosen.block_m, 64, 128, chosen.decode)))
         if chosen.block_m != 64:
             out.append(("grouped-bm64", grouped_config(p, 64, 64, 128, chosen.decode)))
+    elif p.spec.weight_format == "fp8_block":  # BM 64 is the largest that fits (plan.py)
+        out.append(("grouped-bn2-64", grouped_config(p, chosen.block_m, 128, 64, chosen.decode)))
+        out.append(("grouped-bm32", grouped_config(p, 32, 128, 64, chosen.decode)))
     else:
         out.append(("grouped-bn128", grouped_config(p, chosen.block_m, 128, 128, chosen.decode)))
         if chosen.block_m != 64:
             out.append(("grouped-bm64", grouped_config(p, 64, 64, 128, chosen.decode)))
-    return tuple(out[:4])
+    seen, kept = set(), []
+    for name, cfg in out:  # the first of equal configs
+        if cfg not in seen:
+            seen.add(cfg)
+            kept.append((name, cfg))
+    return tuple(kept[:4])
+
+
+def _other_nvfp4_path(p: MoEPlan, tokens: int) -> tuple[str, TileConfig]:
+    """The NVFP4 grouped config on the other side of the dequantize threshold."""
+    if p.config_for(tokens).dequant_experts:
+        no = plan(dataclasses.replace(p.caps, dequant_scratch_bytes=0), p.spec)
+        return "nvfp4-kernel", no.config_for(tokens)
+    bf16 = plan(p.caps, dataclasses.replace(p.spec, weight_format="bf16")).config_for(tokens)
+    return "dequant", dataclasses.replace(bf16, dequant_experts=max(1, dequant_chunk(p.caps,
+                                                                                     p.spec)))
 
 
 def _tile(p: MoEPlan, bm: int, bn1: int, bn2: int, warps: int, per_sm: int, bk: int,
           decode: str) -> MoEPlan:
     nvfp4 = p.spec.weight_format == "nvfp4"
+    fp8 = p.spec.weight_format == "fp8_block"
     halves = 2 if p.spec.gated else 1
     budget = SMEM_TWO_PER_SM if per_sm == 2 else SMEM_ONE_PER_SM
     fixed = 8 * 1024 if nvfp4 else 0  # the dequantized operand's staging (plan.SMEM_FIXED)
@@ -121,8 +161,9 @@ def _tile(p: MoEPlan, bm: int, bn1: int, bn2: int, warps: int, per_sm: int, bk: 
     def stages(per_stage):
         return max(2, min(TILE_STAGE_CAP, (budget - fixed) // per_stage))
 
-    fc1 = halves * _weight_bytes(bn1, bk, nvfp4) + bk * bm * 2
-    fc2 = _weight_bytes(bn2, bk, nvfp4) + bk * bm * 2
+    act = 1 if fp8 else 2  # bytes per activation element
+    fc1 = halves * _weight_bytes(bn1, bk, nvfp4, fp8) + bk * bm * act
+    fc2 = _weight_bytes(bn2, bk, nvfp4, fp8) + bk * bm * act
     cfg = TileConfig("grouped", bm, bn1, bn2, num_warps=warps, stages1=stages(fc1),
                        stages2=stages(fc2), decode=decode)
     return dataclasses.replace(p.forced(cfg), chunk=bk)
@@ -148,6 +189,8 @@ def tile_candidates(p: MoEPlan, tokens: int) -> tuple[tuple[str, MoEPlan], ...]:
     for name, bm, bn1, bn2, warps, per_sm, bk in table:
         if p.caps.hidden % bk or p.caps.intermediate % bk or bk > p.chunk:
             continue
+        if p.spec.weight_format == "fp8_block" and (bk, bn1) != (FP8_BLOCK, FP8_BLOCK):
+            continue  # a K step is one scale block; FC1 programs hold whole activation groups
         tp = _tile(p, bm, bn1, bn2, warps, per_sm, bk, chosen.decode)
         if name == "deep":  # the plan's tiles, one stage deeper where shared memory allows
             tp = p.forced(dataclasses.replace(chosen, stages1=tp.buckets[0][1].stages1,

@@ -16,6 +16,9 @@ Prepared layout:
   [E, N'/64, R/BK, 64, BK/16] bytes, N' = N rounded up to 64 rows (the padding
   is zero and never read), so the 64 rows' slices of one chunk, what one
   kernel step reads, are contiguous (`nvfp4_shapes`).
+- fp8_block: the checkpoint layout itself: E4M3 [E, N, R] contiguous and fp32
+  scales [E, N/128, R/128] (s1, s2; H and I are multiples of 128, `plan`),
+  sliced on whole blocks.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import torch
 
 from sparkinfer.errors import DTypeError, ShapeError
 from sparkinfer.moe.kernels.common import NVFP4_TILE_ROWS, NVFP4_WORD_MASK3, NVFP4_WORD_ROT
+from sparkinfer.quant.fp8 import FP8_BLOCK, FP8BlockTensor
 from sparkinfer.quant.nvfp4 import NVFP4Tensor, unpack_codes
 
 __all__ = ["MoEWeights", "prepare_weights", "pack_words", "scale_codes", "prepare_nvfp4",
@@ -34,7 +38,8 @@ __all__ = ["MoEWeights", "prepare_weights", "pack_words", "scale_codes", "prepar
 
 @dataclass(frozen=True)
 class MoEWeights:
-    """Prepared expert weights (see module docstring). s*/g* are None for bf16."""
+    """Prepared expert weights (see module docstring). s*/g* are None for bf16;
+    g* are None for fp8_block."""
 
     weight_format: str
     chunk: int
@@ -147,25 +152,38 @@ def prepare_nvfp4(w: NVFP4Tensor, chunk: int):
 
 
 def _select(w, rows_fn, cols=None):
-    """Apply a row selection (and an optional slice of the reduction axis) to a
-    dense tensor or an NVFP4Tensor."""
+    """Apply a row selection rows_fn(t, unit) (unit: rows per row of t) and an
+    optional slice of the reduction axis to a dense tensor, an NVFP4Tensor or an
+    FP8BlockTensor (whose scales select whole 128-row / 128-column blocks)."""
     if isinstance(w, NVFP4Tensor):
-        p, s = rows_fn(w.packed), rows_fn(w.scales)
+        p, s = rows_fn(w.packed, 1), rows_fn(w.scales, 1)
         if cols is not None:
             lo, hi = cols
             p, s = p[..., lo // 2:hi // 2], s[..., lo // 16:hi // 16]
         return NVFP4Tensor(p, s, w.global_scale)
-    w = rows_fn(w)
+    if isinstance(w, FP8BlockTensor):
+        q, s = rows_fn(w.weight, 1), rows_fn(w.scale, FP8_BLOCK)
+        if cols is not None:
+            lo, hi = cols
+            q, s = q[..., lo:hi], s[..., lo // FP8_BLOCK:hi // FP8_BLOCK]
+        return FP8BlockTensor(q, s)
+    w = rows_fn(w, 1)
     return w if cols is None else w[..., cols[0]:cols[1]]
 
 
+_TYPES = {"nvfp4": (NVFP4Tensor, "quantize_nvfp4 or quant.from_checkpoint"),
+          "fp8_block": (FP8BlockTensor, "quantize_fp8_block or quant.fp8.from_checkpoint; an "
+                        "E4M3 tensor alone lacks its weight_scale_inv")}
+
+
 def _check(w, name, fmt, shape):
-    if fmt == "nvfp4":
-        if not isinstance(w, NVFP4Tensor):
+    if fmt in _TYPES:
+        cls, how = _TYPES[fmt]
+        if not isinstance(w, cls):
             raise DTypeError(f"prepare_weights: {name} is {type(w).__name__}; weight_format "
-                             "'nvfp4' takes NVFP4Tensor (quantize_nvfp4 or from_checkpoint)")
+                             f"{fmt!r} takes {cls.__name__} ({how})")
         got = w.shape
-        if w.global_scale.shape != (shape[0],):
+        if fmt == "nvfp4" and w.global_scale.shape != (shape[0],):
             raise ShapeError(f"prepare_weights: {name}.global_scale shape "
                              f"{tuple(w.global_scale.shape)}; need [E={shape[0]}]")
     else:
@@ -184,7 +202,9 @@ def prepare_weights(plan, w1, w2) -> MoEWeights:
     w1: FC1 [E, N1_full, H], rows ordered by `spec.gate_up_order` (gated:
     N1_full = 2 * I * tp_size; relu2: I * tp_size). w2: FC2 [E, H, I * tp_size].
     A tensor whose I equals the per-rank I (tp_size 1, or already sharded) is
-    used as is. bf16 format: bf16/fp16/fp32 tensors; nvfp4: `NVFP4Tensor`s.
+    used as is. bf16 format: bf16/fp16/fp32 tensors; nvfp4: `NVFP4Tensor`s;
+    fp8_block: `FP8BlockTensor`s (a rank's rows and columns are whole 128
+    blocks: `plan` checks I, so the slice never splits a scale block).
     Allocates the prepared copies (the sources can be freed after); no host
     sync; not capture-legal. Call once per model.
     """
@@ -201,22 +221,25 @@ def prepare_weights(plan, w1, w2) -> MoEWeights:
     _check(w2, "w2", fmt, (e, h, i_src))
     lo = caps.tp_rank * i if i_src == full and caps.tp_size > 1 else 0
 
-    def fc1_rows(t):
+    def fc1_rows(t, u):  # u: source rows per row of t (128 for FP8 block scales)
         if not gated:
-            return t[:, lo:lo + i]
-        if spec.gate_up_order == "interleaved":
+            return t[:, lo // u:(lo + i) // u]
+        if spec.gate_up_order == "interleaved":  # never with u > 1 (MoESpec rejects it)
             gate, up = t[:, 0::2], t[:, 1::2]
         else:
-            gate, up = t[:, :i_src], t[:, i_src:]
+            gate, up = t[:, :i_src // u], t[:, i_src // u:]
             if spec.gate_up_order == "up_gate":
                 gate, up = up, gate
-        return torch.cat([gate[:, lo:lo + i], up[:, lo:lo + i]], dim=1)
+        return torch.cat([gate[:, lo // u:(lo + i) // u], up[:, lo // u:(lo + i) // u]], dim=1)
 
     w1 = _select(w1, fc1_rows)
-    w2 = _select(w2, lambda t: t, (lo, lo + i) if i_src != i else None)
+    w2 = _select(w2, lambda t, u: t, (lo, lo + i) if i_src != i else None)
     if fmt == "bf16":
         return MoEWeights(fmt, plan.chunk, w1.to(torch.bfloat16).contiguous(),
                           w2.to(torch.bfloat16).contiguous())
+    if fmt == "fp8_block":
+        return MoEWeights(fmt, plan.chunk, w1.weight.contiguous(), w2.weight.contiguous(),
+                          w1.scale.float().contiguous(), w2.scale.float().contiguous())
     (p1, c1), (p2, c2) = prepare_nvfp4(w1, plan.chunk), prepare_nvfp4(w2, plan.chunk)
     return MoEWeights(fmt, plan.chunk, p1, p2, c1, c2, w1.global_scale.float().contiguous(),
                       w2.global_scale.float().contiguous())

@@ -1,4 +1,5 @@
-"""Exact reference math for the FP4 (E2M1) and FP8 (E4M3) number formats of NVFP4.
+"""Exact reference math for the FP4 (E2M1) and FP8 (E4M3) number formats of
+NVFP4 and FP8 block scaling.
 
 Pure torch, elementwise, no rounding shortcuts: every function here is the
 definition the kernels and `nvfp4.py` are tested against.
@@ -14,7 +15,7 @@ from __future__ import annotations
 import torch
 
 __all__ = ["E2M1_MAX", "E4M3_MAX", "E2M1_VALUES", "round_to_e2m1_codes", "e2m1_codes_to_float",
-           "round_to_e4m3"]
+           "round_to_e4m3", "e4m3_rne_reference"]
 
 E2M1_MAX = 6.0
 E4M3_MAX = 448.0
@@ -58,3 +59,19 @@ def round_to_e4m3(x: torch.Tensor) -> torch.Tensor:
     Subnormals (below 2**-6) round to multiples of 2**-9. Allocates; no host sync.
     """
     return x.float().clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+def e4m3_rne_reference(x: torch.Tensor) -> torch.Tensor:
+    """fp32 value of `x` (any sign) rounded to E4M3 by arithmetic alone: nearest
+    even, saturating at +-448, subnormals in steps of 2**-9, sign kept (-0.0 for
+    negatives that round to zero). The definition torch's float8_e4m3fn cast
+    (behind `round_to_e4m3` and `sparkinfer.quant.fp8`) is tested against.
+
+    A magnitude a in [2**e, 2**(e+1)) (e >= -6; below 2**-6, e = -6) has 3
+    mantissa bits, so it rounds to a multiple of 2**(e-3); torch.round is
+    half-to-even. Allocates; no host sync.
+    """
+    a = x.float().abs().clamp(max=E4M3_MAX)
+    _, exp = torch.frexp(a)  # a = m * 2**exp, m in [0.5, 1)
+    quantum = torch.ldexp(torch.ones_like(a), (exp - 1).clamp(min=-6) - 3)
+    return torch.copysign(torch.round(a / quantum) * quantum, x.float())

@@ -64,8 +64,10 @@ def test_bench_moe_dry_run(tmp_path, capsys):
     checks = [r for r in rows if r["kind"] == "check"]
     assert checks and all(r["ok"] and r["rel_norm"] <= r["tol_rel_norm_max"] for r in checks)
     assert {r["family"] for r in checks} == {"micro", "grouped"}
+    assert {r["format"] for r in checks} == {"nvfp4", "bf16", "fp8_block"}
     times = [r for r in rows if r["kind"] == "time" and "us" in r]
     assert {(r["impl"], r["format"]) for r in times} >= {("sparkinfer", "nvfp4"), ("sparkinfer", "bf16"),
+                                                          ("sparkinfer", "fp8_block"),
                                                           ("torch_grouped_mm", "bf16"), ("torch_loop", "bf16")}
     assert {r["M"] for r in times} == {2, 20}
     assert all(r["weight_bytes"] > 0 and r["us"] > 0 for r in times)

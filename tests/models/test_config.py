@@ -119,8 +119,12 @@ REJECTED = [  # (preset, overrides, message fragment)
     ("mixtral-tiny", {"num_key_value_heads": 5}, r"num_key_value_heads=5"),
     ("qwen3_moe-tiny", {"num_experts_per_tok": 9}, r"num_experts_per_tok=9"),
     ("qwen3_moe-tiny", {"decoder_sparse_step": 0}, r"decoder_sparse_step=0"),
-    ("qwen3_moe-tiny", {"quantization_config": {"quant_method": "fp8"}},
-     r"quantization_config=.*fp8"),
+    ("qwen3_moe-tiny", {"quantization_config": {"quant_method": "fp8"}},  # per-tensor FP8
+     r"quantization_config.weight_block_size=None"),
+    ("qwen3_moe-tiny", {"quantization_config": {"quant_method": "fp8",
+                                                "weight_block_size": [128, 128],
+                                                "activation_scheme": "static"}},
+     r"quantization_config.activation_scheme='static'"),
     ("qwen3_moe-tiny", {"quantization_config": {"quant_method": "modelopt", "quant_algo": "FP8"}},
      r"quantization_config=.*FP8"),
 ]
@@ -130,6 +134,12 @@ REJECTED = [  # (preset, overrides, message fragment)
 def test_unsupported_configs_name_the_key(preset, over, match):
     with pytest.raises(UnsupportedModelError, match=match):
         load_spec(preset_config(preset, **over))
+
+
+def test_fp8_block_quantization_config():
+    fp8 = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+           "weight_block_size": [128, 128]}  # DeepSeek-V3, GLM-4.5-FP8, Qwen3-FP8
+    assert load_spec(preset_config("qwen3_moe-tiny", quantization_config=fp8)).quant == "fp8_block"
 
 
 def test_accepted_but_irrelevant_keys():

@@ -6,7 +6,7 @@ from sparkinfer.moe import MoECaps, MoEWeights, allocate_scratch, bind, moe_refe
 from sparkinfer.moe.reference import Comparison, compare_to_reference
 from sparkinfer.moe.routing import route_reference
 from sparkinfer.moe.weights import nvfp4_shapes
-from sparkinfer.quant import quantize_nvfp4
+from sparkinfer.quant import quantize_fp8_block, quantize_nvfp4
 
 
 def check_moe(out, ref) -> Comparison:
@@ -32,6 +32,8 @@ def random_layer(caps, spec, seed=None):
     w2 = torch.randn(e, h, i, generator=g) / i ** 0.5
     if spec.weight_format == "nvfp4":
         w1, w2 = quantize_nvfp4(w1), quantize_nvfp4(w2)
+    elif spec.weight_format == "fp8_block":
+        w1, w2 = quantize_fp8_block(w1), quantize_fp8_block(w2)
     else:
         w1, w2 = w1.bfloat16(), w2.bfloat16()
     p = plan(caps, spec)
@@ -66,6 +68,10 @@ def meta_weights(p):
     if p.spec.weight_format == "bf16":
         return MoEWeights("bf16", p.chunk, m(e, n1, h, dt=torch.bfloat16),
                           m(e, h, i, dt=torch.bfloat16))
+    if p.spec.weight_format == "fp8_block":
+        f8, f32 = torch.float8_e4m3fn, torch.float32
+        return MoEWeights("fp8_block", p.chunk, m(e, n1, h, dt=f8), m(e, h, i, dt=f8),
+                          m(e, n1 // 128, h // 128, dt=f32), m(e, h // 128, i // 128, dt=f32))
     u8 = torch.uint8
     (w1, s1), (w2, s2) = nvfp4_shapes(e, n1, h, p.chunk), nvfp4_shapes(e, h, i, p.chunk)
     return MoEWeights("nvfp4", p.chunk, m(*w1, dt=u8), m(*w2, dt=u8), m(*s1, dt=u8),

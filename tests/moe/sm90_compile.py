@@ -18,9 +18,10 @@ import torch
 import sparkinfer.moe.runner as moe_run
 
 _PTR = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32",
-        torch.int32: "*i32", torch.uint8: "*u8"}
+        torch.int32: "*i32", torch.uint8: "*u8", torch.float8_e4m3fn: "*fp8e4nv"}
 KERNELS = ("moe_fc1_kernel", "moe_act_kernel", "moe_fc2_kernel", "moe_reduce_kernel",
-           "sort_count_kernel", "sort_offsets_kernel", "sort_scatter_kernel")
+           "sort_count_kernel", "sort_offsets_kernel", "sort_scatter_kernel", "moe_quant_kernel",
+           "nvfp4_dequant_kernel")
 
 
 @dataclass
@@ -142,7 +143,12 @@ def compile_plan_launches(shape: dict, fmt: str, tokens: int, max_tokens: int,
                          sm90=".target sm_90" in compiled.asm["ptx"], sync_u8_loads=sync_u8,
                          launch_pdl=bool(launch.kwargs.get("launch_pdl")),
                          pdl_waits=compiled.asm["ptx"].count("griddepcontrol.wait"),
-                         pdl_triggers=compiled.asm["ptx"].count("griddepcontrol.launch_dependents")))
+                         pdl_triggers=compiled.asm["ptx"].count("griddepcontrol.launch_dependents"),
+                         mma=sorted(set(re.findall(r"(?:wgmma\.mma_async|mma\.sync)[\w.]*",
+                                                   compiled.asm["ptx"]))),
+                         cvt_e4m3=len(re.findall(r"cvt\.rn\.satfinite\.e4m3x2\.f32",
+                                                 compiled.asm["ptx"])),
+                         dequant_experts=b.config.dequant_experts))
     return rows
 
 

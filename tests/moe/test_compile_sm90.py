@@ -20,7 +20,12 @@ DSV3_ROUTING = dict(routing="sigmoid_grouped", n_group=8, topk_group=4)
 MIXTRAL = dict(num_experts=8, top_k=2, hidden=4096, intermediate=14336)
 CASES = [("qwen3", fmt, t) for fmt in ("bf16", "nvfp4") for t in (1, 64, 1024)] + [
     ("dsv3_tp8", "nvfp4", 1), ("dsv3_tp8", "bf16", 4096), ("qwen3-ptx", "nvfp4", 64),
-    ("mixtral", "nvfp4", 4), ("mixtral-ptx", "nvfp4", 4)]
+    ("mixtral", "nvfp4", 4), ("mixtral-ptx", "nvfp4", 4),
+    # fp8_block: micro (FC1 split: the act kernel quantizes; unsplit: FC1's epilogue), grouped
+    ("qwen3", "fp8_block", 1), ("mixtral", "fp8_block", 4), ("qwen3", "fp8_block", 64),
+    ("dsv3_tp8", "fp8_block", 4096),
+    # NVFP4 from 160 rows per expert: decoded to bf16 in expert chunks, bf16 tiles
+    ("qwen3_4k-ptx", "nvfp4", 4096)]
 
 
 def _compile(cases: list) -> list:
@@ -31,7 +36,7 @@ def _compile(cases: list) -> list:
 @pytest.fixture(scope="module")
 def compiled():
     shapes = {"qwen3": (QWEN3, 1024, {}), "dsv3_tp8": (DSV3_TP8, 4096, DSV3_ROUTING),
-              "mixtral": (MIXTRAL, 16, {})}
+              "mixtral": (MIXTRAL, 16, {}), "qwen3_4k": (QWEN3, 4096, {})}
     case = [(*shapes[name.split("-")[0]], "ptx" if name.endswith("-ptx") else "arith")
             for name, _, _ in CASES]
     return dict(zip(CASES, _compile([[s, fmt, t, mt, kw, dec]
@@ -58,3 +63,39 @@ def test_launches_compile_for_sm90(compiled, name, fmt, t):
         # NVFP4 codes and E4M3 scales ride the cp.async pipeline: no step waits on HBM
         assert r["sync_u8_loads"] == 0 or not r["kernel"].startswith("moe_fc"), r
 
+
+
+FP8_CASES = [c for c in CASES if c[1] == "fp8_block"]
+
+
+@pytest.mark.parametrize("name,fmt,t", FP8_CASES, ids=[f"{n}-{f}-T{t}" for n, f, t in FP8_CASES])
+def test_fp8_kernels_use_e4m3_tensor_cores(compiled, name, fmt, t):
+    """Every FP8 GEMM issues e4m3 x e4m3 wgmma (fp32 accumulate) and nothing
+    else; the activation quantization converts with cvt.rn.satfinite.e4m3x2
+    where it happens (FC1's epilogue or the act kernel, and x: in micro FC1,
+    in moe_quant_kernel for grouped)."""
+    rows = {r["kernel"]: r for r in compiled[(name, fmt, t)]}
+    for k in ("moe_fc1_kernel", "moe_fc2_kernel"):
+        mma = rows[k]["mma"]
+        assert mma and all(m.startswith("wgmma.mma_async") and m.endswith(".f32.e4m3.e4m3")
+                           for m in mma), (k, mma)
+    assert rows["moe_fc1_kernel"]["cvt_e4m3"] > 0
+    assert ("moe_quant_kernel" in rows) == (t > 16)
+    if "moe_quant_kernel" in rows:
+        assert rows["moe_quant_kernel"]["cvt_e4m3"] > 0
+    if "moe_act_kernel" in rows:
+        assert rows["moe_act_kernel"]["cvt_e4m3"] > 0
+
+
+def test_nvfp4_dequantized_path_launches_decode_then_bf16_tiles(compiled):
+    """Qwen3 at T 4096 (256 rows per expert): per chunk of 85 experts, decode
+    FC1's weights -> FC1 on bf16 tensor cores -> decode FC2's -> FC2."""
+    rows = compiled[("qwen3_4k-ptx", "nvfp4", 4096)]
+    names = [r["kernel"] for r in rows]
+    gemm = [n for n in names if n in ("nvfp4_dequant_kernel", "moe_fc1_kernel", "moe_fc2_kernel")]
+    assert gemm == ["nvfp4_dequant_kernel", "moe_fc1_kernel", "nvfp4_dequant_kernel",
+                    "moe_fc2_kernel"] * 2
+    for r in rows:
+        assert r["dequant_experts"] == 85
+        if r["kernel"].startswith("moe_fc"):
+            assert r["mma"] and all(m.endswith(".f32.bf16.bf16") for m in r["mma"]), r

@@ -167,8 +167,9 @@ def load_scales_2(p_s, row0, n_rows, offset, c, num_chunks, BN: tl.constexpr,
 
 @triton.jit
 def nvfp4_tile(p_w, b_c, o_n, m_n, c, num_chunks, BN: tl.constexpr, BK: tl.constexpr,
-               PTX_DECODE: tl.constexpr, INTERPRET: tl.constexpr):
-    """NVFP4 weight tile [BN, BK] in `k_order`, times 2**-8 (see NVFP4_WORD_ASM).
+               PTX_DECODE: tl.constexpr, INTERPRET: tl.constexpr, NATURAL: tl.constexpr = False):
+    """NVFP4 weight tile [BN, BK] in `k_order` (NATURAL: in row order, for the
+    dequantize kernel), times 2**-8 (see NVFP4_WORD_ASM).
 
     Each thread loads its prepared words with LDS.128 and decodes them into the
     wgmma A registers with no layout conversion. Measured on the sm_90a SASS of
@@ -204,20 +205,23 @@ def nvfp4_tile(p_w, b_c, o_n, m_n, c, num_chunks, BN: tl.constexpr, BK: tl.const
         h2 = _halves(r2)
         h3 = _halves(r3)
     w = tl.join(tl.join(h0, h1), tl.join(h2, h3))  # [BN, NW, 2 (q0), 2 (j0), 2 (j1)]
+    if NATURAL:  # word n holds elements 8n + 4 j1 + 2 j0 + q0
+        return tl.reshape(tl.permute(w, (0, 1, 4, 3, 2)), [BN, BK])
     w = tl.reshape(w, [BN, 4, U, 2, 2, 2])
     return tl.reshape(tl.permute(w, (0, 2, 5, 4, 1, 3)), [BN, BK])
 
 
 @triton.jit
 def weight_tile(p_w, b_s, o_n, m_n, c, stride_w, num_chunks,
-                BN: tl.constexpr, BK: tl.constexpr, NVFP4: tl.constexpr,
+                BN: tl.constexpr, BK: tl.constexpr, NVFP4: tl.constexpr, FP8: tl.constexpr,
                 PTX_DECODE: tl.constexpr, INTERPRET: tl.constexpr):
     """Weight tile [BN, BK] of rows `o_n` [BN] (masked by m_n) and chunk c (reduction elements
-    c*BK..(c+1)*BK) in `k_order`, in the dot dtype (`dot_operand`), for one
-    tl.dot of K = BK.
+    c*BK..(c+1)*BK) in `k_order`, as the dot's left operand.
 
-    bf16: p_w -> bf16 [N, R] of one expert, stride_w = R; b_s and num_chunks
-    are ignored. NVFP4: p_w -> one expert's tiled prepared words (num_chunks
+    bf16 / FP8: p_w -> bf16 / e4m3 [N, R] of one expert, stride_w = R; b_s and
+    num_chunks are ignored; bf16 tiles are bf16 operands (`dot_operand`), e4m3
+    tiles e4m3 (fp32 values under the interpreter, `kernels/fp8.py`).
+    NVFP4: p_w -> one expert's tiled prepared words (num_chunks
     = R / BK chunks per row; stride_w is ignored); b_s: the rows' prepared
     scale codes [BN, BK/16] of this step (`load_scales`). Returns e2m1 * e4m3 * 2**-8
     exactly (bf16 holds it); the caller multiplies its fp32 accumulator by the
@@ -227,12 +231,18 @@ def weight_tile(p_w, b_s, o_n, m_n, c, stride_w, num_chunks,
     integer ops and an fp32 multiply. Both are exact, so both give the same bits.
     """
     if NVFP4:
-        w = nvfp4_tile(p_w, b_s, o_n, m_n, c, num_chunks, BN, BK, PTX_DECODE, INTERPRET)
+        w = dot_operand(nvfp4_tile(p_w, b_s, o_n, m_n, c, num_chunks, BN, BK, PTX_DECODE,
+                                   INTERPRET), INTERPRET)
     else:
         o_k = tl.arange(0, BK)
         p_tile = p_w + o_n[:, None] * stride_w + c * BK + o_k[None, :]
-        w = tl.load(p_tile, mask=m_n[:, None], other=0.0).to(tl.bfloat16)
-    return dot_operand(w, INTERPRET)
+        w = tl.load(p_tile, mask=m_n[:, None], other=0.0)
+        if FP8:
+            if INTERPRET:
+                w = w.to(tl.float32)
+        else:
+            w = dot_operand(w.to(tl.bfloat16), INTERPRET)
+    return w
 
 
 @triton.jit
