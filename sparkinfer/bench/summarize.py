@@ -236,7 +236,8 @@ def decode_tables(rows: list, machine: str, brief: bool) -> list[str]:
     of the same model and transformers; the shared-expert overlap and speculative rows."""
     steps = defaultdict(dict)
     for r in rows:
-        if r.get("bench") == "decode" and r.get("overlap_shared", True) is not False:
+        if r.get("bench") == "decode" and r.get("overlap_shared", True) is not False and \
+                (not brief or r["batch"] in (1, 8, 64)):
             steps[(r["preset"], r["batch"])][(r["impl"], r["experts"])] = r
     bw = next((r["copy_bandwidth_Bps"] for r in rows if r.get("copy_bandwidth_Bps")), 0) / 1e9
     layers = next((r["layers"] for r in rows if r.get("layers")), "?")
