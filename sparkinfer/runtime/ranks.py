@@ -186,8 +186,20 @@ def run_ranks(
         )
         for r in range(world_size)
     ]
-    for p in procs:
-        p.start()
+    # CPU ranks must see TRITON_INTERPRET=1 from their first import: unpickling `fn` and
+    # `args` can import kernel modules, and @triton.jit reads the variable when it decorates
+    saved = os.environ.get("TRITON_INTERPRET")
+    if backend == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        for p in procs:
+            p.start()
+    finally:
+        if backend == "cpu":
+            if saved is None:
+                os.environ.pop("TRITON_INTERPRET", None)
+            else:
+                os.environ["TRITON_INTERPRET"] = saved
     done: dict[int, Any] = {}
     deadline = time.monotonic() + timeout_s
     try:
