@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from sparkinfer.rope.reference import rms_head, rope
+from sparkinfer.rope.reference import rope_qk_cache_reference
 
 __all__ = ["TorchOps"]
 
@@ -56,16 +56,11 @@ class TorchOps:
         return (r * torch.rsqrt(r.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(res.dtype), res
 
     def rope_qk_cache(self, qkv, positions, slots, table, caches, heads, *, norms, eps, kv_stride, kv_offset):
+        q, k, _ = rope_qk_cache_reference(qkv, positions, heads, (table.cos, table.sin), norms, eps)
+        q, k = q.to(qkv.dtype), k.to(qkv.dtype)
         hq, kvh, d = heads
-        t = qkv.shape[0]
-        q = qkv[:, :hq * d].view(t, hq, d)
-        k = qkv[:, hq * d:(hq + kvh) * d].view(t, kvh, d)
-        v = qkv[:, (hq + kvh) * d:].view(t, kvh, d)
-        if norms is not None:
-            q, k = rms_head(q, norms[0], eps), rms_head(k, norms[1], eps)
+        v = qkv[:, (hq + kvh) * d:].view(qkv.shape[0], kvh, d)
         pos = positions.long()
-        cos, sin = table.cos[pos], table.sin[pos]
-        q, k = rope(q, cos, sin).to(qkv.dtype), rope(k, cos, sin).to(qkv.dtype)
         own = (pos % kv_stride) == kv_offset
         local = torch.where(own, pos // kv_stride, 0)
         row = torch.where(own, slots.long(), caches[0].shape[0] - 1)  # not ours: the padding slot
