@@ -20,13 +20,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="sparkinfer", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     for name in _SUBCOMMANDS:
-        try:
-            mod = importlib.import_module(f"sparkinfer.cli.{name}")
-        except ModuleNotFoundError as e:
-            if e.name != f"sparkinfer.cli.{name}":
-                raise
-            continue
-        mod.add_parser(sub)
+        importlib.import_module(f"sparkinfer.cli.{name}").add_parser(sub)
     args = ap.parse_args(argv)
     from sparkinfer.errors import SparkInferError
 
