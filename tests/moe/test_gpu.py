@@ -68,6 +68,23 @@ def test_gpu_layer_matches_reference_and_replays_bitwise(fmt, t):
     assert torch.equal(out, eager)
 
 
+
+def _repeats_and_replays_bitwise(b, out, first, *, repeats: int, replays: int) -> None:
+    """run(b) `repeats` times eagerly, then a CUDA graph of it `replays` times, each into a
+    poisoned `out`: every result must equal `first` bitwise."""
+    for _ in range(repeats):
+        out.fill_(float("nan"))
+        run(b)
+        assert torch.equal(out, first)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        run(b)
+    for _ in range(replays):
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, first)
+
 MIXTRAL = dict(num_experts=8, top_k=2, hidden=4096, intermediate=14336)
 
 
@@ -101,18 +118,7 @@ def test_gpu_mixtral_micro_nvfp4_repeats_bitwise(decode):
     run(b)
     first = out.clone()
     assert_moe_close(first, moe_reference(x, src, route_reference(logits, spec, 2), spec=spec))
-    for _ in range(20):
-        out.fill_(float("nan"))
-        run(b)
-        assert torch.equal(out, first)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        run(b)
-    for _ in range(5):
-        out.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, first)
+    _repeats_and_replays_bitwise(b, out, first, repeats=20, replays=5)
     out.fill_(float("nan"))
     run(bind(p.with_changes(decode="arith"), scratch, w, x=x, out=out, logits=logits))
     assert torch.equal(out, first)
@@ -163,18 +169,7 @@ def test_gpu_fp8_bench_shapes(shape, t):
     # the reference routes by itself: a routing bug shows as an error here
     ref = moe_reference(x, src, route_reference(logits, spec, dims["top_k"]), spec=spec)
     assert_moe_close(first, ref)
-    for _ in range(3):
-        out.fill_(float("nan"))
-        run(b)
-        assert torch.equal(out, first)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        run(b)
-    for _ in range(3):
-        out.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, first)
+    _repeats_and_replays_bitwise(b, out, first, repeats=3, replays=3)
 
 
 def test_gpu_nvfp4_dequantized_path_matches_the_kernels():
