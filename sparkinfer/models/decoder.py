@@ -25,8 +25,8 @@ import torch.nn.functional as F
 
 from sparkinfer.attention import decode_attention
 from sparkinfer.errors import CapacityError, ShapeError
-from sparkinfer.linear import linear
 from sparkinfer.layers.aux_stream import CudaStreamOps, moe_with_shared_experts
+from sparkinfer.linear import linear
 from sparkinfer.models.torch_ops import TorchOps
 from sparkinfer.models.weights import DenseMLPWeights, ExpertWeights, ModelWeights, Sharding
 from sparkinfer.moe import MoECaps, MoELayer, MoESpec, plan_supports_aux_stream_overlap
