@@ -11,17 +11,9 @@ import triton.language as tl
 
 
 @triton.jit
-def _operand(x, INTERPRET: tl.constexpr):
-    # the interpreter computes bf16 dots in fp16 (wrong for bf16 ranges): fp32 there
-    if INTERPRET:
-        return x.to(tl.float32)
-    return x
-
-
-@triton.jit
 def linear_rows_kernel(p_x, p_w, p_b, p_out, M, N, K, stride_xm, stride_wn, stride_om,
                        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
-                       HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, INTERPRET: tl.constexpr):
+                       HAS_BIAS: tl.constexpr, INTERPRET: tl.constexpr):
     o_n = tl.program_id(0) * BN + tl.arange(0, BN)
     o_m = tl.arange(0, BM)
     o_k = tl.arange(0, BK)
@@ -38,8 +30,8 @@ def linear_rows_kernel(p_x, p_w, p_b, p_out, M, N, K, stride_xm, stride_wn, stri
             m_k = (k + o_k) < K
             b_w = tl.load(p_wt + k, mask=m_n[:, None] & m_k[None, :], other=0.0)
             b_x = tl.load(p_xt + k, mask=m_m[None, :] & m_k[:, None], other=0.0)
-        if IEEE:  # fp32 weights (GLM-4.5's router) keep fp32 products, not TF32
-            b_acc = tl.dot(_operand(b_w, INTERPRET), _operand(b_x, INTERPRET), b_acc, input_precision="ieee")
+        if INTERPRET:  # its bf16 dots are fp16 ones: exact fp32 products of the bf16 values
+            b_acc = tl.dot(b_w.to(tl.float32), b_x.to(tl.float32), b_acc, input_precision="ieee")
         else:
             b_acc = tl.dot(b_w, b_x, b_acc)
     if HAS_BIAS:

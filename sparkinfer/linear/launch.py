@@ -14,13 +14,15 @@ __all__ = ["linear", "LINEAR_MAX_ROWS", "tile_for"]
 # Rows this kernel serves (one MMA's narrow side); more go to F.linear, whose
 # tensor-core tiles fill at larger M.
 LINEAR_MAX_ROWS = 16
-# Tile: 64 output features x 128 of K a step, 6 steps in flight; a narrower BN only
-# for weights of under 1024 rows (a router), so they still spread over 16+ programs.
-# H200 at b2e0991, one 8-weight graph per shape (sweep in the commit that set this):
-# BN 64 / BK 128 / 6 stages was the fastest of 29 tiles at every shape printed,
-# e.g. Mixtral o [4096, 4096] M=1 11.24 us vs cuBLAS 13.31, qkv [6144, 4096] 14.48
-# vs 15.46, GLM-4.5-Air shared-expert down [4096, 1408] M=8 5.71 vs 6.13.
-_BLOCK_N, _SMALL_N, _BLOCK_N_SMALL = 64, 1024, 16
+# Tile: 64 output features x 128 of K a step, 6 steps in flight. H200 at 0f9fd66
+# (benchmarks/results/sweeps/linear_sweep_h200.json: 24 tiles x 9 decode shapes x
+# M 1 / 8 in 8-weight graphs), us of this tile vs cuBLAS at M = 1: Qwen3-30B-A3B qkv
+# [5120, 2048] 7.57 vs 8.06, o [2048, 4096] 9.19 vs 9.46; GLM-4.5-Air qkv 30.8 vs
+# 32.9, o 27.3 vs 29.1, dense gate_up 45.6 vs 47.4, shared-expert gate_up 9.76 vs
+# 11.1 (the best tile per shape is within 5% of it). Routers stay with cuBLAS: at
+# [128, 2048] no tile beat it (4.85 vs 4.86 us), and fp32 weights (GLM-4.5's
+# router) take IEEE fp32 dots here, 80 us vs 5.0.
+_BLOCK_N, _SMALL_N = 64, 1024
 _BLOCK_K = 128
 _MAX_STAGES = 6
 _SMEM = 180 * 1024  # of the H200's 227 KiB per SM, what the pipelined tiles may take
@@ -29,7 +31,7 @@ _SMEM = 180 * 1024  # of the H200's 227 KiB per SM, what the pipelined tiles may
 def tile_for(n: int, k: int, elem: int = 2) -> dict:
     """Launch parameters for an [N, K] weight of `elem`-byte elements; depend on the
     weight only, never on M, so a row's result is the same bits at any batch. Pure."""
-    bn = _BLOCK_N if n >= _SMALL_N else _BLOCK_N_SMALL
+    bn = _BLOCK_N
     bk = min(_BLOCK_K, triton.next_power_of_2(k))
     stages = max(2, min(_MAX_STAGES, _SMEM // ((bn + LINEAR_MAX_ROWS) * bk * elem)))
     return dict(BN=bn, BK=bk, EVEN_K=k % bk == 0, num_warps=4, num_stages=stages)
@@ -39,9 +41,10 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
            out: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] @ w[N, K].T (+ bias [N]) -> [M, N] in x's dtype.
 
-    M <= LINEAR_MAX_ROWS runs the Triton kernel (fp32 accumulation, one fixed sum
-    order per output: a row's result does not depend on M); larger M, or a
-    weight with a non-contiguous K, runs F.linear. Allocates `out` unless given;
+    M <= LINEAR_MAX_ROWS, N >= 1024 and bf16 / fp16 runs the Triton kernel (fp32
+    accumulation, one fixed sum order per output: a row's result does not depend
+    on M); anything else (more rows, a router-sized N, fp32, a non-contiguous K)
+    runs torch's matmul. Allocates `out` unless given;
     no host sync; capture-legal.
     """
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
@@ -58,13 +61,12 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
     elif tuple(out.shape) != (m, n) or out.stride(1) != 1 or out.dtype != x.dtype:
         raise LayoutError(f"linear: out must be [M, N] = {(m, n)} {x.dtype} with a contiguous last dim; got "
                           f"{tuple(out.shape)} {out.dtype} strides {out.stride()}")
-    if m > LINEAR_MAX_ROWS or w.stride(1) != 1 or x.stride(1) != 1:
+    if m > LINEAR_MAX_ROWS or n < _SMALL_N or x.dtype == torch.float32 or w.stride(1) != 1 or x.stride(1) != 1:
         return torch.addmm(bias, x, w.t(), out=out) if bias is not None else torch.mm(x, w.t(), out=out)
     if m == 0:
         return out
     t = tile_for(n, k, x.element_size())
     linear_rows_kernel[(triton.cdiv(n, t["BN"]),)](
         x, w, bias if bias is not None else w, out, m, n, k, x.stride(0), w.stride(0), out.stride(0),
-        BM=LINEAR_MAX_ROWS, HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32 or triton_interpret(),
-        INTERPRET=triton_interpret(), **t)
+        BM=LINEAR_MAX_ROWS, HAS_BIAS=bias is not None, INTERPRET=triton_interpret(), **t)
     return out

@@ -10,7 +10,7 @@ from sparkinfer.linear import LINEAR_MAX_ROWS, linear
 from sparkinfer.linear.launch import tile_for
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-CASES = [(1, 40, 64), (3, 130, 100), (16, 256, 512), (5, 33, 2048)]
+CASES = [(1, 1024, 64), (3, 1090, 100), (16, 1024, 512), (5, 1030, 2048)]
 
 
 def _case(m, n, k, seed, bias):
@@ -38,24 +38,28 @@ def test_matches_fp32_reference(m, n, k, bias):
 def test_rows_do_not_depend_on_the_batch():
     """Each row is the same bits alone and among 11 others (speculative verify steps
     and plain decode steps then round alike)."""
-    x, w, _ = _case(12, 96, 320, 3, False)
+    x, w, _ = _case(12, 1024, 320, 3, False)
     together = linear(x, w)
     for r in (0, 5, 11):
         assert torch.equal(linear(x[r:r + 1], w), together[r:r + 1])
 
 
-def test_more_rows_than_the_kernel_serves_go_to_torch():
-    x, w, b = _case(LINEAR_MAX_ROWS + 1, 24, 64, 9, True)
-    assert torch.equal(linear(x, w, b), torch.addmm(b, x, w.t()))
+def test_what_the_kernel_does_not_serve_goes_to_torch():
+    """More rows than one tile, router-sized N, fp32: torch's matmul, the same bits."""
+    cases = ((LINEAR_MAX_ROWS + 1, 1024, torch.bfloat16), (2, 128, torch.bfloat16), (2, 1024, torch.float32))
+    for m, n, dtype in cases:
+        x, w, b = (t.to(dtype) for t in _case(m, n, 64, 9, True))
+        assert torch.equal(linear(x, w, b), torch.addmm(b, x, w.t()))
 
 
 def test_tile_depends_on_the_weight_only():
-    assert tile_for(5120, 2048)["BN"] == 64 and tile_for(128, 2048)["BN"] == 16
-    assert not tile_for(40, 100)["EVEN_K"] and tile_for(5120, 4096, 4)["num_stages"] < tile_for(5120, 4096, 2)["num_stages"]
+    assert tile_for(5120, 2048)["BN"] == 64
+    assert not tile_for(40, 100)["EVEN_K"]
+    assert tile_for(5120, 4096, 4)["num_stages"] < tile_for(5120, 4096, 2)["num_stages"]
 
 
 def test_rejects_bad_input():
-    x, w, _ = _case(2, 8, 64, 1, False)
+    x, w, _ = _case(2, 1024, 64, 1, False)
     with pytest.raises(ShapeError, match="same K"):
         linear(x, w[:, :32])
     with pytest.raises(DTypeError, match="float dtype"):
