@@ -2,7 +2,7 @@
 
     sparkinfer bench decode [--presets qwen3-30b-a3b,glm-4.5-air,mixtral-8x7b] [--layers 8]
                             [--batches 1,8,32,64] [--formats bf16,nvfp4] [--context 512]
-                            [--overlap-batches 1,8,32] [--spec-k 3] [--dry-run]
+                            [--overlap-batches 1,8,32] [--spec-k 3] [--profile] [--dry-run]
 
 Per preset (realistic dimensions, random weights made on the GPU by transformers'
 own model class, `--layers` decoder layers): our decoder with bf16 and NVFP4
@@ -22,7 +22,8 @@ and off (`--overlap-batches`). `--spec-k K`: generation tokens/s at batch 1 of
 plain decoding and of speculative decoding with a self-draft of the first half of
 the layers, on a model whose later layers are zeroed so the draft agrees by
 construction (acceptance near 1: this measures the machinery's cost and gain,
-not a real draft's acceptance).
+not a real draft's acceptance). `--profile`: each of our rows also lists the
+kernels of one replayed step (CUDA profiler), slowest first.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ def add_arguments(p) -> None:
     p.add_argument("--replays", type=int, default=30)
     p.add_argument("--hf-batches", default="1,8", help="batches for transformers' generate (slow)")
     p.add_argument("--overlap-batches", default="1,8,32", help="shared-expert overlap on/off at these batches")
+    p.add_argument("--profile", action="store_true",
+                   help="record the kernels of one decode step (CUDA profiler) in each of our rows")
     p.add_argument("--spec-k", type=int, default=0, help="speculative decoding tokens/s with k draft tokens")
     p.add_argument("--out", default=None, help="default benchmarks/results/decode_<gpu>.json")
     p.add_argument("--dry-run", action="store_true", help="a tiny preset on the CPU (logic check only)")
@@ -55,7 +58,7 @@ def add_arguments(p) -> None:
 def _rows_for(preset, args, dev, bw, say) -> list[dict]:
     import torch
 
-    from sparkinfer.bench.decode_model import build, floor_bytes, hf_model, hf_step_us, step_us
+    from sparkinfer.bench.decode_model import build, floor_bytes, hf_model, hf_step_us, step_kernels, step_us
 
     batches = [int(b) for b in args.batches.split(",")]
     ctx = args.context
@@ -90,6 +93,8 @@ def _rows_for(preset, args, dev, bw, say) -> list[dict]:
                                          argmax_agrees_hf=int(logits.argmax()) == int(ref.argmax()),
                                          replay_equals_eager=same,
                                          ok=(same or ops == "torch") and bool(torch.isfinite(logits).all())))
+                        if args.profile and engine.graphs:
+                            rows[-1]["kernels"] = step_kernels(engine, b)
                         say(rows[-1])
                     dec.overlap_shared = dev.type == "cuda"
             del engine, dec
@@ -163,7 +168,9 @@ def main(args) -> int:
 
     def say(r):
         con.print("  " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()
-                                  if k not in ("bench", "draft")))
+                                  if k not in ("bench", "draft", "kernels")))
+        for kern in r.get("kernels", [])[:12]:
+            con.print(f"      {kern['us_per_step']:8.1f} us {kern['per_step']:5.1f}x  {kern['name'][:70]}")
     rows = []
     for preset in args.presets.split(","):
         con.rule(preset)

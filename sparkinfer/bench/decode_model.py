@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-__all__ = ["hf_model", "build", "floor_bytes", "copy_bandwidth", "step_us", "hf_step_us"]
+__all__ = ["hf_model", "build", "floor_bytes", "copy_bandwidth", "step_us", "hf_step_us", "step_kernels"]
 
 
 def hf_model(preset: str, layers: int, device, *, agree_after: int | None = None):
@@ -152,3 +152,29 @@ def hf_step_us(model, batch: int, ctx: int, vocab: int) -> float:
             torch.cuda.synchronize()
         t[n] = time.perf_counter() - t0
     return (t[9] - t[1]) / 8 * 1e6
+
+
+def step_kernels(engine, batch: int, replays: int = 20) -> list[dict]:
+    """The GPU kernels of one replay of the bucket's decode graph (captured by
+    `step_us`): [{name, per_step, us_per_step}], slowest first, from the CUDA
+    profiler over `replays` replays. Names are cut at 100 characters."""
+    import collections
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from sparkinfer.engine import SamplingParams
+
+    _, run = engine._graph_step(engine.bucket(batch), 1, SamplingParams())
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            run(SamplingParams())
+        torch.cuda.synchronize()
+    agg = collections.defaultdict(lambda: [0, 0.0])
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            a = agg[ev.name[:100]]
+            a[0] += 1
+            a[1] += ev.device_time_total
+    return [dict(name=n, per_step=c / replays, us_per_step=t / replays)
+            for n, (c, t) in sorted(agg.items(), key=lambda kv: -kv[1][1])]

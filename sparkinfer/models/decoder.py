@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from sparkinfer.attention import decode_attention
 from sparkinfer.errors import CapacityError, ShapeError
 from sparkinfer.layers.aux_stream import CudaStreamOps, moe_with_shared_experts
+from sparkinfer.linear import linear
 from sparkinfer.models.torch_ops import TorchOps
 from sparkinfer.models.weights import DenseMLPWeights, ExpertWeights, ModelWeights, Sharding
 from sparkinfer.moe import MoECaps, MoELayer, MoESpec, plan_supports_aux_stream_overlap
@@ -155,7 +156,7 @@ class Decoder:
     def _attention(self, i: int, x, step: Step):
         a, spec, sh = self.w.layers[i].attn, self.spec, self.sh
         d, t = spec.head_dim, x.shape[0]
-        qkv = F.linear(x, a.qkv, a.qkv_bias)
+        qkv = self._linear(x, a.qkv, a.qkv_bias)
         norms = (a.q_norm, a.k_norm) if a.q_norm is not None else None
         caches = (self.cache.k[i], self.cache.v[i])
         ops = self.torch_ops
@@ -176,7 +177,11 @@ class Decoder:
                                **self._attn_out(b, step.q_len, hq))
             out = self.comm.dcp_merge(part.view(t, hq, d), lse.view(t, hq), scatter_heads=True)
             out = out.reshape(t, self.heads_l * d)
-        return F.linear(out, a.o)
+        return self._linear(out, a.o)
+
+    def _linear(self, x, w, bias=None):
+        """A projection: our few-rows kernel (`sparkinfer.linear`), F.linear for the torch ops."""
+        return F.linear(x, w, bias) if self.torch_ops is not None else linear(x, w, bias)
 
     def _attn_out(self, b: int, q: int, heads: int) -> dict:
         """out / lse buffers of one attention call (the kernel refuses to allocate them during
@@ -187,10 +192,9 @@ class Decoder:
         return dict(out=torch.empty((b, q, heads, d), dtype=torch.bfloat16, device=self.device),
                     lse=torch.empty((b, q, heads), dtype=torch.float32, device=self.device))
 
-    @staticmethod
-    def _dense(m: DenseMLPWeights, x):
-        g, u = F.linear(x, m.gate_up).chunk(2, dim=-1)
-        return F.linear(F.silu(g) * u, m.down)
+    def _dense(self, m: DenseMLPWeights, x):
+        g, u = self._linear(x, m.gate_up).chunk(2, dim=-1)
+        return self._linear(F.silu(g) * u, m.down)
 
     def _mlp(self, i: int, x):
         m = self.w.layers[i].mlp
@@ -199,7 +203,7 @@ class Decoder:
         out = self._moe_out[:x.shape[0]]
 
         def router(h):
-            return F.linear(h.to(m.router.dtype), m.router)
+            return self._linear(h.to(m.router.dtype), m.router)
 
         def routed(h, logits):
             if self.torch_ops is not None:

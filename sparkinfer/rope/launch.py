@@ -10,6 +10,8 @@ import triton
 from sparkinfer.errors import DTypeError, LayoutError, ShapeError
 from sparkinfer.rope.kernel import rope_qk_cache_kernel
 
+_MIN_PROGRAMS = 128  # about one per SM of an H200 (132)
+
 __all__ = ["RotaryTable", "rotary_table", "rope_qk_cache"]
 
 
@@ -72,6 +74,11 @@ def rope_qk_cache(qkv: torch.Tensor, positions: torch.Tensor, slots: torch.Tenso
         return q_out
     block_d = triton.next_power_of_2(d)
     block_heads = max(1, min(triton.next_power_of_2(hq + kvh), 4096 // block_d))
+    # a decode step has few tokens: narrower head blocks, so the grid is not one or two
+    # programs running every head in series (H200, Qwen3-30B-A3B dims at batch 1: 4.5 us
+    # per call with 2 programs of 32 heads; benchmarks/results/decode_profile_h200.json)
+    while block_heads > 1 and t * triton.cdiv(hq + kvh, block_heads) < _MIN_PROGRAMS:
+        block_heads //= 2
     qw, kw = norms if norms is not None else (table.cos, table.cos)
     grid = (t, triton.cdiv(hq + kvh, block_heads))
     rope_qk_cache_kernel[grid](
