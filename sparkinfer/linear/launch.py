@@ -14,20 +14,25 @@ __all__ = ["linear", "LINEAR_MAX_ROWS", "tile_for"]
 # Rows this kernel serves (one MMA's narrow side); more go to F.linear, whose
 # tensor-core tiles fill at larger M.
 LINEAR_MAX_ROWS = 16
-# Output features per program: the widest tile that still gives every SM about one
-# program (132 on an H200), so the weight stream is spread over the whole chip.
-_BLOCK_N = (64, 32, 16)
-_MIN_PROGRAMS = 120
-_BLOCK_K = 256
-_STAGES = 4
+# Tile: 64 output features x 128 of K a step, 6 steps in flight; a narrower BN only
+# for weights of under 1024 rows (a router), so they still spread over 16+ programs.
+# H200 at b2e0991, one 8-weight graph per shape (sweep in the commit that set this):
+# BN 64 / BK 128 / 6 stages was the fastest of 29 tiles at every shape printed,
+# e.g. Mixtral o [4096, 4096] M=1 11.24 us vs cuBLAS 13.31, qkv [6144, 4096] 14.48
+# vs 15.46, GLM-4.5-Air shared-expert down [4096, 1408] M=8 5.71 vs 6.13.
+_BLOCK_N, _SMALL_N, _BLOCK_N_SMALL = 64, 1024, 16
+_BLOCK_K = 128
+_MAX_STAGES = 6
+_SMEM = 180 * 1024  # of the H200's 227 KiB per SM, what the pipelined tiles may take
 
 
-def tile_for(n: int, k: int) -> dict:
-    """Launch parameters for an [N, K] weight; depend on the weight only, never on
-    M, so a row's result is the same bits at any batch. Pure."""
-    bn = next((b for b in _BLOCK_N if triton.cdiv(n, b) >= _MIN_PROGRAMS), _BLOCK_N[-1])
+def tile_for(n: int, k: int, elem: int = 2) -> dict:
+    """Launch parameters for an [N, K] weight of `elem`-byte elements; depend on the
+    weight only, never on M, so a row's result is the same bits at any batch. Pure."""
+    bn = _BLOCK_N if n >= _SMALL_N else _BLOCK_N_SMALL
     bk = min(_BLOCK_K, triton.next_power_of_2(k))
-    return dict(BN=bn, BK=bk, EVEN_K=k % bk == 0, num_warps=4, num_stages=_STAGES)
+    stages = max(2, min(_MAX_STAGES, _SMEM // ((bn + LINEAR_MAX_ROWS) * bk * elem)))
+    return dict(BN=bn, BK=bk, EVEN_K=k % bk == 0, num_warps=4, num_stages=stages)
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
@@ -57,7 +62,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
         return torch.addmm(bias, x, w.t(), out=out) if bias is not None else torch.mm(x, w.t(), out=out)
     if m == 0:
         return out
-    t = tile_for(n, k)
+    t = tile_for(n, k, x.element_size())
     linear_rows_kernel[(triton.cdiv(n, t["BN"]),)](
         x, w, bias if bias is not None else w, out, m, n, k, x.stride(0), w.stride(0), out.stride(0),
         BM=LINEAR_MAX_ROWS, HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32 or triton_interpret(),

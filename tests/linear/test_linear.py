@@ -50,8 +50,8 @@ def test_more_rows_than_the_kernel_serves_go_to_torch():
 
 
 def test_tile_depends_on_the_weight_only():
-    assert tile_for(5120, 2048)["BN"] == 32 and tile_for(2048, 4096)["BN"] == 16
-    assert tile_for(151936, 2048)["BN"] == 64 and not tile_for(40, 100)["EVEN_K"]
+    assert tile_for(5120, 2048)["BN"] == 64 and tile_for(128, 2048)["BN"] == 16
+    assert not tile_for(40, 100)["EVEN_K"] and tile_for(5120, 4096, 4)["num_stages"] < tile_for(5120, 4096, 2)["num_stages"]
 
 
 def test_rejects_bad_input():
