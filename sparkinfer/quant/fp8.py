@@ -14,8 +14,9 @@ GLM-4.5-FP8 and Qwen3-FP8 checkpoints, `quantization_config` `quant_method:
 
 Activations (`quantize_fp8_groups`): scale s = max(amax, ACT_AMIN) / 448 per
 row and group of 128 along K, q = e4m3(x * (1 / s)), each operation correctly
-rounded fp32: the MoE kernels compute exactly this (`moe/kernels/fp8.py`), so
-the reference and the GPU agree bit for bit on the quantized activations.
+rounded fp32 on every device: the MoE kernels compute exactly this
+(`moe/kernels/fp8.py`), so the reference and the GPU agree bit for bit on the
+quantized activations.
 """
 
 from __future__ import annotations
@@ -161,8 +162,14 @@ def quantize_fp8_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise ShapeError(f"quantize_fp8_groups: x shape {tuple(x.shape)}; the last dim must "
                          f"be a multiple of {FP8_BLOCK}")
     g = x.float().reshape(*x.shape[:-1], -1, FP8_BLOCK)
-    s = g.abs().amax(-1).clamp(min=ACT_AMIN) / E4M3_MAX
-    q = round_to_e4m3_signed(g * (1.0 / s)[..., None])
+    amax = g.abs().amax(-1).clamp(min=ACT_AMIN)
+    # Both divisions tensor by tensor: torch on CUDA computes `t / 448.0` (a CPU
+    # scalar divisor) as t * fl(1/448), off by one fp32 ulp for about half the
+    # scales, and q then differs from the kernels' (div.rn) at rounding ties: on
+    # an H200, 474 of 307200 E4M3 codes of x [300, 1024], which moved the fp8_block
+    # layer's reference by 1.4e-2 (rel_norm) through FC2's E4M3 input.
+    s = amax / torch.full_like(amax, E4M3_MAX)
+    q = round_to_e4m3_signed(g * (torch.ones_like(s) / s)[..., None])
     return q.reshape(x.shape), s
 
 
