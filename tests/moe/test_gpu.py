@@ -21,19 +21,14 @@ pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
     reason="needs a CUDA GPU and compiled kernels (TRITON_INTERPRET unset)")
 
-# fp8_block missed the GPU bounds on the H200 (rel_norm 1.0-1.7e-2 against 1e-2, max_rel up to
-# 0.18 against 3e-2; benchmarks/results/gpu_tests_h200.json, 1d96f7d; one case of 21 passed)
-# while the interpreter met them. Cause (issue 17): the REFERENCE, not the kernels.
-# quantize_fp8_groups wrote its scale as `amax / 448.0`, which torch on CUDA computes as
-# amax * fl32(1/448) (a CPU-scalar divisor): 1 fp32 ulp off for about half the groups (H200
-# diag: 1400 of 2400 x scales), so the x codes at rounding ties (474 of 307200) differed from
-# the kernels' div.rn ones; FC1 moved ~3e-3 and the reference's own E4M3 rounding of FC2's
-# input turned that into rel_norm ~1.4e-2 (a CPU emulation of CUDA's division reproduces both
-# numbers: tests/moe/test_fp8_layer.py). Ties cluster in a few groups, so a small T can have
-# none (P ~6% at T 5): the one case that passed. Fixed in sparkinfer/quant/fp8.py (divisions
-# tensor by tensor); the xfail stays until a GPU run confirms it.
-FP8_OPEN = pytest.mark.xfail(reason="fp8_block misses the GPU error bounds (issue 17, open)")
-CASES = [pytest.param(fmt, t, id=f"{fmt}-T{t}", marks=FP8_OPEN if fmt == "fp8_block" else ())
+# fp8_block once missed these bounds on the H200 (rel_norm 1.0-1.7e-2, 1d96f7d) while the
+# interpreter met them: the REFERENCE was wrong on CUDA, not the kernels. quantize_fp8_groups
+# wrote its scale as `amax / 448.0`, which torch on CUDA computes as amax * fl32(1/448): 1 fp32
+# ulp off for about half the groups, so x codes at rounding ties differed from the kernels'
+# div.rn ones and the reference's own E4M3 rounding of FC2's input amplified that to ~1.4e-2
+# (tests/moe/test_fp8_layer.py emulates CUDA's division on the CPU). Fixed by dividing tensor by
+# tensor in sparkinfer/quant/fp8.py.
+CASES = [pytest.param(fmt, t, id=f"{fmt}-T{t}")
          for fmt in ("nvfp4", "bf16", "fp8_block") for t in (1, 5, 16, 40, 300)]
 
 
@@ -154,7 +149,6 @@ def _random_fp8(e, n, r, gen):
     return FP8BlockTensor((sign | expo | mant).view(torch.float8_e4m3fn), scale)
 
 
-@FP8_OPEN
 @pytest.mark.parametrize("shape,t", FP8_CASES, ids=[f"{s}-T{t}" for s, t in FP8_CASES])
 def test_gpu_fp8_bench_shapes(shape, t):
     """fp8_block at the benchmark shapes against the format's reference
