@@ -95,7 +95,7 @@ def check(ctx, layer, fmt, ts, decode, kind="check") -> list[dict]:
         same = (b.topk_ids.sort(-1).values == routing[0].to(b.topk_ids.dtype).sort(-1).values).all(-1)
         diff_tokens = int((~same).sum())
         ref = moe_reference(x, src, routing, spec=spec)
-        cmp = compare_to_reference(eager[same], ref[same])
+        cmp = compare_to_reference(eager[same], ref[same], weight_format=fmt)
         out.fill_(float("nan"))
         run(b)
         repeat = torch.equal(out, eager)
@@ -189,7 +189,7 @@ def _check_timed(ctx, layer, spec, src, cases) -> dict:
     from sparkinfer.moe import moe_reference
     from sparkinfer.moe.reference import compare_to_reference
 
-    cmps = [compare_to_reference(out, moe_reference(x, src, (ids, tw), spec=spec))
+    cmps = [compare_to_reference(out, moe_reference(x, src, (ids, tw), spec=spec), weight_format=spec.weight_format)
             for x, ids, tw, out in ([cases[0], cases[-1]] if len(cases) > 1 else cases)]
     worst = max(cmps, key=lambda c: (not c.ok, c.rel_norm))
     return dict(check_cosine=worst.cosine, check_rel_norm=worst.rel_norm,

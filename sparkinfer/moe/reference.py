@@ -136,18 +136,32 @@ class Tolerance:
 #   interpreter's error with its scale removed): rel_norm 1e-2 (3x that),
 #   max_rel 3e-2 as above. The GPU runs record every rel_norm and max_rel
 #   (`sparkinfer bench moe` check rows), so these margins are checked there.
+# "gpu_fp8": fp8_block on the GPU. Its reference rounds FC2's input to E4M3 too,
+#   so any FC1 difference that crosses a rounding tie moves that input by a whole
+#   E4M3 step (6-12%). Hopper's e4m3 wgmma accumulates a 128-long K block with
+#   ~14-bit precision: FC1 differs from the exact sum by 1.3-1.7e-4 relative
+#   (H200 diag at e2d9eba), which flips 1.1-1.5% of FC2's input codes; with the
+#   same dots on bf16 operands 0.002% flip and the outputs match to 2.4e-3. The
+#   flips leave rel_norm at 4.0-6.7e-3 (36 timed checks of `bench moe`, 12 check
+#   rows, 9 GPU tests at e2d9eba) but one output element can collect several:
+#   max_rel reached 7.8e-2 (tests) and 9.2e-2 (Qwen3 M = 4096). Bounds: rel_norm
+#   1e-2 as for the other formats (the reference's own CUDA-division bug, fixed
+#   at 4ca0b34, gave 1.4e-2; a 1.5x scale 0.5), max_rel 0.15.
 # cosine >= 0.9999 is what the suite always used; kept beside the bounds that
 # see magnitude, not instead of them.
 TOLERANCES = {
     "interpreter": Tolerance(cosine_min=0.9999, rel_norm_max=1.5e-2, max_rel_max=3e-2),
     "gpu": Tolerance(cosine_min=0.9999, rel_norm_max=1e-2, max_rel_max=3e-2),
+    "gpu_fp8": Tolerance(cosine_min=0.9999, rel_norm_max=1e-2, max_rel_max=0.15),
 }
 
 
-def tolerance_for(out: torch.Tensor) -> Tolerance:
+def tolerance_for(out: torch.Tensor, weight_format: str = "bf16") -> Tolerance:
     """The row of `TOLERANCES` that applies to an output computed on out's device
-    (a CPU tensor comes from the Triton interpreter)."""
-    return TOLERANCES["gpu" if out.is_cuda else "interpreter"]
+    (a CPU tensor comes from the Triton interpreter) in `weight_format`."""
+    if not out.is_cuda:
+        return TOLERANCES["interpreter"]
+    return TOLERANCES["gpu_fp8" if weight_format == "fp8_block" else "gpu"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,13 +192,13 @@ class Comparison:
                 f"finite {self.finite}")
 
 
-def compare_to_reference(out: torch.Tensor, ref: torch.Tensor,
-                         tol: Tolerance | None = None) -> Comparison:
+def compare_to_reference(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance | None = None, *,
+                         weight_format: str = "bf16") -> Comparison:
     """Compare a layer output out [T, H] (any float dtype) with its fp32 reference
     ref [T, H] (computed with the reference's own routing); tol defaults to
-    `tolerance_for(out)`. Allocates; syncs with the host (returns Python
-    floats); not capture-legal."""
-    tol = tol or tolerance_for(out)
+    `tolerance_for(out, weight_format)`. Allocates; syncs with the host (returns
+    Python floats); not capture-legal."""
+    tol = tol or tolerance_for(out, weight_format)
     o, r = out.float().flatten(), ref.float().flatten()
     finite = bool(torch.isfinite(o).all())
     d = (o - r).abs()

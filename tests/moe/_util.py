@@ -9,17 +9,17 @@ from sparkinfer.moe.weights import nvfp4_shapes
 from sparkinfer.quant import quantize_fp8_block, quantize_nvfp4
 
 
-def check_moe(out, ref) -> Comparison:
+def check_moe(out, ref, weight_format: str = "bf16") -> Comparison:
     """The suite's one MoE output check: cosine, relative error norm and worst
     element against the fp32 reference (computed with its own routing), bounds
     from `sparkinfer.moe.reference.TOLERANCES` (the row for out's device).
     tests/moe/test_mutations.py asserts that it flags a scaled output, a dropped
     route and two swapped experts."""
-    return compare_to_reference(out, ref)
+    return compare_to_reference(out, ref, weight_format=weight_format)
 
 
-def assert_moe_close(out, ref) -> None:
-    c = check_moe(out, ref)
+def assert_moe_close(out, ref, weight_format: str = "bf16") -> None:
+    c = check_moe(out, ref, weight_format)
     assert c.ok, f"MoE output vs fp32 reference: {c}"
 
 

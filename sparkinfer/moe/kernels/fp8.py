@@ -49,7 +49,9 @@ def _e4m3_round(y):
     """fp32 value of y (within +-448) rounded to E4M3, nearest even (interpreter)."""
     e, n = _e4m3_parts(y)
     v = n * ((e - 3 + 127) << 23).to(tl.float32, bitcast=True)
-    return tl.where(y < 0, -v, v)
+    # * -1.0, not -v: the interpreter negates as 0 - v, which turns a rounded-away
+    # negative (-0 on the GPU) into +0
+    return tl.where(y < 0, v * -1.0, v)
 
 
 @triton.jit
@@ -59,7 +61,8 @@ def _e4m3_code(v):
     subnormals, e = -6), sign in bit 7."""
     e, n = _e4m3_parts(v)
     code = (e + 6) * 8 + n.to(tl.int32)
-    return (tl.where(v < 0, code | 0x80, code)).to(tl.uint8)
+    # the sign bit, not v < 0: a negative value rounded to zero is -0 (0x80) on the GPU
+    return (tl.where(v.to(tl.int32, bitcast=True) < 0, code | 0x80, code)).to(tl.uint8)
 
 
 @triton.jit
