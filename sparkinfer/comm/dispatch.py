@@ -90,8 +90,8 @@ def check_errors(channel) -> None:
         flags = f" (flag {observed:#x}, expected {expected:#x})" if observed != expected else ""
         err = CollectiveMismatch(
             f"rank {rank}: {name} at sequence {epoch} on channel {channel.channel_id!r}: rank {peer} called a "
-            f"different collective or size{via}{flags}; every rank must issue the same collectives in the same "
-            f"order with the same sizes{after}",
+            f"different collective or size, dtype or algorithm{via}{flags}; every rank must issue the same "
+            f"collectives in the same order with the same sizes, dtypes and algorithms{after}",
             **kw,
         )
     channel.broken = err
