@@ -25,7 +25,13 @@ from sparkinfer.comm.pool import ChannelPool
 from sparkinfer.comm.topology import TopologyCaps
 from sparkinfer.errors import DeviceError, SetupError, SparkInferError
 
-__all__ = ["Communicator", "detect_caps"]
+__all__ = ["Communicator", "detect_caps", "EXCHANGE_DEADLINES"]
+
+# A host exchange of setup or close() waits this many deadlines (timeout_s) for a peer: a live
+# peer may first spend one whole deadline in a kernel that is timing out (close() synchronizes
+# before its first exchange), so one deadline would fail its close() (tests/faults/test_exit.py
+# did, 1 s deadline); a rank that is not there after two stalled or died.
+EXCHANGE_DEADLINES = 2
 
 
 def _exchange(group, obj) -> list:
@@ -142,9 +148,9 @@ class Communicator:
         if hasattr(group, "all_gather") and hasattr(group, "size"):
             self.group, self.torch_group = group, None
         else:
-            # every setup and teardown exchange is bounded by this communicator's deadline (the
-            # first one by the rank's own, before the ranks have agreed that it is valid)
-            self.group = TorchGroup(group, timeout_s=_bound_hint(timeout_s))
+            # every setup and teardown exchange is bounded (EXCHANGE_DEADLINES); the first by the
+            # rank's own timeout, before the ranks have agreed that it is valid
+            self.group = TorchGroup(group, timeout_s=EXCHANGE_DEADLINES * _bound_hint(timeout_s))
             self.torch_group = self.group.group
         # Check the arguments, then agree: one exchange gives every rank the same verdict
         # (a bad argument or a capacity that differs on one rank is SetupError everywhere,
@@ -159,7 +165,10 @@ class Communicator:
             err = e
         views = _exchange(self.group, (None if err is None else f"{type(err).__name__}: {err}", capacity))
         if err is not None:
-            raise err
+            try:
+                raise err
+            finally:
+                err = None  # a local holding the error its traceback holds would be a cycle (dispatch.check_errors)
         bad = [(r, e) for r, (e, _) in enumerate(views) if e]
         if bad:
             raise SetupError("Communicator arguments rejected on " + "; ".join(f"rank {r} ({e})" for r, e in bad))
@@ -169,7 +178,7 @@ class Communicator:
                              "pass the same capacity, since each maps its peers' slabs of that size")
         self.timeout_ns = int(self.timeout_s * 1e9)
         if isinstance(self.group, TorchGroup):
-            self.group.timeout_s = self.timeout_s
+            self.group.timeout_s = EXCHANGE_DEADLINES * self.timeout_s
         self.pool = None
         try:
             caps = detect_caps(self.group, self.device, capacity)
