@@ -21,7 +21,7 @@ def _die_in_setup(world, victim):
 
     backend = _DieOnAllocate() if world.rank == victim else None
     try:
-        Communicator(capacity_bytes=CAP, timeout_s=5, backend=backend)
+        Communicator(capacity_bytes=CAP, timeout_s=2, backend=backend)
         return "constructed", shm_files(os.getpid())
     except SetupError as e:
         return "SetupError: " + str(e), shm_files(os.getpid())
@@ -45,7 +45,7 @@ def _die_before_close(world, victim):
     from sparkinfer.comm import Communicator
     from sparkinfer.errors import LifecycleError, TeardownError
 
-    comm = Communicator(capacity_bytes=CAP, timeout_s=5)
+    comm = Communicator(capacity_bytes=CAP, timeout_s=2)
     if world.rank == victim:
         os._exit(3)
     time.sleep(1.0)  # the victim is gone
