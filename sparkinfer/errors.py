@@ -103,7 +103,7 @@ class CollectiveTimeout(CollectiveError):
 
 
 class CollectiveMismatch(CollectiveError):
-    """Ranks called different collectives (kind or size) at the same sequence number."""
+    """Ranks called different collectives (op, algorithm, size or dtype) at the same sequence number."""
 
     def __init__(self, message: str, *, rank: int, peer: int, op: str, epoch: int):
         super().__init__(message)

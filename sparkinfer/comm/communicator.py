@@ -25,7 +25,13 @@ from sparkinfer.comm.pool import ChannelPool
 from sparkinfer.comm.topology import TopologyCaps
 from sparkinfer.errors import DeviceError, SetupError, SparkInferError
 
-__all__ = ["Communicator", "detect_caps"]
+__all__ = ["Communicator", "detect_caps", "EXCHANGE_DEADLINES"]
+
+# A host exchange of setup or close() waits this many deadlines (timeout_s) for a peer: a live
+# peer may first spend one whole deadline in a kernel that is timing out (close() synchronizes
+# before its first exchange), so one deadline would fail its close() (tests/faults/test_exit.py
+# did, 1 s deadline); a rank that is not there after two stalled or died.
+EXCHANGE_DEADLINES = 2
 
 
 def _exchange(group, obj) -> list:
@@ -36,7 +42,7 @@ def _exchange(group, obj) -> list:
         raise
     except Exception as e:  # noqa: BLE001 - gloo/NCCL raise RuntimeError subclasses of all kinds
         raise SetupError(f"rank {group.rank}: Communicator setup could not exchange with its peers "
-                         f"({type(e).__name__}: {e}); a peer died or left the group") from e
+                         f"({type(e).__name__}: {e}); a peer died, stalled or left the group") from e
 
 
 def _resolve_device(device, torch_group):
@@ -70,6 +76,15 @@ def _check_timeout(timeout_s) -> float:
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < math.inf:
         raise SetupError(f"timeout_s must be a positive finite number of seconds, got {timeout_s!r}")
     return float(timeout_s)
+
+
+def _bound_hint(timeout_s) -> float:
+    """The deadline of the first setup exchange: this rank's timeout if it is valid, else 10 s
+    (the ranks have not yet agreed on one; a bad value is reported by that exchange)."""
+    try:
+        return _check_timeout(timeout_s)
+    except SetupError:
+        return 10.0
 
 
 def _check_capacity(capacity_bytes) -> int:
@@ -133,7 +148,9 @@ class Communicator:
         if hasattr(group, "all_gather") and hasattr(group, "size"):
             self.group, self.torch_group = group, None
         else:
-            self.group = TorchGroup(group)
+            # every setup and teardown exchange is bounded (EXCHANGE_DEADLINES); the first by the
+            # rank's own timeout, before the ranks have agreed that it is valid
+            self.group = TorchGroup(group, timeout_s=EXCHANGE_DEADLINES * _bound_hint(timeout_s))
             self.torch_group = self.group.group
         # Check the arguments, then agree: one exchange gives every rank the same verdict
         # (a bad argument or a capacity that differs on one rank is SetupError everywhere,
@@ -148,7 +165,10 @@ class Communicator:
             err = e
         views = _exchange(self.group, (None if err is None else f"{type(err).__name__}: {err}", capacity))
         if err is not None:
-            raise err
+            try:
+                raise err
+            finally:
+                err = None  # a local holding the error its traceback holds would be a cycle (dispatch.check_errors)
         bad = [(r, e) for r, (e, _) in enumerate(views) if e]
         if bad:
             raise SetupError("Communicator arguments rejected on " + "; ".join(f"rank {r} ({e})" for r, e in bad))
@@ -157,6 +177,8 @@ class Communicator:
             raise SetupError(f"ranks passed different capacity_bytes {caps_seen} (in rank order); every rank must "
                              "pass the same capacity, since each maps its peers' slabs of that size")
         self.timeout_ns = int(self.timeout_s * 1e9)
+        if isinstance(self.group, TorchGroup):
+            self.group.timeout_s = EXCHANGE_DEADLINES * self.timeout_s
         self.pool = None
         try:
             caps = detect_caps(self.group, self.device, capacity)

@@ -58,20 +58,30 @@ def check_errors(channel) -> None:
     Reads host-visible memory only; never syncs. Once a device-side error is
     seen the channel's flags are inconsistent (the communicator is poisoned):
     every later call raises a new error of the same type that says so, with the
-    first error as its cause."""
-    if channel.broken is not None:
-        first = channel.broken
-        err = type(first)(
+    first error as its cause.
+
+    No local of this frame refers to the error it raises: the error's traceback holds
+    the frame, so such a local was a reference cycle that kept the communicator and
+    its torch process group alive past destroy_process_group() until a cyclic GC
+    destroyed the gloo group at an arbitrary point, at interpreter exit too, where its
+    worker threads died in "terminate called without an active exception" (3 of 29
+    runs; tests/faults/test_exit.py). `channel.broken` is a copy that is never raised."""
+    first = channel.broken
+    if first is not None:
+        raise type(first)(
             f"this communicator is unusable since an earlier error on channel {channel.channel_id!r}; "
             f"{_UNUSABLE} (the earlier error: {first})",
             rank=first.rank, peer=first.peer, op=first.op, epoch=first.epoch,
-        )
-        raise err from first
+        ) from first
     rec = channel.errors.numpy()  # host memory (pinned on CUDA): no device sync
-    code = int(rec[0])
-    if code == 0:
-        return
-    rank, peer, op, epoch, origin = (int(rec[i]) for i in (1, 2, 3, 4, 7))
+    if int(rec[0]) != 0:
+        channel.broken = _recorded_error(channel.channel_id, rec)
+        raise _recorded_error(channel.channel_id, rec)
+
+
+def _recorded_error(channel_id: str, rec) -> CollectiveError:
+    """The typed error of error record `rec` (see protocol._report) on channel `channel_id`."""
+    code, rank, peer, op, epoch, origin = (int(rec[i]) for i in (0, 1, 2, 3, 4, 7))
     if peer == rank:  # aborted by `origin`, which was waiting on this very rank
         peer = origin
     name = OP_NAMES.get(op, f"op#{op}")
@@ -79,23 +89,20 @@ def check_errors(channel) -> None:
     kw = dict(rank=rank, peer=peer, op=name, epoch=epoch)
     after = f"; this communicator is now unusable: {_UNUSABLE}"
     if code == ERR_TIMEOUT:
-        err: CollectiveError = CollectiveTimeout(
-            f"rank {rank}: {name} at sequence {epoch} on channel {channel.channel_id!r} timed out waiting for "
+        return CollectiveTimeout(
+            f"rank {rank}: {name} at sequence {epoch} on channel {channel_id!r} timed out waiting for "
             f"rank {peer}{via}; rank {peer} did not make the same call (is it alive? did it skip this "
             f"collective?){after}",
             **kw,
         )
-    else:
-        observed, expected = int(rec[5]), int(rec[6])
-        flags = f" (flag {observed:#x}, expected {expected:#x})" if observed != expected else ""
-        err = CollectiveMismatch(
-            f"rank {rank}: {name} at sequence {epoch} on channel {channel.channel_id!r}: rank {peer} called a "
-            f"different collective or size{via}{flags}; every rank must issue the same collectives in the same "
-            f"order with the same sizes{after}",
-            **kw,
-        )
-    channel.broken = err
-    raise err
+    observed, expected = int(rec[5]), int(rec[6])
+    flags = f" (flag {observed:#x}, expected {expected:#x})" if observed != expected else ""
+    return CollectiveMismatch(
+        f"rank {rank}: {name} at sequence {epoch} on channel {channel_id!r}: rank {peer} called a "
+        f"different collective or size, dtype or algorithm{via}{flags}; every rank must issue the same "
+        f"collectives in the same order with the same sizes, dtypes and algorithms{after}",
+        **kw,
+    )
 
 
 _SUPPORTED = ("bfloat16", "float16", "float32")

@@ -219,7 +219,7 @@ class ChannelPool:
             raise
         except Exception as e:  # noqa: BLE001 - gloo/NCCL raise RuntimeError subclasses of all kinds
             raise error(f"rank {self.group.rank}: the host exchange of {what} failed ({type(e).__name__}: {e}); "
-                        "a peer died or left the group") from e
+                        "a peer died, stalled or left the group") from e
 
     # ------------------------------------------------------------------ resolution
     def bind_stream(self, stream, channel_id: str) -> None:

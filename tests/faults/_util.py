@@ -34,7 +34,7 @@ def expect_raises(cases) -> list:
     return bad
 
 
-def spawn_ranks(fn, world_size: int, *, args=(), timeout_s: float = 120.0) -> dict:
+def spawn_ranks(fn, world_size: int, *, args=(), timeout_s: float = 120.0, backend: str = "cpu") -> dict:
     """Like runtime.run_ranks, but a rank that dies on purpose does not stop the
     others: returns {rank: ("ok", result) | ("err", traceback)} for the ranks that
     reported; ranks still running at the deadline are killed and absent."""
@@ -50,7 +50,7 @@ def spawn_ranks(fn, world_size: int, *, args=(), timeout_s: float = 120.0) -> di
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     store = tempfile.mkdtemp(prefix="sparkinfer_faults_")
-    procs = [ctx.Process(target=_child, args=(fn, r, world_size, "cpu", f"file://{store}/store", tuple(args), {},
+    procs = [ctx.Process(target=_child, args=(fn, r, world_size, backend, f"file://{store}/store", tuple(args), {},
                                               results), daemon=True) for r in range(world_size)]
     for p in procs:
         p.start()

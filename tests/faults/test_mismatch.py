@@ -1,57 +1,104 @@
-"""Mismatched calls raise CollectiveMismatch on every rank, and the message never
-prints the same flag twice as "observed" and "expected"."""
+"""Mismatched collectives raise a typed error on every rank within the deadline,
+never a hang or a silent wrong answer: every pair of different transports (the
+op or the algorithm differs), and every transport with a different size or
+dtype on one rank. One launch runs a whole table of cases; after each error the
+communicator is poisoned, so each case gets a fresh one. A mismatch message never
+prints the same flag twice as "observed" and "expected".
 
+Every case is detected as CollectiveMismatch, none waits out the deadline: the
+flags of every flag-synchronized kernel carry a 31-bit fingerprint of (op, sizes,
+dtype, launch shape); LL words carry 16 bits of it and an LL kernel also looks
+for a peer's staging flag at its sequence number; the torch.distributed fallback
+first runs a fingerprinted handshake kernel. Not detectable: two LL calls
+(all-reduce or fused norm) that differ only in size or dtype and whose
+fingerprints agree in those 16 bits (1 pair in 65,536): their words pass for each
+other's, so the shorter side may return a wrong sum and the longer one time out.
+A wider fingerprint would cost each LL word payload bits; no case here collides."""
+
+import itertools
 import re
+import time
+
+import pytest
+import torch
 
 from sparkinfer.errors import CollectiveError
 from sparkinfer.runtime import run_ranks
-from tests.faults._util import CAP, payload
+from tests.faults._util import CAP, expected_sum, payload
 
-SIZES = [(64, 128), (128, 64), (64, 96), (96, 64)]  # fp32 elements on (rank 0, rank 1): both flag orders
+DEADLINE_S = 2.0
+SLACK_S = 3.0  # 2 busy cores: a rank may be descheduled for a while past its deadline
+H, DH = 32, 4  # fused norm hidden size; dcp heads (head dim H)
 
 
-def _ll_sizes(world):
+def _rows(rank, n, dtype):
+    return payload(rank, n, dtype).view(-1, H)
+
+
+def _dcp(comm, rank, n, dtype, algorithm):
+    T = n // (DH * H) or 1
+    o = payload(rank, T * DH * H, dtype).view(T, DH, H)
+    lse = payload(rank, T * DH).view(T, DH)
+    return comm.dcp_merge(o, lse, algorithm=algorithm)
+
+
+# transport -> call(comm, rank, elements, dtype); sizes are multiples of DH * H = 128 elements
+TRANSPORTS = {
+    "ll": lambda c, r, n, dt: c.all_reduce(payload(r, n, dt), algorithm="ll"),
+    "oneshot": lambda c, r, n, dt: c.all_reduce(payload(r, n, dt), algorithm="oneshot"),
+    "twoshot": lambda c, r, n, dt: c.all_reduce(payload(r, n, dt), algorithm="twoshot"),
+    "nccl": lambda c, r, n, dt: c.all_reduce(payload(r, n, dt), algorithm="nccl"),
+    "all_gather": lambda c, r, n, dt: c.all_gather(payload(r, n, dt)),
+    "reduce_scatter": lambda c, r, n, dt: c.reduce_scatter(payload(r, n, dt)),
+    "fused": lambda c, r, n, dt: c.all_reduce_add_rms_norm(_rows(r, n, dt), torch.zeros(n // H, H, dtype=dt),
+                                                           torch.ones(H), algorithm="fused"),
+    "fused_ll": lambda c, r, n, dt: c.all_reduce_add_rms_norm(_rows(r, n, dt), torch.zeros(n // H, H, dtype=dt),
+                                                              torch.ones(H), algorithm="fused_ll"),
+    "dcp_merge": lambda c, r, n, dt: _dcp(c, r, n, dt, "kernel"),
+    "dcp_nccl": lambda c, r, n, dt: _dcp(c, r, n, dt, "nccl"),
+}
+N = 128
+
+# case id -> ((transport, elements, dtype) of rank 0, that of rank 1)
+CASES = {"op": {f"{a}-vs-{b}": ((a, N, torch.float32), (b, N, torch.float32))
+                for a, b in itertools.combinations(TRANSPORTS, 2)},
+         "size": {f"{t}-{a}-vs-{b}": ((t, a, torch.float32), (t, b, torch.float32))
+                  for t in TRANSPORTS for a, b in ((N, 2 * N), (2 * N, N))},  # both flag orders
+         "dtype": {t: ((t, N, torch.float32), (t, N, torch.bfloat16)) for t in TRANSPORTS}}
+
+
+def _run_cases(world, kind):
     from sparkinfer.comm import Communicator
 
-    got = []
-    for sizes in SIZES:
-        comm = Communicator(capacity_bytes=CAP, timeout_s=10)
+    got = {}
+    for cid, calls in CASES[kind].items():
+        name, n, dtype = calls[world.rank]
+        comm = Communicator(capacity_bytes=CAP, timeout_s=DEADLINE_S)
+        t0 = time.monotonic()
         try:
-            comm.all_reduce(payload(world.rank, sizes[world.rank]), algorithm="ll")
-            got.append("returned")
+            TRANSPORTS[name](comm, world.rank, n, dtype)
+            res = ("returned",)
         except CollectiveError as e:
-            got.append((type(e).__name__, str(e)))
+            res = (type(e).__name__, e.peer, str(e))
+        got[cid] = res + (time.monotonic() - t0,)
         comm.close()
-    return got
-
-
-def test_ll_size_mismatch_message_never_prints_identical_flags():
-    for r, results in enumerate(run_ranks(_ll_sizes, 2, backend="cpu", timeout_s=180)):
-        for sizes, res in zip(SIZES, results):
-            assert res != "returned", (r, sizes)
-            kind, msg = res
-            assert kind == "CollectiveMismatch", (r, sizes, msg)
-            m = re.search(r"flag (0x[0-9a-f]+), expected (0x[0-9a-f]+)", msg)
-            assert m is None or m.group(1) != m.group(2), (r, sizes, msg)
-
-
-def _cross_transport(world):
-    from sparkinfer.comm import Communicator
-
-    comm = Communicator(capacity_bytes=CAP, timeout_s=10)
-    x = payload(world.rank, 64)
-    try:
-        if world.rank == 0:
-            comm.all_reduce(x, algorithm="ll")  # LL words
-        else:
-            comm.all_gather(x)  # staging slots and flags
-        res = "returned"
-    except CollectiveError as e:
-        res = (type(e).__name__, e.peer)
+    comm = Communicator(capacity_bytes=CAP, timeout_s=DEADLINE_S)  # the process is healthy afterwards
+    healthy = torch.equal(comm.all_reduce(payload(world.rank, N)), expected_sum(world.world_size, N))
     comm.close()
-    return res
+    return got, healthy
 
 
-def test_ll_against_a_flag_synchronized_op_is_a_mismatch_not_a_timeout():
-    assert run_ranks(_cross_transport, 2, backend="cpu", timeout_s=120) == [("CollectiveMismatch", 1),
-                                                                            ("CollectiveMismatch", 0)]
+@pytest.mark.parametrize("kind", list(CASES))
+def test_mismatch_raises_on_every_rank_within_the_deadline(kind):
+    out = run_ranks(_run_cases, 2, backend="cpu", args=(kind,), timeout_s=300)
+    bad = []
+    for r, (got, healthy) in enumerate(out):
+        assert healthy, r
+        for cid, res in got.items():
+            if res[0] != "CollectiveMismatch" or res[1] != 1 - r:
+                bad.append((r, cid, res))
+            elif res[-1] > DEADLINE_S + SLACK_S:
+                bad.append((r, cid, f"took {res[-1]:.1f} s"))
+            elif (m := re.search(r"flag (0x[0-9a-f]+), expected (0x[0-9a-f]+)", res[2])) and m[1] == m[2]:
+                bad.append((r, cid, f"identical flags: {res[2]}"))
+    assert bad == [], "\n".join(map(str, bad))
