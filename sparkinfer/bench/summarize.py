@@ -213,9 +213,14 @@ def moe_tables(rows: list, machine: str, brief: bool) -> list[str]:
         measured = f"({100 * b['frac_tc']:.1f}%)"
         cells.append(f"{100 * spec_tc:.1f}% {measured}" if spec_tc else f"– {measured}")
         cells += [f"{best:.1f} {tag}", f"{best / b['us']:.2f}x", f"{best / n['us']:.2f}x"]
+        f8 = d.get(("sparkinfer", "fp8_block"))
+        cells += [f"{f8['us']:.1f}", _pct_flag(f8["frac_floor"], "†"), f"{b['us'] / f8['us']:.2f}x"] if f8 else \
+            ["–", "–", "–"]
+        over_copy |= bool(f8 and f8["frac_floor"] > 1.0)
         body.append(cells)
     out += _md(["shape", "M", "nvfp4 µs", "nvfp4 % HBM (% copy)", "bf16 µs", "bf16 % HBM (% copy)",
-                "bf16 % tc (% measured)", "torch bf16 µs", "bf16 vs torch", "nvfp4 vs torch"], body)
+                "bf16 % tc (% measured)", "torch bf16 µs", "bf16 vs torch", "nvfp4 vs torch", "fp8 µs",
+                "fp8 % copy", "fp8 vs bf16"], body)
     notes = []
     if any(r.get("impl") == "torch_loop" and r.get("mode") == "graph" for r in rows):
         notes.append("l: in this run the loop's routing setup (which experts, which rows) ran on the host outside "
