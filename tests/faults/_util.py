@@ -4,6 +4,7 @@ that records, per case, "ok" or what went wrong (so one launch checks many cases
 from __future__ import annotations
 
 import re
+import time
 
 import torch
 
@@ -76,3 +77,54 @@ def shm_files(pid: int) -> list:
     import os
 
     return [f for f in os.listdir("/dev/shm") if f.startswith(f"sparkinfer-{pid}-")]
+
+
+def close_outcome(comm) -> str:
+    """comm.close()'s outcome as text: "closed", "TeardownError: ...", or another error's type and message."""
+    from sparkinfer.errors import TeardownError
+
+    try:
+        comm.close()
+        return "closed"
+    except TeardownError as e:
+        return "TeardownError: " + str(e)
+    except Exception as e:  # noqa: BLE001 - the point is to report the wrong type
+        return f"{type(e).__name__}: {e}"
+
+
+def late_peer_outcomes(world, ops: dict, make_comm, x, late_s: float, *, sync: bool = False) -> dict:
+    """{op name: (first, later)} of one rank when rank 1 reaches each op `late_s` after
+    rank 0 (which times out and aborts the group meanwhile). first: "returned" or
+    ("timeout", peer, says it aborted the group, says the communicator is now unusable);
+    later: a second call says the communicator is unusable and to close() it. sync:
+    synchronize after the first call (on a GPU the end-of-kernel abort check is seen there)."""
+    from sparkinfer.errors import CollectiveTimeout
+
+    got = {}
+    for name, op in ops.items():
+        comm = make_comm()
+        if world.rank == 1:
+            time.sleep(late_s)  # rank 0 times out and aborts meanwhile
+        try:
+            op(comm, x)
+            if sync:
+                comm.synchronize()
+            first = "returned"
+        except CollectiveTimeout as e:
+            first = ("timeout", e.peer, "aborted the group" in str(e), "now unusable" in str(e))
+        try:
+            op(comm, x)
+            later = "returned"
+        except CollectiveTimeout as e:
+            later = "unusable since an earlier error" in str(e) and "close() the communicator" in str(e)
+        comm.close()
+        got[name] = (first, later)
+    return got
+
+
+def assert_late_peer_outcomes(r0: dict, r1: dict, names) -> None:
+    """Both ranks time out naming the other, only the late one hears of the abort, and
+    both then refuse further calls."""
+    for name in names:
+        assert r0[name] == (("timeout", 1, False, True), True), (name, r0[name])
+        assert r1[name] == (("timeout", 0, True, True), True), (name, r1[name])

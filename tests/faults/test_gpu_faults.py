@@ -13,7 +13,14 @@ import pytest
 import torch
 
 from sparkinfer.runtime import run_ranks
-from tests.faults._util import CAP, payload, spawn_ranks
+from tests.faults._util import (
+    CAP,
+    assert_late_peer_outcomes,
+    close_outcome,
+    late_peer_outcomes,
+    payload,
+    spawn_ranks,
+)
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
@@ -105,7 +112,7 @@ COLLECTIVES_PER_GRAPH = 3  # odd, and more than one: the victim dies waiting in 
 
 def _killed_in_replay(world, victim):
     from sparkinfer.comm import Communicator
-    from sparkinfer.errors import CollectiveTimeout, TeardownError
+    from sparkinfer.errors import CollectiveTimeout
     from tests.comm.graphs import Captured
 
     x = payload(world.rank, 256).cuda()
@@ -135,11 +142,7 @@ def _killed_in_replay(world, victim):
     except CollectiveTimeout as e:
         res = ("CollectiveTimeout", e.peer, str(e))
     elapsed = time.monotonic() - t0
-    try:
-        comm.close()
-        closed = "closed"
-    except TeardownError as e:
-        closed = "TeardownError: " + str(e)
+    closed = close_outcome(comm)
     return res, elapsed, closed
 
 
@@ -176,34 +179,14 @@ def _late_ops():
 
 def _late_on_gpu(world):
     from sparkinfer.comm import Communicator
-    from sparkinfer.errors import CollectiveTimeout
 
     ops = _late_ops()
     x = payload(world.rank, 64).cuda()
     _warm(world, lambda c: [op(c, x) for op in ops.values()])
-    got = {}
-    for name, op in ops.items():
-        comm = Communicator(device=world.device, capacity_bytes=CAP, timeout_s=DEADLINE_S)
-        if world.rank == 1:
-            time.sleep(LATE_S)  # rank 0 times out and aborts meanwhile
-        try:
-            op(comm, x)
-            comm.synchronize()  # the end-of-kernel abort check is seen at the host check
-            first = "returned"
-        except CollectiveTimeout as e:
-            first = ("timeout", e.peer, "aborted the group" in str(e), "now unusable" in str(e))
-        try:
-            op(comm, x)
-            later = "returned"
-        except CollectiveTimeout as e:
-            later = "unusable since an earlier error" in str(e) and "close() the communicator" in str(e)
-        comm.close()
-        got[name] = (first, later)
-    return got
+    return late_peer_outcomes(world, ops, lambda: Communicator(device=world.device, capacity_bytes=CAP,
+                                                               timeout_s=DEADLINE_S), x, LATE_S, sync=True)
 
 
 def test_gpu_a_late_peer_learns_of_the_abort_on_every_transport():
     r0, r1 = run_ranks(_late_on_gpu, 2, backend="cuda_shared", timeout_s=300)
-    for name in _late_ops():
-        assert r0[name] == (("timeout", 1, False, True), True), (name, r0[name])
-        assert r1[name] == (("timeout", 0, True, True), True), (name, r1[name])
+    assert_late_peer_outcomes(r0, r1, _late_ops())

@@ -3,12 +3,11 @@ abort at that call (the interpreter is synchronous; on the GPU at its next host
 check), on every transport; every later call says the communicator is unusable
 and what to do."""
 
-import time
 
 import torch
 
 from sparkinfer.runtime import run_ranks
-from tests.faults._util import CAP, payload
+from tests.faults._util import CAP, assert_late_peer_outcomes, late_peer_outcomes, payload
 
 OPS = {
     "all_reduce_ll": lambda c, x: c.all_reduce(x, algorithm="ll"),
@@ -24,31 +23,11 @@ TIMEOUT_S, LATE_S = 1.0, 2.5
 
 def _late(world):
     from sparkinfer.comm import Communicator
-    from sparkinfer.errors import CollectiveTimeout
 
-    got = {}
-    for name, op in OPS.items():
-        comm = Communicator(capacity_bytes=CAP, timeout_s=TIMEOUT_S)
-        x = payload(world.rank, 64)
-        if world.rank == 1:
-            time.sleep(LATE_S)  # rank 0 times out and aborts meanwhile
-        try:
-            op(comm, x)
-            first = "returned"
-        except CollectiveTimeout as e:
-            first = ("timeout", e.peer, "aborted the group" in str(e), "now unusable" in str(e))
-        try:
-            op(comm, x)
-            later = "returned"
-        except CollectiveTimeout as e:
-            later = "unusable since an earlier error" in str(e) and "close() the communicator" in str(e)
-        comm.close()
-        got[name] = (first, later)
-    return got
+    return late_peer_outcomes(world, OPS, lambda: Communicator(capacity_bytes=CAP, timeout_s=TIMEOUT_S),
+                              payload(world.rank, 64), LATE_S)
 
 
 def test_a_late_peer_learns_of_the_abort_on_every_transport():
     r0, r1 = run_ranks(_late, 2, backend="cpu", timeout_s=240)
-    for name in OPS:
-        assert r0[name] == (("timeout", 1, False, True), True), (name, r0[name])
-        assert r1[name] == (("timeout", 0, True, True), True), (name, r1[name])
+    assert_late_peer_outcomes(r0, r1, OPS)

@@ -7,7 +7,7 @@ import os
 import time
 
 from sparkinfer.comm.memory import HostSlabBackend
-from tests.faults._util import CAP, shm_files, spawn_ranks
+from tests.faults._util import CAP, close_outcome, shm_files, spawn_ranks
 
 DEADLINE_S = 2.0
 BOUND_S = 2 * DEADLINE_S  # Communicator.EXCHANGE_DEADLINES
@@ -55,19 +55,12 @@ def test_rank_stalling_in_setup_gives_setup_error_within_the_deadline():
 
 def _stall_before_close(world, victim):
     from sparkinfer.comm import Communicator
-    from sparkinfer.errors import TeardownError
 
     comm = Communicator(capacity_bytes=CAP, timeout_s=DEADLINE_S)
     if world.rank == victim:
         time.sleep(STALL_S)
     t0 = time.monotonic()
-    try:
-        comm.close()
-        res = "closed"
-    except TeardownError as e:
-        res = "TeardownError: " + str(e)
-    except Exception as e:  # noqa: BLE001
-        res = f"{type(e).__name__}: {e}"
+    res = close_outcome(comm)
     return res, time.monotonic() - t0, comm.pool.closed, shm_files(os.getpid())
 
 
