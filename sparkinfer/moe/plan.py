@@ -78,8 +78,10 @@ FC1_SPLIT_MAX_PROGRAMS_PER_SM = 0.5
 # vs 313.3; Qwen3 M=1 (128) 23.3 vs 22.8. FC2 6 stages: Mixtral M=8 (112
 # steps) 300.5 vs 254.0; DeepSeek-V3 M=8 (16 steps) 457.4 vs 467.7.
 MICRO_FC2_WIDE_MIN_PROGRAMS_PER_SM = 3
-# micro bf16 FC1 (MICRO_BF16_DEEP_FC1): where its grid (splits included) fits in
-# one wave of the SMs, 4 pipeline stages (147 KiB at BN 64, BK 128: one program
+MICRO_FC2_DEEP_MIN_STEPS = 64
+MICRO_FC2_DEEP_STAGES = 6
+# micro bf16 FC1: (waves, stages) - where its grid (splits included) fits in one
+# wave of the SMs, 4 pipeline stages (147 KiB at BN 64, BK 128: one program
 # per SM), in two waves 3; and splits only up to half the SMs' worth of programs
 # (a power of two). H200 at b2e0991, coordinate descent over FC1 then FC2 tiles
 # (benchmarks/results/sweeps/moe_micro_sweep_h200.json), us before -> after:
@@ -87,8 +89,7 @@ MICRO_FC2_WIDE_MIN_PROGRAMS_PER_SM = 3
 # M=2 (192) 46.3 -> 43.2 at 3 (44.9 at 4); TP8 shard M=1 (32 programs, 4 splits
 # at 2 stages) 37.9 -> 34.0 at 2 splits and 4 stages (40.2 unsplit), M=2 56.3 ->
 # 53.8. Deeper stages beat more splits once the weight stream is pipelined.
-MICRO_FC2_DEEP_MIN_STEPS = 64
-MICRO_FC2_DEEP_STAGES = 6
+MICRO_BF16_FC1_STAGES = ((1.0, 4), (2.0, 3))
 # Shared memory per program: two programs per SM for the memory-bound shapes,
 # one for the large grouped tiles (the H200 has 227 KiB per SM). SMEM_FIXED is
 # what Triton stages besides the pipelined loads (dequantized operand, epilogue).
@@ -318,11 +319,11 @@ def _config(caps: MoECaps, spec: MoESpec, tokens: int, chunk: int) -> TileConfig
                         caps.num_sms, MAX_SPLIT)
         fc1 = halves * _weight_bytes(bn, chunk, nvfp4) + chunk * bm * 2
         stages1 = _stages(fc1, SMEM_TWO_PER_SM)
-        if not nvfp4:  # bf16: a deeper FC1 pipeline on small grids (MICRO_BF16_DEEP_FC1)
+        if not nvfp4:  # bf16: a deeper FC1 pipeline on small grids (MICRO_BF16_FC1_STAGES)
             s1 = min(s1, _pow2_floor(max(1, triton.cdiv(caps.num_sms // 2, programs1))))
             waves = programs1 * s1 / caps.num_sms
-            if waves <= 2:
-                stages1 = max(stages1, min(4 if waves <= 1 else 3, _stages(fc1, SMEM_ONE_PER_SM)))
+            deep = next((st for most, st in MICRO_BF16_FC1_STAGES if waves <= most), 0)
+            stages1 = max(stages1, min(deep, _stages(fc1, SMEM_ONE_PER_SM)))
         # FC2's operand per step: bf16 activation rows. A split FC1's partials
         # are summed and activated once per route by `moe_act_kernel` (TP8 shard
         # M=1 22.7 vs 31.8 us when every FC2 program did it from S1 x 16 KiB of
