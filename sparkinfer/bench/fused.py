@@ -4,6 +4,7 @@
     sparkinfer bench fused              # full sweep
     sparkinfer bench fused --dry-run    # 2 CPU ranks, Triton interpreter, tiny shapes
     sparkinfer bench fused --sweep      # fused norm: candidate_configs vs ar_auto, best per (H, T)
+    sparkinfer bench fused --only dcp --shared-gpu   # one GPU, 2 ranks (MPS): the checks, no timings
 
 Legend: T tokens, H hidden (fused norm) or heads (dcp), D head dim, W = 2 ranks.
 
@@ -36,6 +37,7 @@ than dcp_nccl at T <= 64.
 from __future__ import annotations
 
 import faulthandler
+import re
 import sys
 import time
 from pathlib import Path
@@ -62,6 +64,9 @@ def add_arguments(p) -> None:
     p.add_argument("--dry-run", action="store_true", help="2 CPU ranks, Triton interpreter, tiny shapes")
     p.add_argument("--sweep", action="store_true", help="fused norm launch shapes only, best per config (< 2 min)")
     p.add_argument("--only", default="norm,dcp", help="comma list of: norm, dcp")
+    p.add_argument("--shared-gpu", action="store_true",
+                   help="both ranks on one GPU (start MPS first): the checks only; timings are left out of the "
+                        "rows (default out: results/fused_shared_<machine>.json)")
     p.add_argument("--budget-s", type=float, default=None, help="stop starting configs after this many seconds")
     p.add_argument("--out", default=None,
                    help="JSON rows (default benchmarks/results/fused_<machine>.json; --sweep: results/sweeps/)")
@@ -144,26 +149,41 @@ def merge_ranks(ranks: list) -> list:
     return rows
 
 
+# Row keys that are timings or derived from them: two ranks time-sliced on one GPU
+# measure the sharing, not the op, so --shared-gpu rows keep only their checks.
+_TIMING_KEYS = re.compile(r"^us|_us$|speedup|frac|gbs|tflops|ratio")
+
+
+def checks_only(rows: list) -> list:
+    """rows without their timings (see _TIMING_KEYS), marked as such."""
+    return [{k: v for k, v in r.items() if not _TIMING_KEYS.search(k)} | {"timing": "not recorded (one GPU shared)"}
+            for r in rows if r.get("kind") != "device"]
+
+
 def main(args) -> int:
     from sparkinfer.bench.fused_report import add_fractions, plot, print_tables, sweep_table, verdicts
     from sparkinfer.errors import RankFailed
     from sparkinfer.runtime import run_ranks
 
     opt, meta = options(args), common.metadata(args)
-    out = Path(args.out) if args.out else common.default_out("fused", meta, WORLD, dry_run=args.dry_run,
+    shared = args.shared_gpu and not args.dry_run
+    out = Path(args.out) if args.out else common.default_out("fused_shared" if shared else "fused", meta,
+                                                              1 if shared else WORLD, dry_run=args.dry_run,
                                                               sweep=args.sweep)
     # never hang, even if run_ranks() did
     faulthandler.dump_traceback_later(opt["timeout_s"] + 60, exit=True, file=sys.__stderr__)
     t0 = time.time()
     try:
-        ranks = run_ranks(_worker, WORLD, backend="cpu" if args.dry_run else "cuda", args=(opt,),
-                          timeout_s=opt["timeout_s"])
+        ranks = run_ranks(_worker, WORLD, backend="cpu" if args.dry_run else "cuda_shared" if shared else "cuda",
+                          args=(opt,), timeout_s=opt["timeout_s"])
         rows, failed = merge_ranks(ranks), None
     except RankFailed as e:
         rows, failed = [], f"rank {e.rank}: {e.detail[-4000:]}"
         print(f"FAILED: {failed}", flush=True)
     finally:
         faulthandler.cancel_dump_traceback_later()
+    if shared:
+        return _report_checks(checks_only(rows), failed, out, {**meta, "capacity": opt["capacity"]}, t0)
     gbs = rows[0]["p2p_copy_gbs"] if rows else None
     add_fractions(rows, gbs)
     rows += verdicts(rows) + sweep_table(rows)
@@ -177,4 +197,20 @@ def main(args) -> int:
     bad = [r for r in rows if r.get("ok") is False]
     print(f"p2p copy {gbs and round(gbs)} GB/s; checks failed: {len(bad)}; {time.time() - t0:.0f} s; "
           f"rows appended to {out}" + (f", plot {png}" if png else ""), flush=True)
+    return 1 if bad or failed else 0
+
+
+def _report_checks(rows: list, failed, out: Path, meta: dict, t0: float) -> int:
+    """--shared-gpu: write the check rows and print how many passed, per op and implementation."""
+    if failed:
+        rows.append(dict(kind="failure", detail=failed))
+    for r in rows:
+        r["bench"] = "fused_shared"
+    common.append_rows(out, rows, meta)
+    checked = [r for r in rows if "ok" in r and "impl" in r]
+    for key in sorted({(r["op"], r["impl"]) for r in checked}):
+        group = [r for r in checked if (r["op"], r["impl"]) == key]
+        print(f"{key[0]:10s} {key[1]:18s} checks passed {sum(r['ok'] for r in group)} of {len(group)}")
+    bad = [r for r in checked if not r["ok"]]
+    print(f"checks failed: {len(bad)}; {time.time() - t0:.0f} s; rows appended to {out}", flush=True)
     return 1 if bad or failed else 0

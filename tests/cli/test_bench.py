@@ -83,3 +83,16 @@ def test_bench_rejects_unknown_names_and_options(capsys):
     with pytest.raises(SystemExit):
         main(["bench", "moe", "--shapes", "dsv3,bogus"])
     assert "unknown shapes ['bogus']" in capsys.readouterr().err
+
+
+def test_shared_gpu_rows_keep_their_checks_and_drop_their_timings():
+    """Two ranks time-sliced on one GPU time the sharing, not the op: --shared-gpu rows keep
+    only what was checked."""
+    from sparkinfer.bench.fused import checks_only
+
+    rows = [dict(kind="device", p2p_copy_gbs=None),
+            dict(op="dcp_merge", impl="dcp_kernel", T=8, us=5.1, us_per_rank=[5.0, 5.1], speedup_vs_nccl=8.2,
+                 frac_p2p=0.1, link_gbs=3.0, replay_bitwise=True, ok=True)]
+    (kept,) = checks_only(rows)
+    assert kept == dict(op="dcp_merge", impl="dcp_kernel", T=8, replay_bitwise=True, ok=True,
+                        timing="not recorded (one GPU shared)")
