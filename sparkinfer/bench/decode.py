@@ -1,7 +1,7 @@
 """Decode tokens/s of whole models on one GPU (TP = 1), beside the baselines, in one run.
 
     sparkinfer bench decode [--presets qwen3-30b-a3b,glm-4.5-air,mixtral-8x7b] [--layers 8]
-                            [--batches 1,8,32,64] [--formats bf16,nvfp4] [--context 512]
+                            [--batches 1,8,32,64] [--formats bf16,nvfp4] [--context 512] [--tp 2 [--dcp 2]]
                             [--overlap-batches 1,8,32] [--spec-k 3] [--profile] [--dry-run]
 
 Per preset (realistic dimensions, random weights made on the GPU by transformers'
@@ -23,7 +23,8 @@ plain decoding and of speculative decoding with a self-draft of the first half o
 the layers, on a model whose later layers are zeroed so the draft agrees by
 construction (acceptance near 1: this measures the machinery's cost and gain,
 not a real draft's acceptance). `--profile`: each of our rows also lists the
-kernels of one replayed step (CUDA profiler), slowest first.
+kernels of one replayed step (CUDA profiler), slowest first. `--tp N`: the same step on
+N ranks, ours beside the torch ops with NCCL all-reduces (`bench/decode_tp.py`).
 """
 
 from __future__ import annotations
@@ -51,7 +52,11 @@ def add_arguments(p) -> None:
     p.add_argument("--profile", action="store_true",
                    help="record the kernels of one decode step (CUDA profiler) in each of our rows")
     p.add_argument("--spec-k", type=int, default=0, help="speculative decoding tokens/s with k draft tokens")
-    p.add_argument("--out", default=None, help="default benchmarks/results/decode_<gpu>.json")
+    p.add_argument("--tp", type=int, default=1,
+                   help="ranks (one GPU each; CPU ranks with --dry-run): ours and the torch ops with NCCL, "
+                        "slowest rank's time; no transformers, overlap or speculative rows")
+    p.add_argument("--dcp", type=int, default=1, help="decode-context parallelism with --tp: 1 or the rank count")
+    p.add_argument("--out", default=None, help="default benchmarks/results/decode_<machine>.json")
     p.add_argument("--dry-run", action="store_true", help="a tiny preset on the CPU (logic check only)")
 
 
@@ -153,16 +158,19 @@ def main(args) -> int:
     from sparkinfer.bench.report import console, print_table
 
     con = console()
+    if args.tp < 1 or args.dcp not in (1, args.tp):
+        con.print(f"[red]--tp {args.tp} --dcp {args.dcp}: --tp >= 1, and --dcp is 1 or --tp")
+        return 2
     cuda = torch.cuda.is_available() and not args.dry_run
     if args.dry_run:
         args.presets, args.layers, args.batches, args.formats = "qwen3_moe-tiny", 2, "1,2", "bf16"
         args.context, args.replays, args.hf_batches = 8, 2, "1"
         args.spec_k = args.spec_k or 2
-    elif not cuda:
-        con.print("[red]the decode benchmark needs a GPU; --dry-run checks its logic on the CPU")
+    elif not cuda or torch.cuda.device_count() < args.tp:
+        con.print(f"[red]the decode benchmark needs {args.tp} GPU(s); --dry-run checks its logic on the CPU")
         return 2
     dev = torch.device("cuda" if cuda else "cpu")
-    bw = copy_bandwidth() if cuda else None
+    bw = copy_bandwidth() if cuda and args.tp == 1 else None  # --tp: each rank measures its own
     if bw:
         con.print(f"copy bandwidth {bw / 1e12:.2f} TB/s (read + write)")
 
@@ -174,19 +182,24 @@ def main(args) -> int:
     rows = []
     for preset in args.presets.split(","):
         con.rule(preset)
+        if args.tp > 1:
+            from sparkinfer.bench.decode_tp import tp_rows
+
+            rows += tp_rows(preset, args, say)
+            continue
         rows += _rows_for(preset, args, dev, bw, say)
         if args.spec_k:
             rows += _speculative(preset, args, dev, say)
         if cuda:
             torch.cuda.empty_cache()
     steps = [r for r in rows if r["bench"] == "decode"]
-    print_table("decode step (TP = 1)", ["preset", "impl", "experts", "B", "overlap", "us/step", "tok/s", "% floor",
-                                         "ok"],
+    print_table(f"decode step (TP = {args.tp}, DCP = {args.dcp})", ["preset", "impl", "experts", "B", "overlap",
+                                                                      "us/step", "tok/s", "% floor", "ok"],
                 [[r["preset"], r["impl"], r["experts"], r["batch"], r.get("overlap_shared", ""),
                   f"{r['us_per_step']:.1f}", f"{r['tokens_per_s']:.1f}",
                   f"{100 * r['frac_floor']:.1f}" if r.get("frac_floor") else "", r["ok"]] for r in steps])
     meta = metadata(args)
-    out = args.out or default_out("decode", meta, 1, dry_run=args.dry_run)
-    path = append_rows(out, [dict(r, copy_bandwidth_Bps=bw) for r in rows], meta)
+    out = args.out or default_out("decode", meta, args.tp, dry_run=args.dry_run)
+    path = append_rows(out, [dict(r, copy_bandwidth_Bps=r.get("copy_bandwidth_Bps", bw)) for r in rows], meta)
     con.print(f"rows -> {path}")
     return 0 if all(r["ok"] for r in rows) else 1

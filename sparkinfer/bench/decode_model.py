@@ -63,19 +63,22 @@ def build(model, cfg, *, fmt: str, ops: str, batch: int, max_len: int, max_token
 
 
 def floor_bytes(spec, weights, batch: int, ctx: int, fmt: str) -> int:
-    """Bytes a decode step must read at least: every non-expert weight once, the
-    distinct experts B tokens hit on average under uniform routing
-    (E (1 - (1 - K/E)^B)), B embedding rows, the KV cache of B rows at ctx."""
+    """Bytes a decode step must read at least on one rank: every non-expert weight of
+    its shard once, its shard of the distinct experts B tokens hit on average under
+    uniform routing (E (1 - (1 - K/E)^B)), B embedding rows, its KV heads of B rows
+    at ctx (all ctx positions: with DCP each rank reads only its share, so there the
+    floor is an overestimate)."""
     from sparkinfer.models.weights import ExpertWeights
 
-    e_bytes = 3 * spec.hidden * spec.moe_intermediate * (2 if fmt == "bf16" else 0.5 + 1 / 16)
+    per_weight = 2 if fmt == "bf16" else 0.5 + 1 / 16
     distinct = spec.num_experts * (1 - (1 - spec.top_k / spec.num_experts) ** batch)
     total = batch * spec.hidden * 2 + weights.lm_head.numel() * 2 + weights.final_norm.numel() * 2
     for lw in weights.layers:
         a, m = lw.attn, lw.mlp
         total += (a.qkv.numel() + a.o.numel()) * 2 + 4 * spec.hidden
         total += batch * ctx * 2 * a.kv_heads * spec.head_dim * 2
-        if isinstance(m, ExpertWeights):
+        if isinstance(m, ExpertWeights):  # w2 [E, H, I_l]: this rank's shard of I
+            e_bytes = 3 * spec.hidden * int(m.w2.shape[-1]) * per_weight
             total += distinct * e_bytes + m.router.numel() * m.router.element_size()
             if m.shared is not None:
                 total += (m.shared.gate_up.numel() + m.shared.down.numel()) * 2

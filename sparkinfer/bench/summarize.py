@@ -243,25 +243,29 @@ def decode_tables(rows: list, machine: str, brief: bool) -> list[str]:
     for r in rows:
         if r.get("bench") == "decode" and r.get("overlap_shared", True) is not False and \
                 (not brief or r["batch"] in (1, 8, 64)):
-            steps[(r["preset"], r["batch"])][(r["impl"], r["experts"])] = r
+            steps[(r["preset"], r.get("dcp", 1), r["batch"])][(r["impl"], r["experts"])] = r
+    tp = max((r.get("tp", 1) for r in rows if r.get("bench") == "decode"), default=1)
+    dcps = {k[1] for k in steps}
     bw = next((r["copy_bandwidth_Bps"] for r in rows if r.get("copy_bandwidth_Bps")), 0) / 1e9
     layers = next((r["layers"] for r in rows if r.get("layers")), "?")
-    out = [f"Decode step, TP = 1, {layers} decoder layers of the preset's dimensions with random weights, context "
+    out = [f"Decode step, TP = {tp}, {layers} decoder layers of the preset's dimensions with random weights, context "
            f"512; µs per step (CUDA graph) and % of the floor (the step's weight and KV bytes at {bw:.0f} GB/s "
            f"measured in the same run; uniform routing assumed, so batches above 1 can exceed it); "
            f"{provenance(rows, machine, brief)}:", ""]
     body = []
-    for (preset, b), d in sorted(steps.items()):
+    for (preset, dcp, b), d in sorted(steps.items()):
         ours, nv, tor, hf = (d.get(k) for k in (("sparkinfer", "bf16"), ("sparkinfer", "nvfp4"), ("torch", "bf16"),
                                                 ("transformers", "bf16")))
         if not ours:
             continue
         cell = lambda r: f"{r['us_per_step']:.0f} ({100 * r['frac_floor']:.0f}%)" if r and r.get("frac_floor") else "–"  # noqa: E731
-        body.append([preset, b, cell(ours), cell(nv), f"{tor['us_per_step']:.0f}" if tor else "–",
+        body.append([preset, *([dcp] if dcps != {1} else []), b, cell(ours), cell(nv),
+                     f"{tor['us_per_step']:.0f}" if tor else "–",
                      f"{hf['us_per_step']:.0f}" if hf else "–",
                      f"{tor['us_per_step'] / ours['us_per_step']:.2f}x" if tor else "–",
                      f"{b / ours['us_per_step'] * 1e6:.0f}"])
-    out += _md(["preset", "B", "ours bf16 µs (% floor)", "ours NVFP4 µs (% floor)", "torch ops bf16 µs",
+    out += _md(["preset", *(["DCP"] if dcps != {1} else []), "B",
+                "ours bf16 µs (% floor)", "ours NVFP4 µs (% floor)", "torch ops bf16 µs",
                 "transformers µs", "torch ops / ours", "ours bf16 tokens/s"], body)
     pairs = defaultdict(dict)
     for r in rows:

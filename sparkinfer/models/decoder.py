@@ -170,12 +170,13 @@ class Decoder:
                             sm_scale=self.scale, **self._attn_out(b, step.q_len, self.heads_l))
             out = out.view(t, self.heads_l * d)
         else:
-            q_all = self.comm.all_gather_heads(q)  # [T, Hq, D]
+            nccl = dict(algorithm="nccl") if ops is not None else {}  # the baseline gathers and merges by NCCL
+            q_all = self.comm.all_gather_heads(q, **nccl)  # [T, Hq, D]
             hq = q_all.shape[1]
             part, lse = attend(q_all.view(b, step.q_len, hq, d), *caches, step.row_slots, step.q_pos,
                                sm_scale=self.scale, kv_stride=sh.dcp, kv_offset=sh.rank,
                                **self._attn_out(b, step.q_len, hq))
-            out = self.comm.dcp_merge(part.view(t, hq, d), lse.view(t, hq), scatter_heads=True)
+            out = self.comm.dcp_merge(part.view(t, hq, d), lse.view(t, hq), scatter_heads=True, **nccl)
             out = out.reshape(t, self.heads_l * d)
         return self._linear(out, a.o)
 

@@ -75,6 +75,8 @@ class TorchOps:
         kpos = torch.arange(k.shape[1], device=q.device) * kv_stride + kv_offset
         qpos = q_pos[:, None] + torch.arange(nq, device=q.device)  # [B, Q]
         mask = kpos[None, None, :] <= qpos[:, :, None]
+        if kv_stride > 1:  # DCP: this rank's token share, and the log-sum-exp the merge needs
+            return _attention_lse(q, k, v, mask, sm_scale)
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                              attn_mask=mask[:, None], scale=sm_scale, enable_gqa=True)
         return out.transpose(1, 2), None
@@ -105,3 +107,18 @@ class TorchOps:
         acc.index_add_(0, tok, h2.float() * wts.flatten()[order][:, None])
         out.copy_(acc)
         return out
+
+
+def _attention_lse(q, k, v, mask, sm_scale):
+    """(out [B, Q, Hq, D] bf16, lse [B, Q, Hq] fp32, natural log) of q over k, v [B, L, KVH, D]
+    where mask [B, Q, L] allows; fp32 softmax. SDPA returns no log-sum-exp, so the
+    decode-context-parallel baseline spells it out (a row with no allowed key: lse -inf, out 0)."""
+    g = q.shape[2] // k.shape[2]
+    kf = k.float().repeat_interleave(g, dim=2)
+    vf = v.float().repeat_interleave(g, dim=2)
+    s = torch.einsum("bqhd,blhd->bhql", q.float(), kf) * sm_scale
+    s = s.masked_fill(~mask[:, None], float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)  # [B, Hq, Q]
+    p = torch.exp(s - lse[..., None]).nan_to_num(0.0)
+    out = torch.einsum("bhql,blhd->bqhd", p, vf)
+    return out.to(q.dtype), lse.transpose(1, 2).contiguous()

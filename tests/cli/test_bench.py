@@ -96,3 +96,17 @@ def test_shared_gpu_rows_keep_their_checks_and_drop_their_timings():
     (kept,) = checks_only(rows)
     assert kept == dict(op="dcp_merge", impl="dcp_kernel", T=8, replay_bitwise=True, ok=True,
                         timing="not recorded (one GPU shared)")
+
+
+@pytest.mark.slow
+def test_bench_decode_dry_run_on_two_ranks_with_dcp(tmp_path, capsys):
+    """`bench decode --tp 2 --dcp 2`: ours and the torch-ops baseline (NCCL gathers and merges,
+    an explicit attention that returns its log-sum-exp) on two CPU ranks, every rank the same
+    logits, the slowest rank's time, both near transformers' prefill."""
+    rows = _run(tmp_path, "decode", "--tp", "2", "--dcp", "2")
+    assert {(r["impl"], r["batch"]) for r in rows} == {(i, b) for i in ("sparkinfer", "torch") for b in (1, 2)}
+    for r in rows:
+        assert r["tp"] == 2 and r["dcp"] == 2 and r["ok"] and r["ranks_same_logits"], r
+        assert len(r["us_per_rank"]) == 2 and r["us_per_step"] == max(r["us_per_rank"])
+        assert r["argmax_agrees_hf"] and r["prefill_rel_err_vs_hf"] < 0.05, r
+    assert "decode step (TP = 2, DCP = 2)" in capsys.readouterr().out

@@ -1,0 +1,110 @@
+"""`sparkinfer bench decode --tp N [--dcp N]`: the decode step of whole models on N
+ranks (one GPU each; CPU ranks through the interpreter with --dry-run), ours beside
+the same decoder on torch ops with NCCL all-reduces, in one launch.
+
+Every rank builds the same random model (transformers' class, the same seed), keeps
+its shard (`Sharding(rank, N, dcp)`), prefills the same prompt and times the same
+bucket graphs in lockstep; a row holds the slowest rank's time (each rank's in
+us_per_rank), its floor is one rank's bytes (its weights, the experts a batch hits on
+its shard of I, its KV heads) at the copy bandwidth that rank measured, and its `ok`
+needs every rank's replay to equal its eager step and every rank's logits to be the
+same bits (the decoder's contract). The prefill logits' error against transformers'
+bf16 forward is recorded, not gated (see `decode.py`).
+"""
+
+from __future__ import annotations
+
+__all__ = ["tp_rows"]
+
+
+def tp_rows(preset: str, args, say) -> list[dict]:
+    """Rows of one preset at --tp ranks (see the module docstring)."""
+    from sparkinfer.runtime import run_ranks
+
+    opt = dict(layers=args.layers, batches=[int(b) for b in args.batches.split(",")], context=args.context,
+               replays=args.replays, formats=args.formats.split(","), dcp=args.dcp, dry=args.dry_run)
+    ranks = run_ranks(_rank_rows, args.tp, backend="cpu" if args.dry_run else "cuda", args=(preset, opt),
+                      timeout_s=600 if args.dry_run else 1800)
+    rows = []
+    for rs in zip(*ranks):
+        row = dict(rs[0], us_per_rank=[r["us_per_step"] for r in rs], us_per_step=max(r["us_per_step"] for r in rs))
+        row["tokens_per_s"] = row["batch"] / row["us_per_step"] * 1e6
+        row["frac_floor"] = row["floor_us"] / row["us_per_step"] if row.get("floor_us") else None
+        row["ranks_same_logits"] = all(r["logits_digest"] == rs[0]["logits_digest"] for r in rs)
+        row["replay_equals_eager"] = all(r["replay_equals_eager"] for r in rs)
+        row["ok"] = row["ranks_same_logits"] and (row["replay_equals_eager"] or row["impl"] == "torch")
+        del row["logits_digest"]
+        rows.append(row)
+        say(row)
+    return rows
+
+
+def _rank_rows(world, preset: str, opt: dict) -> list[dict]:
+    import torch
+
+    from sparkinfer.bench.decode_model import copy_bandwidth, floor_bytes, hf_model, step_us
+    from sparkinfer.comm import Communicator
+    from sparkinfer.engine import Engine
+    from sparkinfer.models.build import comm_capacity
+    from sparkinfer.models.config import load_spec
+
+    dev = world.device
+    model, cfg = hf_model(preset, opt["layers"], dev)
+    spec = load_spec(cfg)
+    batch, ctx = max(opt["batches"]), opt["context"]
+    max_tokens = max(batch, min(ctx, 512))
+    gen = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, spec.vocab_size, (ctx,), generator=gen).tolist()
+    with torch.no_grad():
+        ref = model(torch.tensor([prompt], device=dev)).logits[0, -1].float()
+    bw = copy_bandwidth() if dev.type == "cuda" else None
+    comm = Communicator(device=dev, capacity_bytes=comm_capacity(spec, world.world_size, batch, max_tokens),
+                        channel_ids=("target",))
+    rows = []
+    try:
+        for fmt in opt["formats"]:
+            for ops in ("sparkinfer", "torch") if fmt == "bf16" else ("sparkinfer",):
+                dec = _decoder(model, spec, world, opt["dcp"], comm, fmt, ops, batch, ctx + 64, max_tokens)
+                engine = Engine(dec, max_batch=batch, comm=comm)
+                with torch.no_grad():
+                    logits = engine.prefill(prompt, 0)[0]
+                    err = ((logits.float() - ref).norm() / ref.norm()).item()
+                    for s in range(1, batch + 1):  # every row reads the prompt's keys
+                        dec.cache.k[:, s].copy_(dec.cache.k[:, 0])
+                        dec.cache.v[:, s].copy_(dec.cache.v[:, 0])
+                    for b in opt["batches"]:
+                        us, same = step_us(engine, b, ctx, opt["replays"])
+                        floor = floor_bytes(spec, dec.w, b, ctx, fmt) / bw * 1e6 if bw else None
+                        rows.append(dict(bench="decode", preset=preset, layers=spec.num_layers, impl=ops,
+                                         experts=fmt, tp=world.world_size, dcp=opt["dcp"], batch=b, context=ctx,
+                                         us_per_step=us, floor_us=floor, copy_bandwidth_Bps=bw,
+                                         replay_equals_eager=same, prefill_rel_err_vs_hf=err,
+                                         argmax_agrees_hf=int(logits.argmax()) == int(ref.argmax()),
+                                         logits_digest=_digest(logits)))
+                del engine, dec
+                if dev.type == "cuda":
+                    torch.cuda.empty_cache()
+    finally:
+        comm.close()
+    return rows
+
+
+def _decoder(model, spec, world, dcp, comm, fmt, ops, batch, max_len, max_tokens):
+    from sparkinfer.models.decoder import Decoder, KVCache
+    from sparkinfer.models.loader import load_weights
+    from sparkinfer.models.tensor_source import TensorSource
+    from sparkinfer.models.weights import Sharding
+
+    sh = Sharding(world.rank, world.world_size, dcp)
+    w = load_weights(TensorSource(model.state_dict()), spec, sh, device=world.device, moe_format=fmt)
+    cache = KVCache(spec.num_layers, batch + 1, max_len, w.layers[0].attn.kv_heads, spec.head_dim, sh, world.device)
+    return Decoder(spec, w, sh, comm=comm, cache=cache, max_tokens=max_tokens, moe_format=fmt, ops=ops)
+
+
+def _digest(t) -> str:
+    """The bits of a tensor as a short hash (ranks compare logits without shipping them)."""
+    import hashlib
+
+    import torch
+
+    return hashlib.sha1(t.detach().contiguous().cpu().view(-1).view(torch.uint8).numpy().tobytes()).hexdigest()[:16]
