@@ -63,7 +63,15 @@ def add_arguments(p) -> None:
 def _rows_for(preset, args, dev, bw, say) -> list[dict]:
     import torch
 
-    from sparkinfer.bench.decode_model import build, floor_bytes, hf_model, hf_step_us, step_kernels, step_us
+    from sparkinfer.bench.decode_model import (
+        build,
+        floor_bytes,
+        hf_model,
+        hf_step_us,
+        prefill_rows,
+        step_kernels,
+        step_us,
+    )
 
     batches = [int(b) for b in args.batches.split(",")]
     ctx = args.context
@@ -77,11 +85,8 @@ def _rows_for(preset, args, dev, bw, say) -> list[dict]:
             spec, dec, engine = build(model, cfg, fmt=fmt, ops=ops, batch=max(batches), max_len=ctx + 64,
                                       max_tokens=max(max(batches), min(ctx, 512)))
             with torch.no_grad():
-                logits = engine.prefill(prompt, 0)[0].float()
+                logits = prefill_rows(engine, prompt, max(batches)).float()
                 err = ((logits - ref).norm() / ref.norm()).item()
-                for s in range(1, max(batches) + 1):  # every row reads the prompt's keys
-                    dec.cache.k[:, s].copy_(dec.cache.k[:, 0])
-                    dec.cache.v[:, s].copy_(dec.cache.v[:, 0])
                 has_shared = any(getattr(lw.mlp, "shared", None) is not None for lw in dec.w.layers)
                 for b in batches:
                     modes = [True, False] if has_shared and ops == "sparkinfer" and str(b) in \

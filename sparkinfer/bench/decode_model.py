@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import time
 
-__all__ = ["hf_model", "build", "floor_bytes", "copy_bandwidth", "step_us", "hf_step_us", "step_kernels"]
+__all__ = ["hf_model", "build", "prefill_rows", "floor_bytes", "copy_bandwidth", "step_us", "hf_step_us",
+           "step_kernels"]
 
 
 def hf_model(preset: str, layers: int, device, *, agree_after: int | None = None):
@@ -44,8 +45,10 @@ def hf_model(preset: str, layers: int, device, *, agree_after: int | None = None
     return model, cfg
 
 
-def build(model, cfg, *, fmt: str, ops: str, batch: int, max_len: int, max_tokens: int):
-    """(spec, decoder, engine) of our model on the transformers model's weights (one rank)."""
+def build(model, cfg, *, fmt: str, ops: str, batch: int, max_len: int, max_tokens: int, sharding=None,
+          comm=None):
+    """(spec, decoder, engine) of our model on the transformers model's weights: one rank's
+    shard (`sharding`, default the whole model) over `comm` (None for one rank)."""
     from sparkinfer.engine import Engine
     from sparkinfer.models.config import load_spec
     from sparkinfer.models.decoder import Decoder, KVCache
@@ -55,11 +58,22 @@ def build(model, cfg, *, fmt: str, ops: str, batch: int, max_len: int, max_token
 
     dev = next(model.parameters()).device
     spec = load_spec(cfg)
-    weights = load_weights(TensorSource(model.state_dict()), spec, Sharding(), device=dev, moe_format=fmt)
-    cache = KVCache(spec.num_layers, batch + 1, max_len, weights.layers[0].attn.kv_heads, spec.head_dim,
-                    Sharding(), dev)
-    dec = Decoder(spec, weights, Sharding(), cache=cache, max_tokens=max_tokens, moe_format=fmt, ops=ops)
-    return spec, dec, Engine(dec, max_batch=batch)
+    sh = sharding or Sharding()
+    weights = load_weights(TensorSource(model.state_dict()), spec, sh, device=dev, moe_format=fmt)
+    cache = KVCache(spec.num_layers, batch + 1, max_len, weights.layers[0].attn.kv_heads, spec.head_dim, sh, dev)
+    dec = Decoder(spec, weights, sh, comm=comm, cache=cache, max_tokens=max_tokens, moe_format=fmt, ops=ops)
+    return spec, dec, Engine(dec, max_batch=batch, comm=comm)
+
+
+def prefill_rows(engine, prompt: list[int], batch: int):
+    """Prefill `prompt` into slot 0 and copy its keys and values to slots 1..batch, so every
+    row of a timed step reads the prompt; returns the prefill's last logits."""
+    logits = engine.prefill(prompt, 0)[0]
+    cache = engine.dec.cache
+    for s in range(1, batch + 1):
+        cache.k[:, s].copy_(cache.k[:, 0])
+        cache.v[:, s].copy_(cache.v[:, 0])
+    return logits
 
 
 def floor_bytes(spec, weights, batch: int, ctx: int, fmt: str) -> int:

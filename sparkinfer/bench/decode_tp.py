@@ -42,11 +42,11 @@ def tp_rows(preset: str, args, say) -> list[dict]:
 def _rank_rows(world, preset: str, opt: dict) -> list[dict]:
     import torch
 
-    from sparkinfer.bench.decode_model import copy_bandwidth, floor_bytes, hf_model, step_us
+    from sparkinfer.bench.decode_model import build, copy_bandwidth, floor_bytes, hf_model, prefill_rows, step_us
     from sparkinfer.comm import Communicator
-    from sparkinfer.engine import Engine
     from sparkinfer.models.build import comm_capacity
     from sparkinfer.models.config import load_spec
+    from sparkinfer.models.weights import Sharding
 
     dev = world.device
     model, cfg = hf_model(preset, opt["layers"], dev)
@@ -64,14 +64,12 @@ def _rank_rows(world, preset: str, opt: dict) -> list[dict]:
     try:
         for fmt in opt["formats"]:
             for ops in ("sparkinfer", "torch") if fmt == "bf16" else ("sparkinfer",):
-                dec = _decoder(model, spec, world, opt["dcp"], comm, fmt, ops, batch, ctx + 64, max_tokens)
-                engine = Engine(dec, max_batch=batch, comm=comm)
+                _, dec, engine = build(model, cfg, fmt=fmt, ops=ops, batch=batch, max_len=ctx + 64,
+                                       max_tokens=max_tokens, comm=comm,
+                                       sharding=Sharding(world.rank, world.world_size, opt["dcp"]))
                 with torch.no_grad():
-                    logits = engine.prefill(prompt, 0)[0]
+                    logits = prefill_rows(engine, prompt, batch)
                     err = ((logits.float() - ref).norm() / ref.norm()).item()
-                    for s in range(1, batch + 1):  # every row reads the prompt's keys
-                        dec.cache.k[:, s].copy_(dec.cache.k[:, 0])
-                        dec.cache.v[:, s].copy_(dec.cache.v[:, 0])
                     for b in opt["batches"]:
                         us, same = step_us(engine, b, ctx, opt["replays"])
                         floor = floor_bytes(spec, dec.w, b, ctx, fmt) / bw * 1e6 if bw else None
@@ -87,18 +85,6 @@ def _rank_rows(world, preset: str, opt: dict) -> list[dict]:
     finally:
         comm.close()
     return rows
-
-
-def _decoder(model, spec, world, dcp, comm, fmt, ops, batch, max_len, max_tokens):
-    from sparkinfer.models.decoder import Decoder, KVCache
-    from sparkinfer.models.loader import load_weights
-    from sparkinfer.models.tensor_source import TensorSource
-    from sparkinfer.models.weights import Sharding
-
-    sh = Sharding(world.rank, world.world_size, dcp)
-    w = load_weights(TensorSource(model.state_dict()), spec, sh, device=world.device, moe_format=fmt)
-    cache = KVCache(spec.num_layers, batch + 1, max_len, w.layers[0].attn.kv_heads, spec.head_dim, sh, world.device)
-    return Decoder(spec, w, sh, comm=comm, cache=cache, max_tokens=max_tokens, moe_format=fmt, ops=ops)
 
 
 def _digest(t) -> str:
