@@ -27,11 +27,15 @@ class Bench:
         from sparkinfer.comm import Communicator
 
         self.torch, self.world, self.opt = torch, world, opt
-        self.cuda = world.backend == "cuda"
         self.dev = world.device
+        self.cuda = self.dev.type == "cuda"
+        # every rank on one GPU (a gloo group): our kernels are checked, not timed, and the
+        # baselines that need NCCL (which takes one GPU per rank) or a timing are left out
+        self.shared = world.backend == "cuda_shared"
         self.t0 = time.time()
         # 60 s device-side deadline: a peer may still be compiling its first launch
-        self.comm = Communicator(capacity_bytes=opt["capacity"], timeout_s=60, channel_ids=("bench",))
+        self.comm = Communicator(device=self.dev, capacity_bytes=opt["capacity"], timeout_s=60,
+                                 channel_ids=("bench",))
         self.stream = torch.cuda.Stream() if self.cuda else "bench_stream"
 
     def go(self) -> bool:
@@ -119,7 +123,8 @@ def run_config(b, base: dict, impls: dict, load, reference, tol: dict) -> list[d
             err2 = max(close_err(o, e, eps) for o, e in zip(held[0], reference(name)))
             ok = max(err, err2) <= tol[name] and replay_ok and ranks_equal is not False
             row.update(err_eps=max(err, err2), ranks_bitwise=ranks_equal, replay_bitwise=replay_ok, ok=ok)
-            row.update(us=b.time_graph(g) * 1e6, mode="graph" if b.cuda else "cpu", iters=b.opt["iters"])
+            if not b.shared:
+                row.update(us=b.time_graph(g) * 1e6, mode="graph" if b.cuda else "cpu", iters=b.opt["iters"])
             g.release()
             del g, held
         except Exception as exc:  # noqa: BLE001 - recorded as a failed row; CUDA errors end the run
@@ -177,6 +182,8 @@ def bench_norm(b, H: int, T: int) -> list[dict]:
         "nccl+torch": lambda: torch_norm(comm.all_reduce(x, bufs["s4"], algorithm="nccl")),
     }
 
+    if b.shared:
+        impls = {k: impls[k] for k in ("fused", "fused_flag", "ar_auto", "ar_oneshot")}
     tol = {"fused": 4, "fused_flag": 4, "ar_auto": 2, "ar_oneshot": 2, "ar+torch": 16, "nccl+torch": 16,
            "bitwise": ("fused", "fused_flag", "ar_auto", "ar_oneshot")}
     from sparkinfer.comm.topology import select_algorithm
@@ -344,6 +351,8 @@ def bench_dcp(b, H: int, D: int, T: int, scatter: bool) -> list[dict]:
         "dcp_ag_rs": lambda: ag_correct_rs(b, o, lse, scatter, o_ag, l_ag),
         "dcp_nccl_compiled": lambda: ag_compiled_merge(b, o, lse, scatter, o_cm, l_cm),
     }
+    if b.shared:
+        impls = {"dcp_kernel": impls["dcp_kernel"]}
     # dcp_ag_rs sums bf16-rounded corrected partials and rounds the sum (one
     # more rounding each way than the fp32 merges): 8 eps
     tol = {"dcp_kernel": 4, "dcp_nccl": 4, "dcp_nccl_compiled": 4, "dcp_ag_rs": 8,
