@@ -7,6 +7,6 @@ the decode projections of Qwen3-30B-A3B and GLM-4.5-Air on an H200
 (benchmarks/results/sweeps/linear_sweep_h200.json; `launch.py` has the numbers).
 """
 
-from sparkinfer.linear.launch import LINEAR_MAX_ROWS, linear
+from sparkinfer.linear.launch import LINEAR_MAX_ROWS, linear, linear_sync
 
-__all__ = ["linear", "LINEAR_MAX_ROWS"]
+__all__ = ["linear", "linear_sync", "LINEAR_MAX_ROWS"]

@@ -9,7 +9,7 @@ from sparkinfer.envs import triton_interpret
 from sparkinfer.errors import DTypeError, LayoutError, ShapeError
 from sparkinfer.linear.kernel import linear_rows_kernel
 
-__all__ = ["linear", "LINEAR_MAX_ROWS", "tile_for"]
+__all__ = ["linear", "linear_sync", "LINEAR_MAX_ROWS", "tile_for"]
 
 # Rows this kernel serves (one MMA's narrow side); more go to F.linear, whose
 # tensor-core tiles fill at larger M.
@@ -26,26 +26,58 @@ _BLOCK_N, _SMALL_N = 64, 1024
 _BLOCK_K = 128
 _MAX_STAGES = 6
 _SMEM = 180 * 1024  # of the H200's 227 KiB per SM, what the pipelined tiles may take
+# Split K when the feature blocks alone leave SMs idle: a few-row projection is
+# bound by the weight bytes in flight, and one program per 64 features streams
+# Qwen3-30B-A3B's o [2048, 4096] with 32 SMs at 1.8 TB/s (9.2 us above). The
+# slices' partials meet in the last program of each block (kernel.py), so the
+# split costs no launch; SPLIT_MIN_STEPS is the fewest BK steps a slice keeps.
+SPLIT_MIN_STEPS = 4
 
 
-def tile_for(n: int, k: int, elem: int = 2) -> dict:
-    """Launch parameters for an [N, K] weight of `elem`-byte elements; depend on the
-    weight only, never on M, so a row's result is the same bits at any batch. Pure."""
+def tile_for(n: int, k: int, elem: int = 2, num_sms: int = 1) -> dict:
+    """Launch parameters for an [N, K] weight of `elem`-byte elements on a device of
+    `num_sms` SMs; depend on the weight and the device only, never on M, so a row's
+    result is the same bits at any batch. Pure."""
     bn = _BLOCK_N
     bk = min(_BLOCK_K, triton.next_power_of_2(k))
     stages = max(2, min(_MAX_STAGES, _SMEM // ((bn + LINEAR_MAX_ROWS) * bk * elem)))
-    return dict(BN=bn, BK=bk, EVEN_K=k % bk == 0, num_warps=4, num_stages=stages)
+    blocks, steps = triton.cdiv(n, bn), triton.cdiv(k, bk)
+    split = max(1, min(num_sms // blocks, steps // SPLIT_MIN_STEPS))
+    k_slice = triton.cdiv(steps, split) * bk
+    return dict(BN=bn, BK=bk, EVEN_K=k % bk == 0, num_warps=4, num_stages=stages,
+                SPLIT=triton.cdiv(k, k_slice), K_SLICE=k_slice)
+
+
+def linear_sync(w: torch.Tensor) -> torch.Tensor:
+    """The split-K semaphores of one call site of `linear` with weight `w`: int32
+    zeros, one per 64 output features, which the kernel counts up and resets. Give
+    each call site its own (two calls that may run at once must not share one);
+    allocate it before capturing a graph that uses it."""
+    return torch.zeros(triton.cdiv(w.shape[0], _BLOCK_N), dtype=torch.int32, device=w.device)
+
+
+_SMS: dict[torch.device, int] = {}
+
+
+def _num_sms(device: torch.device) -> int:
+    """SMs of a CUDA device; 1 for the interpreter (it runs programs one after another)."""
+    if device.type != "cuda":
+        return 1
+    if device not in _SMS:
+        _SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _SMS[device]
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
-           out: torch.Tensor | None = None) -> torch.Tensor:
+           out: torch.Tensor | None = None, sync: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] @ w[N, K].T (+ bias [N]) -> [M, N] in x's dtype.
 
     M <= LINEAR_MAX_ROWS, N >= 1024 and bf16 / fp16 runs the Triton kernel (fp32
     accumulation, one fixed sum order per output: a row's result does not depend
     on M); anything else (more rows, a router-sized N, fp32, a non-contiguous K)
-    runs torch's matmul. Allocates `out` unless given;
-    no host sync; capture-legal.
+    runs torch's matmul. `sync` (from `linear_sync(w)`, owned by this call site)
+    lets the kernel split K over idle SMs; without it no split. Allocates `out`
+    unless given (and a split's fp32 partials); no host sync; capture-legal.
     """
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
         raise ShapeError(f"linear: x [M, K] and w [N, K] with the same K; got {tuple(x.shape)} and "
@@ -61,12 +93,21 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
     elif tuple(out.shape) != (m, n) or out.stride(1) != 1 or out.dtype != x.dtype:
         raise LayoutError(f"linear: out must be [M, N] = {(m, n)} {x.dtype} with a contiguous last dim; got "
                           f"{tuple(out.shape)} {out.dtype} strides {out.stride()}")
-    if m > LINEAR_MAX_ROWS or n < _SMALL_N or x.dtype == torch.float32 or w.stride(1) != 1 or x.stride(1) != 1:
+    blocks = triton.cdiv(n, _BLOCK_N)
+    if sync is not None and (sync.dtype != torch.int32 or sync.numel() < blocks or sync.device != x.device):
+        raise LayoutError(f"linear: sync must be linear_sync(w): {blocks} int32 on {x.device}; got "
+                          f"{sync.numel()} {sync.dtype} on {sync.device}")
+    t = tile_for(n, k, x.element_size(), _num_sms(x.device) if sync is not None else 1)
+    router = n < _SMALL_N and t["SPLIT"] == 1  # too few blocks, unsplit: cuBLAS is as fast
+    if m > LINEAR_MAX_ROWS or router or x.dtype == torch.float32 or w.stride(1) != 1 or x.stride(1) != 1:
         return torch.addmm(bias, x, w.t(), out=out) if bias is not None else torch.mm(x, w.t(), out=out)
     if m == 0:
         return out
-    t = tile_for(n, k, x.element_size())
-    linear_rows_kernel[(triton.cdiv(n, t["BN"]),)](
-        x, w, bias if bias is not None else w, out, m, n, k, x.stride(0), w.stride(0), out.stride(0),
+    part = out
+    if t["SPLIT"] > 1:
+        part = torch.empty((t["SPLIT"], blocks * t["BN"], LINEAR_MAX_ROWS), dtype=torch.float32, device=x.device)
+    linear_rows_kernel[(blocks, t["SPLIT"])](
+        x, w, bias if bias is not None else w, out, part, sync if sync is not None else out, m, n, k,
+        t.pop("K_SLICE"), x.stride(0), w.stride(0), out.stride(0),
         BM=LINEAR_MAX_ROWS, HAS_BIAS=bias is not None, INTERPRET=triton_interpret(), **t)
     return out

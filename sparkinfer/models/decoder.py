@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from sparkinfer.attention import decode_attention
 from sparkinfer.errors import CapacityError, ShapeError
 from sparkinfer.layers.aux_stream import CudaStreamOps, moe_with_shared_experts
-from sparkinfer.linear import linear
+from sparkinfer.linear import linear, linear_sync
 from sparkinfer.models.torch_ops import TorchOps
 from sparkinfer.models.weights import DenseMLPWeights, ExpertWeights, ModelWeights, Sharding
 from sparkinfer.moe import MoECaps, MoELayer, MoESpec, plan_supports_aux_stream_overlap
@@ -126,6 +126,9 @@ class Decoder:
         for lw in weights.layers:
             if isinstance(lw.mlp, ExpertWeights) and spec.routing == "sigmoid_grouped" and share_moe is None:
                 lw.mlp.router = lw.mlp.router.float()  # transformers routes GLM-4.5 in fp32
+        # split-K semaphores of the few-row projections, one per weight (`linear_sync`)
+        self._sync = {} if self.torch_ops is not None else \
+            {w.data_ptr(): linear_sync(w) for w in _projections(weights) if w.dtype != torch.float32}
         self._moe_out = torch.empty((max_tokens, spec.hidden), dtype=torch.bfloat16, device=dev)
         # shared experts overlap the routed ones on an auxiliary stream (GPU only; the
         # switch is for A/B runs and debugging)
@@ -182,7 +185,9 @@ class Decoder:
 
     def _linear(self, x, w, bias=None):
         """A projection: our few-rows kernel (`sparkinfer.linear`), F.linear for the torch ops."""
-        return F.linear(x, w, bias) if self.torch_ops is not None else linear(x, w, bias)
+        if self.torch_ops is not None:
+            return F.linear(x, w, bias)
+        return linear(x, w, bias, sync=self._sync.get(w.data_ptr()))
 
     def _attn_out(self, b: int, q: int, heads: int) -> dict:
         """out / lse buffers of one attention call (the kernel refuses to allocate them during
@@ -239,6 +244,20 @@ class Decoder:
             n, v_l = logits.shape
             logits = self.comm.all_gather(logits).view(self.sh.world, n, v_l).transpose(0, 1).reshape(n, -1)
         return logits[:, :self.spec.vocab_size]
+
+
+def _projections(weights: ModelWeights):
+    """The weights `Decoder._linear` multiplies by: attention, dense MLPs, routers, shared experts."""
+    for lw in weights.layers:
+        yield lw.attn.qkv
+        yield lw.attn.o
+        m = lw.mlp
+        dense = [m] if isinstance(m, DenseMLPWeights) else [m.shared] if m.shared is not None else []
+        if isinstance(m, ExpertWeights):
+            yield m.router
+        for d in dense:
+            yield d.gate_up
+            yield d.down
 
 
 def _local_inter(m: ExpertWeights) -> int:

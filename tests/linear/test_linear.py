@@ -6,7 +6,7 @@ import torch
 
 from sparkinfer.envs import triton_interpret
 from sparkinfer.errors import DTypeError, LayoutError, ShapeError
-from sparkinfer.linear import LINEAR_MAX_ROWS, linear
+from sparkinfer.linear import LINEAR_MAX_ROWS, launch, linear, linear_sync
 from sparkinfer.linear.launch import tile_for
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -50,6 +50,48 @@ def test_what_the_kernel_does_not_serve_goes_to_torch():
     for m, n, dtype in cases:
         x, w, b = (t.to(dtype) for t in _case(m, n, 64, 9, True))
         assert torch.equal(linear(x, w, b), torch.addmm(b, x, w.t()))
+
+
+SPLIT_CASES = [(1, 1024, 1024), (3, 128, 2048), (16, 1090, 1000), (2, 1024, 4096)]
+
+
+@pytest.mark.parametrize("m,n,k", SPLIT_CASES, ids=[f"m{m}_n{n}_k{k}" for m, n, k in SPLIT_CASES])
+def test_split_k_matches_reference_is_repeatable_and_rearms(monkeypatch, m, n, k):
+    """K split over an H200's 132 SMs (a router-sized N included): the slices'
+    partials meet in fixed order, so the result is within one rounding of the fp32
+    reference, the same bits again and for a row alone, and the semaphores are
+    zero again after every call."""
+    if DEV == "cpu":
+        monkeypatch.setattr(launch, "_num_sms", lambda device: 132)
+    split = tile_for(n, k, 2, 132)["SPLIT"]
+    assert split > 1
+    x, w, b = _case(m, n, k, 7 * m + n, True)
+    sync = linear_sync(w)
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=DEV)
+    linear(x, w, b, out=out, sync=sync)
+    assert not sync.any()
+    ref = x.float() @ w.float().t() + b.float()
+    ulp = 2 ** -7 if triton_interpret() else 2 ** -8
+    err = (out.float() - ref).abs()
+    assert (err <= ref.abs() * ulp + 1e-5 * ref.abs().max()).all(), err.max()
+    assert torch.equal(linear(x, w, b, sync=sync), out)
+    assert torch.equal(linear(x[-1:], w, b, sync=sync), out[-1:])
+    assert not sync.any()
+
+
+def test_split_depends_on_the_weight_and_device_only():
+    assert tile_for(2048, 4096, 2, 132)["SPLIT"] == 4  # Qwen3-30B-A3B o: 32 blocks
+    assert tile_for(5120, 2048, 2, 132)["SPLIT"] == 1  # its qkv: 80 blocks
+    assert tile_for(2048, 4096, 2, 1)["SPLIT"] == 1  # the interpreter: one program at a time
+    t = tile_for(1090, 1000, 2, 132)
+    assert t["K_SLICE"] % t["BK"] == 0 and (t["SPLIT"] - 1) * t["K_SLICE"] < 1000 <= t["SPLIT"] * t["K_SLICE"]
+
+
+def test_rejects_a_wrong_sync():
+    x, w, _ = _case(2, 1024, 64, 1, False)
+    for bad in (torch.zeros(16, dtype=torch.int64, device=DEV), torch.zeros(3, dtype=torch.int32, device=DEV)):
+        with pytest.raises(LayoutError, match="sync must be linear_sync"):
+            linear(x, w, sync=bad)
 
 
 def test_tile_depends_on_the_weight_only():
