@@ -19,19 +19,26 @@ LINEAR_MAX_ROWS = 16
 # M 1 / 8 in 8-weight graphs), us of this tile vs cuBLAS at M = 1: Qwen3-30B-A3B qkv
 # [5120, 2048] 7.57 vs 8.06, o [2048, 4096] 9.19 vs 9.46; GLM-4.5-Air qkv 30.8 vs
 # 32.9, o 27.3 vs 29.1, dense gate_up 45.6 vs 47.4, shared-expert gate_up 9.76 vs
-# 11.1 (the best tile per shape is within 5% of it). Routers stay with cuBLAS: at
-# [128, 2048] no tile beat it (4.85 vs 4.86 us), and fp32 weights (GLM-4.5's
-# router) take IEEE fp32 dots here, 80 us vs 5.0.
+# 11.1 (the best tile per shape is within 5% of it). Unsplit, routers stay with
+# cuBLAS (at [128, 2048] no tile beat it, 4.85 vs 4.86 us; split, below, they
+# gain); fp32 weights (GLM-4.5's router) take IEEE fp32 dots here, 80 us vs 5.0.
 _BLOCK_N, _SMALL_N = 64, 1024
 _BLOCK_K = 128
 _MAX_STAGES = 6
 _SMEM = 180 * 1024  # of the H200's 227 KiB per SM, what the pipelined tiles may take
-# Split K when the feature blocks alone leave SMs idle: a few-row projection is
-# bound by the weight bytes in flight, and one program per 64 features streams
-# Qwen3-30B-A3B's o [2048, 4096] with 32 SMs at 1.8 TB/s (9.2 us above). The
-# slices' partials meet in the last program of each block (kernel.py), so the
-# split costs no launch; SPLIT_MIN_STEPS is the fewest BK steps a slice keeps.
+# Split K when the feature blocks fill at most a third of the SMs: a few-row
+# projection is bound by the weight bytes in flight. The slices' partials meet in
+# the last program of each block (kernel.py), so a split costs no launch; a
+# slice keeps at least SPLIT_MIN_STEPS BK steps, and split launches pipeline
+# SPLIT_STAGES deep (short slices fill no deeper pipe). H200 at f64ac5d
+# (benchmarks/results/sweeps/linear_split_sweep_h200.json: split 1..16 x stages
+# 4 / 6, M 1 and 8, graphs over distinct weights), us at M = 1: Qwen3-30B-A3B o
+# [2048, 4096] (32 blocks) 8.17 split 4 vs 9.33 unsplit, cuBLAS 9.38; its router
+# [128, 2048] 4.31 split 4 vs cuBLAS 4.91; Mixtral's router [8, 4096] 4.45 split 8
+# vs 5.68; GLM-4.5-Air shared gate_up (44 blocks) 9.69 split 3 vs 9.74. At 64
+# blocks and more every split was slower (GLM-4.5-Air o 27.48 unsplit, 27.82 split 2).
 SPLIT_MIN_STEPS = 4
+SPLIT_STAGES = 4
 
 
 def tile_for(n: int, k: int, elem: int = 2, num_sms: int = 1) -> dict:
@@ -42,10 +49,11 @@ def tile_for(n: int, k: int, elem: int = 2, num_sms: int = 1) -> dict:
     bk = min(_BLOCK_K, triton.next_power_of_2(k))
     stages = max(2, min(_MAX_STAGES, _SMEM // ((bn + LINEAR_MAX_ROWS) * bk * elem)))
     blocks, steps = triton.cdiv(n, bn), triton.cdiv(k, bk)
-    split = max(1, min(num_sms // blocks, steps // SPLIT_MIN_STEPS))
+    split = max(1, min(num_sms // blocks, steps // SPLIT_MIN_STEPS)) if 3 * blocks <= num_sms else 1
     k_slice = triton.cdiv(steps, split) * bk
-    return dict(BN=bn, BK=bk, EVEN_K=k % bk == 0, num_warps=4, num_stages=stages,
-                SPLIT=triton.cdiv(k, k_slice), K_SLICE=k_slice)
+    split = triton.cdiv(k, k_slice)
+    return dict(BN=bn, BK=bk, EVEN_K=k % bk == 0, num_warps=4, num_stages=min(stages, SPLIT_STAGES) if split > 1
+                else stages, SPLIT=split, K_SLICE=k_slice)
 
 
 def linear_sync(w: torch.Tensor) -> torch.Tensor:
