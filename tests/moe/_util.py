@@ -23,6 +23,23 @@ def assert_moe_close(out, ref, weight_format: str = "bf16") -> None:
     assert c.ok, f"MoE output vs fp32 reference: {c}"
 
 
+POISON_ID = 1  # an expert / route / count that exists: a stale read adds wrong rows, no crash
+
+
+def poison_scratch(scratch: dict) -> None:
+    """Fill every scratch buffer with what a read before the call's own write
+    would show: NaN floats, NaN E4M3 codes (0x7F), POISON_ID in int buffers.
+    `allocate_scratch` returns torch.empty memory, which on a GPU holds whatever
+    earlier work left in the caching allocator."""
+    for v in scratch.values():
+        if v.dtype == torch.float8_e4m3fn:
+            v.view(torch.uint8).fill_(0x7F)
+        elif v.dtype.is_floating_point:
+            v.fill_(float("nan"))
+        else:
+            v.fill_(POISON_ID)
+
+
 def random_layer(caps, spec, seed=None):
     """(plan, prepared weights, source weights (w1, w2), scratch) with fresh random weights."""
     g = torch.Generator().manual_seed(seed) if seed is not None else None

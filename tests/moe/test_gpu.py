@@ -15,7 +15,7 @@ import torch
 from sparkinfer.moe import MoECaps, MoESpec, allocate_scratch, bind, moe_reference, plan, prepare_weights, run
 from sparkinfer.moe.routing import route_reference
 from sparkinfer.quant import FP8BlockTensor, NVFP4Tensor
-from tests.moe._util import assert_moe_close, random_layer
+from tests.moe._util import assert_moe_close, poison_scratch, random_layer
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
@@ -28,6 +28,23 @@ pytestmark = pytest.mark.skipif(
 # div.rn ones and the reference's own E4M3 rounding of FC2's input amplified that to ~1.4e-2
 # (tests/moe/test_fp8_layer.py emulates CUDA's division on the CPU). Fixed by dividing tensor by
 # tensor in sparkinfer/quant/fp8.py.
+# At 0467373 dsv3_tp8-T1 (and once fp8_block-T1) failed only after other test files had run
+# in the process: the inputs came from the global RNG those files had advanced. That draw,
+# replayed alone, gives the same rel_norm 1.60e-2; the GPU reference equals the CPU one
+# (4.8e-7), and FC2 run on the kernel's own FC2 input matches its output to 1.6e-3, so the
+# whole excess is FC2's E4M3 input: Hopper's e4m3 accumulation (FC1 off by 1.8e-4) flips 32
+# of 2048 codes, as for any draw, but here one of the 3 in the top-weighted route sits on a
+# large element (a coarse E4M3 step). One token has no other rows to average that over: 120
+# other draws gave rel_norm 1.8e-3 .. 9.2e-3 (median 2.8e-3). Hence `_seeded` below, and
+# scratch poisoned before each first run (no stale memory can matter either; initcheck clean).
+
+
+@pytest.fixture(autouse=True)
+def _seeded():
+    """Each case draws its inputs from one seed, whatever ran before it in the process."""
+    torch.manual_seed(0)
+
+
 CASES = [pytest.param(fmt, t, id=f"{fmt}-T{t}")
          for fmt in ("nvfp4", "bf16", "fp8_block") for t in (1, 5, 16, 40, 300)]
 
@@ -46,6 +63,7 @@ def test_gpu_layer_matches_reference_and_replays_bitwise(fmt, t):
     src = tuple(_cuda(s) for s in src)
     w = prepare_weights(p, *src)
     scratch = allocate_scratch(p, "cuda")
+    poison_scratch(scratch)
     x = torch.randn(t, 1024, device="cuda").bfloat16()
     logits = torch.randn(t, 32, device="cuda")
     bias = torch.randn(32, device="cuda") * 0.1
@@ -113,6 +131,7 @@ def test_gpu_mixtral_micro_nvfp4_repeats_bitwise(decode):
     src = (_random_nvfp4(e, 2 * i, h, gen), _random_nvfp4(e, h, i, gen))
     w = prepare_weights(p, *src)
     scratch = allocate_scratch(p, "cuda")
+    poison_scratch(scratch)
     x = torch.randn(4, h, device="cuda").bfloat16()
     logits = torch.randn(4, e, device="cuda")
     out = torch.full((4, h), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -162,6 +181,7 @@ def test_gpu_fp8_bench_shapes(shape, t):
     src = (_random_fp8(e, 2 * i, h, gen), _random_fp8(e, h, i, gen))
     w = prepare_weights(p, *src)
     scratch = allocate_scratch(p, "cuda")
+    poison_scratch(scratch)
     x = torch.randn(t, h, device="cuda").bfloat16()
     logits = torch.randn(t, e, device="cuda")
     out = torch.full((t, h), float("nan"), dtype=torch.bfloat16, device="cuda")
