@@ -15,6 +15,12 @@ _MIN_PROGRAMS = 128  # about one per SM of an H200 (132)
 __all__ = ["RotaryTable", "rotary_table", "rope_qk_cache"]
 
 
+def _min_programs(device: torch.device) -> int:
+    """Programs a call should at least have: about one per SM on a GPU; one for the
+    interpreter, which runs programs one after another (more only cost CI time)."""
+    return _MIN_PROGRAMS if device.type == "cuda" else 1
+
+
 @dataclass(frozen=True)
 class RotaryTable:
     """cos, sin: fp32 [P, R/2] for positions 0..P-1 (rotate_half pairs dims i and
@@ -77,7 +83,7 @@ def rope_qk_cache(qkv: torch.Tensor, positions: torch.Tensor, slots: torch.Tenso
     # a decode step has few tokens: narrower head blocks, so the grid is not one or two
     # programs running every head in series (H200, Qwen3-30B-A3B dims at batch 1: 4.5 us
     # per call with 2 programs of 32 heads; benchmarks/results/decode_profile_h200.json)
-    while block_heads > 1 and t * triton.cdiv(hq + kvh, block_heads) < _MIN_PROGRAMS:
+    while block_heads > 1 and t * triton.cdiv(hq + kvh, block_heads) < _min_programs(qkv.device):
         block_heads //= 2
     qw, kw = norms if norms is not None else (table.cos, table.cos)
     grid = (t, triton.cdiv(hq + kvh, block_heads))

@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from sparkinfer.errors import DTypeError, LayoutError, ShapeError
+from sparkinfer.rope import launch as rope_launch
 from sparkinfer.rope import rope_qk_cache, rotary_table
 from sparkinfer.rope.reference import rope_qk_cache_reference
 
@@ -14,9 +15,13 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("narrow", [False, True], ids=["wide", "narrow"])
 @pytest.mark.parametrize("t,hq,kvh,d,r,norm,stride,offset", CASES,
                          ids=[f"t{c[0]}_hq{c[1]}_kv{c[2]}_d{c[3]}_r{c[4]}_s{c[6]}o{c[7]}" for c in CASES])
-def test_matches_reference(t, hq, kvh, d, r, norm, stride, offset):
+def test_matches_reference(monkeypatch, t, hq, kvh, d, r, norm, stride, offset, narrow):
+    """narrow: head blocks narrowed as on a GPU at few tokens (one head per program)."""
+    if narrow:
+        monkeypatch.setattr(rope_launch, "_min_programs", lambda device: 1 << 20)
     g = torch.Generator().manual_seed(t * 1000 + d)
     s, length = 3, 16
     qkv = torch.randn(t, (hq + 2 * kvh) * d, generator=g).bfloat16()
