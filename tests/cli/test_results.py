@@ -120,6 +120,30 @@ def test_summarize_tabulates_the_committed_results(capsys):
     assert "refused" not in out.err
 
 
+def test_gpu_test_evidence_summaries_count_the_rows_of_their_run():
+    """Each summary row of a committed GPU test evidence file counts the test rows of its
+    run (one conversion: the same command, commit and date), and each run has one: rows
+    replaced by a newer run of the same files must not leave a summary that counts them."""
+    from collections import Counter
+
+    files = sorted(RESULTS.glob("gpu_tests_*.json"))
+    assert files
+    for path in files:
+        rows = json.loads(path.read_text())
+        run = lambda r: (r.get("command"), r.get("commit"), r.get("date"))  # noqa: E731
+        counts: dict = {}
+        for r in rows:
+            if r["kind"] == "test":
+                counts.setdefault(run(r), Counter())[r["outcome"]] += 1
+        summaries = [r for r in rows if r["kind"] == "summary"]
+        assert sorted(map(run, summaries)) == sorted(counts), path.name
+        for sm in summaries:
+            c = counts[run(sm)]
+            assert (sm["tests"], sm["passed"], sm["failed"], sm["error"], sm["skipped"]) == (
+                sum(c.values()), c["passed"], c["failed"], c["error"], c["skipped"]), (path.name, sm["junit_file"])
+            assert sm["ok"] == (c["failed"] == 0 and c["error"] == 0)
+
+
 JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="0" failures="1"
 skipped="1" tests="3" time="9.1" timestamp="2026-12-01T16:00:00" hostname="gpu-host">
 <testcase classname="tests.moe.test_gpu" name="test_gpu_layer_matches_reference_and_replays_bitwise[nvfp4-T1]"
