@@ -13,7 +13,11 @@ indices; where flash-attn is installed), torch SDPA after gathering the slots
 beforehand (reading the same bytes, no gather). A graph replays calls on
 distinct slots, >= 256 MiB of cache together, so L2 (50 MiB) rarely serves a
 repeat. Reported: us per call, KV GB/s (B * C * KVH * D * 2 B * 2 / time), and
-that as a fraction of the copy bandwidth.
+that as a fraction of the copy bandwidth. Every timed graph is checked: its
+outputs are poisoned (NaN) after the timing, the same graph replays once more,
+and the last call's output (sparkinfer's calls share one output buffer) is
+compared with the fp32 reference for that call's slots; a row's `ok` is that
+verdict.
 
 Appends JSON rows (GPU, versions, commit, date, command; every check and timing
 row with an `ok` flag) to --out (default benchmarks/results/attention_<machine>.json,
@@ -72,22 +76,67 @@ def add_arguments(p) -> None:
                    help="JSON rows (default benchmarks/results/attention_<machine>.json; --sweep: results/sweeps/)")
 
 
-def time_graph(torch, calls, cuda: bool, reps: int) -> float:
-    """Seconds per call of the callables `calls`, run back to back in one CUDA graph
-    (eagerly on CPU), median of `reps` replays."""
+# Bounds of a check against the fp32 reference. The output is rounded to bf16 once
+# (relative error norm ~2e-3), so 1e-2 leaves room for the split combine's fp32
+# order while a wrong scale, a dropped split or a wrong slot lands far above it
+# (a max-abs bound alone would not see a 1.5x scale: outputs are averages of
+# ~1e3 random values, |out| ~ 0.03). The max-abs and lse bounds are the ones the
+# eager check always used.
+OUT_REL_NORM_MAX, OUT_MAX_ERR, LSE_MAX_ERR = 1e-2, 2e-2, 1e-3
+
+
+def compare(out, ref_out, lse=None, ref_lse=None) -> dict:
+    """Check fields of an output [B, 1, Hq, D] (and lse [B, 1, Hq]) against the fp32
+    reference's: finite, relative error norm, worst absolute error, and `ok`."""
+    import torch
+
+    o = out.float()
+    d = o - ref_out
+    finite = bool(torch.isfinite(o).all())
+    row = dict(out_rel_norm=(d.norm() / ref_out.norm()).item(), out_max_err=d.abs().max().item())
+    ok = finite and row["out_rel_norm"] <= OUT_REL_NORM_MAX and row["out_max_err"] <= OUT_MAX_ERR
+    if lse is not None:
+        row["lse_max_err"] = (lse.float() - ref_lse).abs().max().item()
+        ok = ok and row["lse_max_err"] <= LSE_MAX_ERR
+    return dict(row, finite=finite, ok=bool(ok))
+
+
+def time_graph(torch, calls, cuda: bool, reps: int):
+    """(seconds per call, the last call's return value) of the callables `calls`, run
+    back to back in one CUDA graph (eagerly on CPU), median of `reps` replays. After
+    the timing the last call's outputs are poisoned (NaN) and the same graph replays
+    once more, so the value returned is what the timed graph computes (a peer's
+    outputs live in the graph's memory pool: the tensors captured are the ones each
+    replay rewrites)."""
+    held = [None]
+
     def all_calls():
-        for c in calls:
+        for c in calls[:-1]:
             c()
+        held[0] = calls[-1]()
 
     if not cuda:
         all_calls()
-        return median(time_calls(all_calls, reps, cuda=False)) / len(calls)
-    g = Graph(all_calls, torch.cuda.Stream())  # warm-up (compiles, keeps workspaces), then capture
-    g.replay()
-    torch.cuda.synchronize()
-    sec = median(time_calls(g.replay, reps, cuda=True)) / len(calls)
-    g.release()
-    return sec
+        sec = median(time_calls(all_calls, reps, cuda=False)) / len(calls)
+        replay = all_calls
+    else:
+        g = Graph(all_calls, torch.cuda.Stream())  # warm-up (compiles, keeps workspaces), then capture
+        g.replay()
+        torch.cuda.synchronize()
+        sec = median(time_calls(g.replay, reps, cuda=True)) / len(calls)
+        replay = g.replay
+    for t in _tensors(held[0]):
+        t.fill_(float("nan"))
+    replay()
+    if cuda:
+        torch.cuda.synchronize()
+        g.release()  # the tensors held keep their memory
+    return sec, held[0]
+
+
+def _tensors(value) -> list:
+    """The tensors of a call's return value (a tensor or a tuple of them)."""
+    return [t for t in (value if isinstance(value, tuple) else (value,)) if hasattr(t, "fill_")]
 
 
 def copy_gbs(torch, dev: str, cuda: bool) -> float:
@@ -120,14 +169,31 @@ class Point:
         self.scale = head_dim ** -0.5
 
 
+def reference(p: Point, slots):
+    """The fp32 (out, lse) of the point's queries over the cache slots `slots`."""
+    from sparkinfer.attention import attention_reference
+
+    return attention_reference(p.q, p.k, p.v, slots, p.q_pos, sm_scale=p.scale)
+
+
 def check(p: Point) -> dict:
-    from sparkinfer.attention import attention_reference, decode_attention
+    """One eager call with the default splits, before anything is timed."""
+    from sparkinfer.attention import decode_attention
 
     out, lse = decode_attention(p.q, p.k, p.v, p.slots[0], p.q_pos, sm_scale=p.scale)
-    ref_out, ref_lse = attention_reference(p.q, p.k, p.v, p.slots[0], p.q_pos, sm_scale=p.scale)
-    err = (out.float() - ref_out).abs().max().item()
-    lerr = (lse - ref_lse).abs().max().item()
-    return dict(kind="check", out_max_err=err, lse_max_err=lerr, ok=err <= 2e-2 and lerr <= 1e-3)
+    ref_out, ref_lse = reference(p, p.slots[0])
+    return dict(kind="check", **compare(out, ref_out, lse, ref_lse))
+
+
+def check_timed(impl: str, value, ref) -> dict:
+    """The timed graph's last output (`time_graph`) against `ref`, the reference of
+    that call's slots: sparkinfer returns (out, lse) as [B, 1, Hq, D] / [B, 1, Hq],
+    flash-attn out alone in the same layout, SDPA [B, Hq, 1, D]."""
+    ref_out, ref_lse = ref
+    if impl.startswith("sparkinfer"):
+        return compare(value[0], ref_out, value[1], ref_lse)
+    out = value.transpose(1, 2) if impl.startswith("torch_") else value
+    return compare(out, ref_out)
 
 
 def peer_calls(torch, p: Point, impl: str):
@@ -166,12 +232,13 @@ def time_point(torch, p: Point, cuda: bool, lim: dict, args) -> list[dict]:
                                             num_splits=ns) for s in p.slots]) for ns in splits]
     if not args.no_peers:
         runs += [(impl, None, peer_calls(torch, p, impl)) for impl in PEERS]
+    ref = reference(p, p.slots[-1])  # every impl's last call reads these slots
     rows = []
     for impl, ns, calls in runs:
         if calls is None:
             continue
         try:
-            sec = time_graph(torch, calls, cuda, reps)
+            sec, last = time_graph(torch, calls, cuda, reps)
         except Exception as exc:  # noqa: BLE001 - a peer may not support a shape; say so in the row
             if "CUDA error" in str(exc):
                 raise  # the context is poisoned: nothing after this would be measured
@@ -179,8 +246,13 @@ def time_point(torch, p: Point, cuda: bool, lim: dict, args) -> list[dict]:
             continue
         gbs = p.kv_bytes / sec / 1e9
         ns_used = plan_call(p.q, p.k, num_splits=ns).num_splits if impl.startswith("sparkinfer") else None
+        verdict = check_timed(impl, last, ref)
+        if not verdict["ok"]:
+            print(f"check FAILED on the timed graph: B={p.b} C={p.context} {impl} rel_norm "
+                  f"{verdict['out_rel_norm']:.2e} max_err {verdict['out_max_err']:.2e}", flush=True)
         rows.append(dict(base, impl=impl, num_splits=ns_used, us=sec * 1e6, kv_gbs=gbs,
-                         frac_copy=gbs / lim["copy_gbs"], ok=True))
+                         frac_copy=gbs / lim["copy_gbs"], **{f"check_{k}": v for k, v in verdict.items() if k != "ok"},
+                         ok=verdict["ok"]))
     return rows
 
 

@@ -45,7 +45,7 @@ from pathlib import Path
 from sparkinfer.bench import common
 from sparkinfer.bench.timing import median, time_calls
 
-__all__ = ["add_arguments", "main", "SHAPES", "Ctx", "device_limits"]
+__all__ = ["add_arguments", "main", "SHAPES", "Ctx", "device_limits", "failed_checks"]
 
 SHAPES = {
     "dsv3": dict(num_experts=256, top_k=8, hidden=7168, intermediate=2048),
@@ -234,7 +234,17 @@ def main(args) -> int:
         faulthandler.cancel_dump_traceback_later()
     print_tables(all_rows, f"{meta['gpu']}, commit {str(meta.get('commit'))[:10]}")
     png = plot(all_rows, out.with_suffix(".png"))
-    bad = [r for r in all_rows if r.get("kind") == "check" and not r["ok"]]
-    print(f"checks failed: {len(bad)}; {time.time() - ctx.t0:.0f} s; rows appended to {out}"
-          + (f", plot {png}" if png else ""), flush=True)
+    bad = failed_checks(all_rows)
+    timed = sum(r["kind"] == "time" for r in bad)
+    print(f"checks failed: {len(bad)} ({len(bad) - timed} check rows, {timed} timed graphs); "
+          f"{time.time() - ctx.t0:.0f} s; rows appended to {out}" + (f", plot {png}" if png else ""), flush=True)
     return 1 if bad else 0
+
+
+def failed_checks(rows: list[dict]) -> list[dict]:
+    """The rows whose correctness check failed: check rows, and time rows whose timed
+    graph's own output failed its check (`_check_timed` sets their ok). Both decide the
+    exit status: a run whose timed graph computed a wrong answer must not exit 0 even
+    though its separate check rows passed. Probe rows (an alternative decode tried for
+    information) and timings that raised (rows with `error`, no verdict) are not checks."""
+    return [r for r in rows if r.get("kind") in ("check", "time") and r.get("ok") is False]

@@ -193,9 +193,11 @@ class Comparison:
                     finite=self.finite, within_tol=self.ok)
 
     def __str__(self) -> str:
+        # Bounds print exactly (:g keeps 1.5e-2 and 0.15 as written in TOLERANCES): a
+        # failure message must show the bound that was applied, not a rounded one.
         t = self.tol
-        return (f"cosine {self.cosine:.6f} (>= {t.cosine_min}), rel_norm {self.rel_norm:.2e} "
-                f"(<= {t.rel_norm_max:.0e}), max_rel {self.max_rel:.2e} (<= {t.max_rel_max:.0e}), "
+        return (f"cosine {self.cosine:.6f} (>= {t.cosine_min:g}), rel_norm {self.rel_norm:.2e} "
+                f"(<= {t.rel_norm_max:g}), max_rel {self.max_rel:.2e} (<= {t.max_rel_max:g}), "
                 f"finite {self.finite}")
 
 

@@ -76,6 +76,39 @@ def test_bench_moe_dry_run(tmp_path, capsys):
     assert "MoE layer, us per call" in capsys.readouterr().out
 
 
+def test_moe_failed_checks_counts_timed_graphs_too():
+    """A time row whose timed graph failed its own check counts as a failed check, as a
+    check row does; probe rows and timings that raised carry no verdict."""
+    from sparkinfer.bench.moe import failed_checks
+
+    rows = [dict(kind="device"), dict(kind="check", ok=True), dict(kind="check", ok=False),
+            dict(kind="time", ok=True), dict(kind="time", ok=False), dict(kind="probe", ok=False),
+            dict(kind="time", error="OutOfResources: shared memory")]
+    assert failed_checks(rows) == [rows[2], rows[4]]
+
+
+def test_bench_moe_exits_nonzero_when_only_a_timed_graph_fails(tmp_path, monkeypatch, capsys):
+    """`bench moe` end to end with the GPU work replaced by rows: every check row passes,
+    one timed graph's output check fails, so the run exits 1 and says so."""
+    from sparkinfer.bench import moe, moe_cases, moe_report
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # main sets it for --dry-run; restored after the test
+    monkeypatch.setattr(moe, "device_limits", lambda ctx: {"copy_gbs": 1.0, "bf16_tflops": 1.0})
+    monkeypatch.setattr(moe_cases, "Layer", lambda ctx, name, shape, m: None)
+    monkeypatch.setattr(moe_cases, "checks", lambda ctx, layer, f, ms, decode: [dict(kind="check", format=f, ok=True)])
+
+    def time_ours(ctx, layer, lim, f, ms, decode, advance):
+        return [dict(kind="time", impl="sparkinfer", format=f, M=m, us=1.0, ok=(f, m) != ("bf16", 3)) for m in ms]
+
+    monkeypatch.setattr(moe_cases, "time_ours", time_ours)
+    monkeypatch.setattr(moe_report, "print_tables", lambda rows, caption: None)
+    monkeypatch.setattr(moe_report, "plot", lambda rows, path: None)
+    out = tmp_path / "moe.json"
+    assert main(["bench", "moe", "--dry-run", "--no-baselines", "--out", str(out)]) == 1
+    assert "checks failed: 1 (0 check rows, 1 timed graphs)" in capsys.readouterr().out
+    assert [r["M"] for r in json.loads(out.read_text()) if r.get("ok") is False] == [3]
+
+
 def test_bench_rejects_unknown_names_and_options(capsys):
     with pytest.raises(SystemExit):
         main(["bench", "nope"])

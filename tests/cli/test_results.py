@@ -90,6 +90,27 @@ def test_summarize_refuses_a_moe_timing_whose_graph_output_failed_its_check(tmp_
     assert "moe_h200.json: refused 1 rows" in out.err
 
 
+def _decode_step(batch, us, frac, **kw):
+    return {"bench": "decode", "preset": "p", "impl": "sparkinfer", "experts": "bf16", "batch": batch,
+            "layers": 8, "us_per_step": us, "frac_floor": frac, "copy_bandwidth_Bps": 4.0e12, "ok": True,
+            "commit": "c", "gpu": "NVIDIA H200", **kw}
+
+
+def test_summarize_decode_floors_against_the_specified_rate_and_refuses_failed_steps(tmp_path, capsys):
+    """The decode floor at the H200's specified 4.8 TB/s leads, the run's own copy rate in
+    brackets (4000 GB/s here: 130% of it is 108% of 4.8 TB/s), each mark explained; a step
+    whose check failed (ok=False) is refused."""
+    rows = [_decode_step(1, 100.0, 0.6), _decode_step(8, 200.0, 1.3), _decode_step(64, 300.0, 0.9, ok=False)]
+    (tmp_path / "decode_h200.json").write_text(json.dumps(rows))
+    assert main(["bench", "summarize", "--results", str(tmp_path)]) == 0
+    out = capsys.readouterr()
+    assert "at the GPU's specified 4.8 TB/s" in out.out and "4000 GB/s, counting read + write" in out.out
+    assert "| p | 1 | 100 | 50% (60%) | – | – |" in out.out
+    assert "| p | 8 | 200 | 108%‡ (130%†) | – | – |" in out.out
+    assert "† above the copy rate measured" in out.out and "‡ above the specified HBM rate" in out.out
+    assert "| p | 64 |" not in out.out and "decode_h200.json: refused 1 rows" in out.err
+
+
 def test_summarize_tabulates_the_committed_results(capsys):
     assert main(["bench", "summarize", "--results", str(RESULTS)]) == 0
     out = capsys.readouterr()
@@ -97,6 +118,30 @@ def test_summarize_tabulates_the_committed_results(capsys):
                   "dcp_merge (2 ranks, bf16)", "MoE layer"):
         assert title in out.out
     assert "refused" not in out.err
+
+
+def test_gpu_test_evidence_summaries_count_the_rows_of_their_run():
+    """Each summary row of a committed GPU test evidence file counts the test rows of its
+    run (one conversion: the same command, commit and date), and each run has one: rows
+    replaced by a newer run of the same files must not leave a summary that counts them."""
+    from collections import Counter
+
+    files = sorted(RESULTS.glob("gpu_tests_*.json"))
+    assert files
+    for path in files:
+        rows = json.loads(path.read_text())
+        run = lambda r: (r.get("command"), r.get("commit"), r.get("date"))  # noqa: E731
+        counts: dict = {}
+        for r in rows:
+            if r["kind"] == "test":
+                counts.setdefault(run(r), Counter())[r["outcome"]] += 1
+        summaries = [r for r in rows if r["kind"] == "summary"]
+        assert sorted(map(run, summaries)) == sorted(counts), path.name
+        for sm in summaries:
+            c = counts[run(sm)]
+            assert (sm["tests"], sm["passed"], sm["failed"], sm["error"], sm["skipped"]) == (
+                sum(c.values()), c["passed"], c["failed"], c["error"], c["skipped"]), (path.name, sm["junit_file"])
+            assert sm["ok"] == (c["failed"] == 0 and c["error"] == 0)
 
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="0" failures="1"
