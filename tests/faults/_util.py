@@ -128,3 +128,29 @@ def assert_late_peer_outcomes(r0: dict, r1: dict, names) -> None:
     for name in names:
         assert r0[name] == (("timeout", 1, False, True), True), (name, r0[name])
         assert r1[name] == (("timeout", 0, True, True), True), (name, r1[name])
+
+
+def nonfinite_problems(got: torch.Tensor, ref: torch.Tensor, *, atol: float = 0.0) -> list:
+    """How `got` departs from `ref`'s non-finite pattern: NaN exactly where ref has NaN,
+    +inf / -inf exactly where ref has them, finite elements equal (atol 0) or within atol.
+    Compared in fp32, on the CPU; [] when they agree."""
+    g, r = got.detach().float().cpu(), ref.detach().float().cpu()
+    if g.shape != r.shape:
+        return [f"shape {tuple(g.shape)}, reference {tuple(r.shape)}"]
+    bad = []
+    for what, mask in (("NaN", torch.isnan), ("+inf", lambda t: t == float("inf")),
+                       ("-inf", lambda t: t == float("-inf"))):
+        mg, mr = mask(g), mask(r)
+        if not torch.equal(mg, mr):
+            bad.append(f"{what} at {mg.flatten().nonzero().flatten().tolist()[:12]}, reference at "
+                       f"{mr.flatten().nonzero().flatten().tolist()[:12]} (flat indices)")
+    fin = torch.isfinite(g) & torch.isfinite(r)
+    err = (g[fin] - r[fin]).abs().max().item() if fin.any() else 0.0
+    if err > atol * max(1.0, r[fin].abs().max().item() if fin.any() else 1.0):
+        bad.append(f"finite elements differ by {err:g}")
+    return bad
+
+
+def bits(t: torch.Tensor) -> bytes:
+    """A tensor's raw bytes (NaN payloads included), to compare results across ranks."""
+    return t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()

@@ -109,7 +109,9 @@ def dcp_merge(ctx, out_partial, lse, *, scatter_heads: bool = False, lse_base: s
     or log2 ("2"); -inf marks an empty shard, whose o may be NaN and is ignored.
     o = sum_r exp(lse_r - m) o_r / sum_r exp(lse_r - m), m = max_r lse_r, fp32
     in rank order (bitwise identical on every rank); rows with every shard empty
-    give o = 0, lse = -inf; a NaN lse on any rank makes that row's o and lse NaN.
+    give o = 0, lse = -inf; NaN or inf in a non-empty shard's o reaches the output
+    even where its weight underflows to 0; a +inf lse on any rank makes that row's
+    o NaN and its lse +inf, a NaN lse makes both NaN.
 
     scatter_heads: return only this rank's heads [rank * H / W, (rank + 1) * H / W)
     (H divisible by W), and receive only those from peers; else every head.
