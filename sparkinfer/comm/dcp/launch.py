@@ -91,11 +91,12 @@ def _check_algorithm(op: str, algorithm) -> None:
 
 
 def _gather_nccl(ctx, t):
-    """[W, *t.shape]: every rank's t through torch.distributed (allocates, copies)."""
+    """[W, *t.shape]: every rank's t through torch.distributed (allocates, copies).
+    The caller ran nccl.handshake for its whole call."""
     import torch
 
     out = torch.empty((ctx.world_size * t.shape[0],) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
-    nccl.all_gather(ctx, t.contiguous(), out)
+    nccl.all_gather(ctx, t.contiguous(), out, op=None)
     return out.view((ctx.world_size,) + tuple(t.shape))
 
 
@@ -157,6 +158,7 @@ def dcp_merge(ctx, out_partial, lse, *, scatter_heads: bool = False, lse_base: s
         return result
     lse_off = -(-n_rows * D * out_partial.element_size() // 16) * 16
     if not use_kernel(ctx, "dcp_merge", lse_off + 4 * n_rows, algorithm):
+        nccl.handshake(ctx, "dcp_merge", T, H, D, str(out_partial.dtype), bool(scatter_heads))
         o_all, lse_all = _gather_nccl(ctx, out_partial), _gather_nccl(ctx, lse)
         if scatter_heads:
             heads = slice(ctx.rank * Hs, (ctx.rank + 1) * Hs)
@@ -202,6 +204,7 @@ def all_gather_heads(ctx, x, out=None, *, algorithm: str = "auto"):
     if n_rows * D == 0:
         return out
     if not use_kernel(ctx, "all_gather_heads", n_rows * D * x.element_size(), algorithm):
+        nccl.handshake(ctx, "all_gather_heads", T, Hs, D, str(x.dtype))
         out.view(T, W, Hs, D).copy_(_gather_nccl(ctx, x).transpose(0, 1))
         return out
     cfg = row_config(ctx.caps, n_rows, D, x.element_size())

@@ -313,7 +313,7 @@ def all_reduce_add_rms_norm(ctx, x, residual, weight, eps: float = 1e-6, *, out=
     if config is not None:
         check_config(config, ctx.caps, rows=T, hidden=H, itemsize=x.element_size())
     if not use_kernel(ctx, OP, nbytes, algorithm):
-        o, r = add_rms_norm(nccl.all_reduce(ctx, x, torch.empty_like(x)), residual, weight, float(eps))
+        o, r = add_rms_norm(nccl.all_reduce(ctx, x, torch.empty_like(x), op=OP), residual, weight, float(eps))
         residual_out.copy_(r)
         out.copy_(o)
         return out, residual_out
