@@ -154,3 +154,33 @@ def nonfinite_problems(got: torch.Tensor, ref: torch.Tensor, *, atol: float = 0.
 def bits(t: torch.Tensor) -> bytes:
     """A tensor's raw bytes (NaN payloads included), to compare results across ranks."""
     return t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()
+
+
+def run_case_table(world, module: str, skip=()) -> dict:
+    """Run every case of `module`.CASES (id -> run(comm, rank) -> (problems, replicated
+    outputs); named by module, since closures do not pickle to the ranks) on one
+    communicator on world.device, tensors made there by default: {id: (problems, sha1 of
+    each replicated output)}. Ids containing a string of `skip` are left out."""
+    import hashlib
+    import importlib
+
+    cases = importlib.import_module(module).CASES
+
+    from sparkinfer.comm import Communicator
+
+    # the GPU compiles each kernel on its first call: ranks may be seconds apart there
+    comm = Communicator(capacity_bytes=CAP, timeout_s=30 if world.device.type == "cpu" else 120,
+                        device=world.device)
+    got = {}
+    with torch.device(world.device):
+        for cid, run in cases.items():
+            if any(s in cid for s in skip):
+                continue
+            try:
+                problems, replicated = run(comm, world.rank)
+            except Exception as e:  # noqa: BLE001 - reported per case, the other cases still run
+                problems, replicated = [f"{type(e).__name__}: {e}"], []
+            got[cid] = (problems, [hashlib.sha1(bits(t)).hexdigest() for t in replicated])
+    comm.synchronize()
+    comm.close()
+    return got

@@ -10,13 +10,11 @@ dcp_merge is below.
 All cases run inside one launch (the interpreter is slow); the parametrized
 test only reads what the ranks returned."""
 
-import hashlib
-
 import pytest
 import torch
 
 from sparkinfer.runtime import run_ranks
-from tests.faults._util import CAP, bits, nonfinite_problems, payload
+from tests.faults._util import CAP, bits, nonfinite_problems, payload, run_case_table
 
 W = 2  # the spots below are written for two ranks
 N = 128  # elements: two-shot gives each rank one half, both halves get spots
@@ -108,25 +106,9 @@ CASES = {
 }
 
 
-def _run_all(world):
-    from sparkinfer.comm import Communicator
-
-    assert world.world_size == W
-    comm = Communicator(capacity_bytes=CAP, timeout_s=30)
-    got = {}
-    for cid, run in CASES.items():
-        try:
-            problems, replicated = run(comm, world.rank)
-        except Exception as e:  # noqa: BLE001 - reported per case, the other cases still run
-            problems, replicated = [f"{type(e).__name__}: {e}"], []
-        got[cid] = (problems, [hashlib.sha1(bits(t)).hexdigest() for t in replicated])
-    comm.close()
-    return got
-
-
 @pytest.fixture(scope="module")
 def outcomes():
-    return run_ranks(_run_all, W, backend="cpu", timeout_s=240)
+    return run_ranks(run_case_table, W, backend="cpu", args=("tests.faults.test_nonfinite",), timeout_s=240)
 
 
 @pytest.mark.parametrize("case", list(CASES))

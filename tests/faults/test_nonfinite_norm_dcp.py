@@ -13,13 +13,11 @@ empty shard (lse -inf) is ignored, NaN o and all; a +inf lse makes the row's o
 NaN and its lse +inf (softmax with a +inf score is NaN, its logsumexp +inf),
 a NaN lse makes both NaN. Kernel, NCCL composition and reference agree."""
 
-import hashlib
-
 import pytest
 import torch
 
 from sparkinfer.runtime import run_ranks
-from tests.faults._util import CAP, bits, nonfinite_problems, payload
+from tests.faults._util import CAP, nonfinite_problems, payload, run_case_table
 
 W = 2
 INF, NAN = float("inf"), float("nan")
@@ -71,9 +69,9 @@ DEEP = -200.0  # below a shard's lse by this much: exp underflows to exactly 0 i
 
 def dcp_inputs(rank: int, dtype=torch.float32):
     """(o [T, H, D], lse [T, H]) of `rank`, the same on every process; rows (t, h) marked below."""
-    g = torch.Generator().manual_seed(300 + rank)
-    o, lse = torch.randn(T, H, D, generator=g), torch.randn(T, H, generator=g)
-    lse0 = torch.randn(T, H, generator=torch.Generator().manual_seed(300))[2, 0]  # rank 0's lse[2, 0]
+    g = torch.Generator().manual_seed(300 + rank)  # on the CPU, the same bits on every device
+    o, lse = torch.randn(T, H, D, generator=g, device="cpu"), torch.randn(T, H, generator=g, device="cpu")
+    lse0 = torch.randn(T, H, generator=torch.Generator().manual_seed(300), device="cpu")[2, 0]  # rank 0's lse[2, 0]
     if rank == 0:
         o[0, 1, 5] = NAN  # (0, 1): NaN in o with a finite lse -> NaN in that element
         o[0, 0, 3] = INF  # (0, 0): +inf in o -> +inf in that element
@@ -89,7 +87,7 @@ def dcp_inputs(rank: int, dtype=torch.float32):
         lse[2, 0] = lse0 + DEEP
         lse[0, 3] = NAN
         lse[2, 1] = INF
-    return o.to(dtype), lse
+    return o.to(torch.get_default_device(), dtype), lse.to(torch.get_default_device())
 
 
 def _expected_marks(o, lse) -> list:
@@ -135,24 +133,9 @@ CASES = {
 }
 
 
-def _run_all(world):
-    from sparkinfer.comm import Communicator
-
-    comm = Communicator(capacity_bytes=CAP, timeout_s=30)
-    got = {}
-    for cid, run in CASES.items():
-        try:
-            problems, replicated = run(comm, world.rank)
-        except Exception as e:  # noqa: BLE001 - reported per case, the other cases still run
-            problems, replicated = [f"{type(e).__name__}: {e}"], []
-        got[cid] = (problems, [hashlib.sha1(bits(t)).hexdigest() for t in replicated])
-    comm.close()
-    return got
-
-
 @pytest.fixture(scope="module")
 def outcomes():
-    return run_ranks(_run_all, W, backend="cpu", timeout_s=240)
+    return run_ranks(run_case_table, W, backend="cpu", args=("tests.faults.test_nonfinite_norm_dcp",), timeout_s=240)
 
 
 @pytest.mark.parametrize("case", list(CASES))

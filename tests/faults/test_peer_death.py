@@ -104,7 +104,7 @@ def _die_in(world, where, pid_file):
 
     backend = _DieIn(where, pid_file) if world.rank == 1 else None
     try:
-        comm = Communicator(capacity_bytes=CAP, timeout_s=1, backend=backend)
+        comm = Communicator(capacity_bytes=CAP, timeout_s=2, backend=backend)
     except SetupError as e:
         return "SetupError: " + str(e), shm_files(os.getpid())
     return close_outcome(comm), shm_files(os.getpid())
