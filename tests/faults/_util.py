@@ -156,15 +156,20 @@ def bits(t: torch.Tensor) -> bytes:
     return t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()
 
 
-def run_case_table(world, module: str, skip=()) -> dict:
-    """Run every case of `module`.CASES (id -> run(comm, rank) -> (problems, replicated
-    outputs); named by module, since closures do not pickle to the ranks) on one
-    communicator on world.device, tensors made there by default: {id: (problems, sha1 of
-    each replicated output)}. Ids containing a string of `skip` are left out."""
+def run_case_table(world, modules, skip=()) -> dict:
+    """Run every case of each module's CASES (id -> run(comm, rank) -> (problems,
+    replicated outputs); modules named, since closures do not pickle to the ranks; one
+    name or several) on one communicator on world.device, tensors made there by default:
+    {id: (problems, sha1 of each replicated output)}. Ids containing a string of `skip`
+    are left out. One launch for several tables: each launch costs seconds of start-up."""
     import hashlib
     import importlib
 
-    cases = importlib.import_module(module).CASES
+    cases = {}
+    for module in [modules] if isinstance(modules, str) else modules:
+        table = importlib.import_module(module).CASES
+        assert not set(table) & set(cases), "case ids must be unique across the tables"
+        cases.update(table)
 
     from sparkinfer.comm import Communicator
 

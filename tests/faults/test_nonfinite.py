@@ -7,14 +7,13 @@ payloads included), and a replicated result has the same bits on every rank.
 The fused norm and dcp_merge are in test_nonfinite_norm_dcp.py; a NaN lse in
 dcp_merge is below.
 
-All cases run inside one launch (the interpreter is slow); the parametrized
-test only reads what the ranks returned."""
+All cases of both files run inside one launch (conftest.nonfinite_outcomes: the
+interpreter is slow); the parametrized tests only read what the ranks returned."""
 
 import pytest
 import torch
 
-from sparkinfer.runtime import run_ranks
-from tests.faults._util import CAP, bits, nonfinite_problems, payload, run_case_table
+from tests.faults._util import CAP, bits, nonfinite_problems, payload
 
 W = 2  # the spots below are written for two ranks
 N = 128  # elements: two-shot gives each rank one half, both halves get spots
@@ -91,6 +90,7 @@ def _all_gather_heads(dtype, algorithm="auto"):
     return run
 
 
+DCP_NAN = "dcp_merge-nan-lse-kernel-nccl-reference"  # a case added below, with a test of its own
 OVER = CAP // 4 + 64  # fp32 elements above the staging capacity: algorithm="auto" takes torch.distributed
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 CASES = {
@@ -106,14 +106,9 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def outcomes():
-    return run_ranks(run_case_table, W, backend="cpu", args=("tests.faults.test_nonfinite",), timeout_s=240)
-
-
-@pytest.mark.parametrize("case", list(CASES))
-def test_nonfinite_data_follows_the_reference_on_every_rank(outcomes, case):
-    per_rank = [o[case] for o in outcomes]
+@pytest.mark.parametrize("case", [c for c in CASES if c != DCP_NAN])  # DCP_NAN: its own test below
+def test_nonfinite_data_follows_the_reference_on_every_rank(nonfinite_outcomes, case):
+    per_rank = [o[case] for o in nonfinite_outcomes]
     for r, (problems, _) in enumerate(per_rank):
         assert problems == [], (r, problems)
     assert per_rank[0][1] == per_rank[1][1], "a replicated result differs across ranks"
@@ -132,14 +127,13 @@ def _inputs(rank: int, device="cpu"):
     return o.to(device), lse.to(device)
 
 
-def dcp_nan(world):
-    """Run on every rank (CPU ranks here, cuda_shared in test_gpu_faults): the failures found."""
-    from sparkinfer.comm import Communicator
+def dcp_nan_problems(comm, rank: int, world_size: int, device) -> list:
+    """The failures of dcp_merge with a NaN lse on one rank (kernel, NCCL composition and
+    reference), on `comm` (CPU ranks here, cuda_shared in test_gpu_faults)."""
     from sparkinfer.comm.dcp.reference import dcp_merge_reference
 
-    comm = Communicator(capacity_bytes=CAP, timeout_s=60, device=world.device)
-    o, lse = _inputs(world.rank, world.device)
-    ref_o, ref_l = dcp_merge_reference(*zip(*[_inputs(r, world.device) for r in range(world.world_size)]))
+    o, lse = _inputs(rank, device)
+    ref_o, ref_l = dcp_merge_reference(*zip(*[_inputs(r, device) for r in range(world_size)]))
     bad = []
     for algo in ("kernel", "nccl"):
         got_o, got_l = (t.cpu() for t in comm.dcp_merge(o, lse, return_lse=True, algorithm=algo))
@@ -150,9 +144,21 @@ def dcp_nan(world):
             bad.append((algo, "differs from the reference"))
     if not (ref_o[1, 2].isnan().all() and ref_l[1, 2].isnan()):
         bad.append(("reference", "NaN row not NaN"))
+    return bad
+
+
+def dcp_nan(world):
+    """dcp_nan_problems on a communicator of its own (test_gpu_faults runs it on a GPU)."""
+    from sparkinfer.comm import Communicator
+
+    comm = Communicator(capacity_bytes=CAP, timeout_s=60, device=world.device)
+    bad = dcp_nan_problems(comm, world.rank, world.world_size, world.device)
     comm.close()
     return bad
 
 
-def test_dcp_merge_nan_lse_propagates_in_kernel_nccl_and_reference():
-    assert run_ranks(dcp_nan, 2, backend="cpu", timeout_s=180) == [[], []]
+CASES[DCP_NAN] = lambda comm, r: ([str(p) for p in dcp_nan_problems(comm, r, W, comm.context.device)], [])
+
+
+def test_dcp_merge_nan_lse_propagates_in_kernel_nccl_and_reference(nonfinite_outcomes):
+    assert [o[DCP_NAN][0] for o in nonfinite_outcomes] == [[], []]
