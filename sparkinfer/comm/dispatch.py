@@ -124,27 +124,63 @@ def check_tensor(name: str, t, device, dtypes=_SUPPORTED) -> None:
 
 
 def _span(t) -> tuple[int, int]:
-    """[first, last) byte addresses of a contiguous tensor."""
-    return t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+    """[first, last) byte addresses of t's elements, any (non-negative) strides."""
+    last = sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if n > 1)
+    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+
+def _runs(t):
+    """(starts, ends): byte intervals covering t's elements, one per run of its
+    stride-1 last dim (one per element if it has none)."""
+    import torch
+
+    shape, stride = list(t.shape), list(t.stride())
+    run = 1
+    if shape and stride[-1] == 1:
+        run = shape.pop()
+        stride.pop()
+    off = torch.zeros((), dtype=torch.int64)
+    for n, st in zip(shape, stride):
+        off = off.unsqueeze(-1) + torch.arange(n, dtype=torch.int64) * st
+    starts = t.data_ptr() + off.flatten() * t.element_size()
+    return starts, starts + run * t.element_size()
+
+
+def _share_bytes(a, b) -> bool:
+    """Whether tensors a and b, whose spans intersect, share a byte: exact for strided
+    views (a head-major view and a buffer in its gaps do not). Host work in the
+    size of the tensors, only when the spans intersect and one is strided."""
+    import torch
+
+    sa, ea = _runs(a)
+    sb, eb = _runs(b)
+    order = torch.argsort(sa)
+    sa, reach = sa[order], torch.cummax(ea[order], 0).values
+    k = torch.searchsorted(sa, eb)  # a's intervals that start before each of b's ends
+    return bool(((k > 0) & (reach[(k - 1).clamp(min=0)] > sb)).any())
 
 
 def check_overlap(out_name: str, out, in_name: str, x, *, in_place: bool) -> None:
-    """AliasingError if contiguous `out` overlaps `x` other than exactly.
+    """AliasingError if `out` shares memory with `x` other than exactly.
 
-    in_place: whether out == x (same first byte and size) is legal for the op;
-    any other overlap would let one rank's kernel read what it already wrote.
-    Rank-local: the other ranks of the call wait out their deadline."""
+    in_place: whether out == x (same first byte, size and strides) is legal for
+    the op; any other overlap would let one rank's kernel read what it already
+    wrote. Tensors may be strided (dcp_merge's inputs): their elements, not their
+    spans, are compared. Rank-local: the other ranks of the call wait out their deadline."""
     if out.numel() == 0 or x.numel() == 0:
         return
     (o0, o1), (x0, x1) = _span(out), _span(x)
     if o0 >= x1 or x0 >= o1:
         return
-    if in_place and (o0, o1) == (x0, x1):
+    if in_place and (o0, o1) == (x0, x1) and out.shape == x.shape and out.stride() == x.stride():
         return
+    dense = out.is_contiguous() and x.is_contiguous()
+    if not dense and not _share_bytes(out, x):
+        return
+    by = f"by {min(o1, x1) - max(o0, x0)} B" if dense else "in some elements"
     how = "in place (the same tensor) or " if in_place else ""
     raise AliasingError(
-        f"{out_name} [{o0:#x}, {o1:#x}) overlaps {in_name} [{x0:#x}, {x1:#x}) by {min(o1, x1) - max(o0, x0)} B; "
-        f"pass {how}a separate buffer"
+        f"{out_name} [{o0:#x}, {o1:#x}) overlaps {in_name} [{x0:#x}, {x1:#x}) {by}; pass {how}a separate buffer"
     )
 
 

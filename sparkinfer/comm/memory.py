@@ -14,8 +14,10 @@ business. Every method may raise PeerMemoryError; none of them talks to peers.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
+import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,7 +51,9 @@ class PeerMapping:
 
 class HostSlabBackend:
     """POSIX shared memory. The file name is the handle; it is unlinked as soon
-    as every peer has mapped it (`seal`), so a crashed run leaves nothing behind."""
+    as every peer has mapped it, by its owner (`seal`) and by every peer
+    (`drop_peer_name`), or once setup failed, so a crashed run leaves nothing
+    behind unless a rank dies between creating its name and publishing it."""
 
     name = "host"
     device_type = "cpu"
@@ -92,6 +96,16 @@ class HostSlabBackend:
             except FileNotFoundError:
                 pass
             slab.keep[2] = None
+
+    def drop_peer_name(self, handle: bytes) -> None:
+        """Unlink a peer's slab name (`handle`) if it is still there. Called where
+        every rank has mapped that slab or the setup failed on every rank: a peer
+        killed before its own `seal` cannot drop the name itself (not even with
+        SIGKILL does a mapped name go away). Only names this backend makes."""
+        name = handle.decode()
+        if re.fullmatch(r"sparkinfer-\d+-[0-9a-f]{12}", name):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f"/dev/shm/{name}")
 
     def close(self, mapping: PeerMapping) -> None:
         _unmap(mapping.keep, f"rank {mapping.peer}'s slab")
@@ -190,6 +204,9 @@ class CudaSlabBackend:
 
     def seal(self, slab: LocalSlab) -> None:
         return None
+
+    def drop_peer_name(self, handle: bytes) -> None:
+        return None  # an IPC handle names nothing in a file system: the driver frees with the process
 
     def close(self, mapping: PeerMapping) -> None:
         self._current()

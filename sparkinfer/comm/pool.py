@@ -156,13 +156,14 @@ class ChannelPool:
         import torch
 
         layout, group, backend = self.layout, self.group, self.backend
-        slab, peers, err = None, {}, None
+        slab, peers, err, handles = None, {}, None, {}
         try:
             slab = backend.allocate(layout.nbytes)
         except Exception as e:  # noqa: BLE001 - turned into an all-rank verdict
             err = f"{type(e).__name__}: {e}"
         try:
             votes = self._gather((err, slab.handle if slab else None), f"prepare({cid!r})")
+            handles = {r: h for r, (_, h) in enumerate(votes) if r != group.rank and h is not None}
             failed = [(r, e) for r, (e, _) in enumerate(votes) if e]
             if failed:
                 raise SetupError(f"prepare({cid!r}): allocation failed on {_fmt(failed)}; no channel was created")
@@ -181,8 +182,13 @@ class ChannelPool:
                                  "no channel was created")
         except BaseException:
             self._release_local(slab, peers)
+            self._drop_peer_names(handles)  # setup failed everywhere: a dead peer's name is garbage
             raise
         backend.seal(slab)
+        # Every rank has mapped every slab, so any rank may drop every name: a peer killed
+        # between this exchange and its own seal leaves none behind. What stays open: a rank
+        # killed between allocating and posting its handle above, whose name no one knows.
+        self._drop_peer_names(handles)
         bases = [slab.ptr if r == group.rank else peers[r].ptr for r in range(group.size)]
         cuda = self.device.type == "cuda"
         errors = torch.zeros(ERR_WORDS, dtype=torch.int64, pin_memory=cuda)
@@ -190,6 +196,13 @@ class ChannelPool:
         self._channels[cid] = Channel(cid, group.rank, layout, slab, peers, table, errors, serial=self._serial)
         _log(group, f"channel {cid!r} #{self._serial}: {layout.nbytes} B slab, {len(peers)} peer mappings")
         self._serial += 1
+
+    def _drop_peer_names(self, handles: dict) -> None:
+        """Unlink the peers' slab names (host backend; a no-op for others), ignoring failures."""
+        drop = getattr(self.backend, "drop_peer_name", None)  # backends passed by the caller may lack it
+        for handle in handles.values() if drop else ():
+            with contextlib.suppress(Exception):
+                drop(handle)
 
     def _release_local(self, slab, peers: dict) -> None:
         """Unmap `peers` and free `slab` on this rank only, ignoring failures (setup

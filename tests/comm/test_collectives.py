@@ -149,7 +149,7 @@ def test_ranks_calling_different_collectives_raise_mismatch(what, algo):
 
 def _rejections(world):
     from sparkinfer.comm import Communicator
-    from sparkinfer.errors import CapacityError, DeviceError, DTypeError, LayoutError, ShapeError
+    from sparkinfer.errors import CapacityError, DeviceError, DTypeError, LayoutError, PlanError, ShapeError
 
     comm = Communicator(capacity_bytes=CAP, timeout_s=90)
     x = payload(world.rank, 64, torch.float32)
@@ -164,7 +164,7 @@ def _rejections(world):
         (ShapeError, "0-dimensional", lambda: comm.all_gather(x[0])),
         (CapacityError, r"all_reduce stages 8196 B but the staging capacity is 8192 B \(algorithm='oneshot'\)",
          lambda: comm.all_reduce(payload(0, CAP // 4 + 1, torch.float32), algorithm="oneshot")),
-        (ValueError, "algorithm must be 'auto' or one of", lambda: comm.all_reduce(x, algorithm="ring")),
+        (PlanError, "algorithm must be 'auto' or one of", lambda: comm.all_reduce(x, algorithm="ring")),
     ]
     seen = []
     for exc, match, fn in cases:

@@ -23,6 +23,7 @@ from sparkinfer.errors import (
     DeviceError,
     DTypeError,
     LayoutError,
+    PlanError,
     ShapeError,
 )
 from sparkinfer.runtime import LocalGroup, run_ranks
@@ -335,12 +336,12 @@ def _call(comm, a):
         (dict(lse=torch.zeros(2, 4, dtype=torch.bfloat16)), DTypeError,
          "lse has dtype torch.bfloat16; supported: float32"),
         (dict(lse=torch.zeros(4, 2)), ShapeError, r"lse must be \[T, H\] = \(2, 4\).*\(4, 2\)"),
-        (dict(lse_base="10"), ValueError, "lse_base must be 'e' .* got '10'"),
+        (dict(lse_base="10"), PlanError, "lse_base must be 'e' .* got '10'"),
         (dict(out=torch.zeros(2, 4, 32, dtype=torch.bfloat16)), ShapeError, r"out must have shape \(2, 4, 64\)"),
         (dict(out=torch.zeros(4, 2, 64, dtype=torch.bfloat16).transpose(0, 1)), LayoutError, "not contiguous"),
         (dict(out=torch.zeros(2, 4, 64)), DTypeError, "out has dtype torch.float32; supported: bfloat16"),
         (dict(lse_out=torch.zeros(2, 4, dtype=torch.float16)), DTypeError, "lse_out has dtype torch.float16"),
-        (dict(algorithm="ring"), ValueError, "algorithm must be one of .* got 'ring'"),
+        (dict(algorithm="ring"), PlanError, "dcp_merge: algorithm must be one of .* got 'ring'"),
         (dict(out_partial=torch.zeros(40, 4, 64), lse=torch.zeros(40, 4), algorithm="kernel"), CapacityError,
          r"dcp_merge stages 41600 B but the staging capacity is 16384 B \(algorithm='kernel'\)"),
     ],

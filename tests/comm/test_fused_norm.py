@@ -369,7 +369,7 @@ def test_rejects_rows_not_16_byte_aligned_and_bad_algorithms(comm1):
                        match="hidden size 1028 x 2 B is not a multiple of 16 bytes; pad H to a multiple of 8"):
         comm1.all_reduce_add_rms_norm(x, res, w, EPS)
     x, res, w = _args((2, 1024))
-    with pytest.raises(ValueError,
+    with pytest.raises(PlanError,
                        match=r"algorithm must be one of \('auto', 'fused', 'fused_ll', 'nccl'\), got 'ring'"):
         comm1.all_reduce_add_rms_norm(x, res, w, EPS, algorithm="ring")
     big = _args((5, 2048))  # 20 KB > 16 KB capacity

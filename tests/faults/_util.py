@@ -128,3 +128,64 @@ def assert_late_peer_outcomes(r0: dict, r1: dict, names) -> None:
     for name in names:
         assert r0[name] == (("timeout", 1, False, True), True), (name, r0[name])
         assert r1[name] == (("timeout", 0, True, True), True), (name, r1[name])
+
+
+def nonfinite_problems(got: torch.Tensor, ref: torch.Tensor, *, atol: float = 0.0) -> list:
+    """How `got` departs from `ref`'s non-finite pattern: NaN exactly where ref has NaN,
+    +inf / -inf exactly where ref has them, finite elements equal (atol 0) or within atol.
+    Compared in fp32, on the CPU; [] when they agree."""
+    g, r = got.detach().float().cpu(), ref.detach().float().cpu()
+    if g.shape != r.shape:
+        return [f"shape {tuple(g.shape)}, reference {tuple(r.shape)}"]
+    bad = []
+    for what, mask in (("NaN", torch.isnan), ("+inf", lambda t: t == float("inf")),
+                       ("-inf", lambda t: t == float("-inf"))):
+        mg, mr = mask(g), mask(r)
+        if not torch.equal(mg, mr):
+            bad.append(f"{what} at {mg.flatten().nonzero().flatten().tolist()[:12]}, reference at "
+                       f"{mr.flatten().nonzero().flatten().tolist()[:12]} (flat indices)")
+    fin = torch.isfinite(g) & torch.isfinite(r)
+    err = (g[fin] - r[fin]).abs().max().item() if fin.any() else 0.0
+    if err > atol * max(1.0, r[fin].abs().max().item() if fin.any() else 1.0):
+        bad.append(f"finite elements differ by {err:g}")
+    return bad
+
+
+def bits(t: torch.Tensor) -> bytes:
+    """A tensor's raw bytes (NaN payloads included), to compare results across ranks."""
+    return t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()
+
+
+def run_case_table(world, modules, skip=()) -> dict:
+    """Run every case of each module's CASES (id -> run(comm, rank) -> (problems,
+    replicated outputs); modules named, since closures do not pickle to the ranks; one
+    name or several) on one communicator on world.device, tensors made there by default:
+    {id: (problems, sha1 of each replicated output)}. Ids containing a string of `skip`
+    are left out. One launch for several tables: each launch costs seconds of start-up."""
+    import hashlib
+    import importlib
+
+    cases = {}
+    for module in [modules] if isinstance(modules, str) else modules:
+        table = importlib.import_module(module).CASES
+        assert not set(table) & set(cases), "case ids must be unique across the tables"
+        cases.update(table)
+
+    from sparkinfer.comm import Communicator
+
+    # the GPU compiles each kernel on its first call: ranks may be seconds apart there
+    comm = Communicator(capacity_bytes=CAP, timeout_s=30 if world.device.type == "cpu" else 120,
+                        device=world.device)
+    got = {}
+    with torch.device(world.device):
+        for cid, run in cases.items():
+            if any(s in cid for s in skip):
+                continue
+            try:
+                problems, replicated = run(comm, world.rank)
+            except Exception as e:  # noqa: BLE001 - reported per case, the other cases still run
+                problems, replicated = [f"{type(e).__name__}: {e}"], []
+            got[cid] = (problems, [hashlib.sha1(bits(t)).hexdigest() for t in replicated])
+    comm.synchronize()
+    comm.close()
+    return got

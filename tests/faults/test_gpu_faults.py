@@ -1,8 +1,9 @@
 """The fault suite on a GPU (compiled kernels; skipped without CUDA or under the
 interpreter): non-finite MoE routing logits, per token and through a whole layer;
-a NaN lse in dcp_merge; two ranks sharing one GPU (`cuda_shared`, start MPS
-first for speed) where one is killed inside a replayed CUDA graph, and where one
-arrives after its peer timed out and aborted the group.
+a NaN lse in dcp_merge and the non-finite data tables of test_nonfinite*.py; two
+ranks sharing one GPU (`cuda_shared`, start MPS first for speed) where one is
+killed inside a replayed CUDA graph, and where one arrives after its peer timed
+out and aborted the group.
 
 Run with TRITON_INTERPRET=0 (tests/conftest.py sets 1 when it is unset)."""
 
@@ -104,6 +105,19 @@ def test_gpu_dcp_merge_nan_lse_on_two_ranks():
     from tests.faults.test_nonfinite import dcp_nan
 
     assert run_ranks(dcp_nan, 2, backend="cuda_shared", timeout_s=300) == [[], []]
+
+
+@pytest.mark.parametrize("module", ["tests.faults.test_nonfinite", "tests.faults.test_nonfinite_norm_dcp"])
+def test_gpu_nonfinite_data_on_two_ranks(module):
+    """The non-finite case tables on compiled kernels, two ranks on one GPU. The
+    torch.distributed cases are left out: NCCL takes one GPU per rank."""
+    from tests.faults._util import run_case_table
+
+    out = run_ranks(run_case_table, 2, backend="cuda_shared", args=(module, ("nccl", "above-capacity")),
+                    timeout_s=600)
+    bad = {(r, cid): problems for r, got in enumerate(out) for cid, (problems, _) in got.items() if problems}
+    assert bad == {}, bad
+    assert {c: h for c, (_, h) in out[0].items()} == {c: h for c, (_, h) in out[1].items()}, "bits differ across ranks"
 
 
 # ---------------------------------------------------------------- a rank killed inside a replayed graph

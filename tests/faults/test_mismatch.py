@@ -9,7 +9,9 @@ Every case is detected as CollectiveMismatch, none waits out the deadline: the
 flags of every flag-synchronized kernel carry a 31-bit fingerprint of (op, sizes,
 dtype, launch shape); LL words carry 16 bits of it and an LL kernel also looks
 for a peer's staging flag at its sequence number; the torch.distributed fallback
-first runs a fingerprinted handshake kernel. Not detectable: two LL calls
+first runs a handshake kernel fingerprinting the public op (so all_gather_heads
+against dcp_merge, or the fused norm against all_reduce, over the same
+torch.distributed call underneath, is a mismatch too). Not detectable: two LL calls
 (all-reduce or fused norm) that differ only in size or dtype and whose
 fingerprints agree in those 16 bits (1 pair in 65,536): their words pass for each
 other's, so the shorter side may return a wrong sum and the longer one time out.
@@ -35,11 +37,22 @@ def _rows(rank, n, dtype):
     return payload(rank, n, dtype).view(-1, H)
 
 
-def _dcp(comm, rank, n, dtype, algorithm):
+def _heads(rank, n, dtype):
+    """[T, DH, H]: dcp_merge's o and all_gather_heads' x have this one shape, so their
+    torch.distributed paths make the same first all_gather (the handshake tells them apart)."""
     T = n // (DH * H) or 1
-    o = payload(rank, T * DH * H, dtype).view(T, DH, H)
-    lse = payload(rank, T * DH).view(T, DH)
+    return payload(rank, T * DH * H, dtype).view(T, DH, H)
+
+
+def _dcp(comm, rank, n, dtype, algorithm):
+    o = _heads(rank, n, dtype)
+    lse = payload(rank, o.shape[0] * DH).view(-1, DH)
     return comm.dcp_merge(o, lse, algorithm=algorithm)
+
+
+def _norm(c, r, n, dt, algorithm):
+    return c.all_reduce_add_rms_norm(_rows(r, n, dt), torch.zeros(n // H, H, dtype=dt), torch.ones(H),
+                                     algorithm=algorithm)
 
 
 # transport -> call(comm, rank, elements, dtype); sizes are multiples of DH * H = 128 elements
@@ -47,15 +60,17 @@ TRANSPORTS = {
     "ll": lambda c, r, n, dt: c.all_reduce(payload(r, n, dt), algorithm="ll"),
     "oneshot": lambda c, r, n, dt: c.all_reduce(payload(r, n, dt), algorithm="oneshot"),
     "twoshot": lambda c, r, n, dt: c.all_reduce(payload(r, n, dt), algorithm="twoshot"),
-    "nccl": lambda c, r, n, dt: c.all_reduce(payload(r, n, dt), algorithm="nccl"),
+    # x's shape is fused_nccl's: both make the same torch.distributed all_reduce underneath
+    "nccl": lambda c, r, n, dt: c.all_reduce(_rows(r, n, dt), algorithm="nccl"),
     "all_gather": lambda c, r, n, dt: c.all_gather(payload(r, n, dt)),
     "reduce_scatter": lambda c, r, n, dt: c.reduce_scatter(payload(r, n, dt)),
-    "fused": lambda c, r, n, dt: c.all_reduce_add_rms_norm(_rows(r, n, dt), torch.zeros(n // H, H, dtype=dt),
-                                                           torch.ones(H), algorithm="fused"),
-    "fused_ll": lambda c, r, n, dt: c.all_reduce_add_rms_norm(_rows(r, n, dt), torch.zeros(n // H, H, dtype=dt),
-                                                              torch.ones(H), algorithm="fused_ll"),
+    "fused": lambda c, r, n, dt: _norm(c, r, n, dt, "fused"),
+    "fused_ll": lambda c, r, n, dt: _norm(c, r, n, dt, "fused_ll"),
+    "fused_nccl": lambda c, r, n, dt: _norm(c, r, n, dt, "nccl"),
     "dcp_merge": lambda c, r, n, dt: _dcp(c, r, n, dt, "kernel"),
     "dcp_nccl": lambda c, r, n, dt: _dcp(c, r, n, dt, "nccl"),
+    "heads": lambda c, r, n, dt: c.all_gather_heads(_heads(r, n, dt), algorithm="kernel"),
+    "heads_nccl": lambda c, r, n, dt: c.all_gather_heads(_heads(r, n, dt), algorithm="nccl"),
 }
 N = 128
 

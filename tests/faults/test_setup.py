@@ -5,7 +5,7 @@ wait); an environment variable that cannot be read says which and why."""
 import pytest
 import torch
 
-from sparkinfer.errors import SetupError
+from sparkinfer.errors import DeviceError, SetupError
 from sparkinfer.runtime import LocalGroup, run_ranks
 from tests.faults._util import CAP, expect_raises, expected_sum, payload
 
@@ -25,8 +25,12 @@ def _bad_arguments(world):
          lambda: Communicator(capacity_bytes=CAP, timeout_s=-1 if r == 1 else 5)),
         ("capacity-not-int", SetupError, "capacity_bytes must be a positive int",
          lambda: Communicator(capacity_bytes=8.5)),
-        ("device-meta", Exception, "a Communicator runs on 'cpu' or 'cuda:<index>', not 'meta'",
+        ("device-meta", DeviceError, "a Communicator runs on 'cpu' or 'cuda:<index>', not 'meta'",
          lambda: Communicator(capacity_bytes=CAP, device="meta")),
+        # the rank with the bad argument raises its own typed error, the others SetupError naming it
+        ("device-meta-on-one-rank", DeviceError if r == 1 else SetupError,
+         "not 'meta'" if r == 1 else r"rejected on rank 1 \(DeviceError: device='meta': a Communicator runs on",
+         lambda: Communicator(capacity_bytes=CAP, device="meta" if r == 1 else "cpu", timeout_s=5)),
     ]
     bad = expect_raises(cases)
     comm = Communicator(capacity_bytes=CAP, device="cpu:0", timeout_s=60)  # "cpu:0" is the CPU

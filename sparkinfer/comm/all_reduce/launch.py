@@ -17,7 +17,7 @@ from sparkinfer.comm.topology import (
     ll_grid_config,
     select_algorithm,
 )
-from sparkinfer.errors import CapacityError, ShapeError
+from sparkinfer.errors import CapacityError, PlanError, ShapeError
 
 __all__ = ["all_reduce", "twoshot_chunk"]
 
@@ -35,7 +35,7 @@ def all_reduce(ctx, x, out=None, *, algorithm: str = "auto", config: GridConfig 
     bf16/fp16/fp32, contiguous, on ctx.device. out: like x (may be x; AliasingError if it
     overlaps x otherwise).
     algorithm: "auto" (topology.select_algorithm; NCCL above the staging
-    capacity outside capture), "ll", "oneshot", "twoshot" or "nccl".
+    capacity outside capture), "ll", "oneshot", "twoshot" or "nccl" (PlanError otherwise).
     config: the launch shape of the kernel that runs (benchmark sweeps, tests);
     None: topology.grid_config / ll_grid_config of the bytes it stages. Every
     rank must pass the same (it is part of the fingerprint); PlanError if it is
@@ -46,6 +46,9 @@ def all_reduce(ctx, x, out=None, *, algorithm: str = "auto", config: GridConfig 
     import torch
 
     check_tensor("x", x, ctx.device)
+    if algorithm != "auto" and algorithm not in ALGORITHMS:
+        raise PlanError(f"algorithm must be 'auto' or one of {ALGORITHMS}, got {algorithm!r}; pass 'auto' to let "
+                        "the communicator choose")
     if out is None:
         out = torch.empty_like(x)
     else:
@@ -56,8 +59,6 @@ def all_reduce(ctx, x, out=None, *, algorithm: str = "auto", config: GridConfig 
     n, nbytes = x.numel(), x.numel() * x.element_size()
     if n == 0:
         return out
-    if algorithm != "auto" and algorithm not in ALGORITHMS:
-        raise ValueError(f"algorithm must be 'auto' or one of {ALGORITHMS}, got {algorithm!r}")
     if config is not None:
         check_grid_config(config, ctx.caps)
     if not use_kernel(ctx, "all_reduce", nbytes, algorithm):

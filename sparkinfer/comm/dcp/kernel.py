@@ -51,9 +51,14 @@ def _merge_rows(p_o, stride_ot, stride_oh, p_lse, stride_lt, stride_lh, h0, p_ou
                 RETURN_LSE: tl.constexpr):
     """out = sum_r exp(lse_r - max) o_r / sum_r exp(lse_r - max), in rank order.
 
-    A shard with lse = -inf gets weight exactly 0 and its o (possibly NaN) is
-    selected out, never multiplied; rows where every shard is empty give o = 0
-    and lse = -inf; a NaN lse on any shard makes the row's o and lse NaN."""
+    A shard with lse = -inf (empty) is selected out, its o (possibly NaN) never
+    multiplied; every other shard's o is multiplied even where its weight
+    underflows to 0, so a NaN or inf in it reaches the row as 0 * NaN = NaN (as
+    in attention over the whole sequence; a select on the weight dropped it).
+    Rows where every shard is empty give o = 0 and lse = -inf; a +inf lse on
+    any shard gives o = NaN, lse = +inf (softmax with a +inf score is NaN, its
+    logsumexp +inf; the weights exp(lse - max) were inf - inf = NaN and the row
+    came out as zeros); a NaN lse on any shard makes o and lse NaN."""
     o_d = tl.arange(0, BLOCK_D)
     for start in range(lo, hi, R):
         o_i = start + tl.arange(0, R)
@@ -63,14 +68,17 @@ def _merge_rows(p_o, stride_ot, stride_oh, p_lse, stride_lt, stride_lh, h0, p_ou
         h = h0 + o_i % Hs
         b_max = tl.full([R], float("-inf"), tl.float32)
         b_nan = tl.zeros([R], tl.int32)  # rows with a NaN lse on some shard: NaN out (as the reference)
+        b_inf = tl.zeros([R], tl.int32)  # rows with a +inf lse on some shard: NaN out, +inf lse
         for r in tl.static_range(W):
             a_lane = stage_addr(p_table, rank, epoch, r, stage_off, slot_bytes, lane_bytes)
             p_rows, p_l = _source(r, rank, o_i, o_d, t, h, p_o, stride_ot, stride_oh, p_lse, stride_lt, stride_lh,
                                   a_lane, lse_off, D)
             b_l = tl.load(p_l, mask=m_i, other=float("-inf"))
             b_nan = b_nan | (b_l != b_l).to(tl.int32)
+            b_inf = b_inf | (b_l == float("inf")).to(tl.int32)
             b_max = tl.maximum(b_max, tl.where(b_l != b_l, float("-inf"), b_l))
-        b_ref = tl.where(b_max == float("-inf"), 0.0, b_max)
+        # a finite reference: rows with a +inf lse are overwritten below, their weights need not mean anything
+        b_ref = tl.where((b_max == float("-inf")) | (b_max == float("inf")), 0.0, b_max)
         acc = tl.zeros([R, BLOCK_D], tl.float32)
         den = tl.zeros([R], tl.float32)
         for r in tl.static_range(W):
@@ -83,11 +91,11 @@ def _merge_rows(p_o, stride_ot, stride_oh, p_lse, stride_lt, stride_lh, h0, p_ou
             else:
                 b_w = tl.exp(b_l - b_ref)
             b_o = tl.load(p_rows, mask=m_id, other=0.0).to(tl.float32)
-            acc += tl.where(b_w[:, None] > 0.0, b_o * b_w[:, None], 0.0)
+            acc += tl.where((b_l != float("-inf"))[:, None], b_o * b_w[:, None], 0.0)
             den += b_w
         full = den > 0.0
         b_out = acc / tl.where(full, den, 1.0)[:, None]
-        b_out = tl.where(b_nan[:, None] != 0, float("nan"), b_out)
+        b_out = tl.where((b_nan | b_inf)[:, None] != 0, float("nan"), b_out)
         p_dst = p_out + (t * stride_ut + (o_i % Hs) * stride_uh)[:, None] + o_d[None, :]
         tl.store(p_dst, b_out.to(p_out.dtype.element_ty), mask=m_id)
         if RETURN_LSE:
@@ -96,6 +104,7 @@ def _merge_rows(p_o, stride_ot, stride_oh, p_lse, stride_lt, stride_lh, h0, p_ou
             else:
                 b_lse = b_max + tl.log(tl.where(full, den, 1.0))
             b_lse = tl.where(full, b_lse, float("-inf"))
+            b_lse = tl.where(b_inf != 0, float("inf"), b_lse)
             tl.store(p_lse_out + o_i, tl.where(b_nan != 0, float("nan"), b_lse), mask=m_i)
 
 

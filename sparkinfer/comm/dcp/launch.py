@@ -13,9 +13,9 @@ from sparkinfer.comm import nccl
 from sparkinfer.comm.channel import MAX_BLOCKS
 from sparkinfer.comm.dcp.kernel import all_gather_heads_kernel, dcp_merge_kernel
 from sparkinfer.comm.dcp.reference import merge_partials
-from sparkinfer.comm.dispatch import check_tensor, launch, use_kernel
+from sparkinfer.comm.dispatch import check_overlap, check_tensor, launch, use_kernel
 from sparkinfer.comm.topology import TopologyCaps
-from sparkinfer.errors import LayoutError, ShapeError
+from sparkinfer.errors import LayoutError, PlanError, ShapeError
 
 __all__ = ["RowConfig", "row_config", "dcp_merge", "all_gather_heads"]
 
@@ -84,18 +84,19 @@ def _check_out(name: str, t, shape: tuple, dtype, dev) -> None:
         raise ShapeError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
 
 
-def _use_kernel(ctx, algorithm: str, nbytes: int, op: str) -> bool:
+def _check_algorithm(op: str, algorithm) -> None:
     if algorithm not in ALGORITHMS:
-        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
-    return use_kernel(ctx, op, nbytes, algorithm)
+        raise PlanError(f"{op}: algorithm must be one of {ALGORITHMS}, got {algorithm!r}; pass 'auto' to let the "
+                        "communicator choose")
 
 
 def _gather_nccl(ctx, t):
-    """[W, *t.shape]: every rank's t through torch.distributed (allocates, copies)."""
+    """[W, *t.shape]: every rank's t through torch.distributed (allocates, copies).
+    The caller ran nccl.handshake for its whole call."""
     import torch
 
     out = torch.empty((ctx.world_size * t.shape[0],) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
-    nccl.all_gather(ctx, t.contiguous(), out)
+    nccl.all_gather(ctx, t.contiguous(), out, op=None)
     return out.view((ctx.world_size,) + tuple(t.shape))
 
 
@@ -109,12 +110,15 @@ def dcp_merge(ctx, out_partial, lse, *, scatter_heads: bool = False, lse_base: s
     or log2 ("2"); -inf marks an empty shard, whose o may be NaN and is ignored.
     o = sum_r exp(lse_r - m) o_r / sum_r exp(lse_r - m), m = max_r lse_r, fp32
     in rank order (bitwise identical on every rank); rows with every shard empty
-    give o = 0, lse = -inf; a NaN lse on any rank makes that row's o and lse NaN.
+    give o = 0, lse = -inf; NaN or inf in a non-empty shard's o reaches the output
+    even where its weight underflows to 0; a +inf lse on any rank makes that row's
+    o NaN and its lse +inf, a NaN lse makes both NaN.
 
     scatter_heads: return only this rank's heads [rank * H / W, (rank + 1) * H / W)
     (H divisible by W), and receive only those from peers; else every head.
     Returns out [T, Hs, D] (o's dtype, contiguous), plus lse_out [T, Hs] fp32 if
-    return_lse. Allocates only outputs not given. No host sync. Capture-legal
+    return_lse; out and lse_out share no memory with the inputs or each other
+    (AliasingError). Allocates only outputs not given. No host sync. Capture-legal
     once the configuration ran eagerly. algorithm: "auto" (kernel within the
     staging capacity, else NCCL eagerly), "kernel", or "nccl" (all_gather +
     local merge; allocates).
@@ -128,7 +132,8 @@ def dcp_merge(ctx, out_partial, lse, *, scatter_heads: bool = False, lse_base: s
     if tuple(lse.shape) != (T, H):
         raise ShapeError(f"lse must be [T, H] = {(T, H)} to match out_partial; got {tuple(lse.shape)}")
     if lse_base not in ("e", "2"):
-        raise ValueError(f"lse_base must be 'e' (natural log) or '2' (log2), got {lse_base!r}")
+        raise PlanError(f"lse_base must be 'e' (natural log) or '2' (log2), got {lse_base!r}")
+    _check_algorithm("dcp_merge", algorithm)
     W = ctx.world_size
     if scatter_heads and H % W:
         raise ShapeError(f"scatter_heads splits H = {H} heads over {W} ranks; H must be a multiple of {W}")
@@ -140,12 +145,20 @@ def dcp_merge(ctx, out_partial, lse, *, scatter_heads: bool = False, lse_base: s
         lse_out = torch.empty((T, Hs), dtype=torch.float32, device=dev)
     if lse_out is not None:
         _check_out("lse_out", lse_out, (T, Hs), torch.float32, dev)
+    # blocks of every rank write rows that another block may still read (or stage to a peer)
+    for name, t in (("out", out), ("lse_out", lse_out)):
+        if t is not None:
+            check_overlap(name, t, "out_partial", out_partial, in_place=False)
+            check_overlap(name, t, "lse", lse, in_place=False)
+    if lse_out is not None:
+        check_overlap("lse_out", lse_out, "out", out, in_place=False)
     result = (out, lse_out) if return_lse else out
     n_rows = T * Hs
     if n_rows * D == 0:
         return result
     lse_off = -(-n_rows * D * out_partial.element_size() // 16) * 16
-    if not _use_kernel(ctx, algorithm, lse_off + 4 * n_rows, "dcp_merge"):
+    if not use_kernel(ctx, "dcp_merge", lse_off + 4 * n_rows, algorithm):
+        nccl.handshake(ctx, "dcp_merge", T, H, D, str(out_partial.dtype), bool(scatter_heads))
         o_all, lse_all = _gather_nccl(ctx, out_partial), _gather_nccl(ctx, lse)
         if scatter_heads:
             heads = slice(ctx.rank * Hs, (ctx.rank + 1) * Hs)
@@ -171,7 +184,9 @@ def all_gather_heads(ctx, x, out=None, *, algorithm: str = "auto"):
 
     ctx: the calling Communicator's OpContext.
     x: [T, Hs, D] any dtype the comm ops take (D contiguous; any T/Hs strides).
-    out: [T, W * Hs, D], x's dtype, contiguous. Allocates out only if not given.
+    out: [T, W * Hs, D], x's dtype, contiguous, sharing no memory with x
+    (AliasingError). Allocates out only if not given. algorithm: "auto",
+    "kernel" or "nccl" (PlanError otherwise).
     No host sync. Capture-legal once the configuration ran eagerly.
     """
     import torch
@@ -183,10 +198,13 @@ def all_gather_heads(ctx, x, out=None, *, algorithm: str = "auto"):
     if out is None:
         out = torch.empty((T, W * Hs, D), dtype=x.dtype, device=dev)
     _check_out("out", out, (T, W * Hs, D), x.dtype, dev)
+    check_overlap("out", out, "x", x, in_place=False)  # as all_gather: peers' heads land where x may be read
+    _check_algorithm("all_gather_heads", algorithm)
     n_rows = T * Hs
     if n_rows * D == 0:
         return out
-    if not _use_kernel(ctx, algorithm, n_rows * D * x.element_size(), "all_gather_heads"):
+    if not use_kernel(ctx, "all_gather_heads", n_rows * D * x.element_size(), algorithm):
+        nccl.handshake(ctx, "all_gather_heads", T, Hs, D, str(x.dtype))
         out.view(T, W, Hs, D).copy_(_gather_nccl(ctx, x).transpose(0, 1))
         return out
     cfg = row_config(ctx.caps, n_rows, D, x.element_size())

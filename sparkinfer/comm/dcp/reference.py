@@ -11,24 +11,33 @@ def merge_partials(o_parts, lse_parts, lse_base: str = "e"):
 
     o_parts: [W, T, H, D] (any float dtype; rows of empty shards may be NaN).
     lse_parts: [W, T, H], natural log (lse_base "e") or log2 ("2"); -inf = empty shard.
-    Returns (o [T, H, D] fp32, lse [T, H] fp32). A row whose every shard is empty
-    gives o = 0, lse = -inf; a NaN lse on any shard makes the row's o and lse NaN
-    (a NaN is never dropped as an empty shard). Allocates; used by the NCCL fallback too.
+    Returns (o [T, H, D] fp32, lse [T, H] fp32). An empty shard's o is ignored;
+    every other shard's o is multiplied by its weight even where that underflows
+    to 0, so a NaN or inf in it reaches the row (0 * NaN = NaN, as in attention
+    over the whole sequence). A row whose every shard is empty gives o = 0,
+    lse = -inf; a +inf lse on any shard gives o = NaN, lse = +inf (softmax with
+    a +inf score is NaN, its logsumexp +inf); a NaN lse on any shard makes the
+    row's o and lse NaN (a NaN is never dropped as an empty shard). Allocates;
+    used by the NCCL fallback too.
     """
     lse = lse_parts.float()
     nan = lse.isnan().any(dim=0)  # [T, H]
+    pinf = (lse == float("inf")).any(dim=0)  # [T, H]
     b_max = lse.amax(dim=0)  # [T, H]
-    b_ref = torch.where(b_max == float("-inf"), torch.zeros_like(b_max), b_max)
+    # finite: a +inf max made every weight inf - inf = NaN and the row zeros (it is overwritten below)
+    b_ref = torch.where(b_max.isfinite(), b_max, torch.zeros_like(b_max))
     w = torch.exp2(lse - b_ref) if lse_base == "2" else torch.exp(lse - b_ref)  # [W, T, H]
     wx = w.unsqueeze(-1)
-    contrib = torch.where(wx > 0, o_parts.float() * wx, torch.zeros((), dtype=torch.float32, device=wx.device))
+    live = (lse != float("-inf")).unsqueeze(-1)  # not `w > 0`: that dropped a NaN o whose weight underflowed
+    contrib = torch.where(live, o_parts.float() * wx, torch.zeros((), dtype=torch.float32, device=wx.device))
     den = w.sum(dim=0)
     full = den > 0
     safe = torch.where(full, den, torch.ones_like(den))
     o = contrib.sum(dim=0) / safe.unsqueeze(-1)
     log = torch.log2 if lse_base == "2" else torch.log
     lse_out = torch.where(full, b_max + log(safe), torch.full_like(den, float("-inf")))
-    o = torch.where(nan.unsqueeze(-1), float("nan"), o)
+    o = torch.where((nan | pinf).unsqueeze(-1), float("nan"), o)
+    lse_out = torch.where(pinf, float("inf"), lse_out)
     return o, torch.where(nan, float("nan"), lse_out)
 
 

@@ -296,6 +296,11 @@ def all_reduce_add_rms_norm(ctx, x, residual, weight, eps: float = 1e-6, *, out=
     check_overlap("out", out, "residual", residual, in_place=False)
     check_overlap("residual_out", residual_out, "x", x, in_place=False)
     check_overlap("out", out, "residual_out", residual_out, in_place=False)
+    check_overlap("out", out, "weight", weight, in_place=False)  # every row's norm reads the whole weight
+    check_overlap("residual_out", residual_out, "weight", weight, in_place=False)
+    if algorithm not in ALGORITHMS:
+        raise PlanError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}; pass 'auto' to let the "
+                        "communicator choose")
     if not isinstance(eps, (int, float)) or not eps >= 0:
         raise DTypeError(f"eps must be a non-negative Python float, got {eps!r}")
     n = x.numel()
@@ -307,10 +312,8 @@ def all_reduce_add_rms_norm(ctx, x, residual, weight, eps: float = 1e-6, *, out=
     T, nbytes = n // H, n * x.element_size()
     if config is not None:
         check_config(config, ctx.caps, rows=T, hidden=H, itemsize=x.element_size())
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
     if not use_kernel(ctx, OP, nbytes, algorithm):
-        o, r = add_rms_norm(nccl.all_reduce(ctx, x, torch.empty_like(x)), residual, weight, float(eps))
+        o, r = add_rms_norm(nccl.all_reduce(ctx, x, torch.empty_like(x), op=OP), residual, weight, float(eps))
         residual_out.copy_(r)
         out.copy_(o)
         return out, residual_out
