@@ -5,7 +5,9 @@ DCP = 2); prefill + 8 greedy steps must give tokens identical to transformers'
 fp32 greedy decode, logits within `hf_reference.RTOL` of it at every step, and
 the same bits on every rank. In the same session, greedy speculative decoding
 with a self-draft (the target's first layer) must reproduce the plain greedy
-tokens for each k, also when a stop token ends a sequence mid-proposal.
+tokens for each k, with max_new_tokens ending sequences mid-proposal; at TP 1
+also when a stop token ends one (the stop logic runs on the host, the same at
+any TP: repeating it at TP 2 cost a third of CI's slowest tests).
 
 The seeds are ones `hf_reference.decidable_checkpoint` picked: on them no greedy step
 and no routing decision of the reference is a near-tie that bf16 rounding may flip
@@ -30,6 +32,7 @@ NEW = 8
 K = (1, 3, 5)
 CASES = [(fam, w, 1, K) for w in (1, 2) for fam in SEEDS] + [(fam, 3, 1, ()) for fam in SEEDS] + \
     [(fam, 2, 2, ()) for fam in SEEDS]
+STOPS_AT = 1  # the TP at which stop tokens are checked (see the module docstring)
 
 
 @pytest.fixture(scope="module")
@@ -52,14 +55,14 @@ def _worker(world, path, dcp, ks):
     try:
         plain = s.engine.generate(PROMPTS, params, keep_logits=True)
         spec = {}
-        if ks:
+        if ks and world.world_size == STOPS_AT:
             stop = SamplingParams(max_new_tokens=NEW, stop_ids=(plain.tokens[0][2],))  # ends prompt 0 early
             spec["stopped"] = s.engine.generate(PROMPTS, stop).tokens
-            for k in ks:
-                engine = SpeculativeEngine(s.engine, s.speculative.draft, k)
-                spec[k] = engine.generate(PROMPTS, params).tokens
-                if k == 3:
-                    spec["stopped", k] = engine.generate(PROMPTS, stop).tokens
+        for k in ks:
+            engine = SpeculativeEngine(s.engine, s.speculative.draft, k)
+            spec[k] = engine.generate(PROMPTS, params).tokens
+            if k == 3 and world.world_size == STOPS_AT:
+                spec["stopped", k] = engine.generate(PROMPTS, stop).tokens
         return plain.tokens, plain.logits, spec
     finally:
         s.close()
@@ -77,7 +80,7 @@ def test_matches_transformers_and_speculative_matches_plain(checkpoints, family,
         assert all(torch.equal(a, b) for a, b in zip(other[1], logits))
     for k in ks:
         assert spec[k] == tokens, f"speculative k={k}"
-    if 3 in ks:
+    if 3 in ks and world == STOPS_AT:
         stop = tokens[0][2]
         stopped = spec["stopped"]
         assert stopped == [t[:t.index(stop) + 1] if stop in t else t for t in tokens]
