@@ -151,8 +151,8 @@ class Tolerance:
 #   element of a top-weighted route gave 1.60e-2 (TP8 shard, T 1, an unseeded draw
 #   at 0467373, gpu_tests_h200.json), so the GPU tests seed their inputs. An exact
 #   FC1 (bf16 operands, or tl.dot's max_num_imprecise_acc) would remove the flips
-#   at a speed cost an unrecorded diagnostic put at 10-200%; not measured in a
-#   recorded run, so the kernels keep the fast accumulation.
+#   at a speed cost not yet measured in a recorded run; until it is, the kernels
+#   keep the fast accumulation.
 # cosine >= 0.9999 is what the suite always used; kept beside the bounds that
 # see magnitude, not instead of them.
 TOLERANCES = {
