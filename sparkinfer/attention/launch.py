@@ -7,7 +7,6 @@ NS KV splits, N = B * Q * Hq output rows.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -16,6 +15,7 @@ from sparkinfer import envs
 from sparkinfer.attention.config import H200_SMS, AttentionConfig, attention_config
 from sparkinfer.attention.kernel import attention_combine_kernel, attention_kernel
 from sparkinfer.errors import CapacityError, CaptureError, DeviceError, DTypeError, LayoutError, ShapeError
+from sparkinfer.runtime.devices import cuda_sm_count
 
 __all__ = ["decode_attention", "attention_workspace", "plan_call"]
 
@@ -39,16 +39,11 @@ def _device_ok(device: torch.device) -> bool:
     return device.type == "cuda" or (device.type == "cpu" and envs.triton_interpret())
 
 
-@functools.cache
-def _cuda_sms(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def _num_sms(device: torch.device) -> int:
     """The device's SM count (host-side, cached; no sync); the H200's off CUDA."""
     if device.type != "cuda":
         return H200_SMS
-    return _cuda_sms(device.index if device.index is not None else torch.cuda.current_device())
+    return cuda_sm_count(device)
 
 
 def _check(name: str, t, dims: str, shape: tuple | None, dtype: torch.dtype, device) -> None:

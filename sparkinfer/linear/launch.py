@@ -8,6 +8,7 @@ import triton
 from sparkinfer.envs import triton_interpret
 from sparkinfer.errors import DTypeError, LayoutError, ShapeError
 from sparkinfer.linear.kernel import linear_rows_kernel
+from sparkinfer.runtime.devices import cuda_sm_count
 
 __all__ = ["linear", "linear_sync", "LINEAR_MAX_ROWS", "tile_for"]
 
@@ -64,16 +65,9 @@ def linear_sync(w: torch.Tensor) -> torch.Tensor:
     return torch.zeros(triton.cdiv(w.shape[0], _BLOCK_N), dtype=torch.int32, device=w.device)
 
 
-_SMS: dict[torch.device, int] = {}
-
-
 def _num_sms(device: torch.device) -> int:
     """SMs of a CUDA device; 1 for the interpreter (it runs programs one after another)."""
-    if device.type != "cuda":
-        return 1
-    if device not in _SMS:
-        _SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
-    return _SMS[device]
+    return cuda_sm_count(device) if device.type == "cuda" else 1
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,

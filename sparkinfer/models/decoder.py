@@ -32,6 +32,7 @@ from sparkinfer.models.weights import DenseMLPWeights, ExpertWeights, ModelWeigh
 from sparkinfer.moe import MoECaps, MoELayer, MoESpec, plan_supports_aux_stream_overlap
 from sparkinfer.norm import add_rms_norm, rms_norm
 from sparkinfer.rope import rope_qk_cache, rotary_table
+from sparkinfer.runtime.devices import cuda_sm_count
 
 __all__ = ["Step", "KVCache", "Decoder"]
 
@@ -108,7 +109,7 @@ class Decoder:
         self.table = rotary_table(spec.rotary_dim, spec.rope_theta, cache.max_len, dev)
         self.scale = d ** -0.5
         # the interpreter runs programs one after another: on the CPU one "SM" plans the fewest programs
-        num_sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 1
+        num_sms = cuda_sm_count(dev) if dev.type == "cuda" else 1
         self.moe: list[MoELayer | None] = []
         for i, lw in enumerate(weights.layers):
             m = lw.mlp
