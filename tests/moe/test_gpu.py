@@ -224,5 +224,8 @@ def test_gpu_nvfp4_dequantized_path_matches_the_kernels():
         g.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, outs[-1])
+    # The two paths against each other, magnitude included (relative error norm and
+    # worst element, not cosine alone: a scale error between them must fail here).
+    assert_moe_close(outs[0], outs[1].float())
     cos = torch.nn.functional.cosine_similarity(outs[0].float().flatten(), outs[1].float().flatten(), dim=0)
     assert cos.item() >= 0.99999
