@@ -26,8 +26,11 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    with open(f"/proc/{pid}/stat") as f:  # a zombie is dead, only not yet reaped
-        return f.read().split(")")[-1].split()[0] != "Z"
+    try:
+        with open(f"/proc/{pid}/stat") as f:  # a zombie is dead, only not yet reaped
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:  # reaped between the kill(0) and the open
+        return False
 
 
 def test_ranks_exit_and_clean_up_when_the_launcher_is_killed(tmp_path):
