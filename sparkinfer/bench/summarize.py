@@ -193,7 +193,15 @@ def moe_tables(rows: list, machine: str, brief: bool) -> list[str]:
            f"run, {gbs} GB/s counting read + write{parts}); tc = fraction of the specified {tc_s} TFLOP/s dense "
            f"bf16 (in brackets: of the {tfl} TFLOP/s an 8192³ matmul reached in the same run); torch = the faster "
            f"of `torch._grouped_mm` (g) and a per-expert loop (l), bf16; {provenance(rows, machine, brief)}:", ""]
-    body, over_copy, over_spec = [], False, False
+    body, over = [], set()
+
+    def hbm_cell(r: dict) -> str:
+        """'% HBM (% copy)' of one timed row; notes the flags it used in `over`."""
+        spec_frac = r["weight_bytes"] / (hbm * 1e9) / (r["us"] * 1e-6) if hbm else None
+        over.update(f for f, x in (("†", r["frac_floor"]), ("‡", spec_frac or 0.0)) if x > 1.0)
+        copy = _pct_flag(r["frac_floor"], "†")
+        return f"{_pct_flag(spec_frac, '‡')} ({copy})" if spec_frac else f"– ({copy})"
+
     for (shape, m), d in sorted(t.items()):
         n, b = d.get(("sparkinfer", "nvfp4")), d.get(("sparkinfer", "bf16"))
         if not (n and b):
@@ -203,24 +211,18 @@ def moe_tables(rows: list, machine: str, brief: bool) -> list[str]:
         best, tag = min(base) if base else (float("nan"), "")
         cells = [shape, m]
         for r in (n, b):
-            cells.append(f"{r['us']:.1f}")
-            spec_frac = r["weight_bytes"] / (hbm * 1e9) / (r["us"] * 1e-6) if hbm else None
-            over_copy |= r["frac_floor"] > 1.0
-            over_spec |= bool(spec_frac and spec_frac > 1.0)
-            copy = _pct_flag(r["frac_floor"], "†")
-            cells.append(f"{_pct_flag(spec_frac, '‡')} ({copy})" if spec_frac else f"– ({copy})")
+            cells += [f"{r['us']:.1f}", hbm_cell(r)]
         spec_tc = b["tflops"] / tc if tc and "tflops" in b else None
         measured = f"({100 * b['frac_tc']:.1f}%)"
         cells.append(f"{100 * spec_tc:.1f}% {measured}" if spec_tc else f"– {measured}")
         cells += [f"{best:.1f} {tag}", f"{best / b['us']:.2f}x", f"{best / n['us']:.2f}x"]
         f8 = d.get(("sparkinfer", "fp8_block"))
-        cells += [f"{f8['us']:.1f}", _pct_flag(f8["frac_floor"], "†"), f"{b['us'] / f8['us']:.2f}x"] if f8 else \
-            ["–", "–", "–"]
-        over_copy |= bool(f8 and f8["frac_floor"] > 1.0)
+        cells += [f"{f8['us']:.1f}", hbm_cell(f8), f"{b['us'] / f8['us']:.2f}x"] if f8 else ["–", "–", "–"]
         body.append(cells)
+    over_copy, over_spec = "†" in over, "‡" in over
     out += _md(["shape", "M", "nvfp4 µs", "nvfp4 % HBM (% copy)", "bf16 µs", "bf16 % HBM (% copy)",
                 "bf16 % tc (% measured)", "torch bf16 µs", "bf16 vs torch", "nvfp4 vs torch", "fp8 µs",
-                "fp8 % copy", "fp8 vs bf16"], body)
+                "fp8 % HBM (% copy)", "fp8 vs bf16"], body)
     notes = []
     if any(r.get("impl") == "torch_loop" and r.get("mode") == "graph" for r in rows):
         notes.append("l: in this run the loop's routing setup (which experts, which rows) ran on the host outside "
