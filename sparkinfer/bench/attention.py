@@ -13,7 +13,8 @@ indices; where flash-attn is installed), torch SDPA after gathering the slots
 beforehand (reading the same bytes, no gather). A graph replays calls on
 distinct slots, >= 256 MiB of cache together, so L2 (50 MiB) rarely serves a
 repeat. Reported: us per call, KV GB/s (B * C * KVH * D * 2 B * 2 / time), and
-that as a fraction of the copy bandwidth. Every timed graph is checked: its
+that as a fraction of the GPU's specified HBM rate (`common.SPEC_PEAKS`: H200
+4.8 TB/s) and of the copy bandwidth measured in the same run. Every timed graph is checked: its
 outputs are poisoned (NaN) after the timing, the same graph replays once more,
 and the last call's output (sparkinfer's calls share one output buffer) is
 compared with the fp32 reference for that call's slots; a row's `ok` is that
@@ -251,7 +252,9 @@ def time_point(torch, p: Point, cuda: bool, lim: dict, args) -> list[dict]:
             print(f"check FAILED on the timed graph: B={p.b} C={p.context} {impl} rel_norm "
                   f"{verdict['out_rel_norm']:.2e} max_err {verdict['out_max_err']:.2e}", flush=True)
         rows.append(dict(base, impl=impl, num_splits=ns_used, us=sec * 1e6, kv_gbs=gbs,
-                         frac_copy=gbs / lim["copy_gbs"], **{f"check_{k}": v for k, v in verdict.items() if k != "ok"},
+                         frac_copy=gbs / lim["copy_gbs"],
+                         **({"frac_spec_hbm": gbs / lim["spec_hbm_gbs"]} if "spec_hbm_gbs" in lim else {}),
+                         **{f"check_{k}": v for k, v in verdict.items() if k != "ok"},
                          ok=verdict["ok"]))
     return rows
 
@@ -268,10 +271,11 @@ def print_summary(rows: list[dict], caption: str) -> None:
     for (model, b, c, impl), r in sorted(t.items()):
         if impl == "sparkinfer":
             key = (model, b, c)
+            spec = fmt(100 * r["frac_spec_hbm"], 1) if "frac_spec_hbm" in r else "–"
             body.append([model, b, c, r["num_splits"], fmt(r["us"], 1), fmt(r["kv_gbs"], 0),
-                         fmt(100 * r["frac_copy"], 1), *(fmt(us(key, peer), 1) for peer in PEERS)])
-    print_table("decode attention, us per call", ["model", "B", "C", "NS", "us", "KV GB/s", "% copy", "flash_attn us",
-                                                  "sdpa+gather us", "sdpa us"], body, caption=caption)
+                         f"{spec} ({fmt(100 * r['frac_copy'], 1)})", *(fmt(us(key, peer), 1) for peer in PEERS)])
+    print_table("decode attention, us per call", ["model", "B", "C", "NS", "us", "KV GB/s", "% HBM (% copy)",
+                                                  "flash_attn us", "sdpa+gather us", "sdpa us"], body, caption=caption)
     swept = sorted(r for r in t if r[3].startswith("sparkinfer-ns"))
     if swept:
         body = [[m, b, c, t[(m, b, c, i)]["num_splits"], fmt(t[(m, b, c, i)]["us"], 1),
@@ -295,7 +299,7 @@ def main(args) -> int:
     meta = common.metadata(args)
     out = Path(args.out) if args.out else common.default_out("attention", meta, 1, dry_run=args.dry_run,
                                                               sweep=args.sweep)
-    lim = {"copy_gbs": copy_gbs(torch, dev, cuda)}
+    lim = {"copy_gbs": copy_gbs(torch, dev, cuda), **common.spec_peaks(meta.get("gpu"))}
     print(f"device: {meta.get('gpu')}, copy {lim['copy_gbs']:.0f} GB/s (read + write)", flush=True)
     models = DRY["models"] if args.dry_run else {m: MODELS[m] for m in args.models}
     batches = DRY["batches"] if args.dry_run else args.batches

@@ -49,3 +49,15 @@ def test_timed_rows_take_ok_from_the_timed_output(monkeypatch):
     assert verdicts == {"sparkinfer": False, "torch_gather_sdpa": True, "torch_sdpa_pregathered": True}
     ours = next(r for r in rows if r["impl"] == "sparkinfer")
     assert ours["check_out_rel_norm"] == pytest.approx(0.5, abs=1e-2) and ours["check_lse_max_err"] <= 1e-3
+
+
+def test_table_shows_the_specified_hbm_rate_beside_the_measured_copy_rate(capsys):
+    """On a GPU with a specified peak (H200: 4.8 TB/s) the '% HBM (% copy)' cell carries
+    both fractions; on an unknown part only the measured one."""
+    row = dict(kind="time", model="qwen3", batch=1, context=512, impl="sparkinfer", num_splits=4, us=10.0,
+               kv_gbs=4500.0, frac_copy=4500.0 / 4200.0, frac_spec_hbm=4500.0 / 4800.0)
+    bench.print_summary([row], "")
+    out = capsys.readouterr().out
+    assert "% HBM (% copy)" in out and "93.8 (107.1)" in out
+    bench.print_summary([{k: v for k, v in row.items() if k != "frac_spec_hbm"}], "")
+    assert "– (107.1)" in capsys.readouterr().out
