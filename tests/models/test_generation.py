@@ -9,7 +9,7 @@ tokens for each k, with max_new_tokens ending sequences mid-proposal. At TP 1
 every k runs with a stop token that ends one prompt early (so each k also ends a
 sequence on a stop token mid-proposal) while the other runs to max_new_tokens; at
 TP 2 no stop token, so both sequences are compared in full. The stop logic runs
-on the host, the same at any TP; a separate stop-token run per k cost a third of
+on the host, the same at any TP; separate stop-token runs cost about a third of
 CI's slowest tests.
 
 The seeds are ones `hf_reference.decidable_checkpoint` picked: on them no greedy step
