@@ -14,11 +14,11 @@ beforehand (reading the same bytes, no gather). A graph replays calls on
 distinct slots, >= 256 MiB of cache together, so L2 (50 MiB) rarely serves a
 repeat. Reported: us per call, KV GB/s (B * C * KVH * D * 2 B * 2 / time), and
 that as a fraction of the GPU's specified HBM rate (`common.SPEC_PEAKS`: H200
-4.8 TB/s) and of the copy bandwidth measured in the same run. Every timed graph is checked: its
-outputs are poisoned (NaN) after the timing, the same graph replays once more,
-and the last call's output (sparkinfer's calls share one output buffer) is
-compared with the fp32 reference for that call's slots; a row's `ok` is that
-verdict.
+4.8 TB/s) and of the copy bandwidth measured in the same run. Every timed graph
+is checked: its outputs are poisoned (NaN) after the timing, the same graph
+replays once more, and the last call's output (sparkinfer's calls share one
+output buffer) is compared with the fp32 reference for that call's slots; a
+row's `ok` is that verdict.
 
 Appends JSON rows (GPU, versions, commit, date, command; every check and timing
 row with an `ok` flag) to --out (default benchmarks/results/attention_<machine>.json,
