@@ -152,6 +152,45 @@ def _child(fn, rank, world_size, backend, init_method, args, env, results, launc
         os._exit(1)
 
 
+# How long the launcher keeps listening after the first failure: a rank that dies takes
+# its peers' connections with it, and their "connection closed" reports can reach the
+# queue before the launcher sees the death itself (CI, 2 cores: rank 1's gloo error
+# arrived first). A dead peer's socket closes as it exits, so the death is visible well
+# within a second; a later, independent failure is only appended.
+_FAILURE_GRACE_S = 1.0
+
+
+def _failure(errors: dict, procs, results, done) -> RankFailed | None:
+    """The RankFailed to raise once some rank has failed (None if none did after all).
+
+    Drains reports for `_FAILURE_GRACE_S`, then names as the cause a rank that died
+    without a report (a crash or kill; its peers' errors follow from it), else the
+    first rank that reported one; the others' last lines are appended. A rank that
+    exited after a result still in flight is not a failure: its result lands in `done`.
+    """
+    end = time.monotonic() + _FAILURE_GRACE_S
+    while time.monotonic() < end:
+        try:
+            status, rank, payload = results.get(timeout=0.1)
+        except queue.Empty:
+            continue
+        if status == "err":
+            errors.setdefault(rank, payload)
+        else:
+            done[rank] = pickle.loads(payload)
+    silent = {r: f"process exited with code {p.exitcode} without a result"
+              for r, p in enumerate(procs) if r not in done and r not in errors and not p.is_alive()}
+    failed = {**silent, **errors}
+    if not failed:
+        return None
+    cause = next(iter(failed))
+    detail = failed[cause]
+    others = [f"rank {r}: {text.strip().splitlines()[-1]}" for r, text in failed.items() if r != cause]
+    if others:
+        detail = detail.rstrip("\n") + "\n\nalso failed (likely because of the above):\n" + "\n".join(others)
+    return RankFailed(cause, detail)
+
+
 def run_ranks(
     fn: Callable[..., Any],
     world_size: int,
@@ -207,26 +246,22 @@ def run_ranks(
             try:
                 status, rank, payload = results.get(timeout=0.2)
             except queue.Empty:
-                for r, p in enumerate(procs):
-                    if r not in done and not p.is_alive():
-                        # give a just-written result a moment to arrive
-                        try:
-                            status, rank, payload = results.get(timeout=2.0)
-                            break
-                        except queue.Empty:
-                            raise RankFailed(r, f"process exited with code {p.exitcode} without a result") from None
-                else:
-                    if time.monotonic() > deadline:
-                        stuck = [r for r in range(world_size) if r not in done]
-                        for r in stuck:
-                            if procs[r].is_alive():
-                                os.kill(procs[r].pid, signal.SIGUSR1)
-                        time.sleep(1.0)
-                        raise RankFailed(stuck[0], f"ranks {stuck} still running after {timeout_s:.0f} s "
-                                                   "(stacks dumped to stderr)")
+                if any(r not in done and not p.is_alive() for r, p in enumerate(procs)):
+                    failure = _failure({}, procs, results, done)
+                    if failure is not None:
+                        raise failure from None
                     continue
+                if time.monotonic() > deadline:
+                    stuck = [r for r in range(world_size) if r not in done]
+                    for r in stuck:
+                        if procs[r].is_alive():
+                            os.kill(procs[r].pid, signal.SIGUSR1)
+                    time.sleep(1.0)
+                    raise RankFailed(stuck[0], f"ranks {stuck} still running after {timeout_s:.0f} s "
+                                               "(stacks dumped to stderr)") from None
+                continue
             if status == "err":
-                raise RankFailed(rank, payload)
+                raise _failure({rank: payload}, procs, results, done)
             done[rank] = pickle.loads(payload)
     finally:
         for p in procs:

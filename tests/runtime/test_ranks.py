@@ -28,6 +28,13 @@ def _die_on_0(world):
     time.sleep(30)
 
 
+def _die_on_0_and_1_complains(world):
+    if world.rank == 0:
+        os._exit(3)
+    time.sleep(0.1)  # rank 0 is gone; rank 1's report still reaches the queue first
+    raise RuntimeError("connection closed by peer")
+
+
 def _hang(world):
     time.sleep(60)
 
@@ -48,6 +55,16 @@ def test_raising_rank_fails_fast_with_its_traceback():
 def test_dead_rank_fails_the_launch():
     with pytest.raises(RankFailed, match=r"rank 0 failed:\nprocess exited with code 3"):
         run_ranks(_die_on_0, 2, backend="cpu", timeout_s=120)
+
+
+def test_silent_death_is_named_before_the_errors_it_causes():
+    # CI (two cores, 2026-12-02): rank 0 exited during init and rank 1's gloo "connection closed"
+    # reached the launcher first, which then blamed rank 1
+    with pytest.raises(RankFailed, match=r"rank 0 failed:\nprocess exited with code 3 without a result\n\n"
+                                         r"also failed \(likely because of the above\):\n"
+                                         r"rank 1: RuntimeError: connection closed by peer$") as ei:
+        run_ranks(_die_on_0_and_1_complains, 2, backend="cpu", timeout_s=120)
+    assert ei.value.rank == 0
 
 
 def test_hung_ranks_are_named_after_the_timeout():
