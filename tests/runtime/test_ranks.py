@@ -58,7 +58,7 @@ def test_dead_rank_fails_the_launch():
 
 
 def test_silent_death_is_named_before_the_errors_it_causes():
-    # CI (two cores, 2026-12-02): rank 0 exited during init and rank 1's gloo "connection closed"
+    # CI (two cores, 2026-12-02): rank 0 exited while rank 1 was still in init, and rank 1's gloo "connection closed"
     # reached the launcher first, which then blamed rank 1
     with pytest.raises(RankFailed, match=r"rank 0 failed:\nprocess exited with code 3 without a result\n\n"
                                          r"also failed \(likely because of the above\):\n"
