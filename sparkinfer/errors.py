@@ -24,6 +24,8 @@ __all__ = [
     "CollectiveTimeout",
     "CollectiveMismatch",
     "PlanError",
+    "EngineOverloaded",
+    "EngineFailed",
 ]
 
 
@@ -122,3 +124,22 @@ class UnsupportedModelError(SparkInferError, ValueError):
 class CheckpointError(SparkInferError, ValueError):
     """A checkpoint tensor is missing, mis-shaped or of the wrong dtype, or a file is
     truncated; the message names the tensor and the file."""
+
+
+class EngineOverloaded(SparkInferError, RuntimeError):
+    """The engine's waiting queue is full: the request was not accepted. Retry after
+    `retry_after_s` seconds (an HTTP front end answers 429 with Retry-After)."""
+
+    def __init__(self, message: str, *, retry_after_s: float = 1.0):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class EngineFailed(SparkInferError, RuntimeError):
+    """The engine stopped (a rank died, stalled or raised): every in-flight request
+    ended with an error and no new one is accepted. `rank` is the rank named as the
+    cause, or None."""
+
+    def __init__(self, message: str, *, rank: int | None = None):
+        super().__init__(message)
+        self.rank = rank

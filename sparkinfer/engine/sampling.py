@@ -6,33 +6,11 @@ Legend: N rows, V vocabulary.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from sparkinfer.errors import ShapeError
+from sparkinfer.engine.request import SamplingParams
 
 __all__ = ["SamplingParams", "sample", "probabilities"]
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """temperature: 0 is greedy (argmax); > 0 divides the logits. top_p: keep the
-    smallest set of tokens whose probability reaches top_p (1.0 keeps all).
-    seed: the generator seed (every rank must use the same). max_new_tokens:
-    tokens generated per sequence at most; stop_ids: tokens that end a sequence
-    (the stop token is kept in the output)."""
-
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int = 0
-    max_new_tokens: int = 32
-    stop_ids: tuple[int, ...] = ()
-
-    def __post_init__(self):
-        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.max_new_tokens < 1:
-            raise ShapeError(f"SamplingParams: temperature={self.temperature} (>= 0), top_p={self.top_p} "
-                             f"(in (0, 1]), max_new_tokens={self.max_new_tokens} (>= 1)")
 
 
 def _filtered(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

@@ -1,0 +1,137 @@
+"""The engine as its callers see it: submit, abort, stream a request's outputs.
+
+    engine = ServingEngine.launch(EngineConfig(model="ckpt/", tp=2))   # starts the ranks
+    handle = engine.submit([1, 2, 3], SamplingParams(max_new_tokens=16))
+    for out in handle: ...            # blocking, from any thread
+    async for out in handle: ...      # from an asyncio task
+    engine.abort(handle.request_id)   # its slot is free within one step
+    engine.close()
+
+`EngineClient` is the protocol the HTTP front end codes against (it never sees
+ranks or tensors); `RequestHandle` is the one implementation of a request's
+stream, shared by every engine. Handles are fed from the engine's thread and read
+from any thread or event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections import deque
+from typing import Protocol
+
+from sparkinfer.engine.request import EngineStats, FinishReason, RequestOutput, RequestState, SamplingParams
+
+__all__ = ["EngineClient", "RequestHandle", "new_request_id"]
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+class RequestHandle:
+    """One submitted request: its id, state and the outputs it streams.
+
+    Iterate it (blocking) or `async for` it (in one event loop) to receive each
+    `RequestOutput` once; the last one has `finished` set. `state`,
+    `finish_reason` and `error` are readable at any time. Written by the engine's
+    thread through `_push`; thread-safe."""
+
+    def __init__(self, request_id: str, prompt: list[int], params: SamplingParams):
+        self.request_id, self.prompt, self.params = request_id, list(prompt), params
+        self.state = RequestState.WAITING
+        self.finish_reason: FinishReason | None = None
+        self.error: str | None = None
+        self._items: deque[RequestOutput] = deque()
+        self._cond = threading.Condition()
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
+
+    @property
+    def finished(self) -> bool:
+        return self.state is RequestState.FINISHED
+
+    # ---------------------------------------------------------------- engine side
+    def _push(self, out: RequestOutput) -> None:
+        with self._cond:
+            if out.finished:
+                self.state = RequestState.FINISHED
+                self.finish_reason, self.error = out.finish_reason, out.error
+            self._items.append(out)
+            self._cond.notify_all()
+            waiters = list(self._waiters)
+        for loop, event in waiters:
+            try:
+                loop.call_soon_threadsafe(event.set)
+            except RuntimeError:  # the reader's loop closed (its client went away)
+                pass
+
+    # ---------------------------------------------------------------- reader side
+    def get(self, timeout: float | None = None) -> RequestOutput | None:
+        """The next output (blocking up to `timeout` seconds; None if none came)."""
+        with self._cond:
+            if not self._items and not self._cond.wait_for(lambda: bool(self._items), timeout):
+                return None
+            return self._items.popleft()
+
+    def __iter__(self):
+        while True:
+            out = self.get()
+            yield out
+            if out.finished:
+                return
+
+    async def __aiter__(self):
+        loop = asyncio.get_running_loop()
+        event = asyncio.Event()
+        with self._cond:
+            self._waiters.append((loop, event))
+        try:
+            while True:
+                with self._cond:
+                    out = self._items.popleft() if self._items else None
+                    if out is None:
+                        event.clear()
+                if out is None:
+                    await event.wait()
+                    continue
+                yield out
+                if out.finished:
+                    return
+        finally:
+            with self._cond:
+                self._waiters.remove((loop, event))
+
+    def result(self) -> list[RequestOutput]:
+        """Every remaining output, blocking until the request finishes."""
+        return list(self)
+
+
+class EngineClient(Protocol):
+    """What `sparkinfer.serve` needs of an engine.
+
+    model_name: the name served under /v1/models. tokenizer: the checkpoint's
+    (`encode`, `decode`, `apply_chat_template`), or None. max_context: prompt +
+    new tokens a request may hold (cache positions). eos_token_ids: the
+    checkpoint's end-of-sequence tokens.
+
+    submit() never blocks on the model: it validates and queues, raising
+    CapacityError (a prompt that cannot fit), ShapeError (an empty prompt or a
+    token id outside the vocabulary), EngineOverloaded (the waiting queue is full)
+    or EngineFailed (the engine stopped). abort() of an unknown or finished id does
+    nothing. stats() is a cheap snapshot. close() stops admitting, aborts what is
+    in flight and shuts the ranks down (collectively)."""
+
+    model_name: str
+    tokenizer: object
+    max_context: int
+    eos_token_ids: tuple[int, ...]
+
+    def submit(self, prompt: list[int], params: SamplingParams,
+               request_id: str | None = None) -> RequestHandle: ...
+
+    def abort(self, request_id: str) -> None: ...
+
+    def stats(self) -> EngineStats: ...
+
+    def close(self) -> None: ...
