@@ -1,0 +1,53 @@
+"""What a serving engine is built from: the checkpoint, the ranks, the capacities.
+
+    config = EngineConfig(model="ckpt/", tp=2, max_batch=16, max_context=4096)
+    engine = ServingEngine.launch(config)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["EngineConfig"]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """model: checkpoint directory (config.json, *.safetensors, tokenizer files).
+    tp: tensor-parallel ranks; dcp: 1, or tp to split the KV cache over the ranks.
+    moe_format: expert weights as "bf16", "nvfp4" or "fp8_block".
+    draft: a draft checkpoint directory (same tokenizer), or self_draft: the
+    target's first N layers as the draft; spec_k: draft tokens per round.
+    max_batch: requests decoding at once (cache slots). max_context: cache
+    positions per request (prompt + new tokens); None: the checkpoint's
+    max_position_embeddings, capped at 4096. max_waiting: requests queued beyond
+    max_batch before submit refuses (EngineOverloaded). prefill_chunk: prompt
+    tokens per prefill forward (a request's chunks start at multiples of it, so its
+    logits do not depend on its neighbours). step_tokens: prompt tokens prefilled
+    per engine step at most (at least one chunk), so running requests keep
+    decoding while a long prompt comes in. backend: "auto" | "cpu" | "cuda" |
+    "cuda_shared" (`sparkinfer.runtime.run_ranks`). timeout_s: how long a rank may
+    stall before the engine fails every request and names it. graphs: decode steps
+    in CUDA graphs (None: on a GPU). name: the model name served (None: the
+    directory's name)."""
+
+    model: str
+    tp: int = 1
+    dcp: int = 1
+    moe_format: str = "bf16"
+    draft: str | None = None
+    self_draft: int = 0
+    spec_k: int = 3
+    max_batch: int = 8
+    max_context: int | None = None
+    max_waiting: int = 64
+    prefill_chunk: int = 256
+    step_tokens: int = 512
+    backend: str = "auto"
+    timeout_s: float = 60.0
+    graphs: bool | None = None
+    name: str | None = None
+
+    @property
+    def speculative(self) -> bool:
+        return self.draft is not None or self.self_draft > 0
