@@ -1,87 +1,101 @@
-"""Static-slot generation: prefill, then decode steps replayed from CUDA graphs.
+"""One rank's model steps: prefill chunks, and decode steps replayed from CUDA graphs
+with per-row sampling.
 
-Legend: B rows in a decode step (a bucket size), S cache slots, V vocabulary.
+Legend: B rows in a decode step (a bucket size), Q queries per row, T = B * Q,
+S cache slots, V vocabulary.
 
     engine = Engine(decoder, max_batch=8, comm=comm)
     result = engine.generate([[1, 2, 3], [4, 5]], SamplingParams(max_new_tokens=16))
+    logits, ids = engine.step([[7], [9]], [3, 2], [0, 1], [params_a, params_b])
 
-Each sequence owns a cache slot for its lifetime; slot S - 1 is the padding
-slot, which padded rows of a bucket read and write. Prefill runs eagerly in
-chunks of at most `decoder.max_tokens` tokens. A decode step runs the rows of
-the unfinished sequences, padded up to the next bucket; on a GPU each bucket is
-one CUDA graph captured on the communicator's channel (`channel`, "target" for
-a target model), so a step is: copy the inputs into the graph's buffers,
-replay, read the sampled ids (the step's one host sync).
+Each sequence owns a cache slot; slot S - 1 is the padding slot, which padded rows
+of a bucket read and write. A decode step runs the rows padded up to the next
+bucket; on a GPU each (bucket, Q, filtered) is one CUDA graph captured on the
+communicator's channel (`channel`: "target", or "draft" for a draft model), and a
+step is: write the rows into a pinned host buffer, one host-to-device copy into
+the graph's packed inputs, replay, read the sampled ids (the step's one host sync).
+Every row samples with its own parameters inside the graph (`sampler.py`);
+`filtered` graphs also apply top-k / top-p.
+
+`generate` is a thin caller of the continuous-batching scheduler
+(`engine.core.EngineCore`) with every request submitted at once.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
-
 import torch
 
-from sparkinfer.engine.sampling import SamplingParams, sample
+from sparkinfer.engine.request import SamplingParams
+from sparkinfer.engine.sampler import STREAM_DRAFT, STREAM_TARGET, RowSampling, sample_rows
 from sparkinfer.errors import CapacityError, ShapeError
 from sparkinfer.models.decoder import Step
 
-__all__ = ["Engine", "GenerationResult", "DEFAULT_BUCKETS"]
+__all__ = ["Engine", "DEFAULT_BUCKETS"]
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
-@dataclass
-class GenerationResult:
-    """tokens: the new tokens of each sequence; prefill_s, decode_s: wall seconds;
-    decode_steps: decode steps run; decode_tokens: tokens they produced; logits:
-    with keep_logits, each sequence's fp32 logits [new tokens, V] (row 0 from
-    the prefill), on the CPU."""
+class _Inputs:
+    """Fixed-address inputs of one bucket's step (B rows of Q queries, T = B * Q tokens),
+    views into one packed device buffer that one copy from a pinned host twin fills.
 
-    tokens: list[list[int]]
-    prefill_s: float = 0.0
-    decode_s: float = 0.0
-    decode_steps: int = 0
-    decode_tokens: int = 0
-    logits: list[torch.Tensor] = field(default_factory=list)
+    int64: tokens, seed, counter [T]; int32: positions, slots, top_k [T], row_slots,
+    q_pos [B]; fp32: temperature, top_p, thr [T]. `step` is the decoder's Step over
+    them, `sampling` the sampler's RowSampling, `ids` the sampled ids [T]."""
 
-    @property
-    def decode_tokens_per_s(self) -> float:
-        return self.decode_tokens / self.decode_s if self.decode_s > 0 else 0.0
-
-
-class _Buffers:
-    """Fixed-address inputs of one bucket's step (B rows of q_len queries)."""
+    _LAYOUT = (("tokens", torch.int64, "t"), ("seed", torch.int64, "t"), ("counter", torch.int64, "t"),
+               ("positions", torch.int32, "t"), ("slots", torch.int32, "t"), ("top_k", torch.int32, "t"),
+               ("row_slots", torch.int32, "b"), ("q_pos", torch.int32, "b"),
+               ("temperature", torch.float32, "t"), ("top_p", torch.float32, "t"), ("thr", torch.float32, "t"))
 
     def __init__(self, rows: int, q_len: int, device):
         t = rows * q_len
-        self.tokens = torch.zeros(t, dtype=torch.int64, device=device)
-        self.positions = torch.zeros(t, dtype=torch.int32, device=device)
-        self.slots = torch.zeros(t, dtype=torch.int32, device=device)
-        self.row_slots = torch.zeros(rows, dtype=torch.int32, device=device)
-        self.q_pos = torch.zeros(rows, dtype=torch.int32, device=device)
+        self.rows, self.q_len, self.t = rows, q_len, t
+        spans, off = {}, 0
+        for name, dt, n in self._LAYOUT:
+            size = (t if n == "t" else rows) * dt.itemsize
+            spans[name] = (off, size, dt)
+            off += -(-size // 8) * 8  # 8-byte aligned fields
+        cuda = torch.device(device).type == "cuda"
+        self.dev = torch.zeros(off, dtype=torch.uint8, device=device)
+        self.host = torch.zeros(off, dtype=torch.uint8, pin_memory=cuda)
+        self._cuda = cuda
+        host_np = self.host.numpy()
+        self.h = {}
+        for name, (o, size, dt) in spans.items():
+            setattr(self, name, self.dev[o:o + size].view(dt))
+            self.h[name] = host_np[o:o + size].view(torch.empty(0, dtype=dt).numpy().dtype)
         self.step = Step(self.tokens, self.positions, self.slots, self.row_slots, self.q_pos, q_len)
+        self.sampling = RowSampling(seed=self.seed, counter=self.counter, top_k=self.top_k,
+                                    temperature=self.temperature, top_p=self.top_p, thr=self.thr)
+        self.ids = torch.zeros(t, dtype=torch.int64, device=device)
 
-    def fill(self, tokens: list[int], positions: list[int], slots: list[int], q_len: int, pad_slot: int) -> None:
-        """Rows given as flat lists of T = rows * q_len; padded to the bucket with the padding slot."""
-        t = self.tokens.shape[0]
-        n = len(tokens)
-        dev = self.tokens.device
-        self.tokens.copy_(torch.tensor(tokens + [0] * (t - n), dtype=torch.int64), non_blocking=dev.type == "cuda")
-        pos = positions + [i % q_len for i in range(t - n)]
-        self.positions.copy_(torch.tensor(pos, dtype=torch.int32))
-        self.slots.copy_(torch.tensor(slots + [pad_slot] * (t - n), dtype=torch.int32))
-        self.row_slots.copy_(self.slots[::q_len])
-        self.q_pos.copy_(self.positions[::q_len])
+    def fill(self, tokens: list[int], positions: list[int], slots: list[int], params: list[SamplingParams],
+             pad_slot: int) -> None:
+        """Flat per-token lists (n <= T), padded with the padding slot; one copy to the device.
+        Each token draws the token after it: counter = its position + 1."""
+        h, n, q = self.h, len(tokens), self.q_len
+        h["tokens"][:n] = tokens
+        h["tokens"][n:] = 0
+        h["positions"][:n] = positions
+        h["positions"][n:] = [i % q for i in range(self.t - n)]
+        h["slots"][:n] = slots
+        h["slots"][n:] = pad_slot
+        h["row_slots"][:] = h["slots"][::q]
+        h["q_pos"][:] = h["positions"][::q]
+        RowSampling.write(h, params, [p + 1 for p in positions])
+        self.dev.copy_(self.host, non_blocking=self._cuda)
 
 
 class Engine:
-    """Generation over one rank's `Decoder` (every rank runs the same calls).
+    """Model steps over one rank's `Decoder` (every rank runs the same calls).
 
     max_batch: sequences at once (<= the cache's slots - 1); comm: the decoder's
     Communicator (None for one rank); graphs: capture decode steps in CUDA graphs
-    (default: on a GPU); buckets: decode batch sizes to capture; channel: the
-    pool channel the graphs are captured on. Graphs are captured lazily, on a
-    bucket's first use.
+    (default: on a GPU); buckets: decode batch sizes to capture; channel: the pool
+    channel the graphs are captured on ("draft" also gives the draft's own stream
+    of random draws). Graphs are captured on a bucket's first use, or all at once
+    by `capture_all`.
     """
 
     def __init__(self, decoder, *, max_batch: int, comm=None, graphs: bool | None = None,
@@ -97,7 +111,9 @@ class Engine:
         self.pad_slot = decoder.cache.slots - 1
         self.buckets = tuple(sorted({b for b in buckets if b < max_batch} | {max_batch}))
         self.graphs = (self.device.type == "cuda") if graphs is None else graphs
-        self._steps: dict[tuple[int, int], tuple] = {}
+        self.stream_id = STREAM_DRAFT if channel == "draft" else STREAM_TARGET
+        self._steps: dict[tuple[int, int, bool], tuple] = {}
+        self._one = RowSampling.alloc(1, self.device)
 
     # ------------------------------------------------------------------ steps
     def bucket(self, rows: int) -> int:
@@ -106,23 +122,25 @@ class Engine:
                 return b
         raise CapacityError(f"{rows} rows exceed max_batch={self.max_batch}")
 
-    def _eager_step(self, bufs: _Buffers, params: SamplingParams):
-        logits = self.dec(bufs.step)
-        return logits, sample(logits, params)
+    def _eager_step(self, inp: _Inputs, filtered: bool):
+        logits = self.dec(inp.step)
+        return logits, sample_rows(logits, inp.sampling, filtered=filtered, stream=self.stream_id, out=inp.ids)
 
-    def _graph_step(self, rows: int, q_len: int, params: SamplingParams):
-        """(buffers, run) of a bucket: run() replays (or runs eagerly) and returns (logits, ids)."""
-        key = (rows, q_len)
+    def _graph_step(self, rows: int, q_len: int, params=False):
+        """(inputs, run) of a bucket: run() replays (or runs eagerly) and returns (logits, ids).
+        params: whether the step filters (top-k / top-p), or SamplingParams to decide by."""
+        filtered = RowSampling.needs_filter([params]) if isinstance(params, SamplingParams) else bool(params)
+        key = (rows, q_len, filtered)
         if key not in self._steps:
-            bufs = _Buffers(rows, q_len, self.device)
-            bufs.fill([], [], [], q_len, self.pad_slot)
+            inp = _Inputs(rows, q_len, self.device)
+            inp.fill([], [], [], [], self.pad_slot)
             if not self.graphs:
-                self._steps[key] = (bufs, lambda p: self._eager_step(bufs, p))
+                self._steps[key] = (inp, lambda *_: self._eager_step(inp, filtered))
             else:
-                self._steps[key] = (bufs, self._capture(bufs, params))
+                self._steps[key] = (inp, self._capture(inp, filtered))
         return self._steps[key]
 
-    def _capture(self, bufs: _Buffers, params: SamplingParams):
+    def _capture(self, inp: _Inputs, filtered: bool):
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         graph = torch.cuda.CUDAGraph()
@@ -132,108 +150,88 @@ class Engine:
             # every bucket's graph shares the channel; they replay in one stream order
             scope = pool.capture(stream, self.channel, reuse=True) if pool is not None else _nothing()
             with torch.cuda.stream(stream), scope:
-                self._eager_step(bufs, params)  # warm-up: compiles, plans, on the scope's channel
+                self._eager_step(inp, filtered)  # warm-up: compiles, plans, on the scope's channel
                 with torch.cuda.graph(graph, stream=stream):
-                    out = self._eager_step(bufs, params)
+                    out = self._eager_step(inp, filtered)
         except BaseException:
             if pool is not None:
                 pool.rollback(mark)  # a failed capture leaves no channel behind
             raise
         torch.cuda.current_stream(self.device).wait_stream(stream)
-        captured = params
 
-        def run(p: SamplingParams):
-            if p.temperature != captured.temperature or p.top_p != captured.top_p:
-                raise ShapeError("a captured decode step samples with the parameters it was captured with; "
-                                 "use one Engine per sampling configuration")
+        def run(*_):
             graph.replay()
             return out
         return run
 
+    def capture_all(self, q_lens=(1,)) -> None:
+        """Capture (or, without graphs, warm up) every bucket's step for each Q, plain and
+        filtered, so serving never compiles or captures mid-stream. Collective."""
+        for q in q_lens:
+            for b in self.buckets:
+                if b * q > self.dec.max_tokens:
+                    continue
+                for filtered in (False, True):
+                    self._graph_step(b, q, filtered)
+
     def step(self, tokens: list[list[int]], first_pos: list[int], slots: list[int],
-             params: SamplingParams) -> tuple[torch.Tensor, list[int]]:
+             params: SamplingParams | list[SamplingParams]) -> tuple[torch.Tensor, list[int]]:
         """One forward of len(tokens) rows of Q tokens each (row r at positions first_pos[r]..,
-        in slots[r]), padded to a bucket: (logits [rows * Q, V], sampled ids of every
-        token). A CUDA graph replay per (bucket, Q) on a GPU; the one host sync is
-        reading the ids."""
+        in slots[r]) padded to a bucket; row r samples with params[r] (or all with one
+        SamplingParams). Returns (logits [rows * Q, V], the sampled ids of every token:
+        the draw for the position after it). A CUDA graph replay per (bucket, Q, filtered)
+        on a GPU; the one host sync is reading the ids."""
         q, n = len(tokens[0]), len(tokens)
-        bufs, run = self._graph_step(self.bucket(n), q, params)
-        bufs.fill([t for row in tokens for t in row], [p + j for p in first_pos for j in range(q)],
-                  [s for s in slots for _ in range(q)], q, self.pad_slot)
-        logits, ids = run(params)
+        per_row = params if isinstance(params, list) else [params] * n
+        if len(per_row) != n:
+            raise ShapeError(f"step: {n} rows and {len(per_row)} SamplingParams")
+        inp, run = self._graph_step(self.bucket(n), q, RowSampling.needs_filter(per_row))
+        inp.fill([t for row in tokens for t in row], [p + j for p in first_pos for j in range(q)],
+                 [s for s in slots for _ in range(q)], [p for p in per_row for _ in range(q)], self.pad_slot)
+        logits, ids = run()
         return logits[:n * q], ids[:n * q].tolist()
 
-    # ------------------------------------------------------------------ generation
+    # ------------------------------------------------------------------ prefill
+    def prefill_chunk(self, tokens: list[int], start: int, slot: int, *, last: bool = True):
+        """Run tokens at positions start.. into `slot`'s cache (eager); the logits [1, V] of the
+        chunk's last token when `last`, else None (no LM head)."""
+        dev, n = self.device, len(tokens)
+        t = torch.tensor(tokens, dtype=torch.int64).to(dev)
+        pos = torch.arange(start, start + n, dtype=torch.int32).to(dev)
+        slots = torch.full((n,), slot, dtype=torch.int32, device=dev)
+        keep = torch.tensor([n - 1] if last else [], dtype=torch.int64).to(dev)
+        step = Step(t, pos, slots, slots[:1], pos[:1], n, keep)
+        logits = self.dec(step)
+        return logits if last else None
+
     def prefill(self, prompt: list[int], slot: int):
-        """Run a prompt into `slot`'s cache (eager, in chunks); returns the logits [1, V] of its last token."""
+        """Run a prompt into `slot`'s cache in chunks of the decoder's max_tokens; returns the
+        logits [1, V] of its last token."""
         chunk = self.dec.max_tokens
         logits = None
         for start in range(0, len(prompt), chunk):
             part = prompt[start:start + chunk]
-            bufs = _Buffers(1, len(part), self.device)
-            bufs.fill(part, list(range(start, start + len(part))), [slot] * len(part), len(part), self.pad_slot)
-            last = torch.tensor([len(part) - 1], dtype=torch.int64, device=self.device)
-            step = Step(bufs.tokens, bufs.positions, bufs.slots, bufs.row_slots, bufs.q_pos, len(part), last)
-            logits = self.dec(step)
+            logits = self.prefill_chunk(part, start, slot, last=start + chunk >= len(prompt))
         return logits
 
-    def check_prompts(self, prompts: list[list[int]], extra: int = 1) -> None:
-        """CapacityError unless 1..max_batch prompts each fit the cache with `extra` positions to spare."""
-        if not prompts or len(prompts) > self.max_batch:
-            raise CapacityError(f"{len(prompts)} prompts; this engine takes 1 to max_batch={self.max_batch}")
-        max_len = self.dec.cache.max_len
-        for p in prompts:
-            if not p or len(p) + extra > max_len:
-                raise CapacityError(f"a prompt of {len(p)} tokens does not fit the cache of {max_len} positions "
-                                    f"with {extra} to spare; build the engine with a larger max_len")
+    def sample_one(self, logits: torch.Tensor, params: SamplingParams, counter: int) -> int:
+        """The token drawn from logits [1, V] by `params` for position `counter` (the same draw
+        a decode step makes for that row)."""
+        self._one.fill([params], [counter])
+        ids = sample_rows(logits, self._one, filtered=RowSampling.needs_filter([params]), stream=self.stream_id)
+        return int(ids[0])
 
+    # ------------------------------------------------------------------ generation
     def generate(self, prompts: list[list[int]], params: SamplingParams | None = None, *,
-                 keep_logits: bool = False, on_token=None) -> GenerationResult:
-        """New tokens for each prompt (greedy or sampled per `params`), every rank alike.
-        keep_logits copies every step's logits to the host (for checks; slow);
-        on_token(seq, token) is called for each new token as it is sampled."""
-        params = params or SamplingParams()
-        self.check_prompts(prompts)
-        max_len = self.dec.cache.max_len
-        torch.manual_seed(params.seed)  # every rank draws the same numbers (CPU and CUDA generators)
-        res = GenerationResult([[] for _ in prompts])
-        t0 = time.perf_counter()
-        nxt, kept = [], [[] for _ in prompts]
-        for i, p in enumerate(prompts):
-            logits = self.prefill(p, i)
-            if keep_logits:
-                kept[i].append(logits[0].float().cpu())
-            nxt.append(int(sample(logits, params)[0]))
-        res.prefill_s = time.perf_counter() - t0
-        lengths = [len(p) for p in prompts]
-        live = list(range(len(prompts)))
-        t0 = time.perf_counter()
-        while True:
-            for i in list(live):
-                res.tokens[i].append(nxt[i])
-                if on_token is not None:
-                    on_token(i, nxt[i])
-                if (nxt[i] in params.stop_ids or len(res.tokens[i]) >= params.max_new_tokens
-                        or lengths[i] + 1 >= max_len):
-                    live.remove(i)
-            if not live:
-                break
-            logits, ids = self.step([[nxt[i]] for i in live], [lengths[i] for i in live], live, params)
-            for r, i in enumerate(live):
-                nxt[i] = ids[r]
-                lengths[i] += 1
-                if keep_logits:
-                    kept[i].append(logits[r].float().cpu())
-            res.decode_steps += 1
-            res.decode_tokens += len(live)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        res.decode_s = time.perf_counter() - t0
-        if keep_logits:
-            res.logits = [torch.stack(k) for k in kept]
-        if self.comm is not None:
-            self.comm.check()
-        return res
+                 keep_logits: bool = False, on_token=None):
+        """New tokens for each prompt (greedy or sampled per `params`), every rank alike;
+        a `GenerationResult`. keep_logits copies every step's logits to the host (for
+        checks; slow); on_token(seq, token) is called for each new token as it is sampled."""
+        from sparkinfer.engine.core import generate_static
+        from sparkinfer.engine.runner import ModelRunner
+
+        runner = ModelRunner(self, keep_logits=keep_logits)
+        return generate_static(runner, prompts, params or SamplingParams(), on_token=on_token)
 
 
 class _nothing:

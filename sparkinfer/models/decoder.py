@@ -239,6 +239,8 @@ class Decoder:
             nxt = layers[i + 1].input_norm if i + 1 < len(layers) else self.w.final_norm
             x, residual = self._norm(self._mlp(i, x), residual, nxt)
         if step.logit_rows is not None:
+            if step.logit_rows.numel() == 0:  # a prefill chunk that is not its prompt's last: no LM head
+                return x.new_empty((0, self.spec.vocab_size))
             x = x.index_select(0, step.logit_rows)
         logits = F.linear(x, self.w.lm_head)  # [N, V_l]
         if self.sh.world > 1:

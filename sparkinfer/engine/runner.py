@@ -1,0 +1,184 @@
+"""Applies a step plan to one rank's model: the decode rows (a graph replay, or a
+speculative round), then the prefill chunks. Every rank runs the same plan through
+its runner and gets the same result.
+
+Legend: R decode rows, k draft tokens per round, V vocabulary, P a row's position
+(of its last sampled token, not yet in the cache).
+
+A speculative round over rows whose last token t sits at P after token u at P - 1:
+1. draft: one forward of [u, t] at [P - 1, P] (re-writing u's cache entry, so a
+   round that accepted every proposal leaves no hole), then k - 1 forwards of one
+   token: proposals d_1..d_k for positions P + 1..P + k;
+2. target: one forward of [t, d_1..d_k] at [P, P + k]: its draws y_0..y_k;
+3. greedy rows accept the longest prefix with d_j = y_{j-1} (m tokens), then y_m.
+   Sampled rows accept d_j with probability min(1, p(d_j) / q(d_j)); at the first
+   rejection they draw from max(p - q, 0) renormalized; after k acceptances the
+   bonus is y_k (the standard rule: the output is distributed as the target's).
+   Every draw uses the row's counter-based uniforms (`sampler.py`): streams DRAFT,
+   TARGET, ACCEPT and RESIDUAL at the drawn token's position.
+Caches need no rollback: positions past the accepted ones are rewritten before any
+query attends to them (attention reads positions <= the query's).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sparkinfer.engine.plan import DecodeRow, PrefillChunk, RowResult, StepPlan, StepResult
+from sparkinfer.engine.request import SamplingParams, TokenLogprob
+from sparkinfer.engine.sampler import STREAM_ACCEPT, STREAM_RESIDUAL, row_probabilities, uniforms
+from sparkinfer.errors import CapacityError, ShapeError
+
+__all__ = ["ModelRunner"]
+
+
+class ModelRunner:
+    """target: the `Engine` of the model; draft: the draft model's `Engine` (same slots
+    and vocabulary) for speculative rounds of k proposals, or None. keep_logits:
+    return each new token's fp32 logits (checks; in-process only).
+    Not thread-safe: one plan at a time."""
+
+    def __init__(self, target, draft=None, k: int = 0, *, keep_logits: bool = False):
+        if draft is not None:
+            if k < 1:
+                raise ShapeError(f"k={k}; a speculative round proposes at least one token")
+            if draft.max_batch < target.max_batch:
+                raise CapacityError(f"the draft engine takes {draft.max_batch} sequences, the target "
+                                    f"{target.max_batch}")
+            if target.dec.spec.vocab_size != draft.dec.spec.vocab_size:
+                raise ShapeError(f"target vocabulary {target.dec.spec.vocab_size} != draft "
+                                 f"{draft.dec.spec.vocab_size}: a draft must share the target's tokenizer")
+        self.target, self.draft, self.k = target, draft, (k if draft is not None else 0)
+        self.keep_logits = keep_logits
+        self.max_batch = target.max_batch
+        # positions a request may use: the verify forward writes up to P + k
+        caches = [target.dec.cache.max_len] + ([draft.dec.cache.max_len] if draft is not None else [])
+        self.max_context = min(caches) - (self.k + 2 if draft is not None else 0)
+        self.prefill_chunk = target.dec.max_tokens if draft is None else min(target.dec.max_tokens,
+                                                                            draft.dec.max_tokens)
+
+    def warm_up(self) -> None:
+        """Capture every decode graph this runner can replay (collective)."""
+        if self.draft is None:
+            self.target.capture_all((1,))
+        else:
+            self.target.capture_all((self.k + 1,))
+            self.draft.capture_all((1, 2))
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        kept = {} if self.keep_logits else None
+        proposed = accepted = 0
+        decode: tuple[RowResult, ...] = ()
+        if plan.decode:
+            if self.draft is None:
+                decode = self._decode(plan.decode, kept)
+            else:
+                decode = self._speculative(plan.decode)
+                proposed = self.k * len(plan.decode)
+                accepted = sum(len(r.tokens) - 1 for r in decode)
+        prefill = tuple(self._prefill(c, kept) for c in plan.prefill)
+        return StepResult(plan.step, decode, prefill, proposed, accepted, kept)
+
+    # ------------------------------------------------------------------ pieces
+    def _decode(self, rows: tuple[DecodeRow, ...], kept) -> tuple[RowResult, ...]:
+        logits, ids = self.target.step([[r.token] for r in rows], [r.position for r in rows],
+                                       [r.slot for r in rows], [r.params for r in rows])
+        lps = _logprobs(logits, ids, [r.params.logprobs for r in rows])
+        if kept is not None:
+            for i, r in enumerate(rows):
+                kept[r.request] = [logits[i].float().cpu()]
+        return tuple(RowResult((ids[i],), None if lps[i] is None else (lps[i],)) for i in range(len(rows)))
+
+    def _prefill(self, c: PrefillChunk, kept) -> RowResult:
+        logits = self.target.prefill_chunk(list(c.tokens), c.start, c.slot, last=c.last)
+        if self.draft is not None:
+            # the draft's cache stops one short: a round's first draft forward writes the last prompt token
+            toks = c.tokens[:-1] if c.last else c.tokens
+            if toks:
+                self.draft.prefill_chunk(list(toks), c.start, c.slot, last=False)
+        if not c.last:
+            return RowResult()
+        tok = self.target.sample_one(logits, c.params, c.start + len(c.tokens))
+        if kept is not None:
+            kept[c.request] = [logits[0].float().cpu()]
+        lp = _logprobs(logits, [tok], [c.params.logprobs])[0]
+        return RowResult((tok,), None if lp is None else (lp,))
+
+    def _speculative(self, rows: tuple[DecodeRow, ...]) -> tuple[RowResult, ...]:
+        tgt, dft, k = self.target, self.draft, self.k
+        n = len(rows)
+        pos = [r.position for r in rows]
+        slots = [r.slot for r in rows]
+        params = [r.params for r in rows]
+        sampled = [not p.greedy for p in params]
+        logits, ids = dft.step([[r.prev, r.token] for r in rows], [p - 1 for p in pos], slots, params)
+        props = [[ids[2 * i + 1]] for i in range(n)]
+        q = [[] for _ in rows]  # the draft's distributions of sampled rows, per proposal
+        _keep_probs(q, logits.view(n, 2, -1)[:, 1], params, sampled)
+        for j in range(1, k):
+            logits, ids = dft.step([[p[-1]] for p in props], [x + j for x in pos], slots, params)
+            for i in range(n):
+                props[i].append(ids[i])
+            _keep_probs(q, logits, params, sampled)
+        vlogits, vids = tgt.step([[r.token] + props[i] for i, r in enumerate(rows)], pos, slots, params)
+        vlogits = vlogits.view(n, k + 1, -1)
+        out = []
+        for i, r in enumerate(rows):
+            y = vids[i * (k + 1):(i + 1) * (k + 1)]
+            new = _accept_sampled(props[i], q[i], vlogits[i], y, r) if sampled[i] else _accept_greedy(props[i], y)
+            lps = _logprobs(vlogits[i, :len(new)], new, [r.params.logprobs] * len(new))
+            out.append(RowResult(tuple(new), None if r.params.logprobs is None else tuple(lps)))
+        return tuple(out)
+
+
+def _keep_probs(q: list, logits, params: list[SamplingParams], sampled: list[bool]) -> None:
+    for i, s in enumerate(sampled):
+        if s:
+            q[i].append(row_probabilities(logits[i:i + 1], params[i])[0].cpu())
+
+
+def _accept_greedy(props: list[int], y: list[int]) -> list[int]:
+    m = 0
+    while m < len(props) and props[m] == y[m]:
+        m += 1
+    return props[:m] + [y[m]]
+
+
+def _accept_sampled(props: list[int], q: list, vlogits, y: list[int], row: DecodeRow) -> list[int]:
+    """Accepted proposals and one more token for a sampled row (see the module docstring)."""
+    p_all = row_probabilities(vlogits, row.params).cpu()  # [k + 1, V]
+    seed = row.params.seed or 0
+    out = []
+    for j, d in enumerate(props):
+        at = row.position + 1 + j  # the position this proposal would take
+        p, qj = p_all[j], q[j]
+        u = float(uniforms(seed, at, STREAM_ACCEPT, 1)[0])
+        if u * float(qj[d]) <= float(p[d]):
+            out.append(d)
+            continue
+        resid = (p - qj).clamp_(min=0)
+        if float(resid.sum()) > 0:
+            g = -torch.log(-torch.log(uniforms(seed, at, STREAM_RESIDUAL, resid.shape[0])))
+            return out + [int((torch.log(resid) + g).argmax())]
+        return out + [y[j]]  # p == q: the target's own draw is a draw from p
+    return out + [y[len(props)]]
+
+
+def _logprobs(logits: torch.Tensor, chosen: list[int], tops: list) -> list[TokenLogprob | None]:
+    """Per row: None where tops[i] is None, else the chosen token's log-probability and
+    the tops[i] most likely (from the raw logits, before temperature). One sync."""
+    want = [i for i, n in enumerate(tops) if n is not None]
+    out: list[TokenLogprob | None] = [None] * len(tops)
+    if not want:
+        return out
+    idx = torch.tensor(want, device=logits.device)
+    ls = torch.log_softmax(logits.index_select(0, idx).float(), dim=-1)
+    ch = ls.gather(1, torch.tensor([chosen[i] for i in want], device=logits.device)[:, None])[:, 0].tolist()
+    n_top = max(tops[i] for i in want)
+    tv, ti = ls.topk(max(n_top, 1), dim=-1) if n_top else (None, None)
+    tv = tv.tolist() if tv is not None else None
+    ti = ti.tolist() if ti is not None else None
+    for a, i in enumerate(want):
+        top = tuple(zip(ti[a][:tops[i]], tv[a][:tops[i]])) if tops[i] else ()
+        out[i] = TokenLogprob(chosen[i], ch[a], top)
+    return out

@@ -1,0 +1,215 @@
+"""Continuous batching: which requests decode and which prompt chunks prefill in each
+engine step. Pure policy over plain values: it never touches tensors, ranks or text.
+
+Legend: R decode rows of a step, C prompt tokens per chunk, k draft tokens per
+speculative round.
+
+    s = Scheduler(SchedulerCaps(slots=8, max_context=4096, chunk=256, step_tokens=512))
+    s.add(SchedRequest(0, prompt, params, stops))
+    plan = s.schedule()                  # a StepPlan, or None when there is nothing to do
+    updates = s.update(plan, result)     # new tokens per request, and which finished
+
+Policy:
+- Admission is first come, first served: a waiting request takes the lowest free
+  cache slot as soon as one is free; nothing overtakes it (a long prompt at the head
+  waits for a slot like any other). Beyond `max_waiting` queued requests, `add`
+  refuses (EngineOverloaded): the queue never grows without bound.
+- A step runs every decoding request once (one graph replay of R rows, or one
+  speculative round), then prompt chunks of prefilling requests in admission order
+  while the step's prompt-token budget lasts (at least one chunk per step, so a
+  prompt always advances). Decode and prefill are separate forwards in one step:
+  decode rows stay one captured graph per bucket (a mixed forward would need
+  variable-length attention and could not be captured), and the budget bounds how
+  long a step's prefill delays the running requests' next token (ITL).
+- A request's chunks start at multiples of C (0, C, 2C, ...), whatever else runs, so
+  its prefill forwards and hence its logits depend on the request alone (batch
+  invariance); the budget decides only how many chunks run in a step.
+- A finished or aborted request frees its slot before the next step's admission.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from sparkinfer.engine.plan import DecodeRow, PrefillChunk, StepPlan, StepResult
+from sparkinfer.engine.request import FinishReason, RequestState, SamplingParams, TokenLogprob
+from sparkinfer.errors import CapacityError, EngineOverloaded, ShapeError
+
+__all__ = ["SchedulerCaps", "SchedRequest", "Update", "Scheduler"]
+
+
+@dataclass(frozen=True)
+class SchedulerCaps:
+    """slots: cache slots for requests (max_batch). max_context: prompt + new tokens a
+    request may hold. chunk: prompt tokens per prefill forward (C). step_tokens:
+    prompt tokens per step at most (at least one chunk runs). max_waiting: queue
+    bound. speculative: decode rows run speculative rounds (their results carry
+    1..k + 1 tokens)."""
+
+    slots: int
+    max_context: int
+    chunk: int = 256
+    step_tokens: int = 512
+    max_waiting: int = 64
+    speculative: bool = False
+
+    def __post_init__(self):
+        if self.slots < 1 or self.max_context < 2 or self.chunk < 1 or self.step_tokens < 1 or self.max_waiting < 0:
+            raise ShapeError(f"SchedulerCaps: slots={self.slots} (>= 1), max_context={self.max_context} (>= 2), "
+                             f"chunk={self.chunk}, step_tokens={self.step_tokens} (>= 1), "
+                             f"max_waiting={self.max_waiting} (>= 0)")
+
+
+@dataclass
+class SchedRequest:
+    """A request as the scheduler tracks it. id: the engine's integer id; stops: the
+    token ids that end it (its stop_ids, plus the end-of-sequence ids unless
+    ignore_eos)."""
+
+    id: int
+    prompt: list[int]
+    params: SamplingParams
+    stops: frozenset = frozenset()
+    state: RequestState = RequestState.WAITING
+    slot: int = -1
+    prefilled: int = 0
+    out: list[int] = field(default_factory=list)
+    finish: FinishReason | None = None
+
+
+@dataclass(frozen=True)
+class Update:
+    """What one step did to one request: its new tokens (cut at a stop), their
+    logprobs if asked, and the reason it finished (None while it runs)."""
+
+    request: int
+    tokens: tuple[int, ...]
+    logprobs: tuple[TokenLogprob, ...] | None
+    finish: FinishReason | None
+
+
+class Scheduler:
+    """The policy in the module docstring. Not thread-safe: the engine calls it from its
+    one loop."""
+
+    def __init__(self, caps: SchedulerCaps):
+        self.caps = caps
+        self.free = list(range(caps.slots))  # kept sorted: the lowest free slot goes first
+        self.waiting: deque[SchedRequest] = deque()
+        self.active: dict[int, SchedRequest] = {}  # holding a slot, in admission order
+        self.steps = 0
+
+    # ------------------------------------------------------------------ requests
+    def add(self, req: SchedRequest) -> None:
+        """Queue a request; CapacityError / ShapeError if it can never run, EngineOverloaded
+        if the queue is full."""
+        n = len(req.prompt)
+        if n == 0:
+            raise ShapeError("the prompt is empty: give at least one token")
+        if n + 1 > self.caps.max_context:
+            raise CapacityError(f"a prompt of {n} tokens leaves no room for a new token in a context of "
+                                f"{self.caps.max_context}; shorten it to at most {self.caps.max_context - 1} "
+                                "tokens or serve with a larger --max-context")
+        if len(self.waiting) >= self.caps.max_waiting + max(0, len(self.free)):
+            raise EngineOverloaded(f"{len(self.waiting)} requests are waiting (the bound is "
+                                   f"{self.caps.max_waiting} beyond the free slots); retry later",
+                                   retry_after_s=1.0)
+        self.waiting.append(req)
+
+    def abort(self, rid: int, reason: FinishReason = FinishReason.ABORT) -> SchedRequest | None:
+        """End a waiting or active request now (its slot is free for the next step); the
+        request, or None if it is unknown or already finished."""
+        for r in self.waiting:
+            if r.id == rid:
+                self.waiting.remove(r)
+                r.state, r.finish = RequestState.FINISHED, reason
+                return r
+        r = self.active.get(rid)
+        if r is not None:
+            self._release(r, reason)
+        return r
+
+    def _release(self, r: SchedRequest, reason: FinishReason) -> None:
+        r.state, r.finish = RequestState.FINISHED, reason
+        del self.active[r.id]
+        self.free.append(r.slot)
+        self.free.sort()
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.active)
+
+    def requests(self):
+        """Every request not finished: waiting, then active."""
+        return [*self.waiting, *self.active.values()]
+
+    # ------------------------------------------------------------------ steps
+    def schedule(self) -> StepPlan | None:
+        while self.waiting and self.free:
+            r = self.waiting.popleft()
+            r.slot, r.state, r.prefilled = self.free.pop(0), RequestState.PREFILLING, 0
+            self.active[r.id] = r
+        rows = []
+        for r in self.active.values():
+            if r.state is RequestState.RUNNING:
+                pos = len(r.prompt) + len(r.out) - 1
+                prev = r.out[-2] if len(r.out) > 1 else r.prompt[-1]
+                rows.append(DecodeRow(r.id, r.slot, pos, r.out[-1], prev, r.params))
+        rows.sort(key=lambda row: row.slot)
+        budget = self.caps.step_tokens
+        chunks: list[PrefillChunk] = []
+        for r in self.active.values():
+            if r.state is not RequestState.PREFILLING:
+                continue
+            start = r.prefilled
+            while start < len(r.prompt):
+                end = min(start - start % self.caps.chunk + self.caps.chunk, len(r.prompt))
+                if chunks and end - start > budget:
+                    break
+                chunks.append(PrefillChunk(r.id, r.slot, start, tuple(r.prompt[start:end]), end == len(r.prompt),
+                                           r.params))
+                budget -= end - start
+                start = end
+            if budget <= 0:
+                break
+        if not rows and not chunks:
+            return None
+        self.steps += 1
+        return StepPlan(self.steps, tuple(rows), tuple(chunks))
+
+    def update(self, plan: StepPlan, result: StepResult) -> list[Update]:
+        """Apply a step's result: new tokens, stops, lengths. Returns one Update per request
+        that got tokens or finished."""
+        out = []
+        for row, res in zip(plan.decode, result.decode):
+            r = self.active.get(row.request)
+            if r is not None:  # (aborted requests left between schedule and update)
+                out.append(self._append(r, res.tokens, res.logprobs))
+        for c, res in zip(plan.prefill, result.prefill):
+            r = self.active.get(c.request)
+            if r is None:
+                continue
+            r.prefilled = c.start + len(c.tokens)
+            if c.last:
+                r.state = RequestState.RUNNING
+                out.append(self._append(r, res.tokens, res.logprobs))
+        return out
+
+    def _append(self, r: SchedRequest, tokens, logprobs) -> Update:
+        caps, p = self.caps, r.params
+        reason = None
+        n = 0
+        for t in tokens:
+            r.out.append(t)
+            n += 1
+            if t in r.stops:
+                reason = FinishReason.STOP
+            elif len(r.out) >= p.max_new_tokens or len(r.prompt) + len(r.out) >= caps.max_context:
+                reason = FinishReason.LENGTH
+            if reason is not None:
+                break
+        if reason is not None:
+            self._release(r, reason)
+        lps = tuple(logprobs[:n]) if logprobs is not None else None
+        return Update(r.id, tuple(tokens[:n]), lps, reason)
