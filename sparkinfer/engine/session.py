@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sparkinfer.engine.engine import Engine, GenerationResult
+from sparkinfer.engine.core import GenerationResult
+from sparkinfer.engine.engine import Engine
 from sparkinfer.engine.sampling import SamplingParams
 
 __all__ = ["GenerateRequest", "ModelSession", "generate_on_rank"]

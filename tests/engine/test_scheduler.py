@@ -1,0 +1,166 @@
+"""The scheduler as pure policy: plans for given arrivals, with results faked.
+
+A fake model answers every decode row with one token (its position, so tokens are
+predictable) and every prompt's last chunk with its first token; stop tokens,
+lengths, aborts and the queue bound are driven from that.
+"""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sparkinfer.engine.plan import RowResult, StepResult
+from sparkinfer.engine.request import FinishReason, RequestState, SamplingParams
+from sparkinfer.engine.scheduler import SchedRequest, Scheduler, SchedulerCaps
+from sparkinfer.errors import CapacityError, EngineOverloaded, ShapeError
+
+
+def _fake(plan, spec_tokens: int = 1) -> StepResult:
+    """Decode row -> tokens position + 1 .. (spec_tokens of them); last chunk -> its end."""
+    dec = tuple(RowResult(tuple(r.position + 1 + j for j in range(spec_tokens))) for r in plan.decode)
+    pre = tuple(RowResult((c.start + len(c.tokens),) if c.last else ()) for c in plan.prefill)
+    return StepResult(plan.step, dec, pre)
+
+
+def _req(i, n, new=4, stops=()):
+    return SchedRequest(i, list(range(100, 100 + n)), SamplingParams(max_new_tokens=new), frozenset(stops))
+
+
+def _run(s: Scheduler, spec_tokens=1, limit=1000):
+    plans = []
+    while (plan := s.schedule()) is not None and limit:
+        plans.append(plan)
+        s.update(plan, _fake(plan, spec_tokens))
+        limit -= 1
+    return plans
+
+
+def test_fifo_admission_slot_reuse_and_tokens():
+    s = Scheduler(SchedulerCaps(slots=2, max_context=64, chunk=8, step_tokens=64))
+    reqs = [_req(i, 5 + i, new=3) for i in range(4)]
+    for r in reqs:
+        s.add(r)
+    plans = _run(s)
+    # the first two take slots 0 and 1, the next ones wait and reuse them in arrival order
+    first = {c.request: c.slot for p in plans for c in p.prefill}
+    assert first == {0: 0, 1: 1, 2: 0, 3: 1}
+    starts = [c.request for p in plans for c in p.prefill]
+    assert starts == sorted(starts), "admission is first come, first served"
+    for r in reqs:
+        assert r.state is RequestState.FINISHED and r.finish is FinishReason.LENGTH
+        n = len(r.prompt)
+        assert r.out == [n, n + 1, n + 2]  # first token from the prefill, then one per decode step
+    assert s.free == [0, 1] and not s.active
+
+
+def test_chunks_start_at_multiples_of_the_chunk_whatever_the_budget():
+    for budget in (1, 5, 8, 13, 100):
+        s = Scheduler(SchedulerCaps(slots=3, max_context=128, chunk=8, step_tokens=budget))
+        for i, n in enumerate((21, 3, 17)):
+            s.add(_req(i, n, new=2))
+        plans = _run(s)
+        chunks = [c for p in plans for c in p.prefill]
+        for c in chunks:
+            assert c.start % 8 == 0 and len(c.tokens) <= 8
+        for p in plans:  # the budget holds, except that one chunk always runs
+            tokens = sum(len(c.tokens) for c in p.prefill)
+            assert tokens <= budget or len(p.prefill) == 1
+        by_req = {}
+        for c in chunks:
+            by_req.setdefault(c.request, []).append((c.start, len(c.tokens), c.last))
+        assert by_req[0] == [(0, 8, False), (8, 8, False), (16, 5, True)]
+
+
+def test_decode_keeps_stepping_while_a_long_prompt_prefills():
+    s = Scheduler(SchedulerCaps(slots=2, max_context=512, chunk=16, step_tokens=16))
+    s.add(_req(0, 4, new=20))
+    s.update(p := s.schedule(), _fake(p))  # request 0 prefills and gets its first token
+    s.add(_req(1, 160, new=2))
+    plans = _run(s, limit=10)
+    assert all(len(p.decode) == 1 and p.decode[0].request == 0 for p in plans[:10])
+    assert [len(p.prefill) for p in plans[:10]] == [1] * 10  # 160 / 16 chunks, one a step
+
+
+def test_stops_and_context_limit():
+    s = Scheduler(SchedulerCaps(slots=2, max_context=12, chunk=8))
+    a = _req(0, 4, new=50, stops={6})      # tokens 4, 5, 6: stops at 6 (kept)
+    b = _req(1, 8, new=50)                 # context 12: tokens 8..11, then full
+    s.add(a)
+    s.add(b)
+    _run(s)
+    assert a.out == [4, 5, 6] and a.finish is FinishReason.STOP
+    assert b.out == [8, 9, 10, 11] and b.finish is FinishReason.LENGTH
+
+
+def test_speculative_results_are_cut_at_the_stop():
+    s = Scheduler(SchedulerCaps(slots=1, max_context=64, chunk=8, speculative=True))
+    r = _req(0, 4, new=50, stops={7})
+    s.add(r)
+    _run(s, spec_tokens=3)  # 4, then 5 6 7 in one round: the round's tokens after 7 are dropped
+    assert r.out == [4, 5, 6, 7] and r.finish is FinishReason.STOP
+
+
+def test_abort_frees_the_slot_for_the_next_step():
+    s = Scheduler(SchedulerCaps(slots=1, max_context=64, chunk=8))
+    s.add(_req(0, 4, new=50))
+    s.add(_req(1, 4, new=2))
+    s.update(p := s.schedule(), _fake(p))
+    assert s.abort(0).finish is FinishReason.ABORT
+    plan = s.schedule()
+    assert [c.request for c in plan.prefill] == [1] and plan.prefill[0].slot == 0 and not plan.decode
+    assert s.abort(0) is None and s.abort(99) is None  # unknown or finished: nothing
+
+
+def test_rejections():
+    s = Scheduler(SchedulerCaps(slots=1, max_context=10, max_waiting=1))
+    with pytest.raises(ShapeError, match="prompt is empty"):
+        s.add(_req(0, 0))
+    with pytest.raises(CapacityError, match="a prompt of 10 tokens .* at most 9"):
+        s.add(_req(0, 10))
+    s.add(_req(0, 3))  # takes the free slot at the next step
+    s.add(_req(1, 3))  # the one waiting place
+    with pytest.raises(EngineOverloaded, match="retry later") as e:
+        s.add(_req(2, 3))
+    assert e.value.retry_after_s > 0
+    with pytest.raises(ShapeError, match="slots=0"):
+        SchedulerCaps(slots=0, max_context=8)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 6), st.integers(1, 40), st.integers(1, 6), st.booleans()),
+                min_size=1, max_size=12),
+       st.integers(1, 3), st.integers(1, 50), st.integers(1, 4))
+def test_random_arrivals_every_request_finishes_in_order(arrivals, slots, budget, spec_tokens):
+    """Requests arrive at random steps (with random lengths, aborts): every one ends once,
+    slots are never shared, chunks start at multiples of C, admission keeps arrival order."""
+    s = Scheduler(SchedulerCaps(slots=slots, max_context=64, chunk=8, step_tokens=budget, max_waiting=100,
+                                speculative=spec_tokens > 1))
+    pending = sorted(enumerate(arrivals), key=lambda x: x[1][0])
+    reqs, admitted, step = {}, [], 0
+    while pending or s.has_work:
+        while pending and pending[0][1][0] <= step:
+            i, (_, n, new, abort) = pending.pop(0)
+            reqs[i] = _req(i, n, new)
+            s.add(reqs[i])
+            if abort and i % 2:
+                s.abort(i)
+        plan = s.schedule()
+        step += 1
+        if plan is None:
+            continue
+        slots_used = [r.slot for r in plan.decode] + [c.slot for c in plan.prefill]
+        owners = {}
+        for row in plan.decode:
+            owners.setdefault(row.slot, set()).add(row.request)
+        for c in plan.prefill:
+            owners.setdefault(c.slot, set()).add(c.request)
+            assert c.start % 8 == 0
+            if c.request not in admitted:
+                admitted.append(c.request)
+        assert all(len(o) == 1 for o in owners.values()) and max(slots_used) < slots
+        s.update(plan, _fake(plan, spec_tokens))
+        assert step < 2000
+    assert all(r.state is RequestState.FINISHED for r in reqs.values())
+    assert admitted == sorted(admitted, key=lambda i: (arrivals[i][0], i))
+    for r in reqs.values():
+        assert r.finish is FinishReason.ABORT or 1 <= len(r.out) <= r.params.max_new_tokens
