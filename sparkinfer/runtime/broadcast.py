@@ -41,13 +41,14 @@ Memory ordering: what this relies on.
   steps: writer: read tails | fence | payload, [seq, nbytes] | fence | head; reader: read head |
   fence | copy | fence | tail. Without it the protocol would be wrong there, not just slower.
 
-Waiting (`peers.Waiter`, the numbers are there): spin 50 us, then naps doubling from 50 us to
-1 ms, 5 ms after an idle second. Every wait is bounded and raises a typed error naming the
-peer: `RingTimeout` when a live peer did not move within timeout_s (a reader `slots` records
-behind, a reader that never attached, a writer with neither a record nor a heartbeat),
-`RingPeerGone` within 0.1 s of a peer's death (a zombie is dead; a recycled pid is told apart
-by its start time) or when a reader closed its end while records were left for it. A reader
-waits on an idle writer that calls heartbeat() indefinitely, at ~1% of a core.
+Waiting (`peers.Waiter`, with the measurements): 50 us of polls that yield the core, 50 us
+naps until 2 ms, naps doubling to 1 ms, then 5 ms naps after an idle second. Every wait is
+bounded and raises a typed error naming the peer: `RingTimeout` when a live peer did not move
+within timeout_s (a reader `slots` records behind, a reader that never attached, a writer with
+neither a record nor a heartbeat), `RingPeerGone` within 0.1 s of a peer's death (a zombie is
+dead; a recycled pid is told apart by its start time) or when a reader closed its end while
+records were left for it. A reader waits on an idle writer that calls heartbeat()
+indefinitely, at ~1% of a core.
 
 /dev/shm. The writer drops the name once every reader attached (wait_attached, publish or
 close), and so do the last reader to attach and a reader that finds the writer dead: a crash

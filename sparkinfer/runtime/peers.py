@@ -1,7 +1,7 @@
 """Waiting for other processes of this host, and telling whether they still live.
 
-- `Waiter`: spin briefly, then nap with a growing period: microseconds of latency while
-  a loop is busy, ~1% of a core while it idles.
+- `Waiter`: spin briefly, then nap, first short, then longer: microseconds of latency
+  while a loop is busy, ~1% of a core while it idles.
 - `process_start(pid)` / `process_alive(pid, start)`: a process is named by its pid and its
   start time, so a recycled pid is not taken for the process that died; a zombie is dead.
 - `memory_fence(machine)`: the full fence shared-memory protocols need on weakly ordered
@@ -22,17 +22,24 @@ from sparkinfer.errors import SetupError
 __all__ = ["Waiter", "process_start", "process_alive", "own_start", "machine", "memory_fence",
            "LIVENESS_NS"]
 
-# Spin, then nap. One poll (a memoryview word read and a clock read) costs ~0.13 us on this
-# 2-core VM, one nap ~75-90 us however short it is asked to be (time.sleep(0) and sleep(10 us)
-# measured 75 and 91 us: timer slack and the VM). Spinning about as long as one nap (50 us,
-# ~400 polls) gives a busy loop microsecond latency and costs at most twice the best choice on
-# any wait (the spin-then-block bound). Naps then double from 50 us to 1 ms, so a record that
-# arrives during a nap is late by at most the time already waited. After 1 s without progress
-# (an idle server) naps are 5 ms: one idle waiter then used 0.7% of a core here against 2.3%
-# with 1 ms naps (/proc/thread-self/schedstat over 2 s; 10 ms naps measured no lower), and the
-# first request after an idle second waits at most 5 ms longer.
+# Spin, then nap. One poll (a memoryview word read, a clock read) costs ~0.13 us on this
+# 2-core VM and os.sched_yield() ~0.7 us, while a nap costs 75-140 us however short it is
+# asked to be (sleep(0), sleep(10 us), sleep(50 us): 75, 91, 138 us; the kernel's 50 us timer
+# slack and the VM). So: poll for 50 us, about one nap's cost (the spin-then-block bound: at
+# most twice the best choice on any wait), yielding the core between polls, so that a peer
+# waiting for a CPU runs first. Then the shortest naps until the wait has lasted 2 ms: a rank
+# waits out the driver's scheduling between two steps (hundreds of us) in those, so it wakes
+# within one nap of its plan instead of within a doubled nap's. Then naps double to 1 ms, and
+# after 1 s without progress (an idle server) are 5 ms: one idle waiter then used 0.7% of a
+# core against 2.3% with 1 ms naps (/proc/thread-self/schedstat over 2 s; 10 ms measured no
+# lower), and the first request after an idle second waits at most 5 ms longer.
+# Measured, a ring round trip between two processes at load ~5 on the 2 shared cores, each
+# side busy 300 us per step (a driver's scheduling, a rank's step): 46-130 us of overhead
+# (median) with this scheme against 400-500 us with pure spinning then naps doubling from
+# 50 us; back to back 13-16 us against 6.5-320 us.
 SPIN_S = 50e-6
 NAP_MIN_S = 50e-6
+FLAT_S = 2e-3
 NAP_MAX_S = 1e-3
 DEEP_IDLE_S = 1.0
 DEEP_NAP_S = 5e-3
@@ -42,8 +49,8 @@ LIVENESS_NS = 100_000_000
 
 
 class Waiter:
-    """One wait: `pause()` spins for SPIN_S, then naps doubling from NAP_MIN_S to NAP_MAX_S,
-    then DEEP_NAP_S once the wait has lasted DEEP_IDLE_S."""
+    """One wait: `pause()` yields the core for SPIN_S, naps NAP_MIN_S until the wait has
+    lasted FLAT_S, then naps doubling to NAP_MAX_S, and DEEP_NAP_S after DEEP_IDLE_S."""
 
     __slots__ = ("start", "nap")
 
@@ -54,8 +61,12 @@ class Waiter:
         """Wait a little. False while spinning; True after a nap (time to look at the peers)."""
         waited = time.monotonic() - self.start
         if waited < SPIN_S:
+            os.sched_yield()
             return False
-        self.nap = DEEP_NAP_S if waited >= DEEP_IDLE_S else min(max(2 * self.nap, NAP_MIN_S), NAP_MAX_S)
+        if waited < FLAT_S:
+            self.nap = NAP_MIN_S
+        else:
+            self.nap = DEEP_NAP_S if waited >= DEEP_IDLE_S else min(2 * self.nap, NAP_MAX_S)
         time.sleep(self.nap)
         return True
 

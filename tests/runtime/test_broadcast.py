@@ -317,17 +317,20 @@ def test_the_fenced_path_of_weakly_ordered_cpus(monkeypatch):
     reader.close()
 
 
-def test_waiter_spins_then_naps_longer_up_to_the_deep_nap(monkeypatch):
-    clock, naps = [0.0], []
+def test_waiter_spins_then_naps_short_then_longer_up_to_the_deep_nap(monkeypatch):
+    clock, naps, yields = [0.0], [], []
     monkeypatch.setattr(peers.time, "monotonic", lambda: clock[0])
     monkeypatch.setattr(peers.time, "sleep", lambda s: (naps.append(s), clock.__setitem__(0, clock[0] + s)))
+    monkeypatch.setattr(peers.os, "sched_yield", lambda: yields.append(clock[0]))
     waiter = peers.Waiter()
     clock[0] = 40e-6
-    assert waiter.pause() is False and naps == []  # within the 50 us spin
+    assert waiter.pause() is False and naps == [] and yields == [40e-6]  # within the 50 us spin
     clock[0] = 60e-6
     while clock[0] < 1.0:
         assert waiter.pause() is True
-    assert naps[:6] == [50e-6, 100e-6, 200e-6, 400e-6, 800e-6, 1e-3] and set(naps[6:]) == {1e-3}
+    flat = round((2e-3 - 60e-6) / 50e-6)  # the shortest naps until 2 ms, then doubling
+    assert set(naps[:flat]) == {50e-6} and naps[flat:flat + 5] == [100e-6, 200e-6, 400e-6, 800e-6, 1e-3]
+    assert set(naps[flat + 4:]) == {1e-3}
     waiter.pause()
     assert naps[-1] == 5e-3  # an idle second: deep naps
 
