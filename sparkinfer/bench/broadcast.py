@@ -19,7 +19,7 @@ data movement alone: one copy in and one out of the record, in this process.
 
 Readers and the driver all spin while they wait (50 us, then nap): with more processes
 than cores they time-slice, and the numbers then measure the scheduler as much as the ring
-(rows carry `time_sliced`).
+(rows carry `time_sliced`, and the machine's 1-minute load average before and after the run).
 """
 
 from __future__ import annotations
@@ -192,7 +192,16 @@ def _cpu() -> dict:
     cores = os.cpu_count()
     return {"cpu": model, "cores": cores, "arch": platform.machine(), "python_impl": platform.python_implementation(),
             "note": f"CPU benchmark on a {cores}-core machine: rows with time_sliced=true ran more spinning "
-                    "processes (readers + the driver) than cores, so they time-slice"}
+                    "processes (readers + the driver) than cores, so they time-slice; other work on the machine "
+                    "time-slices with them too (load_avg_1m: before and after the run)"}
+
+
+def _load_avg() -> float | None:
+    """The 1-minute load average: other work on the machine time-slices with the readers too."""
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
 
 
 def main(args) -> int:
@@ -202,12 +211,13 @@ def main(args) -> int:
         args.steps, args.warmup = 30, 5
     meta = {**common.metadata(args), **_cpu()}
     out = args.out or common.default_out("broadcast", meta, 1, dry_run=args.dry_run)
-    rows = []
+    rows, load = [], [_load_avg()]
     with report.progress(total=len(readers) * len(sizes) * 3, label="broadcast") as advance:
         for n in readers:
             rows += _run_readers(n, sizes, args, advance)
+    load.append(_load_avg())
     for r in rows:
-        r["bench"], r["mode"] = "broadcast", "dry-run" if args.dry_run else "full"
+        r["bench"], r["mode"], r["load_avg_1m"] = "broadcast", "dry-run" if args.dry_run else "full", load
     path = common.append_rows(out, rows, meta)
     by = {(r["readers"], r["record_bytes"], r["transport"], r["exchange"]): r for r in rows}
 
