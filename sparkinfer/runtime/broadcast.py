@@ -103,7 +103,8 @@ def _as_bytes(data) -> memoryview:
 
 
 class BroadcastRing(seg.Segment):
-    """The writer's side; it owns the segment. Make one with `BroadcastRing.create`."""
+    """The writer's side; it owns the segment. Make one with `BroadcastRing.create` and use
+    it from one thread."""
 
     @classmethod
     def create(cls, name: str | None = None, *, readers: int, slots: int, record_bytes: int,
@@ -145,8 +146,8 @@ class BroadcastRing(seg.Segment):
         super().__init__(mm, handle, fence)
         self._head = 0  # records published
         self._free_until = handle.slots  # publishable before the tails must be read again
-        self._next_check_ns = 0  # when to look at a reader's process next
-        self._next_reader = 0  # whom publish looks at next
+        self._next_check_ns = 0  # when publish looks at a reader's process next
+        self._next_reader = 0  # and at whom
         self._unlinked = False
 
     @staticmethod
@@ -224,14 +225,14 @@ class BroadcastRing(seg.Segment):
         if self._closed:
             raise LifecycleError(f"wait_attached on ring {self.name!r} after close()")
         timeout = seg.timeout_s(timeout_s) if timeout_s is not None else self.handle.timeout_s
-        deadline, waiter = time.monotonic() + timeout, Waiter()
+        deadline, waiter, next_check = time.monotonic() + timeout, Waiter(), time.monotonic_ns() + LIVENESS_NS
         while True:
             missing = [i for i in range(self.readers) if self._q[self._rline(i) + seg.R_STATE] == seg.FREE]
             if not missing:
                 self._drop_name()
                 return
             if waiter.pause():
-                self._tick()
+                next_check = self._tick(next_check)
                 if time.monotonic() > deadline:
                     raise RingTimeout(f"ring {self.name!r}: reader(s) {missing} did not attach within {timeout:g} s; "
                                       "check that those processes started and call BroadcastRing.attach(handle, i)",
@@ -275,14 +276,17 @@ class BroadcastRing(seg.Segment):
                                f"{tail} of {self._head} records; close the ring and restart its readers",
                                reader=i, pid=pid)
 
-    def _tick(self) -> None:
-        """While waiting: heartbeat (waiting on readers is no stall of the writer's: keep the
-        others from blaming it), and every 100 ms look at every reader."""
+    def _tick(self, next_check: int) -> int:
+        """After each nap of a wait: heartbeat (waiting on readers is no stall of the writer's:
+        keep the others from blaming it), and look at every reader once `next_check` (ns) has
+        come, which is 100 ms into the wait and every 100 ms after: a busy loop's waits are
+        shorter and never pay the /proc reads. Returns the next `next_check`."""
         now = time.monotonic_ns()
         self._q[seg.BEAT] = now
-        if now >= self._next_check_ns:
-            self._next_check_ns = now + LIVENESS_NS
-            self.check_readers()
+        if now < next_check:
+            return next_check
+        self.check_readers()
+        return now + LIVENESS_NS
 
     def _drop_name(self) -> None:
         if not self._unlinked:
@@ -293,6 +297,7 @@ class BroadcastRing(seg.Segment):
         """Wait until every reader's tail is >= target."""
         timeout = seg.timeout_s(timeout_s) if timeout_s is not None else self.handle.timeout_s
         deadline, waiter, q = time.monotonic() + timeout, Waiter(), self._q
+        next_check = time.monotonic_ns() + LIVENESS_NS
         while True:
             tails = [q[self._rline(i) + seg.R_TAIL] for i in range(self.readers)]
             tail = min(tails)
@@ -301,7 +306,7 @@ class BroadcastRing(seg.Segment):
                 return
             if not waiter.pause():
                 continue
-            self._tick()
+            next_check = self._tick(next_check)
             if time.monotonic() > deadline:
                 i = tails.index(tail)
                 line = self._rline(i)

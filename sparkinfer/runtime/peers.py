@@ -7,7 +7,8 @@
 - `memory_fence(machine)`: the full fence shared-memory protocols need on weakly ordered
   CPUs (None on x86, whose stores and loads keep program order).
 
-Linux only (/proc). Used by the broadcast ring (`runtime/broadcast.py`).
+Linux only: /proc, with the peers' entries visible (one user, or no `hidepid` mount option;
+a hidden process reads as gone). Used by the broadcast ring (`runtime/broadcast.py`).
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ __all__ = ["RingReader"]
 
 
 class RingReader(seg.Segment):
-    """Reader `index` of a ring: `read()` returns every record once, in order."""
+    """Reader `index` of a ring: `read()` returns every record once, in order. Use it from
+    one thread."""
 
     @classmethod
     def attach(cls, handle: seg.RingHandle, reader_index: int) -> RingReader:
@@ -95,7 +96,9 @@ class RingReader(seg.Segment):
     def _wait(self, t: int, timeout_s) -> int:
         """The head word once it passed t or the writer closed."""
         timeout = seg.timeout_s(timeout_s) if timeout_s is not None else self.handle.timeout_s
-        q, waiter, next_check = self._q, Waiter(), 0
+        # the writer's process is looked up after 100 ms of waiting, not at once: a busy step
+        # loop's waits are shorter and never pay the /proc read
+        q, waiter, next_check = self._q, Waiter(), time.monotonic_ns() + LIVENESS_NS
         while True:
             w = q[seg.HEAD]
             if (w & seg.COUNT) > t or w & seg.SHUT:

@@ -6,8 +6,8 @@ outlives the setup, a crash included; bad arguments are refused with the value q
 
 Deadlines that must pass are 0.3-0.5 s and the waits that must not time out have 25x margins
 (2 loaded CI cores); a liveness test gives the ring 60 s, so a miss fails by its error type,
-not by a race. The file takes 6-8 s on the shared 2-core VM: 2.1 s of deliberate waits
-(deadlines, the idle writer) and five spawned processes."""
+not by a race. The file takes 6-9 s on the shared 2-core VM (load 5-9): 2.1 s of deliberate
+waits (deadlines, the idle writer) and four spawned processes."""
 
 from __future__ import annotations
 
@@ -138,26 +138,31 @@ def test_every_reader_gets_every_record_in_order_through_wrap_around(readers):
 
 
 def test_records_cross_processes_intact_and_in_order_with_results_back(spawn):
+    """Readers 0 and 1 are spawned processes (0 answers every record on its own ring), reader 2
+    is this one: spawning is most of this test's time (~0.8 s a process on loaded cores)."""
     out = CTX.Queue()
     ring = BroadcastRing.create(None, readers=3, slots=4, record_bytes=4096, timeout_s=60)
-    for i in range(3):
+    for i in range(2):
         spawn(_reader_main, ring.handle, i, out)
+    mine = BroadcastRing.attach(ring.handle, 2)
     answers = BroadcastRing.attach(out.get(timeout=60), 0)
     ring.wait_attached(timeout_s=60)
     assert not _shm(ring.name) and not _shm(answers.name)  # both names dropped once attached
-    records = _records(7, 400, 4096)
+    records = _records(7, 300, 4096)
     want = hashlib.sha256()
     for i, record in enumerate(records):
         ring.publish(record)
         want.update(len(record).to_bytes(4, "little") + record)
-        if i % 2:  # rank 0 answers every record; reading every other step keeps it <= 2 behind
+        assert mine.read() == record
+        if i % 2:  # reader 0 answers every record; reading every other step keeps it <= 2 behind
             for j in (i - 1, i):
                 assert answers.read() == (j + 1).to_bytes(8, "little") + hashlib.sha256(records[j]).digest()
     ring.close()
-    assert answers.read() is None
+    assert mine.read() is None and answers.read() is None
+    mine.close()
     answers.close()
-    done = sorted(out.get(timeout=60) for _ in range(3))
-    assert done == [(i, len(records), want.hexdigest()) for i in range(3)]
+    done = sorted(out.get(timeout=60) for _ in range(2))
+    assert done == [(i, len(records), want.hexdigest()) for i in range(2)]
 
 
 # --- deadlines and dead peers ---------------------------------------------------------------
