@@ -26,6 +26,9 @@ __all__ = [
     "PlanError",
     "EngineOverloaded",
     "EngineFailed",
+    "RingError",
+    "RingTimeout",
+    "RingPeerGone",
 ]
 
 
@@ -143,3 +146,23 @@ class EngineFailed(SparkInferError, RuntimeError):
     def __init__(self, message: str, *, rank: int | None = None):
         super().__init__(message)
         self.rank = rank
+
+
+class RingError(SparkInferError, RuntimeError):
+    """A peer of a shared-memory broadcast ring (`runtime/broadcast.py`) is gone or stalled.
+    `reader` is the reader's index, or None when the peer named is the writer; `pid` is
+    its process id (None for a reader that never attached)."""
+
+    def __init__(self, message: str, *, reader: int | None = None, pid: int | None = None):
+        super().__init__(message)
+        self.reader, self.pid = reader, pid
+
+
+class RingTimeout(RingError):
+    """A live ring peer did not move within the deadline: a reader `slots` records behind the
+    writer, a reader that never attached, or a writer with neither a record nor a heartbeat."""
+
+
+class RingPeerGone(RingError):
+    """A ring peer's process exited or was killed, or a reader closed its end while the
+    writer still had records for it."""

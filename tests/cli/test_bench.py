@@ -1,10 +1,11 @@
-"""`sparkinfer bench comm|fused|moe --dry-run` end to end on the CPU (tiny sizes, CPU
+"""`sparkinfer bench comm|fused|moe|broadcast --dry-run` end to end on the CPU (tiny sizes, CPU
 ranks through the Triton interpreter), so a GPU run never dies on a Python error,
 and the result rows carry their provenance without machine paths."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import pytest
@@ -143,3 +144,12 @@ def test_bench_decode_dry_run_on_two_ranks_with_dcp(tmp_path, capsys):
         assert len(r["us_per_rank"]) == 2 and r["us_per_step"] == max(r["us_per_rank"])
         assert r["argmax_agrees_hf"] and r["prefill_rel_err_vs_hf"] < 0.05, r
     assert "decode step (TP = 2, DCP = 2)" in capsys.readouterr().out
+
+
+def test_bench_broadcast_dry_run(tmp_path, capsys):
+    rows = _run(tmp_path, "broadcast")
+    assert {(r["readers"], r["transport"], r["exchange"]) for r in rows} == {
+        (n, t, x) for n in (1, 2) for t, x in (("ring", "broadcast"), ("ring", "round_trip"), ("pipe", "round_trip"))}
+    assert all(r["correct"] and r["steps"] == 30 and 0 < r["median_us"] <= r["p99_us"] for r in rows)
+    assert all(r["cores"] == os.cpu_count() and r["time_sliced"] == (r["readers"] + 1 > os.cpu_count()) for r in rows)
+    assert "wrong records: none" in capsys.readouterr().out
