@@ -145,11 +145,7 @@ class EngineCore:
         if plan is None:
             return False
         t1 = time.perf_counter()
-        try:
-            result = self.executor.execute(plan)
-        except BaseException as e:
-            self.fail(f"{type(e).__name__}: {e}")
-            raise
+        result = self.executor.execute(plan)  # a failure propagates: the caller fail()s with its best cause
         t2 = time.perf_counter()
         with self._lock:
             updates = self.sched.update(plan, result)

@@ -44,44 +44,69 @@ class GenerateRequest:
 
 
 class ModelSession:
-    """Communicator + decoder + engine of one rank. close() is collective."""
+    """Communicator + decoder + engine of one rank (+ the draft's, when speculative).
+    close() is collective."""
 
     def __init__(self, world, req: GenerateRequest, progress=None):
+        self._build(world, req.path, batch=max(1, len(req.prompts)), max_len=req.max_len, moe_format=req.moe_format,
+                    dcp=req.dcp, draft=req.draft, self_draft=req.self_draft, spec_k=req.spec_k, graphs=req.graphs,
+                    progress=progress)
+
+    @classmethod
+    def for_config(cls, world, cfg, max_context: int, progress=None) -> ModelSession:
+        """The session of a serving engine's rank (`EngineConfig`), holding requests of up
+        to max_context positions."""
+        self = cls.__new__(cls)
+        self._build(world, cfg.model, batch=cfg.max_batch, max_len=max_context, moe_format=cfg.moe_format,
+                    dcp=cfg.dcp, draft=cfg.draft, self_draft=cfg.self_draft, spec_k=cfg.spec_k, graphs=cfg.graphs,
+                    progress=progress, chunk=cfg.prefill_chunk)
+        return self
+
+    def _build(self, world, path, *, batch, max_len, moe_format, dcp, draft, self_draft, spec_k, graphs,
+               progress, chunk=None):
         from sparkinfer.models.build import PREFILL_CHUNK, build_decoder, comm_capacity
         from sparkinfer.models.config import load_spec
         from sparkinfer.models.weights import Sharding
 
         w = world.world_size
-        batch = max(1, len(req.prompts))
-        speculative = req.draft is not None or req.self_draft > 0
-        max_len = req.max_len + (req.spec_k + 2 if speculative else 0)
+        speculative = draft is not None or self_draft > 0
+        self.spec_k = spec_k if speculative else 0
+        max_len = max_len + (spec_k + 2 if speculative else 0)
+        tokens = max(chunk or PREFILL_CHUNK, batch * (spec_k + 1))
         self.comm = None
         if w > 1:
             from sparkinfer.comm import Communicator
 
-            spec = load_spec(req.path)
-            cap = comm_capacity(spec, w, batch, max(PREFILL_CHUNK, batch * (req.spec_k + 1)))
+            spec = load_spec(path)
+            cap = comm_capacity(spec, w, batch, tokens)
             channels = ("draft", "target") if speculative else ("target",)
             self.comm = Communicator(device=world.device, capacity_bytes=cap, channel_ids=channels)
-        sharding = Sharding(world.rank, w, req.dcp)
-        tokens = max(PREFILL_CHUNK, batch * (req.spec_k + 1))
-        self.decoder = build_decoder(req.path, sharding, comm=self.comm, device=world.device,
-                                     moe_format=req.moe_format, max_batch=batch, max_len=max_len,
+        sharding = Sharding(world.rank, w, dcp)
+        self.decoder = build_decoder(path, sharding, comm=self.comm, device=world.device,
+                                     moe_format=moe_format, max_batch=batch, max_len=max_len,
                                      max_tokens=tokens, progress=progress)
-        self.engine = Engine(self.decoder, max_batch=batch, comm=self.comm, graphs=req.graphs)
+        self.engine = Engine(self.decoder, max_batch=batch, comm=self.comm, graphs=graphs)
         self.speculative = None
         if speculative:
             from sparkinfer.engine.speculative import SpeculativeEngine
-            from sparkinfer.models.build import self_draft
+            from sparkinfer.models.build import self_draft as make_self_draft
 
-            if req.draft is not None:
-                draft = build_decoder(req.draft, sharding, comm=self.comm, device=world.device,
-                                      moe_format=req.moe_format, max_batch=batch, max_len=max_len,
-                                      max_tokens=tokens)
+            if draft is not None:
+                dft = build_decoder(draft, sharding, comm=self.comm, device=world.device,
+                                    moe_format=moe_format, max_batch=batch, max_len=max_len,
+                                    max_tokens=tokens)
             else:
-                draft = self_draft(self.decoder, req.self_draft, max_batch=batch, max_len=max_len)
-            draft_engine = Engine(draft, max_batch=batch, comm=self.comm, graphs=req.graphs, channel="draft")
-            self.speculative = SpeculativeEngine(self.engine, draft_engine, req.spec_k)
+                dft = make_self_draft(self.decoder, self_draft, max_batch=batch, max_len=max_len)
+            draft_engine = Engine(dft, max_batch=batch, comm=self.comm, graphs=graphs, channel="draft")
+            self.speculative = SpeculativeEngine(self.engine, draft_engine, spec_k)
+
+    def runner(self, *, keep_logits: bool = False):
+        """A ModelRunner over this session's engines (speculative when it has a draft)."""
+        from sparkinfer.engine.runner import ModelRunner
+
+        if self.speculative is None:
+            return ModelRunner(self.engine, keep_logits=keep_logits)
+        return ModelRunner(self.engine, self.speculative.draft, self.spec_k, keep_logits=keep_logits)
 
     def close(self) -> None:
         if self.comm is not None:
