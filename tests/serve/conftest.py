@@ -1,10 +1,10 @@
 """The server under test: a real uvicorn server on 127.0.0.1 (an ephemeral port), in
 a thread of the test process, over an engine fixture.
 
-`engine_under_test` is the swappable part: today the fake engine
-(`fake_engine.FakeEngine`); `ENGINES` lists the real engine on a tiny checkpoint at
-TP 1 and 2 as well, skipped until `sparkinfer.engine.serving` exists. Tests that
-need the fake's controls (pause, fail) take `FakeEngine` directly.
+`served` is the swappable part: a server over each engine of `ENGINES`, today the
+fake engine (`fake_engine.FakeEngine`), and the real engine on a tiny checkpoint at
+TP 1 and 2 once `sparkinfer.engine.serving` exists. Tests that need the fake's
+controls (pause, fail) take `fake_server`.
 
 Every wait is a bounded poll (`wait_until`), never a sleep standing in for an event;
 deadlines are generous because CI runs on two busy cores.
@@ -12,6 +12,7 @@ deadlines are generous because CI runs on two busy cores.
 
 from __future__ import annotations
 
+import importlib.util
 import threading
 import time
 
@@ -82,12 +83,12 @@ class LiveServer:
 
 
 def _tiny_engine(tp: int):
-    """The real engine on a tiny checkpoint on CPU ranks (skipped until it exists)."""
-    serving = pytest.importorskip("sparkinfer.engine.serving", reason="the serving engine is not on this branch yet")
+    """The real engine on a tiny checkpoint on CPU ranks."""
     import tempfile
     from pathlib import Path
 
     from sparkinfer.cli.demo import SEEDS
+    from sparkinfer.engine import serving
     from sparkinfer.engine.config import EngineConfig
     from sparkinfer.models.presets import make_checkpoint
 
@@ -104,9 +105,15 @@ ENGINES = {
 }
 
 
-@pytest.fixture(scope="module", params=[pytest.param("fake"),
-                                        pytest.param("tiny-tp1", marks=pytest.mark.slow),
-                                        pytest.param("tiny-tp2", marks=pytest.mark.slow)])
+def _engine_params() -> list:
+    """"fake", and the tiny real engines once `sparkinfer.engine.serving` exists (slow:
+    CPU ranks under the Triton interpreter)."""
+    if importlib.util.find_spec("sparkinfer.engine.serving") is None:
+        return ["fake"]
+    return ["fake", pytest.param("tiny-tp1", marks=pytest.mark.slow), pytest.param("tiny-tp2", marks=pytest.mark.slow)]
+
+
+@pytest.fixture(scope="module", params=_engine_params())
 def served(request):
     """A LiveServer over each engine in ENGINES, shared by a module's tests."""
     engine = ENGINES[request.param]()
