@@ -3,9 +3,7 @@ with in-flight requests finished and exit 0, a failed engine exits 2 naming the 
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
 import sys
 import types
 from pathlib import Path
@@ -13,9 +11,11 @@ from pathlib import Path
 import openai
 import pytest
 
+from sparkinfer.bench.serve_process import started_server
 from sparkinfer.cli import main
 from sparkinfer.engine.config import EngineConfig
-from tests.serve.conftest import DEADLINE_S
+from sparkinfer.errors import SetupError
+from tests.serve.conftest import DEADLINE_S, wait_until
 from tests.serve.fake_engine import FakeEngine
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,27 +69,23 @@ def test_draft_and_self_draft_exclude_each_other(capsys):
 
 
 def test_sigterm_finishes_in_flight_requests_closes_the_engine_and_exits_0():
-    """The real signal path: uvicorn in a process's main thread. A stream is in flight
-    when SIGTERM arrives; it completes with every token, then the process closes the
-    engine and exits 0."""
-    proc = subprocess.Popen([sys.executable, "-m", "tests.serve.fake_serve"], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    try:
-        line = proc.stdout.readline()  # "serving 'fake-model' on http://127.0.0.1:PORT/v1 (...)"
-        assert "serving" in line, line + proc.stderr.read()
-        url = line.split(" on ")[1].split()[0]
-        client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=DEADLINE_S)
+    """The real signal path: uvicorn in a process's main thread, started as `bench
+    serve` starts a server. A stream is in flight when SIGTERM arrives; it completes
+    with every token, then the process closes the engine and exits 0."""
+    with started_server([sys.executable, "-m", "tests.serve.fake_serve"], DEADLINE_S, cwd=ROOT) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=DEADLINE_S)
         stream = client.completions.create(model="fake-model", prompt="abc", max_tokens=300, stream=True,
                                            extra_body={"ignore_eos": True})  # 300 x 5 ms: in flight at SIGTERM
         chunks = [next(iter(stream))]
-        proc.send_signal(signal.SIGTERM)
+        server.proc.send_signal(signal.SIGTERM)
         chunks += list(stream)
-        out, err = proc.communicate(timeout=DEADLINE_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        assert server.proc.wait(timeout=DEADLINE_S) == 0
     assert "".join(c.choices[0].text for c in chunks) == "abc" * 100
     assert chunks[-1].choices[0].finish_reason == "length"
-    assert proc.returncode == 0, err
-    assert "fake engine closed" in out
+    wait_until(lambda: "fake engine closed\n" in server.output, "the engine's close to be printed")
+
+
+def test_a_server_that_exits_before_serving_is_a_setup_error():
+    with pytest.raises(SetupError, match="exited with status 3 before serving"), \
+            started_server([sys.executable, "-c", "print('loading'); raise SystemExit(3)"], DEADLINE_S):
+        pass
