@@ -15,8 +15,9 @@ engine does for the server: the bounded waiting queue (EngineOverloaded), stop
 strings (text held back while it may begin one, cut before it), stop ids, EOS,
 max_new_tokens and context length, logprobs, abort within a step, and failure
 (`fail(rank)`: every in-flight request ends with ERROR, stats turn unhealthy,
-submit raises EngineFailed). `pause()` / `resume()` hold the steps, so a test can
-fill the queue without racing the engine. Everything it saw is recorded:
+submit raises EngineFailed). `pause()` / `resume()` hold the tokens (requests are
+still admitted into free slots), so a test can fill the slots and the queue, or
+hold a request in flight, without racing the engine. Everything it saw is recorded:
 `submitted` (id, prompt, params) and `aborted` ids.
 """
 
@@ -149,7 +150,6 @@ class FakeEngine:
             self._running.clear()
             self._waiting.clear()
             self._lock.notify_all()
-        self._go.set()
         self._thread.join(timeout=10)
 
     # ------------------------------------------------------------ test controls
@@ -157,7 +157,9 @@ class FakeEngine:
         self._go.clear()
 
     def resume(self) -> None:
-        self._go.set()
+        with self._lock:
+            self._go.set()
+            self._lock.notify_all()
 
     def fail(self, rank: int) -> None:
         """A rank dies: every in-flight request ends with ERROR, the engine turns unhealthy."""
@@ -171,23 +173,28 @@ class FakeEngine:
     # ------------------------------------------------------------ the "model"
     def _loop(self) -> None:
         while True:
-            self._go.wait()
             with self._lock:
                 if self._closed:
                     return
-                if self._error is None and (self._running or self._waiting):
-                    self._step()
-                else:
-                    self._lock.wait(timeout=0.05)
+                busy = self._error is None and (self._running or self._waiting)
+                if busy:
+                    self._admit()
+                if not (busy and self._go.is_set()):
+                    self._lock.wait(timeout=0.01)
                     continue
+                self._step()
             time.sleep(self.step_s)  # the step's "compute", outside the lock
 
-    def _step(self) -> None:
-        self._steps += 1
+    def _admit(self) -> None:
+        """Waiting requests into free slots (also while paused, so a test can fill the
+        slots and then the queue without racing the steps)."""
         while self._waiting and len(self._running) < self.max_batch:
             live = self._waiting.popleft()
             live.handle.state = RequestState.RUNNING
             self._running[live.handle.request_id] = live
+
+    def _step(self) -> None:
+        self._steps += 1
         for rid, live in list(self._running.items()):
             reason = self._next_token(live)
             if reason is not None:

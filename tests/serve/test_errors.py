@@ -90,19 +90,19 @@ def test_chat_without_a_template_is_a_400(fake_server):
 
 @pytest.mark.fake_kwargs(max_batch=2, max_waiting=2, step_s=0.002)
 def test_overload_gets_429_with_retry_after_and_every_accepted_request_completes(fake_server):
-    """Two requests decode and two wait (the engine paused, so none finishes early); the
-    fifth is refused with 429 and Retry-After; all four accepted ones then complete with
-    every token they asked for."""
+    """Two requests hold the slots and two wait (the engine paused: admitted, no tokens
+    yet); the fifth is refused with 429 and Retry-After; then all four accepted ones
+    complete with every token they asked for."""
     engine, client = fake_server.engine, fake_server.openai()
 
     def ask(prompt: str):
         return client.completions.create(model="fake-model", prompt=prompt, max_tokens=40, temperature=0,
                                          extra_body={"ignore_eos": True})
 
+    engine.pause()
     with ThreadPoolExecutor(4) as pool:
         running = [pool.submit(ask, p) for p in ("first", "second")]
-        wait_until(lambda: engine.stats().running == 2, "two requests decoding")
-        engine.pause()
+        wait_until(lambda: engine.stats().running == 2, "two requests in the slots")
         waiting = [pool.submit(ask, p) for p in ("third", "fourth")]
         wait_until(lambda: engine.stats().waiting == 2, "two requests waiting")
         with pytest.raises(openai.RateLimitError) as e:

@@ -6,8 +6,10 @@ after the grace period."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
-import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -47,22 +49,24 @@ def test_streaming_client_disconnect_aborts_and_frees_the_slot(fake_server):
 
 @pytest.mark.fake_kwargs(**SLOW)
 def test_plain_client_disconnect_aborts_and_frees_the_slot(fake_server):
-    """No stream to notice the disconnect: the server watches the connection itself."""
+    """No stream to notice the disconnect: the server watches the connection itself.
+    The client (httpx, async) cancels its request once the engine runs it, which
+    closes the connection."""
     engine = fake_server.engine
-    gone = threading.Event()
 
-    def client():
-        try:  # the client gives up after 1 s of a 25-s request and closes its connection
-            httpx.post(f"{fake_server.url}/v1/completions", json=LONG, timeout=httpx.Timeout(DEADLINE_S, read=1.0))
-        except httpx.ReadTimeout:
-            gone.set()
+    async def client():
+        async with httpx.AsyncClient(base_url=fake_server.url, timeout=DEADLINE_S) as http:
+            post = asyncio.create_task(http.post("/v1/completions", json=LONG))
+            deadline = time.monotonic() + DEADLINE_S
+            while engine.stats().running != 1:
+                assert time.monotonic() < deadline and not post.done(), "the request never ran"
+                await asyncio.sleep(0.01)
+            post.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await post
 
-    t = threading.Thread(target=client)
-    t.start()
-    wait_until(lambda: engine.stats().running == 1, "the request to decode")
+    asyncio.run(client())
     rid = engine.submitted[-1][0]
-    t.join(DEADLINE_S)
-    assert gone.is_set()
     wait_until(lambda: rid in engine.aborted, "the engine to see the abort")
     wait_until(lambda: engine.stats().slots_used == 0 and not fake_server.state.in_flight, "the slot to be free")
 
@@ -127,22 +131,19 @@ def test_failed_engine_that_keeps_requests_health_503_then_server_ends_them():
 def test_stop_refuses_new_requests_and_lets_in_flight_ones_finish():
     engine = FakeEngine(step_s=0.002)
     live = LiveServer(engine)  # grace 10 s
-    client = live.openai()
-    with ThreadPoolExecutor(1) as pool:
-        running = pool.submit(lambda: client.completions.create(model="fake-model", prompt="abc", max_tokens=60,
-                                                                 stream=True, extra_body={"ignore_eos": True}))
-        stream = running.result(DEADLINE_S)
-        first = next(iter(stream))
-        engine.pause()  # hold the request in flight while the test looks at the stopping server
-        live.server.stop()
-        with live.http() as http:
-            wait_until(lambda: http.get("/health").status_code == 503, "/health to turn 503")
-            refused = http.post("/v1/completions", json={"model": "fake-model", "prompt": "x"})
-            assert refused.status_code == 503 and refused.json()["error"]["code"] == "shutting_down"
-        engine.resume()
-        rest = list(stream)
-    text = first.choices[0].text + "".join(c.choices[0].text for c in rest)
-    assert text == ("abc" * 20) and rest[-1].choices[0].finish_reason == "length"
+    engine.pause()  # the request is admitted but makes no tokens while the test looks at the stopping server
+    stream = live.openai().completions.create(model="fake-model", prompt="abc", max_tokens=60, stream=True,
+                                              extra_body={"ignore_eos": True})
+    wait_until(lambda: engine.stats().running == 1, "the request in its slot")
+    live.server.stop()
+    with live.http() as http:
+        wait_until(lambda: http.get("/health").status_code == 503, "/health to turn 503")
+        refused = http.post("/v1/completions", json={"model": "fake-model", "prompt": "x"})
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "shutting_down"
+    engine.resume()
+    chunks = list(stream)
+    assert "".join(c.choices[0].text for c in chunks) == "abc" * 20
+    assert chunks[-1].choices[0].finish_reason == "length"
     assert live.exited() and live.error is None
     engine.close()
 

@@ -57,14 +57,17 @@ def test_metrics_match_the_requests_sent(fake_server):
     assert m[("sparkinfer_engine_steps_total", ())] == fake_server.engine.stats().steps > 0
 
 
-@pytest.mark.fake_kwargs(step_s=0.005, max_context=8192)
+@pytest.mark.fake_kwargs(max_batch=1, max_context=8192)
 def test_gauges_follow_the_engine_while_requests_run(fake_server):
+    """One request in the slot, one waiting (the engine paused: no tokens, so nothing
+    finishes while the test scrapes)."""
     engine = fake_server.engine
     engine.pause()
-    with fake_server.http() as http, http.stream("POST", "/v1/completions", json={
-            "model": "fake-model", "prompt": "abc", "max_tokens": 1000, "ignore_eos": True, "stream": True}):
-        wait_until(lambda: engine.stats().waiting == 1, "the request to wait")
+    body = {"model": "fake-model", "prompt": "abc", "max_tokens": 1000, "ignore_eos": True, "stream": True}
+    with fake_server.http() as http, http.stream("POST", "/v1/completions", json=body), \
+            fake_server.http() as http2, http2.stream("POST", "/v1/completions", json=body):
+        wait_until(lambda: engine.stats().waiting == 1, "a request in the slot and one waiting")
         m = _scrape(fake_server)
-        assert m[("sparkinfer_requests_waiting", ())] == 1 and m[("sparkinfer_requests_in_flight", ())] == 1
+        assert (m[("sparkinfer_requests_running", ())], m[("sparkinfer_requests_waiting", ())],
+                m[("sparkinfer_cache_slots_used", ())], m[("sparkinfer_requests_in_flight", ())]) == (1, 1, 1, 2)
         engine.resume()
-        wait_until(lambda: _scrape(fake_server)[("sparkinfer_cache_slots_used", ())] == 1, "a slot in use")
