@@ -60,7 +60,9 @@ def add_arguments(p) -> None:
                    help=f"per level (default: max({MIN_REQUESTS}, 4 x concurrency))")
     p.add_argument("--warmup", type=int, default=None, help="unmeasured requests before each level "
                                                             "(default: the level's concurrency, at least 2)")
-    p.add_argument("--vocab", type=int, default=256, help="prompt token ids are drawn from [0, vocab)")
+    p.add_argument("--vocab", type=int, default=None,
+                   help="prompt token ids are drawn from [0, vocab) (default: --preset's vocabulary, else 256, "
+                        "which every checkpoint's vocabulary holds)")
     p.add_argument("--decode-results", default=None,
                    help="bench decode's rows to compare with (default benchmarks/results/decode_<machine>.json)")
     p.add_argument("--startup-timeout", type=float, default=1800.0, help="seconds for the server to load and answer")
@@ -82,6 +84,7 @@ def _server_command(args, levels, model: str | None) -> list[str]:
     cmd = [sys.executable, "-m", "sparkinfer.cli", "serve", *(["--demo"] if model is None else ["--model", model]),
            "--tp", str(args.tp), "--moe-format", args.moe_format, "--max-batch", str(batch),
            "--max-context", str(context), "--max-waiting", str(requests), "--port", "0", "--log-level", "warning"]
+    cmd += ["--served-model-name", args.preset] if args.preset else []
     return cmd + (["--backend", args.backend] if args.backend else [])
 
 
@@ -140,6 +143,10 @@ def main(args) -> int:
         args.url = args.model = args.preset = None
         args.backend, args.tp, args.concurrency, args.rate = "cpu", 1, "1,2", None
         args.input_len, args.output_len, args.num_requests, args.warmup = 8, 4, 4, 1
+    if args.vocab is None:
+        from sparkinfer.models.presets import preset_config
+
+        args.vocab = preset_config(args.preset)["vocab_size"] if args.preset else 256
     levels = _levels(args)
     meta = metadata(args)
     with contextlib.ExitStack() as stack:

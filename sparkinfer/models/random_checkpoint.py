@@ -66,6 +66,8 @@ def write_random_checkpoint(preset: str, path: str | os.PathLike, *, layers: int
             size = 0
         shards[-1][name] = t
         size += t.numel() * t.element_size()
+    if dev.type == "cuda":  # the caller (bench serve) keeps running beside the server that loads these
+        torch.cuda.empty_cache()
     weight_map, total = {}, 0
     for i, shard in enumerate(shards):
         file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
