@@ -165,9 +165,9 @@ def _validation_error(errors) -> APIError:
         return APIError(400, f"{_where(loc)} is required", param=field, code="missing_field")
     if field is None:
         return APIError(400, f"the body must be a JSON object: {e.get('msg')}", code="invalid_json")
-    same = [x for x in errors if [p for p in x.get("loc", ()) if p != "body"][:1] == [field]]
-    if len(same) > 1:  # a union (prompt: str | list[int]): every member's complaint
-        what = "; or ".join(f"{x.get('msg')} at {_where(x['loc'][1:])}" for x in same)
+    members = [x for x in errors if _union_member(x, field)]
+    if len(members) > 1:  # a union (prompt: str | list[int]): every member's complaint
+        what = "; or ".join(f"{x.get('msg')} at {_where(x['loc'][1:])}" for x in members)
         return APIError(400, f"{field}: no accepted type matched ({what}), got {_quote(e.get('input'))}",
                         param=field, code="invalid_value")
     msg = str(e.get("msg", "")).removeprefix("Value error, ")
@@ -176,7 +176,13 @@ def _validation_error(errors) -> APIError:
 
 
 # pydantic names a union's member in the error location ("prompt.list[int].0"): not a field
-_UNION_TAG = re.compile(r"^(str|int|float|bool|none|list\[.*\]|dict\[.*\]|[A-Z]\w*)$")
+_UNION_TAG = re.compile(r"^(str|int|float|bool|none|constrained-\w+|list\[.*\]|dict\[.*\]|[A-Z]\w*)$")
+
+
+def _union_member(error, field) -> bool:
+    """Whether pydantic reports `error` for one member of `field`'s union: ("body", field, tag, ...)."""
+    loc = [p for p in error.get("loc", ()) if p != "body"]
+    return len(loc) > 1 and loc[0] == field and isinstance(loc[1], str) and bool(_UNION_TAG.match(loc[1]))
 
 
 def _where(loc) -> str:

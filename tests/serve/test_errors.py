@@ -33,6 +33,7 @@ BAD = [
     ("completions", {"model": "MODEL", **OK, "top_p": 1.5}, "top_p", "invalid_value"),
     ("completions", {"model": "MODEL", "prompt": "hi", "max_tokens": "2"}, "max_tokens", "invalid_value"),
     ("completions", {"model": "MODEL", **OK, "temperature": "hot"}, "temperature", "invalid_value"),
+    ("completions", {"model": "MODEL", "prompt": ["hi"]}, "prompt", "invalid_value"),
     ("completions", {"model": "MODEL", **OK, "n": 2}, "n", "invalid_value"),
     ("completions", {"model": "MODEL", **OK, "logprobs": 6}, "logprobs", "invalid_value"),
     ("completions", {"model": "MODEL", **OK, "max_token": 5}, "max_token", "unknown_field"),
