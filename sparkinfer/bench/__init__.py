@@ -12,7 +12,7 @@ progress bar and summary tables through `report`, and a PNG through
 `report.save_plot`. `--dry-run` runs a tiny size on the CPU (CPU ranks with the
 Triton interpreter where the benchmark needs ranks).
 
-Modules: comm, fused, moe, attention, decode, broadcast (benchmarks); summarize (the docs tables from
+Modules: comm, fused, moe, attention, decode, broadcast, serve (benchmarks); summarize (the docs tables from
 benchmarks/results/); common, timing, collectives, report (shared helpers).
 Nothing is imported at package import.
 """

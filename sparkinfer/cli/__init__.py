@@ -1,4 +1,4 @@
-"""Command line: `sparkinfer demo | generate | bench | info`.
+"""Command line: `sparkinfer demo | generate | serve | bench | info`.
 
 Each subcommand lives in its own module with `add_parser(sub)`, which registers
 its arguments and sets `run(args) -> int`. Nothing heavy is imported until a
@@ -13,7 +13,7 @@ import sys
 
 __all__ = ["main"]
 
-_SUBCOMMANDS = ("demo", "generate", "bench", "info", "demo_comm")
+_SUBCOMMANDS = ("demo", "generate", "serve", "bench", "info", "demo_comm")
 
 
 def main(argv=None) -> int:

@@ -6,6 +6,7 @@
     sparkinfer bench attention --sweep     # decode attention and its split sweep on one GPU
     sparkinfer bench decode ...            # generation, tokens/s
     sparkinfer bench broadcast             # the step-plan ring to N rank processes and back (CPU)
+    sparkinfer bench serve ...             # the OpenAI server under load
     sparkinfer bench summarize             # the docs tables from benchmarks/results/
 
 Each name is a module `sparkinfer.bench.<name>` with `add_arguments(parser)` and
@@ -27,6 +28,7 @@ BENCHMARKS = {
     "attention": "decode attention against flash-attn and torch SDPA, GB/s of KV read (1 GPU)",
     "decode": "model generation: tokens/s per batch size",
     "broadcast": "the shared-memory step-plan ring to N rank processes and back, us per step (CPU)",
+    "serve": "the OpenAI server under load: TTFT, TPOT, ITL, throughput (any URL, or a server it starts)",
     "summarize": "print the docs' results tables from benchmarks/results/",
 }
 
@@ -49,8 +51,8 @@ def run(args) -> int:
 
 def add_parser(sub) -> None:
     lines = "\n".join(f"  {name:10s} {text}" for name, text in BENCHMARKS.items())
-    p = sub.add_parser("bench", help="run a benchmark (comm, fused, moe, attention, decode, broadcast) or summarize "
-                       "results",
+    p = sub.add_parser("bench", help="run a benchmark (comm, fused, moe, attention, decode, broadcast, serve) or "
+                       "summarize results",
                        description=f"benchmarks:\n{lines}\n\n`sparkinfer bench <name> --help` lists its options.",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("name", choices=tuple(BENCHMARKS), metavar="name", help=", ".join(BENCHMARKS))

@@ -182,6 +182,12 @@ def _fill(model, hidden: int, seed: int):
             t.copy_(vals.to(t.dtype))
 
 
+# The tiny checkpoints' chat template (`sparkinfer serve --demo`'s /v1/chat/completions):
+# "role: content" lines, then the assistant's turn opened.
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}assistant: {% endif %}")
+
+
 def _write_tokenizer(path: Path, max_len: int):
     """Byte-level BPE without merges: token id b is byte b; then <|bos|>, <|eos|>."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -196,7 +202,7 @@ def _write_tokenizer(path: Path, max_len: int):
     tok.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|bos|>",
-        "eos_token": "<|eos|>", "model_max_length": max_len}, indent=2))
+        "eos_token": "<|eos|>", "model_max_length": max_len, "chat_template": CHAT_TEMPLATE}, indent=2))
 
 
 def _bytes_to_unicode() -> dict[int, str]:

@@ -1,0 +1,179 @@
+"""Online serving through the OpenAI API: latency and throughput under load, beside
+the static decode step of `bench decode`.
+
+    sparkinfer bench serve --preset qwen3-30b-a3b --layers 8 [--tp 1] [--moe-format bf16]
+                           [--concurrency 1,8,32,64 | --rate 4,16 [--max-concurrency C]]
+                           [--input-len 512] [--output-len 128] [--num-requests N] [--decode-results PATH]
+    sparkinfer bench serve --model DIR ...              # `sparkinfer serve --model DIR` started here
+    sparkinfer bench serve --url http://host:8000 ...   # any OpenAI-compatible server already running
+    sparkinfer bench serve --dry-run                    # `sparkinfer serve --demo` on a CPU rank, tiny sizes
+
+With --preset (a realistic preset, random weights written to --checkpoint-dir by
+`models.random_checkpoint`, as `bench decode` draws them) or --model, the benchmark
+starts `sparkinfer serve` in a subprocess with room for the largest level (max batch,
+context, queue), waits for /health, and stops it with SIGTERM afterwards. Each level
+(a concurrency, or a Poisson rate) first sends `--warmup` requests that are not
+measured (graphs are captured on first use), then `--num-requests` streaming
+completions (`bench/serve_load.py`): TTFT, TPOT, ITL and E2E (mean, p50, p90, p99),
+request and token throughput. A row's `ok`: every request completed with exactly
+`--output-len` tokens. At a fixed concurrency C the row also carries `bench decode`'s
+static tokens/s at batch C for the same preset, layers, experts and context (the
+newest such row in --decode-results), and the ratio: what scheduling, prefill and
+HTTP cost against back-to-back decode steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import tempfile
+from pathlib import Path
+
+__all__ = ["add_arguments", "main"]
+
+# A level's default request count: enough for p99 to mean something at low
+# concurrency (64 requests), and four waves at high concurrency.
+MIN_REQUESTS = 64
+# The served context is rounded up to the engine's prefill chunk (EngineConfig.prefill_chunk, 256).
+CONTEXT_ROUND = 256
+
+
+def add_arguments(p) -> None:
+    target = p.add_mutually_exclusive_group()
+    target.add_argument("--url", help="an OpenAI-compatible server already running (http://host:port)")
+    target.add_argument("--model", help="a checkpoint directory: `sparkinfer serve --model` is started")
+    target.add_argument("--preset", help="a realistic preset with random weights (e.g. qwen3-30b-a3b)")
+    p.add_argument("--layers", type=int, default=8, help="decoder layers of --preset")
+    p.add_argument("--checkpoint-dir", default=None,
+                   help="where --preset's checkpoint is written (reused if it holds the same preset and layers); "
+                        "default: a temporary directory, removed afterwards")
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--moe-format", default="bf16", choices=("bf16", "nvfp4", "fp8_block"))
+    p.add_argument("--backend", default=None, choices=("auto", "cpu", "cuda", "cuda_shared"))
+    p.add_argument("--concurrency", default="1,8,32,64", help="fixed-concurrency levels")
+    p.add_argument("--rate", default=None, help="Poisson arrival rates (requests/s) instead of --concurrency")
+    p.add_argument("--max-concurrency", type=int, default=None, help="with --rate: requests in flight at most")
+    p.add_argument("--input-len", type=int, default=512)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--num-requests", type=int, default=None,
+                   help=f"per level (default: max({MIN_REQUESTS}, 4 x concurrency))")
+    p.add_argument("--warmup", type=int, default=None, help="unmeasured requests before each level "
+                                                            "(default: the level's concurrency, at least 2)")
+    p.add_argument("--vocab", type=int, default=None,
+                   help="prompt token ids are drawn from [0, vocab) (default: --preset's vocabulary, else 256, "
+                        "which every checkpoint's vocabulary holds)")
+    p.add_argument("--decode-results", default=None,
+                   help="bench decode's rows to compare with (default benchmarks/results/decode_<machine>.json)")
+    p.add_argument("--startup-timeout", type=float, default=1800.0, help="seconds for the server to load and answer")
+    p.add_argument("--out", default=None, help="default benchmarks/results/serve_<machine>.json")
+    p.add_argument("--dry-run", action="store_true", help="`sparkinfer serve --demo` on a CPU rank, tiny sizes")
+
+
+def _levels(args) -> list[tuple[int | None, float | None]]:
+    """(concurrency, rate) of each level."""
+    if args.rate:
+        return [(args.max_concurrency, float(r)) for r in args.rate.split(",")]
+    return [(int(c), None) for c in args.concurrency.split(",")]
+
+
+def _server_command(args, levels, model: str | None) -> list[str]:
+    batch = max((c or args.max_concurrency or 64) for c, _ in levels)
+    requests = args.num_requests or max(MIN_REQUESTS, 4 * batch)
+    context = -(-(args.input_len + args.output_len) // CONTEXT_ROUND) * CONTEXT_ROUND
+    cmd = [sys.executable, "-m", "sparkinfer.cli", "serve", *(["--demo"] if model is None else ["--model", model]),
+           "--tp", str(args.tp), "--moe-format", args.moe_format, "--max-batch", str(batch),
+           "--max-context", str(context), "--max-waiting", str(requests), "--port", "0", "--log-level", "warning"]
+    cmd += ["--served-model-name", args.preset] if args.preset else []
+    return cmd + (["--backend", args.backend] if args.backend else [])
+
+
+def _static_rows(args, meta) -> dict[int, dict]:
+    """bench decode's newest row per batch for this preset, layers, experts, TP and context."""
+    from sparkinfer.bench.common import default_out, load_rows
+
+    path = args.decode_results or default_out("decode", meta, args.tp, dry_run=False)
+    best: dict[int, dict] = {}
+    for r in load_rows(path):
+        if (r.get("bench"), r.get("impl"), r.get("preset"), r.get("layers"), r.get("experts"), r.get("context"),
+                r.get("tp", 1)) == ("decode", "sparkinfer", args.preset, args.layers, args.moe_format,
+                                    args.input_len, args.tp) and r.get("ok", True):
+            best[r["batch"]] = r  # the file is in run order: the last one wins
+    return best
+
+
+def _run_levels(args, url: str, model: str, levels, static, con) -> list[dict]:
+    from sparkinfer.bench.report import progress
+    from sparkinfer.bench.serve_load import LoadSpec, run_load, summarize
+
+    rows = []
+    for conc, rate in levels:
+        n = args.num_requests or max(MIN_REQUESTS, 4 * (conc or 16))
+        spec = LoadSpec(url=url, model=model, input_len=args.input_len, output_len=args.output_len, requests=n,
+                        concurrency=conc, rate=rate, vocab=args.vocab)
+        warm = args.warmup if args.warmup is not None else max(2, conc or 2)
+        if warm:
+            asyncio.run(run_load(LoadSpec(url=url, model=model, input_len=args.input_len,
+                                          output_len=min(args.output_len, 16), requests=warm,
+                                          concurrency=conc or warm, vocab=args.vocab, seed=1)))
+        label = f"C={conc}" if rate is None else f"rate={rate:g}/s"
+        with progress(total=n, label=label) as advance:
+            results, wall = asyncio.run(run_load(spec, on_done=lambda r: advance("ok" if r.ok else "failed")))
+        row = dict(bench="serve", target=args.url or args.model or args.preset or "demo", preset=args.preset,
+                   layers=args.layers if args.preset else None, tp=args.tp, experts=args.moe_format,
+                   model=model, **summarize(results, wall, spec))
+        if rate is None and conc in static:
+            s = static[conc]
+            tok_s = s.get("tokens_per_s") or conc / s["us_per_step"] * 1e6
+            row.update(static_tokens_per_s=tok_s, static_commit=s.get("commit"),
+                       serve_vs_static=row["output_tokens_per_s"] / tok_s)
+        rows.append(row)
+        for e in row["errors"]:
+            con.print(f"[red]  {label}: {e}")
+    return rows
+
+
+def main(args) -> int:
+    from sparkinfer.bench.common import append_rows, default_out, metadata
+    from sparkinfer.bench.report import console, fmt, print_table
+    from sparkinfer.bench.serve_load import served_model
+
+    con = console()
+    if args.dry_run:
+        args.url = args.model = args.preset = None
+        args.backend, args.tp, args.concurrency, args.rate = "cpu", 1, "1,2", None
+        args.input_len, args.output_len, args.num_requests, args.warmup = 8, 4, 4, 1
+    if args.vocab is None:
+        from sparkinfer.models.presets import preset_config
+
+        args.vocab = preset_config(args.preset)["vocab_size"] if args.preset else 256
+    levels = _levels(args)
+    meta = metadata(args)
+    with contextlib.ExitStack() as stack:
+        url = args.url
+        if url is None:
+            model_dir = args.model
+            if args.preset:
+                from sparkinfer.models.random_checkpoint import write_random_checkpoint
+
+                where = args.checkpoint_dir or stack.enter_context(tempfile.TemporaryDirectory(prefix="serve_ckpt_"))
+                with con.status(f"writing a random {args.preset} checkpoint of {args.layers} layers to {where}"):
+                    model_dir = str(write_random_checkpoint(args.preset, Path(where), layers=args.layers))
+            cmd = _server_command(args, levels, model_dir)
+            con.print("starting: " + " ".join(cmd[1:]))
+            from sparkinfer.bench.serve_process import started_server
+
+            url = stack.enter_context(started_server(cmd, args.startup_timeout, con.print)).url
+        model = served_model(url)
+        rows = _run_levels(args, url, model, levels, _static_rows(args, meta) if args.preset else {}, con)
+    print_table(f"serving {model}: {args.input_len}-token prompts, {args.output_len}-token outputs (ms)",
+                ["level", "done", "req/s", "out tok/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "ITL p50",
+                 "ITL p90", "ITL p99", "static tok/s", "serve/static", "ok"],
+                [[f"C={r['concurrency']}" if r["rate"] is None else f"{r['rate']:g}/s", r["completed"],
+                  fmt(r["request_throughput"]), fmt(r["output_tokens_per_s"], 1), fmt(r["ttft_ms_p50"], 1),
+                  fmt(r["ttft_ms_p99"], 1), fmt(r["tpot_ms_p50"], 2), fmt(r["tpot_ms_p99"], 2),
+                  fmt(r["itl_ms_p50"], 2), fmt(r["itl_ms_p90"], 2), fmt(r["itl_ms_p99"], 2),
+                  fmt(r.get("static_tokens_per_s"), 0), fmt(r.get("serve_vs_static")), r["ok"]] for r in rows])
+    out = args.out or default_out("serve", meta, args.tp, dry_run=args.dry_run)
+    con.print(f"rows -> {append_rows(out, rows, meta)}")
+    return 0 if all(r["ok"] for r in rows) else 1

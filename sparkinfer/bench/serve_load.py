@@ -1,0 +1,172 @@
+"""The load generator of `bench serve`: streaming completions against any
+OpenAI-compatible server, at a fixed concurrency or with Poisson arrivals.
+
+    spec = LoadSpec(url="http://127.0.0.1:8000", model="m", input_len=512, output_len=128,
+                    requests=64, concurrency=8)
+    results, wall_s = asyncio.run(run_load(spec))
+    row = summarize(results, wall_s, spec)        # TTFT, TPOT, ITL p50/p90/p99, throughputs
+
+Each request is a POST /v1/completions of `input_len` random token ids (so its
+length is exact whatever the tokenizer, and no two prompts share a prefix) asking
+for `output_len` tokens greedily with `ignore_eos` (so every output has that
+length), streamed with usage. Times are the client's: TTFT from sending the request
+to the first chunk carrying tokens; ITL the gaps between such chunks (one chunk per
+engine output: a speculative round's tokens arrive together); TPOT (e2e - TTFT) /
+(output tokens - 1) per request; E2E sending to the last byte.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from dataclasses import dataclass, field
+
+__all__ = ["LoadSpec", "RequestResult", "run_load", "summarize", "served_model"]
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """url: the server's base URL (http://host:port); model: the name to send.
+    input_len / output_len: tokens per prompt and per output. requests: how many.
+    concurrency: requests in flight at most (None: unbounded, with `rate`). rate:
+    Poisson arrivals per second (None: as fast as `concurrency` allows). vocab:
+    prompt ids are drawn from [0, vocab). seed: prompts and arrival times.
+    timeout_s: one request's limit."""
+
+    url: str
+    model: str
+    input_len: int
+    output_len: int
+    requests: int
+    concurrency: int | None = None
+    rate: float | None = None
+    vocab: int = 256
+    seed: int = 0
+    timeout_s: float = 600.0
+
+
+@dataclass
+class RequestResult:
+    """One request as the client saw it; times in seconds from its sending."""
+
+    ok: bool = False
+    error: str | None = None
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    ttft_s: float | None = None
+    e2e_s: float = 0.0
+    itl_s: list[float] = field(default_factory=list)
+
+
+def prompts(spec: LoadSpec) -> list[list[int]]:
+    rng = random.Random(spec.seed)
+    return [[rng.randrange(spec.vocab) for _ in range(spec.input_len)] for _ in range(spec.requests)]
+
+
+async def _one(client, spec: LoadSpec, prompt: list[int]) -> RequestResult:
+    res = RequestResult(prompt_tokens=len(prompt))
+    body = {"model": spec.model, "prompt": prompt, "max_tokens": spec.output_len, "temperature": 0,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    t0 = last = time.perf_counter()
+    chunks = 0
+    try:
+        async with client.stream("POST", "/v1/completions", json=body) as r:
+            if r.status_code != 200:
+                res.error = f"HTTP {r.status_code}: {(await r.aread()).decode(errors='replace')[:300]}"
+                return res
+            async for line in r.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line[len("data: "):]
+                if data.strip() == "[DONE]":
+                    break
+                event = json.loads(data)
+                if "error" in event:
+                    res.error = str(event["error"].get("message", event["error"]))[:300]
+                    return res
+                now = time.perf_counter()
+                if event.get("choices"):
+                    chunks += 1
+                    if res.ttft_s is None:
+                        res.ttft_s = now - t0
+                    else:
+                        res.itl_s.append(now - last)
+                    last = now
+                if event.get("usage"):
+                    res.output_tokens = int(event["usage"]["completion_tokens"])
+                    res.prompt_tokens = int(event["usage"]["prompt_tokens"])
+    except Exception as e:  # noqa: BLE001 - a failed request is a result, the run goes on
+        res.error = f"{type(e).__name__}: {e}"[:300]
+        return res
+    res.e2e_s = time.perf_counter() - t0
+    res.output_tokens = res.output_tokens or chunks  # a server that sends no usage: one token per chunk
+    res.ok = res.ttft_s is not None
+    return res
+
+
+async def run_load(spec: LoadSpec, on_done=None) -> tuple[list[RequestResult], float]:
+    """(every request's result in sending order, wall seconds from the first sending to
+    the last completion). on_done(result) after each request."""
+    import httpx
+
+    limit = spec.concurrency or spec.requests
+    sem = asyncio.Semaphore(limit)
+    rng = random.Random(spec.seed + 1)
+    timeout = httpx.Timeout(spec.timeout_s, connect=60.0)
+    limits = httpx.Limits(max_connections=limit, max_keepalive_connections=limit)
+    async with httpx.AsyncClient(base_url=spec.url, timeout=timeout, limits=limits) as client:
+
+        async def bounded(prompt):
+            async with sem:
+                res = await _one(client, spec, prompt)
+            if on_done is not None:
+                on_done(res)
+            return res
+
+        t0 = time.perf_counter()
+        tasks = []
+        for prompt in prompts(spec):
+            tasks.append(asyncio.create_task(bounded(prompt)))
+            if spec.rate:
+                await asyncio.sleep(rng.expovariate(spec.rate))
+        results = await asyncio.gather(*tasks)
+        return list(results), time.perf_counter() - t0
+
+
+def served_model(url: str, timeout_s: float = 30.0) -> str:
+    """The first model a server lists at GET /v1/models."""
+    import httpx
+
+    r = httpx.get(f"{url}/v1/models", timeout=timeout_s)
+    r.raise_for_status()
+    return r.json()["data"][0]["id"]
+
+
+def _pcts(values: list[float], name: str) -> dict:
+    """{name_mean, name_p50, name_p90, name_p99} in milliseconds (None when empty)."""
+    import numpy as np
+
+    if not values:
+        return {f"{name}_{k}": None for k in ("mean", "p50", "p90", "p99")}
+    ms = np.asarray(values) * 1e3
+    return {f"{name}_mean": float(ms.mean()), **{f"{name}_p{q}": float(np.percentile(ms, q)) for q in (50, 90, 99)}}
+
+
+def summarize(results: list[RequestResult], wall_s: float, spec: LoadSpec) -> dict:
+    """One result row: counts, throughputs, and TTFT, TPOT, ITL, E2E statistics (ms).
+    ok: every request completed with exactly output_len tokens."""
+    done = [r for r in results if r.ok]
+    out_tokens = sum(r.output_tokens for r in done)
+    tpot = [(r.e2e_s - r.ttft_s) / (r.output_tokens - 1) for r in done if r.output_tokens > 1]
+    errors = sorted({r.error for r in results if r.error})
+    return dict(
+        input_len=spec.input_len, output_len=spec.output_len, concurrency=spec.concurrency, rate=spec.rate,
+        num_requests=len(results), completed=len(done), failed=len(results) - len(done), duration_s=wall_s,
+        request_throughput=len(done) / wall_s, output_tokens_per_s=out_tokens / wall_s,
+        total_tokens_per_s=(out_tokens + sum(r.prompt_tokens for r in done)) / wall_s,
+        **_pcts([r.ttft_s for r in done], "ttft_ms"), **_pcts(tpot, "tpot_ms"),
+        **_pcts([g for r in done for g in r.itl_s], "itl_ms"), **_pcts([r.e2e_s for r in done], "e2e_ms"),
+        errors=errors[:5],
+        ok=len(done) == len(results) and all(r.output_tokens == spec.output_len for r in done))

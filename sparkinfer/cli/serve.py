@@ -1,0 +1,116 @@
+"""`sparkinfer serve`: a checkpoint on N ranks behind an OpenAI-compatible HTTP API.
+
+    sparkinfer serve --model DIR [--tp 2] [--dcp 2] [--moe-format bf16|nvfp4|fp8_block]
+                     [--draft DIR | --self-draft L --spec-k K] [--max-batch B] [--max-context T]
+                     [--max-waiting N] [--host H] [--port P] [--backend auto|cpu|cuda|cuda_shared]
+                     [--timeout S] [--served-model-name NAME] [--grace S]
+    sparkinfer serve --demo [--preset qwen3_moe-tiny] [--tp 2]    # a tiny random checkpoint, no GPU needed
+
+Then point any OpenAI client at it:
+
+    curl localhost:8000/v1/completions -H 'Content-Type: application/json' \\
+         -d '{"model": "qwen3_moe-tiny", "prompt": "hello", "max_tokens": 8}'
+
+The engine starts first (every rank loads and captures), then uvicorn serves in
+this process's main thread. SIGINT/SIGTERM: stop admitting, let in-flight requests
+finish for `--grace` seconds, abort the rest, close the ranks, exit 0. A rank that
+dies: in-flight requests end with errors and the command exits non-zero naming it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import tempfile
+from pathlib import Path
+
+__all__ = ["add_parser", "engine_config", "serve_engine"]
+
+# argparse dest -> EngineConfig field, for flags that map one to one (None: the engine's default)
+_ENGINE_FIELDS = {"tp": "tp", "dcp": "dcp", "moe_format": "moe_format", "draft": "draft",
+                  "self_draft": "self_draft", "spec_k": "spec_k", "max_batch": "max_batch",
+                  "max_context": "max_context", "max_waiting": "max_waiting", "backend": "backend",
+                  "timeout": "timeout_s", "served_model_name": "name"}
+
+
+def engine_config(args, model: str):
+    """The EngineConfig of the parsed flags; unset flags keep EngineConfig's defaults."""
+    from sparkinfer.engine.config import EngineConfig
+
+    given = {field: getattr(args, dest) for dest, field in _ENGINE_FIELDS.items() if getattr(args, dest) is not None}
+    return EngineConfig(model=model, **given)
+
+
+def serve_engine(engine, options) -> int:
+    """Serve `engine` until a signal stops the server (0) or the engine fails
+    (EngineFailed: the command prints it and exits 2); close the engine either way."""
+    from sparkinfer.serve.server import OpenAIServer
+
+    try:
+        OpenAIServer(engine, options).run(announce=lambda line: print(line, flush=True))
+    finally:
+        engine.close()
+    return 0
+
+
+def _options(args):
+    from sparkinfer.serve.server import ServeOptions
+    from sparkinfer.serve.state import ServerLimits
+
+    return ServeOptions(host=args.host, port=args.port, limits=ServerLimits(grace_s=args.grace),
+                        log_level=args.log_level, access_log=args.log_level in ("debug", "info"))
+
+
+def run(args) -> int:
+    with contextlib.ExitStack() as stack:
+        model = args.model
+        if args.demo:
+            from sparkinfer.cli.demo import SEEDS
+            from sparkinfer.models.presets import TINY_PRESETS, make_checkpoint
+
+            if args.preset not in TINY_PRESETS:
+                print(f"sparkinfer serve: unknown preset {args.preset!r}; choose one of {sorted(TINY_PRESETS)}",
+                      file=sys.stderr)
+                return 2
+            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sparkinfer_serve_demo_")))
+            model = str(make_checkpoint(args.preset, tmp / args.preset, seed=SEEDS.get(args.preset, 0)))
+            print(f"wrote a tiny random {args.preset} checkpoint (transformers save_pretrained) to {model}")
+        config = engine_config(args, model)
+        try:
+            from sparkinfer.engine.serving import ServingEngine
+        except ImportError as e:
+            print(f"sparkinfer serve: this version of sparkinfer has no serving engine ({e})", file=sys.stderr)
+            return 2
+        print(f"starting the engine: {config.tp} rank(s), backend {config.backend}, {config.model}", flush=True)
+        engine = ServingEngine.launch(config)  # EngineFailed / SetupError: one line (cli.main)
+        return serve_engine(engine, _options(args))
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("serve", help="serve a checkpoint over an OpenAI-compatible HTTP API",
+                       description=__doc__.split("\n\n")[0])
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--model", help="checkpoint directory (config.json, *.safetensors, tokenizer files)")
+    what.add_argument("--demo", action="store_true", help="write a tiny random checkpoint and serve it")
+    p.add_argument("--preset", default="qwen3_moe-tiny", help="--demo's tiny preset")
+    p.add_argument("--tp", type=int, default=None, help="tensor-parallel ranks (default 1)")
+    p.add_argument("--dcp", type=int, default=None, help="1, or --tp to split the KV cache over the ranks")
+    p.add_argument("--moe-format", default=None, choices=("bf16", "nvfp4", "fp8_block"))
+    draft = p.add_mutually_exclusive_group()
+    draft.add_argument("--draft", default=None, help="draft checkpoint directory (same tokenizer)")
+    draft.add_argument("--self-draft", type=int, default=None, metavar="L", help="the first L layers as the draft")
+    p.add_argument("--spec-k", type=int, default=None, metavar="K", help="draft tokens per speculative round")
+    p.add_argument("--max-batch", type=int, default=None, help="requests decoding at once (cache slots)")
+    p.add_argument("--max-context", type=int, default=None, help="cache positions per request (prompt + new tokens)")
+    p.add_argument("--max-waiting", type=int, default=None,
+                   help="requests queued for a slot before new ones get 429")
+    p.add_argument("--backend", default=None, choices=("auto", "cpu", "cuda", "cuda_shared"))
+    p.add_argument("--timeout", type=float, default=None, metavar="S",
+                   help="seconds a rank may stall before the engine fails and names it")
+    p.add_argument("--served-model-name", default=None, help="the model name clients send (default: the directory's)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    p.add_argument("--port", type=int, default=8000, help="port (0: any free port; the URL is printed)")
+    p.add_argument("--grace", type=float, default=30.0, metavar="S",
+                   help="on SIGINT/SIGTERM, seconds in-flight requests may finish before they are aborted")
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    p.set_defaults(run=run)

@@ -1,0 +1,213 @@
+"""Completions and chat completions: a request becomes an engine call, its outputs
+become a response or a stream of server-sent events.
+
+    tracker = start_completion(state, req)          # validate, tokenize, submit (APIError on refusal)
+    events = completion_events(state, tracker, req)  # async generator of "data: {...}\\n\\n" ... "data: [DONE]\\n\\n"
+    body = await completion_response(state, tracker, req)
+
+Text, stop strings, finish reasons, logprobs and token counts come from the engine
+(`RequestOutput`); this module only maps them to OpenAI's fields. A request the
+engine ended with an error (a rank died) or aborted (the server is stopping) ends a
+stream with an error event and a whole response with a 500 or 503.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+from pydantic import BaseModel
+
+from sparkinfer.engine.request import FinishReason, RequestOutput
+from sparkinfer.models.tokenizer import ChatTemplateError
+from sparkinfer.serve.protocol import (
+    APIError,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatDelta,
+    ChatLogprobs,
+    ChatResponseMessage,
+    ChatTokenLogprob,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+    TopLogprob,
+    Usage,
+    sampling_params,
+)
+from sparkinfer.serve.state import ServerState, Tracker
+
+__all__ = ["start_completion", "start_chat", "completion_events", "completion_response", "chat_events",
+           "chat_response", "sse", "DONE"]
+
+DONE = "data: [DONE]\n\n"
+# OpenAI reports a log-probability too small to print as -9999 (JSON has no -inf).
+MIN_LOGPROB = -9999.0
+
+
+def sse(payload: BaseModel) -> str:
+    return f"data: {payload.model_dump_json()}\n\n"
+
+
+# ---------------------------------------------------------------------------- requests in
+def _check_model(state: ServerState, name: str) -> None:
+    if name != state.engine.model_name:
+        raise APIError(400, f"model {name!r} is not served here; this server serves {state.engine.model_name!r} "
+                            "(GET /v1/models)", param="model", code="model_not_found")
+
+
+def start_completion(state: ServerState, req: CompletionRequest) -> Tracker:
+    """Check the model, tokenize a text prompt, map the sampling fields, submit."""
+    state.check_admitting()
+    _check_model(state, req.model)
+    if isinstance(req.prompt, str):
+        if state.engine.tokenizer is None:
+            raise APIError(400, "this model has no tokenizer: send the prompt as a list of token ids", param="prompt")
+        prompt = list(state.engine.tokenizer.encode(req.prompt))
+    else:
+        prompt = list(req.prompt)
+    if not prompt:
+        raise APIError(400, "the prompt is empty", param="prompt")
+    params = sampling_params(req, prompt_len=len(prompt), max_context=state.engine.max_context)
+    return state.submit(prompt, params)
+
+
+def start_chat(state: ServerState, req: ChatCompletionRequest) -> Tracker:
+    """Check the model, apply the checkpoint's chat template, map the sampling fields, submit."""
+    state.check_admitting()
+    _check_model(state, req.model)
+    tok = state.engine.tokenizer
+    if tok is None:
+        raise APIError(400, "this model has no tokenizer, so no chat template: use /v1/completions with token ids",
+                       param="messages", code="chat_template_missing")
+    try:
+        prompt = list(tok.apply_chat_template([m.template_dict() for m in req.messages]))
+    except ChatTemplateError as e:
+        raise APIError(400, str(e), param="messages", code="chat_template_error") from None
+    params = sampling_params(req, prompt_len=len(prompt), max_context=state.engine.max_context)
+    return state.submit(prompt, params, prompt_field="messages")
+
+
+# ---------------------------------------------------------------------------- outputs out
+def _failure(state: ServerState, out: RequestOutput) -> APIError | None:
+    """The error a finished output stands for: ERROR (or ABORT after the engine failed:
+    the server ended what the engine left) 500; ABORT 503 (the server is stopping);
+    None otherwise."""
+    failed = out.finish_reason is FinishReason.ABORT and state.failure is not None
+    if out.finish_reason is FinishReason.ERROR or failed:
+        why = out.error or state.failure or "no detail"
+        return APIError(500, f"the engine failed while generating: {why}", type="server_error",
+                        code="engine_failed", refused=False)
+    if out.finish_reason is FinishReason.ABORT:
+        return APIError(503, "the request was aborted: the server is shutting down", type="service_unavailable",
+                        code="aborted", refused=False)
+    return None
+
+
+def _reason(out: RequestOutput) -> str | None:
+    return out.finish_reason.value if out.finished else None
+
+
+def _token_text(tok, token_id: int) -> str:
+    return tok.decode([token_id]) if tok is not None else f"token_id:{token_id}"
+
+
+def _completion_logprobs(tok, outs: list[RequestOutput], offset: int) -> CompletionLogprobs:
+    """Logprobs of `outs`' tokens; text offsets count from `offset` characters."""
+    lp = CompletionLogprobs()
+    for out in outs:
+        for t in out.logprobs or ():
+            text = _token_text(tok, t.token_id)
+            lp.tokens.append(text)
+            lp.token_logprobs.append(max(t.logprob, MIN_LOGPROB))
+            lp.top_logprobs.append({_token_text(tok, i): max(v, MIN_LOGPROB) for i, v in t.top})
+            lp.text_offset.append(offset)
+            offset += len(text)
+    return lp
+
+
+def _chat_logprobs(tok, outs: list[RequestOutput]) -> ChatLogprobs:
+    def entry(cls, token_id, logprob, **kw):
+        text = _token_text(tok, token_id)
+        return cls(token=text, logprob=max(logprob, MIN_LOGPROB), bytes=list(text.encode()), **kw)
+
+    return ChatLogprobs(content=[
+        entry(ChatTokenLogprob, t.token_id, t.logprob, top_logprobs=[entry(TopLogprob, i, v) for i, v in t.top])
+        for out in outs for t in out.logprobs or ()])
+
+
+def _usage(out: RequestOutput) -> Usage:
+    return Usage.of(out.prompt_tokens, out.completion_tokens)
+
+
+async def _all_outputs(tracker: Tracker) -> list[RequestOutput]:
+    async with contextlib.aclosing(tracker.outputs()) as outs:
+        return [out async for out in outs]
+
+
+async def completion_response(state: ServerState, tracker: Tracker, req: CompletionRequest) -> CompletionResponse:
+    outs = await _all_outputs(tracker)
+    last = outs[-1]
+    if (err := _failure(state, last)) is not None:
+        raise err
+    tok = state.engine.tokenizer
+    choice = CompletionChoice(text="".join(o.text for o in outs), finish_reason=_reason(last),
+                              logprobs=_completion_logprobs(tok, outs, 0) if req.logprobs is not None else None)
+    return CompletionResponse(id=f"cmpl-{tracker.request_id}", model=req.model, choices=[choice], usage=_usage(last))
+
+
+async def chat_response(state: ServerState, tracker: Tracker, req: ChatCompletionRequest) -> ChatCompletionResponse:
+    outs = await _all_outputs(tracker)
+    last = outs[-1]
+    if (err := _failure(state, last)) is not None:
+        raise err
+    choice = ChatChoice(message=ChatResponseMessage(content="".join(o.text for o in outs)), finish_reason=_reason(last),
+                        logprobs=_chat_logprobs(state.engine.tokenizer, outs) if req.logprobs else None)
+    return ChatCompletionResponse(id=f"chatcmpl-{tracker.request_id}", model=req.model, choices=[choice],
+                                  usage=_usage(last))
+
+
+async def completion_events(state: ServerState, tracker: Tracker, req: CompletionRequest) -> AsyncIterator[str]:
+    """One chunk per output that carries tokens (a chunk's text may be empty: the engine
+    holds back text that may begin a stop string), the finish reason on the last; a
+    usage chunk (no choices) when stream_options.include_usage; then [DONE]."""
+    rid, tok, offset = f"cmpl-{tracker.request_id}", state.engine.tokenizer, 0
+    async with contextlib.aclosing(tracker.outputs()) as outs:
+        async for out in outs:
+            if (err := _failure(state, out)) is not None:
+                yield sse(err.body())
+                break
+            if out.token_ids or out.text or out.finished:
+                lp = _completion_logprobs(tok, [out], offset) if req.logprobs is not None else None
+                offset += len(out.text)
+                yield sse(CompletionResponse(id=rid, model=req.model, choices=[
+                    CompletionChoice(text=out.text, logprobs=lp, finish_reason=_reason(out))]))
+            if out.finished and req.include_usage:
+                yield sse(CompletionResponse(id=rid, model=req.model, choices=[], usage=_usage(out)))
+    yield DONE
+
+
+async def chat_events(state: ServerState, tracker: Tracker, req: ChatCompletionRequest) -> AsyncIterator[str]:
+    """The assistant role first, then content deltas as for completions."""
+    rid, tok = f"chatcmpl-{tracker.request_id}", state.engine.tokenizer
+
+    def chunk(choices, usage=None) -> str:
+        return sse(ChatCompletionChunk(id=rid, model=req.model, choices=choices, usage=usage))
+
+    yield chunk([ChatChunkChoice(delta=ChatDelta(role="assistant", content=""))])
+    async with contextlib.aclosing(tracker.outputs()) as outs:
+        async for out in outs:
+            if (err := _failure(state, out)) is not None:
+                yield sse(err.body())
+                break
+            if out.token_ids or out.text or out.finished:
+                lp = _chat_logprobs(tok, [out]) if req.logprobs else None
+                yield chunk([ChatChunkChoice(delta=ChatDelta(content=out.text), logprobs=lp,
+                                             finish_reason=_reason(out))])
+            if out.finished and req.include_usage:
+                yield chunk([], _usage(out))
+    yield DONE

@@ -1,0 +1,49 @@
+"""`sparkinfer bench serve` end to end against a server over the fake engine
+(`--url`): fixed concurrency and Poisson arrivals, every request measured, rows with
+provenance and no machine paths."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from sparkinfer.bench.serve_load import LoadSpec, RequestResult, summarize
+from sparkinfer.cli import main
+
+ABS_PATH = re.compile(r"/(root|work|home|tmp|Users)/")
+STATS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
+
+
+@pytest.mark.fake_kwargs(max_batch=8, step_s=0.002, max_context=512)
+def test_bench_serve_against_a_url(fake_server, tmp_path, capsys):
+    out = tmp_path / "serve.json"
+    common = ["--url", fake_server.url, "--input-len", "16", "--output-len", "6", "--num-requests", "8",
+              "--vocab", "200", "--out", str(out)]
+    assert main(["bench", "serve", *common, "--concurrency", "1,4", "--warmup", "1"]) == 0
+    assert main(["bench", "serve", *common, "--rate", "200", "--max-concurrency", "4", "--warmup", "0"]) == 0
+    rows = json.loads(out.read_text())
+    assert [(r["concurrency"], r["rate"]) for r in rows] == [(1, None), (4, None), (4, 200.0)]
+    for r in rows:
+        assert r["ok"] and (r["completed"], r["failed"], r["model"]) == (8, 0, "fake-model")
+        assert r["output_tokens_per_s"] > 0 and r["request_throughput"] > 0
+        assert all(r[f"{s}_p50"] <= r[f"{s}_p90"] <= r[f"{s}_p99"] for s in STATS)
+        assert {"gpu", "torch", "commit", "date", "command"} <= set(r) and not ABS_PATH.search(json.dumps(r))
+    # warm-up (1 request, 6 tokens) and two measured levels of 8: all reached the engine as asked
+    sent = fake_server.engine.submitted
+    assert len(sent) == 1 + 8 + 1 + 8 + 8 and all(len(p) == 16 and max(p) < 200 for _, p, _ in sent)
+    assert all(params.ignore_eos and params.temperature == 0 for _, _, params in sent)
+    shown = capsys.readouterr().out
+    assert "serving fake-model: 16-token prompts, 6-token outputs" in shown and "TTFT p50" in shown
+
+
+def test_summary_statistics():
+    spec = LoadSpec(url="u", model="m", input_len=4, output_len=3, requests=3)
+    done = [RequestResult(ok=True, prompt_tokens=4, output_tokens=3, ttft_s=0.1, e2e_s=0.3, itl_s=[0.1, 0.1])
+            for _ in range(2)]
+    row = summarize([*done, RequestResult(error="HTTP 429: full")], wall_s=2.0, spec=spec)
+    assert (row["completed"], row["failed"], row["ok"], row["errors"]) == (2, 1, False, ["HTTP 429: full"])
+    assert row["output_tokens_per_s"] == 3.0 and row["total_tokens_per_s"] == 7.0 and row["request_throughput"] == 1
+    assert row["ttft_ms_p50"] == pytest.approx(100) and row["tpot_ms_p99"] == pytest.approx(100)
+    assert row["itl_ms_mean"] == pytest.approx(100) and row["e2e_ms_p90"] == pytest.approx(300)
