@@ -34,7 +34,7 @@ from sparkinfer.engine.core import EngineCore
 from sparkinfer.engine.plan import StepPlan, decode_plan, decode_result, encode_plan, encode_result
 from sparkinfer.engine.request import EngineStats, SamplingParams
 from sparkinfer.engine.scheduler import SchedulerCaps
-from sparkinfer.errors import EngineFailed, RankFailed, RingError, SetupError
+from sparkinfer.errors import CheckpointError, EngineFailed, RankFailed, RingError, SetupError
 
 __all__ = ["ServingEngine", "serve_on_rank", "default_max_context"]
 
@@ -180,7 +180,10 @@ class ServingEngine:
         spec = load_spec(config.model)
         self.spec = spec
         self.model_name = config.name or Path(config.model).resolve().name
-        self.tokenizer = load_tokenizer(config.model)
+        try:
+            self.tokenizer = load_tokenizer(config.model)
+        except CheckpointError:  # token ids in and out only (a random-weight benchmark checkpoint)
+            self.tokenizer = None
         self.eos_token_ids = tuple(spec.eos_token_ids)
         self.vocab_size = spec.vocab_size
         max_context = default_max_context(spec, config.max_context)
@@ -291,6 +294,10 @@ class ServingEngine:
             return EngineStats(s.running, s.waiting, s.slots_used, s.slots_total, s.max_waiting, False,
                                _describe(self._launch_error), s.steps)
         return s
+
+    def rank_pids(self) -> list[int]:
+        """The rank processes' ids, in rank order (for tests and operators)."""
+        return self._plans.reader_pids()
 
     @property
     def failed_rank(self) -> int | None:

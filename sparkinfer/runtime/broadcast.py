@@ -249,6 +249,16 @@ class BroadcastRing(seg.Segment):
         if not self._unlinked and self._all_attached():
             self._drop_name()
 
+    def reader_pids(self) -> list[int | None]:
+        """The process id each reader attached from (None for one not attached yet)."""
+        if self._closed:
+            raise LifecycleError(f"reader_pids on ring {self.name!r} after close()")
+        out = []
+        for i in range(self.readers):
+            line = self._rline(i)
+            out.append(int(self._q[line + seg.R_PID]) if self._q[line + seg.R_STATE] != seg.FREE else None)
+        return out
+
     def close(self) -> None:
         """Mark the ring closed (readers read what is left, then None), drop the /dev/shm name
         and unmap. Idempotent; the readers keep their mappings."""

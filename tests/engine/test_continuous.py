@@ -91,7 +91,10 @@ def _worker(world, path, dcp):
 
 @pytest.fixture(scope="module")
 def paths(tmp_path_factory):
-    return {fam: make_checkpoint(fam, tmp_path_factory.mktemp(fam)) for fam, _, _ in CASES}
+    # a dense and a MoE layer where the family has dense layers (qwen3, glm), one MoE layer for mixtral
+    layers = {"qwen3_moe-tiny": 2, "glm4_moe-tiny": 2, "mixtral-tiny": 1}
+    return {fam: make_checkpoint(fam, tmp_path_factory.mktemp(fam), num_hidden_layers=layers[fam])
+            for fam, _, _ in CASES}
 
 
 @pytest.mark.slow

@@ -1,10 +1,12 @@
 """The server under test: a real uvicorn server on 127.0.0.1 (an ephemeral port), in
 a thread of the test process, over an engine fixture.
 
-`served` is the swappable part: a server over each engine of `ENGINES`, today the
-fake engine (`fake_engine.FakeEngine`), and the real engine on a tiny checkpoint at
-TP 1 and 2 once `sparkinfer.engine.serving` exists. Tests that need the fake's
-controls (pause, fail) take `fake_server`.
+`served` is the swappable part: a server over an engine of `ENGINES`. The module tests
+run over the fake engine (`fake_engine.FakeEngine`, milliseconds a request); the real
+engine on a tiny checkpoint at TP 1 and 2 (CPU ranks under the Triton interpreter,
+seconds a step) runs every acceptance check in one launch per TP in
+test_real_engine.py. Tests that need the fake's controls (pause, fail) take
+`fake_server`.
 
 Every wait is a bounded poll (`wait_until`), never a sleep standing in for an event;
 deadlines are generous because CI runs on two busy cores.
@@ -12,7 +14,6 @@ deadlines are generous because CI runs on two busy cores.
 
 from __future__ import annotations
 
-import importlib.util
 import threading
 import time
 
@@ -105,15 +106,7 @@ ENGINES = {
 }
 
 
-def _engine_params() -> list:
-    """"fake", and the tiny real engines once `sparkinfer.engine.serving` exists (slow:
-    CPU ranks under the Triton interpreter)."""
-    if importlib.util.find_spec("sparkinfer.engine.serving") is None:
-        return ["fake"]
-    return ["fake", pytest.param("tiny-tp1", marks=pytest.mark.slow), pytest.param("tiny-tp2", marks=pytest.mark.slow)]
-
-
-@pytest.fixture(scope="module", params=_engine_params())
+@pytest.fixture(scope="module", params=["fake"])
 def served(request):
     """A LiveServer over each engine in ENGINES, shared by a module's tests."""
     engine = ENGINES[request.param]()
