@@ -7,6 +7,7 @@
     sparkinfer bench decode ...            # generation, tokens/s
     sparkinfer bench broadcast             # the step-plan ring to N rank processes and back (CPU)
     sparkinfer bench serve ...             # the OpenAI server under load
+    sparkinfer bench scheduler             # the serving loop's host time per engine step (CPU)
     sparkinfer bench summarize             # the docs tables from benchmarks/results/
 
 Each name is a module `sparkinfer.bench.<name>` with `add_arguments(parser)` and
@@ -29,6 +30,7 @@ BENCHMARKS = {
     "decode": "model generation: tokens/s per batch size",
     "broadcast": "the shared-memory step-plan ring to N rank processes and back, us per step (CPU)",
     "serve": "the OpenAI server under load: TTFT, TPOT, ITL, throughput (any URL, or a server it starts)",
+    "scheduler": "the serving loop's host time per step against a decode step (CPU)",
     "summarize": "print the docs' results tables from benchmarks/results/",
 }
 

@@ -115,9 +115,18 @@ def _sampling_words(p: SamplingParams) -> list[int]:
     return [_f2i(p.temperature), _f2i(p.top_p), p.top_k, p.seed or 0, -1 if p.logprobs is None else p.logprobs]
 
 
+_PARAMS: dict[tuple, SamplingParams] = {}  # a step's rows repeat the same few sampling words
+
+
 def _sampling_from(w) -> SamplingParams:
-    return SamplingParams(temperature=_i2f(w[0]), top_p=_i2f(w[1]), top_k=int(w[2]), seed=int(w[3]),
-                          logprobs=None if w[4] < 0 else int(w[4]))
+    key = tuple(w)
+    p = _PARAMS.get(key)
+    if p is None:
+        if len(_PARAMS) > 4096:  # seeds differ per request: bound the memo, not the requests
+            _PARAMS.clear()
+        p = _PARAMS[key] = SamplingParams(temperature=_i2f(w[0]), top_p=_i2f(w[1]), top_k=int(w[2]), seed=int(w[3]),
+                                          logprobs=None if w[4] < 0 else int(w[4]))
+    return p
 
 
 def encode_plan(plan: StepPlan) -> np.ndarray:
@@ -140,15 +149,11 @@ def decode_plan(rec) -> StepPlan:
         raise ShapeError(f"decode_plan: not a step-plan record (first word {int(w[0]):#x})")
     step, shutdown, nr, nc, _ = (int(x) for x in w[1:6])
     o = 6
-    rows = []
-    for _ in range(nr):
-        v = w[o:o + _ROW].tolist()
-        rows.append(DecodeRow(v[0], v[1], v[2], v[3], v[4], _sampling_from(v[5:])))
-        o += _ROW
-    heads = []
-    for _ in range(nc):
-        heads.append(w[o:o + _CHUNK].tolist())
-        o += _CHUNK
+    rows = [DecodeRow(v[0], v[1], v[2], v[3], v[4], _sampling_from(v[5:]))
+            for v in w[o:o + nr * _ROW].reshape(nr, _ROW).tolist()]
+    o += nr * _ROW
+    heads = w[o:o + nc * _CHUNK].reshape(nc, _CHUNK).tolist()
+    o += nc * _CHUNK
     chunks = []
     for v in heads:
         toks = tuple(w[o:o + v[3]].tolist())

@@ -1,4 +1,4 @@
-"""`sparkinfer bench comm|fused|moe|broadcast --dry-run` end to end on the CPU (tiny sizes, CPU
+"""`sparkinfer bench comm|fused|moe|broadcast|scheduler --dry-run` end to end on the CPU (tiny sizes, CPU
 ranks through the Triton interpreter), so a GPU run never dies on a Python error,
 and the result rows carry their provenance without machine paths."""
 
@@ -153,3 +153,16 @@ def test_bench_broadcast_dry_run(tmp_path, capsys):
     assert all(r["correct"] and r["steps"] == 30 and 0 < r["median_us"] <= r["p99_us"] for r in rows)
     assert all(r["cores"] == os.cpu_count() and r["time_sliced"] == (r["readers"] + 1 > os.cpu_count()) for r in rows)
     assert "wrong records: none" in capsys.readouterr().out
+
+
+def test_bench_scheduler_dry_run(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a relative --decode-results: the recorded command holds no machine path
+    decode = tmp_path / "decode.json"
+    decode.write_text(json.dumps([{"preset": "qwen3-30b-a3b", "layers": 8, "batch": 1, "impl": "sparkinfer",
+                                   "experts": "bf16", "us_per_step": 700.0}]))
+    rows = _run(tmp_path, "scheduler", "--decode-results", "decode.json")
+    assert {(r["batch"], r["detokenize"]) for r in rows} == {(b, d) for b in (1, 4) for d in (False, True)}
+    for r in rows:
+        assert 0 < r["scheduler_us"] <= r["loop_us"] and r["decode_step_us"] == 700.0
+        assert r["scheduler_frac_of_step"] == r["scheduler_us"] / 700.0
+    assert "% of a qwen3 batch-1 step" in capsys.readouterr().out
