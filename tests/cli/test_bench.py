@@ -156,8 +156,9 @@ def test_bench_broadcast_dry_run(tmp_path, capsys):
 
 
 def test_bench_scheduler_dry_run(tmp_path, capsys, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # a relative --decode-results: the recorded command holds no machine path
-    decode = tmp_path / "decode.json"
+    (tmp_path / "results").mkdir()
+    monkeypatch.chdir(tmp_path / "results")  # --out and --decode-results both relative, as the command records
+    decode = tmp_path / "results" / "decode.json"
     decode.write_text(json.dumps([{"preset": "qwen3-30b-a3b", "layers": 8, "batch": 1, "impl": "sparkinfer",
                                    "experts": "bf16", "us_per_step": 700.0}]))
     rows = _run(tmp_path, "scheduler", "--decode-results", "decode.json")
