@@ -23,8 +23,9 @@ def add_rms_norm(summed, residual, weight, eps: float):
 
 
 def all_reduce_add_rms_norm_reference(inputs: list, residual, weight, eps: float):
-    """inputs: every rank's x [T, H] in rank order -> (out, residual_out) on the CPU."""
-    acc = torch.zeros(inputs[0].shape, dtype=torch.float32)
+    """inputs: every rank's x [T, H] in rank order -> (out, residual_out) on the CPU
+    (whatever the default device: the GPU fault tests call it inside `torch.device("cuda")`)."""
+    acc = torch.zeros(inputs[0].shape, dtype=torch.float32, device="cpu")
     for x in inputs:
         acc += x.float().cpu()
     return add_rms_norm(acc, residual.cpu(), weight.cpu(), eps)
