@@ -73,9 +73,14 @@ class _Geometry:
 def serve_on_rank(world, cfg: EngineConfig, max_context: int, plan_handle, result_handle) -> None:
     """A rank of a serving engine: build the model, tell the driver it is ready (rank 0),
     then run every plan until the shutdown plan; close collectively."""
+    import signal
+
     from sparkinfer.engine.session import ModelSession
     from sparkinfer.runtime.broadcast import BroadcastRing
 
+    # Ctrl-C reaches the whole process group: the driver stops the ranks with a shutdown
+    # plan (a rank interrupted mid-collective would fail its peers instead)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     results = None
     beat = None
     if world.rank == 0:
