@@ -37,6 +37,11 @@ def default_timeout_s() -> float:
     return value
 
 
+def timeout_s_set() -> bool:
+    """True when SPARKINFER_TIMEOUT_S is set (non-empty): a launcher then leaves it to the ranks."""
+    return bool(os.environ.get("SPARKINFER_TIMEOUT_S", "").strip())
+
+
 def debug_log() -> bool:
     return os.environ.get("SPARKINFER_LOG", "") == "debug"
 
