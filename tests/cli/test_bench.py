@@ -1,6 +1,7 @@
-"""`sparkinfer bench comm|fused|moe --dry-run` end to end on the CPU (tiny sizes, CPU
+"""`sparkinfer bench comm|fused|moe|decode --dry-run` end to end on the CPU (tiny sizes, CPU
 ranks through the Triton interpreter), so a GPU run never dies on a Python error,
-and the result rows carry their provenance without machine paths."""
+and the result rows carry their provenance without machine paths; decode's in-process
+dry run sets the interpreter itself, as the README promises a CPU-only host."""
 
 from __future__ import annotations
 
@@ -143,3 +144,43 @@ def test_bench_decode_dry_run_on_two_ranks_with_dcp(tmp_path, capsys):
         assert len(r["us_per_rank"]) == 2 and r["us_per_step"] == max(r["us_per_rank"])
         assert r["argmax_agrees_hf"] and r["prefill_rel_err_vs_hf"] < 0.05, r
     assert "decode step (TP = 2, DCP = 2)" in capsys.readouterr().out
+
+
+_DECODE_WITHOUT_INTERPRET = """
+import sys
+
+import sparkinfer.bench.decode as decode
+
+
+def one_kernel(preset, args, dev, bw, say):  # stands in for the model rows (the whole dry run: ~100 s)
+    import torch
+
+    from sparkinfer.norm import rms_norm
+
+    x = torch.randn(2, 64)
+    y = rms_norm(x, torch.ones(64), 1e-6)
+    ok = torch.allclose(y, x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6), atol=1e-5)
+    return [dict(bench="decode", preset=preset, impl="sparkinfer", experts="bf16", batch=1,
+                 us_per_step=1.0, tokens_per_s=1.0, ok=bool(ok))]
+
+
+decode._rows_for, decode._speculative = one_kernel, lambda *args: []
+from sparkinfer.cli import main
+
+sys.exit(main(["bench", "decode", "--dry-run", "--out", sys.argv[1]]))
+"""
+
+
+def test_bench_decode_dry_run_sets_the_interpreter_itself(tmp_path):
+    """`sparkinfer bench decode --dry-run` on a CPU-only host without TRITON_INTERPRET=1 set
+    by hand (it failed with "0 active drivers"): a fresh process with the variable unset
+    runs a Triton kernel on the CPU inside the benchmark's main."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", _DECODE_WITHOUT_INTERPRET, str(tmp_path / "decode.json")], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads((tmp_path / "decode.json").read_text())[0]["ok"] is True
