@@ -77,6 +77,21 @@ def test_bench_moe_dry_run(tmp_path, capsys):
     assert "MoE layer, us per call" in capsys.readouterr().out
 
 
+def test_bench_moe_times_a_padded_shape_against_its_unpadded_floor(tmp_path, capsys):
+    """I = 48 (as glm_air_tp8's 176) runs padded to 64: checked against the reference, timed,
+    and its floor counts the 48 the checkpoint holds (48/64 of what the layer reads);
+    fp8_block, whose blocks cannot be padded, is skipped with a line saying so."""
+    rows = _run(tmp_path, "moe", "--shapes", "tiny_padded", "--m", "2", "--no-baselines")
+    checks = [r for r in rows if r["kind"] == "check"]
+    times = [r for r in rows if r["kind"] == "time"]
+    assert {r["format"] for r in checks} == {r["format"] for r in times} == {"nvfp4", "bf16"}
+    assert all(r["ok"] for r in checks + times)
+    for r in times:
+        assert (r["I"], r["I_padded"]) == (48, 64) and r["weight_bytes"] * 64 == pytest.approx(r["read_bytes"] * 48)
+        assert r["floor_us"] == pytest.approx(r["weight_bytes"] / (r["copy_gbs"] * 1e9) * 1e6)
+    assert "fp8_block skipped: H=128, I=48 are not multiples of 128" in capsys.readouterr().out
+
+
 def test_moe_failed_checks_counts_timed_graphs_too():
     """A time row whose timed graph failed its own check counts as a failed check, as a
     check row does; probe rows and timings that raised carry no verdict."""
