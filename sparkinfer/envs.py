@@ -3,8 +3,8 @@
 | variable | effect |
 | --- | --- |
 | TRITON_INTERPRET=1 | Triton runs kernels on the CPU (CPU ranks, CI). Read by Triton; we only query it. |
-| SPARKINFER_TIMEOUT_S | default device-side wait deadline in seconds (default 10) |
-| SPARKINFER_LOG | `debug` prints pool/channel lifecycle events to stderr |
+| SPARKINFER_TIMEOUT_S | default device-side wait deadline in seconds (default 10; `generate`'s CPU ranks 300) |
+| SPARKINFER_LOG | `debug` prints pool/channel lifecycle events, and failed ranks' tracebacks, to stderr |
 | SPARKINFER_COMMIT | commit recorded in benchmark rows, for trees copied without their `.git` |
 """
 
