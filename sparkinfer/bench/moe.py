@@ -32,7 +32,7 @@ check this script's logic without a GPU.
     sparkinfer bench moe --sweep --formats nvfp4 --m 256,512,1024,2048,4096
     sparkinfer bench moe --shapes dsv3,dsv3_tp8     # full, in two parts
     sparkinfer bench moe --shapes qwen3,mixtral
-    sparkinfer bench moe --shapes glm_air_tp8 --quick   # a padded I (176 per rank)
+    sparkinfer bench moe --shapes glm_air_tp8,glm_air_tp8_i256 --quick   # a padded I (176 per rank)
 """
 
 from __future__ import annotations
@@ -58,6 +58,10 @@ SHAPES = {
     # unpadded bytes. Not in the default run (--shapes glm_air_tp8); fp8_block skips it
     # (its 128 x 128 blocks need I a multiple of 128).
     "glm_air_tp8": dict(num_experts=128, top_k=8, hidden=4096, intermediate=176),
+    # The same layer at I 256: what padding 176 to a multiple of 128 (chunk 128) would cost,
+    # beside glm_air_tp8's 192 (chunk 64, whose NVFP4 FC2 at BN 64 loads its scale tile
+    # synchronously: tests/moe/test_compile_sm90.py), to choose moe/plan.py PAD_MULTIPLE.
+    "glm_air_tp8_i256": dict(num_experts=128, top_k=8, hidden=4096, intermediate=256),
 }
 DEFAULT_SHAPES = ("dsv3", "qwen3", "mixtral", "dsv3_tp8")
 DRY_SHAPES = {"tiny": dict(num_experts=8, top_k=2, hidden=128, intermediate=128),  # fp8: 128s

@@ -39,8 +39,10 @@ FAMILIES = ("micro", "grouped")
 # (the tensor-core K step, and two NVFP4 scale groups). Not a multiple of 128,
 # which would allow the 128 chunk: a decode step reads every weight byte, and at
 # I = 176 padding to 192 reads 9% more than the checkpoint's experts, to 256
-# 45% more. `sparkinfer bench moe --shapes glm_air_tp8` measures that shape
-# against the floor of its unpadded bytes (not yet run on a GPU).
+# 45% more. But chunk 64 leaves NVFP4 FC2's scale tile at BN 64 a synchronous
+# load (tests/moe/test_compile_sm90.py), so which is faster is a measurement:
+# `sparkinfer bench moe --shapes glm_air_tp8,glm_air_tp8_i256` times 192
+# (against the floor of the unpadded bytes) beside 256. Not yet run on a GPU.
 PAD_MULTIPLE = 32
 # Families whose kernels never wait for other programs (safe beside work on an
 # auxiliary stream, `plan_supports_aux_stream_overlap`): both.
@@ -49,8 +51,10 @@ OVERLAP_SAFE_FAMILIES = ("micro", "grouped")
 # (the tensor-core K step, and two NVFP4 scale groups). Not a multiple of 128,
 # which would allow the 128 chunk: a decode step reads every weight byte, and at
 # I = 176 padding to 192 reads 9% more than the checkpoint's experts, to 256
-# 45% more. `sparkinfer bench moe --shapes glm_air_tp8` measures that shape
-# against the floor of its unpadded bytes (not yet run on a GPU).
+# 45% more. But chunk 64 leaves NVFP4 FC2's scale tile at BN 64 a synchronous
+# load (tests/moe/test_compile_sm90.py), so which is faster is a measurement:
+# `sparkinfer bench moe --shapes glm_air_tp8,glm_air_tp8_i256` times 192
+# (against the floor of the unpadded bytes) beside 256. Not yet run on a GPU.
 PAD_MULTIPLE = 32
 
 # micro serves every token of a batch in one tile of BM = 16 rows (the
