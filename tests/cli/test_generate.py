@@ -92,6 +92,18 @@ def test_rank_errors_print_one_line_per_cause_and_tracebacks_under_debug(ckpt, m
         assert ("Traceback" in err) == debug and out == ""
 
 
+def test_the_summary_says_what_it_counted(ckpt, monkeypatch, capsys):
+    """--max-new-tokens 12 gives 12 new tokens, the first from the prefill and 11 from decode
+    steps (it used to say "11 tokens")."""
+    from sparkinfer.engine import GenerationResult
+
+    res = GenerationResult([list(range(12))], prefill_s=0.5, decode_s=2.0, decode_steps=11, decode_tokens=11)
+    monkeypatch.setattr(ranks, "run_ranks", lambda *args, **kwargs: [res])
+    assert main(["generate", "--model", str(ckpt), "--prompt", "hello", "--max-new-tokens", "12"]) == 0
+    err = " ".join(capsys.readouterr().err.split())  # rich wraps long lines
+    assert "12 new tokens (the first from the prefill, 0.50 s; 11 by decode steps at 5.5 tokens/s)" in err, err
+
+
 @pytest.mark.slow
 def test_a_checkpoint_error_in_the_ranks_is_one_line(ckpt, tmp_path, capsys):
     """Two CPU ranks load a checkpoint missing a router (a tensor, not config.json: only the
