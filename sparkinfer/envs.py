@@ -3,8 +3,8 @@
 | variable | effect |
 | --- | --- |
 | TRITON_INTERPRET=1 | Triton runs kernels on the CPU (CPU ranks, CI). Read by Triton; we only query it. |
-| SPARKINFER_TIMEOUT_S | default device-side wait deadline in seconds (default 10) |
-| SPARKINFER_LOG | `debug` prints pool/channel lifecycle events to stderr |
+| SPARKINFER_TIMEOUT_S | default device-side wait deadline in seconds (default 10; `generate`'s CPU ranks 300) |
+| SPARKINFER_LOG | `debug` prints pool/channel lifecycle events, and failed ranks' tracebacks, to stderr |
 | SPARKINFER_COMMIT | commit recorded in benchmark rows, for trees copied without their `.git` |
 """
 
@@ -35,6 +35,11 @@ def default_timeout_s() -> float:
         raise SetupError(f"SPARKINFER_TIMEOUT_S={raw!r} is not a positive number of seconds; set it to e.g. 10, "
                          "or unset it for the default (10 s)")
     return value
+
+
+def timeout_s_set() -> bool:
+    """True when SPARKINFER_TIMEOUT_S is set (non-empty): a launcher then leaves it to the ranks."""
+    return bool(os.environ.get("SPARKINFER_TIMEOUT_S", "").strip())
 
 
 def debug_log() -> bool:

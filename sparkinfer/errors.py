@@ -87,12 +87,17 @@ class TeardownError(SparkInferError, RuntimeError):
 
 
 class RankFailed(SparkInferError, RuntimeError):
-    """A rank started by the launcher raised or died; carries its traceback."""
+    """A rank started by the launcher raised or died; carries its traceback.
 
-    def __init__(self, rank: int, detail: str):
+    rank: the rank named as the cause. detail: its traceback (and the others'
+    last lines). causes: ((one line, ranks), ...), each distinct error once with
+    the ranks that raised it, the cause's first: what a command line prints."""
+
+    def __init__(self, rank: int, detail: str, *, causes: tuple[tuple[str, tuple[int, ...]], ...] = ()):
         super().__init__(f"rank {rank} failed:\n{detail}")
         self.rank = rank
         self.detail = detail
+        self.causes = causes or ((detail.strip().splitlines()[-1] if detail.strip() else "failed", (rank,)),)
 
 
 class CollectiveError(SparkInferError, RuntimeError):

@@ -156,6 +156,10 @@ def _speculative(preset, args, dev, say) -> list[dict]:
 
 
 def main(args) -> int:
+    if args.dry_run:  # CPU kernels: the interpreter, set before Triton is imported (as bench moe does)
+        import os
+
+        os.environ["TRITON_INTERPRET"] = "1"
     import torch
 
     from sparkinfer.bench.common import append_rows, default_out, metadata

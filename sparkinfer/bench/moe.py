@@ -32,6 +32,7 @@ check this script's logic without a GPU.
     sparkinfer bench moe --sweep --formats nvfp4 --m 256,512,1024,2048,4096
     sparkinfer bench moe --shapes dsv3,dsv3_tp8     # full, in two parts
     sparkinfer bench moe --shapes qwen3,mixtral
+    sparkinfer bench moe --shapes glm_air_tp8,glm_air_tp8_i256 --quick   # a padded I (176 per rank)
 """
 
 from __future__ import annotations
@@ -52,8 +53,19 @@ SHAPES = {
     "qwen3": dict(num_experts=128, top_k=8, hidden=2048, intermediate=768),
     "mixtral": dict(num_experts=8, top_k=2, hidden=4096, intermediate=14336),
     "dsv3_tp8": dict(num_experts=256, top_k=8, hidden=7168, intermediate=256),
+    # GLM-4.5-Air's experts at TP 8: 1408 / 8 = 176 per rank, which the plan pads to 192
+    # (moe/plan.py PAD_MULTIPLE); rows time the padded layer against the floor of the
+    # unpadded bytes. Not in the default run (--shapes glm_air_tp8); fp8_block skips it
+    # (its 128 x 128 blocks need I a multiple of 128).
+    "glm_air_tp8": dict(num_experts=128, top_k=8, hidden=4096, intermediate=176),
+    # The same layer at I 256: what padding 176 to a multiple of 128 (chunk 128) would cost,
+    # beside glm_air_tp8's 192 (chunk 64, whose NVFP4 FC2 at BN 64 loads its scale tile
+    # synchronously: tests/moe/test_compile_sm90.py), to choose moe/plan.py PAD_MULTIPLE.
+    "glm_air_tp8_i256": dict(num_experts=128, top_k=8, hidden=4096, intermediate=256),
 }
-DRY_SHAPES = {"tiny": dict(num_experts=8, top_k=2, hidden=128, intermediate=128)}  # fp8: 128s
+DEFAULT_SHAPES = ("dsv3", "qwen3", "mixtral", "dsv3_tp8")
+DRY_SHAPES = {"tiny": dict(num_experts=8, top_k=2, hidden=128, intermediate=128),  # fp8: 128s
+              "tiny_padded": dict(num_experts=8, top_k=2, hidden=128, intermediate=48)}  # --shapes tiny_padded
 FORMATS = "nvfp4,bf16,fp8_block"
 FULL_M = (1, 2, 4, 8, 16, 64, 256, 1024, 4096)
 QUICK_M = (1, 8, 64, 4096)
@@ -65,16 +77,18 @@ def _shape_list(text: str) -> list[str]:
     import argparse
 
     names = text.split(",")
-    unknown = sorted(set(names) - set(SHAPES))
+    unknown = sorted(set(names) - set(SHAPES) - set(DRY_SHAPES))
     if unknown:
-        raise argparse.ArgumentTypeError(f"unknown shapes {unknown}; choose from {sorted(SHAPES)}")
+        raise argparse.ArgumentTypeError(f"unknown shapes {unknown}; choose from {sorted(SHAPES)} "
+                                         f"(--dry-run: {sorted(DRY_SHAPES)})")
     return names
 
 
 def add_arguments(p) -> None:
     p.add_argument("--quick", action="store_true", help=f"M in {QUICK_M}")
     p.add_argument("--dry-run", action="store_true", help="CPU, interpreter, tiny shapes")
-    p.add_argument("--shapes", default=None, type=_shape_list, help="comma list of " + ",".join(SHAPES))
+    p.add_argument("--shapes", default=None, type=_shape_list,
+                   help=f"comma list of {','.join(SHAPES)} (default {','.join(DEFAULT_SHAPES)})")
     p.add_argument("--m", default=None, help="comma list of token counts (overrides presets)")
     p.add_argument("--formats", default=FORMATS)
     p.add_argument("--no-baselines", action="store_true")
@@ -176,9 +190,14 @@ def device_limits(ctx) -> dict:
 
 def _runs(args) -> tuple[dict, tuple]:
     """(shapes, token counts) of this run."""
-    shapes = DRY_SHAPES if args.dry_run else SHAPES
-    if args.shapes and not args.dry_run:
-        shapes = {s: SHAPES[s] for s in args.shapes}
+    from sparkinfer.errors import PlanError
+
+    table, default = (DRY_SHAPES, ("tiny",)) if args.dry_run else (SHAPES, DEFAULT_SHAPES)
+    names = args.shapes or default
+    if any(n not in table for n in names):
+        raise PlanError(f"--shapes {','.join(names)}: {'--dry-run runs' if args.dry_run else 'a GPU run takes'} "
+                        f"{', '.join(table)}")
+    shapes = {n: table[n] for n in names}
     ms = DRY_M if args.dry_run else (SWEEP_M if args.sweep else QUICK_M if args.quick else FULL_M)
     if args.m:
         ms = tuple(int(v) for v in args.m.split(","))
@@ -209,11 +228,13 @@ def main(args) -> int:
     all_rows = [dict(kind="device", bench="moe", **lim)]
     common.append_rows(out, all_rows[:1], meta)
     baselines = not (args.no_baselines or args.sweep)
-    steps = len(shapes) * ((0 if args.sweep else len(formats)) + len(ms) * (len(formats) + 2 * baselines))
+    per_shape = {name: shape_formats(shape, formats) for name, shape in shapes.items()}
+    steps = sum((0 if args.sweep else len(f)) + len(ms) * (len(f) + 2 * baselines) for f in per_shape.values())
     try:
         with progress(steps, "moe") as advance:
             for name, shape in shapes.items():
                 rows = []
+                formats = per_shape[name]
                 layer = Layer(ctx, name, shape, max(ms))
                 decode = {f: args.nvfp4_decode for f in formats}
                 for f in formats if not args.sweep else ():
@@ -239,6 +260,16 @@ def main(args) -> int:
     print(f"checks failed: {len(bad)} ({len(bad) - timed} check rows, {timed} timed graphs); "
           f"{time.time() - ctx.t0:.0f} s; rows appended to {out}" + (f", plot {png}" if png else ""), flush=True)
     return 1 if bad else 0
+
+
+def shape_formats(shape: dict, formats: list[str]) -> list[str]:
+    """The formats a shape runs: fp8_block only where H and I are multiples of its 128 x 128
+    blocks (the plan refuses the rest; a skipped format is printed)."""
+    if "fp8_block" in formats and (shape["hidden"] % 128 or shape["intermediate"] % 128):
+        print(f"fp8_block skipped: H={shape['hidden']}, I={shape['intermediate']} are not multiples of 128",
+              flush=True)
+        return [f for f in formats if f != "fp8_block"]
+    return formats
 
 
 def failed_checks(rows: list[dict]) -> list[dict]:

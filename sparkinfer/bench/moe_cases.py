@@ -227,8 +227,13 @@ def _time_ours_at(ctx, layer, lim, fmt, m, p0, w) -> list[dict]:
         except Exception as exc:  # noqa: BLE001 - e.g. a sweep variant out of resources
             rows.append(_error_row(layer, m, fmt, impl, exc))
             continue
-        r = _row(ctx, layer, lim, m, fmt, impl, sec, mode, w.expert_bytes(), active)
-        r.update(dataclasses.asdict(b.config), decode=b.config.decode if fmt == "nvfp4" else None)
+        # The floor counts the checkpoint's bytes, not the padding's: a plan that pads I
+        # (glm_air_tp8: 176 -> 192) reads every expert matrix I_pad / I times over, all
+        # linear in I, and the time lost to it shows as a lower fraction of the floor.
+        floor_bytes = w.expert_bytes() * layer.i // p.intermediate
+        r = _row(ctx, layer, lim, m, fmt, impl, sec, mode, floor_bytes, active)
+        r.update(dataclasses.asdict(b.config), decode=b.config.decode if fmt == "nvfp4" else None,
+                 I_padded=p.intermediate, read_bytes=active * w.expert_bytes())
         r.update(_check_timed(ctx, layer, p.spec, src, cases))
         if not r["ok"]:
             print(f"check FAILED on the timed graph: {layer.name} {fmt} M={m} {impl} "

@@ -22,12 +22,22 @@ def main(argv=None) -> int:
     for name in _SUBCOMMANDS:
         importlib.import_module(f"sparkinfer.cli.{name}").add_parser(sub)
     args = ap.parse_args(argv)
-    from sparkinfer.errors import SparkInferError
+    from sparkinfer import envs
+    from sparkinfer.errors import RankFailed, SparkInferError
 
     try:
         return args.run(args)
+    except RankFailed as e:  # one line per distinct error, with the ranks that raised it
+        if envs.debug_log():
+            print(e.detail, file=sys.stderr)
+        for n, (line, ranks) in enumerate(e.causes):
+            who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+            note = " (likely because of the above)" if n else "" if envs.debug_log() else \
+                " (SPARKINFER_LOG=debug shows the tracebacks)"
+            print(f"sparkinfer {args.cmd}: {who}: {line}{note}", file=sys.stderr)
+        return 2
     except SparkInferError as e:  # a rejection says what to do: one message, no traceback
-        print(f"sparkinfer {args.cmd}: {e}", file=sys.stderr)
+        print(f"sparkinfer {args.cmd}: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
 
 

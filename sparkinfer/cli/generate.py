@@ -4,11 +4,16 @@
                         [--max-new-tokens 64] [--temperature 0] [--top-p 1]
                         [--draft DIR | --self-draft N] [--spec-k 3] --prompt "..."
 
-The tokenizer comes from the checkpoint directory; rank 0 streams the text as
-it is generated and the command ends with decode tokens/s. Generation stops at the
-checkpoint's end-of-sequence tokens (and any --stop-id). With --draft (a checkpoint
-sharing the tokenizer) or --self-draft N (the target's first N layers), decoding
-is speculative with --spec-k draft tokens per round, and the acceptance is printed.
+Before any rank starts, the launch is checked on this process: the config
+against the world size, DCP, expert format and the prompt's length
+(`models.validate.validate_launch`), and every checkpoint file's header; what
+cannot run is refused in one line. The tokenizer comes from the checkpoint
+directory; rank 0 prints the prompt and streams the text from the first new
+token on, and the command ends with what it counted and decode tokens/s.
+Generation stops at the checkpoint's end-of-sequence tokens (and any
+--stop-id). With --draft (a checkpoint sharing the tokenizer) or --self-draft
+N (the target's first N layers), decoding is speculative with --spec-k draft
+tokens per round, and the acceptance is printed.
 """
 
 from __future__ import annotations
@@ -17,44 +22,88 @@ import time
 
 __all__ = ["add_parser"]
 
+# Device-side wait deadline given to CPU ranks unless SPARKINFER_TIMEOUT_S is set: the
+# default 10 s is a GPU's. Under Triton's interpreter one rank may still be preparing its
+# MoE weights while another waits at the first all-reduce: `generate --tp 4` of an
+# 8-head tiny checkpoint on a loaded 2-core host failed with CollectiveTimeout at 10 s.
+CPU_TIMEOUT_S = 300
+
 
 def generate(args) -> int:
     from rich.console import Console
 
+    from sparkinfer import envs
     from sparkinfer.engine import SamplingParams
-    from sparkinfer.engine.session import GenerateRequest, generate_on_rank
-    from sparkinfer.errors import SparkInferError
+    from sparkinfer.engine.session import GenerateRequest
+    from sparkinfer.models.checkpoint import Checkpoint
     from sparkinfer.models.config import load_spec
     from sparkinfer.models.tokenizer import load_tokenizer
+    from sparkinfer.models.validate import validate_launch
     from sparkinfer.runtime.ranks import resolve_backend, run_ranks
 
     con = Console(stderr=True)
-    if not 1 <= args.tp <= 16 or args.dcp not in (1, args.tp):
-        con.print(f"[red]--tp {args.tp} --dcp {args.dcp}: tp must be 1..16 and dcp 1 or tp")
-        return 2
-    try:
-        backend = resolve_backend(args.backend, args.tp)
-        spec = load_spec(args.model)
-        tok = load_tokenizer(args.model)
-        ids = tok.encode(args.prompt)
-        stops = tuple(args.stop_id or ()) + tuple(spec.eos_token_ids)
-        params = SamplingParams(temperature=args.temperature, top_p=args.top_p, seed=args.seed,
-                                max_new_tokens=args.max_new_tokens, stop_ids=stops)
-    except SparkInferError as e:
-        con.print(f"[red]{type(e).__name__}: {e}")
-        return 2
+    spec = load_spec(args.model)
+    ids = load_tokenizer(args.model).encode(args.prompt)
+    launch = dict(tp=args.tp, dcp=args.dcp, moe_format=args.moe_format)
+    validate_launch(spec, **launch, prompt_tokens=len(ids), max_new_tokens=args.max_new_tokens,
+                    self_draft=args.self_draft)
+    if args.draft is not None:
+        validate_launch(load_spec(args.draft), **launch)
+    for path in (args.model, args.draft):
+        if path is not None:
+            Checkpoint(path).open_all()  # a truncated shard: one line now, not in every rank
+    backend = resolve_backend(args.backend, args.tp)
+    stops = tuple(args.stop_id or ()) + tuple(spec.eos_token_ids)
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, seed=args.seed,
+                            max_new_tokens=args.max_new_tokens, stop_ids=stops)
     req = GenerateRequest(args.model, [ids], params, moe_format=args.moe_format, dcp=args.dcp,
-                          max_len=len(ids) + args.max_new_tokens + 1, stream=True, draft=args.draft,
+                          max_len=len(ids) + args.max_new_tokens + 1, draft=args.draft,
                           self_draft=args.self_draft, spec_k=args.spec_k)
     con.print(f"[dim]{len(ids)} prompt tokens; TP={args.tp} DCP={args.dcp} on {backend}; experts {args.moe_format}")
-    print(args.prompt, end="", flush=True)
+    env = {} if backend != "cpu" or envs.timeout_s_set() else {"SPARKINFER_TIMEOUT_S": str(CPU_TIMEOUT_S)}
     t0 = time.perf_counter()
-    res = run_ranks(generate_on_rank, args.tp, backend=backend, args=(req,), timeout_s=args.timeout)[0]
+    res = run_ranks(_generate_on_rank, args.tp, backend=backend, args=(req, args.prompt),
+                    timeout_s=args.timeout, env=env)[0]
     print()
     spec_note = f", draft acceptance {res.acceptance:.2f}" if hasattr(res, "acceptance") else ""
-    con.print(f"[bold]{res.decode_tokens} tokens, decode {res.decode_tokens_per_s:.1f} tokens/s[/] "
-              f"(prefill {res.prefill_s:.2f} s; {time.perf_counter() - t0:.1f} s with loading{spec_note})")
+    con.print(f"[bold]{len(res.tokens[0])} new tokens[/] (the first from the prefill, {res.prefill_s:.2f} s; "
+              f"{res.decode_tokens} by decode steps at {res.decode_tokens_per_s:.1f} tokens/s); "
+              f"{time.perf_counter() - t0:.1f} s with loading{spec_note}")
     return 0
+
+
+def _generate_on_rank(world, req, prompt: str):
+    """`engine.session.generate_on_rank` with rank 0 printing the prompt when the first
+    new token arrives (so a run that fails while loading prints nothing), then the text."""
+    from sparkinfer.engine.session import ModelSession
+
+    session = ModelSession(world, req)
+    try:
+        on_token = _printer(req.path, prompt) if world.rank == 0 else None
+        if session.speculative is not None:
+            return session.speculative.generate(req.prompts, req.params, on_token=on_token)
+        return session.engine.generate(req.prompts, req.params, on_token=on_token)
+    finally:
+        session.close()
+
+
+def _printer(path: str, prompt: str):
+    """on_token(seq, token) that prints the prompt, then sequence 0's text as it grows."""
+    from sparkinfer.models.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(path)
+    shown = {"ids": [], "text": ""}
+
+    def on_token(seq: int, token: int) -> None:
+        if seq != 0:
+            return
+        if not shown["ids"]:
+            print(prompt, end="", flush=True)
+        shown["ids"].append(token)
+        text = tok.decode(shown["ids"])
+        print(text[len(shown["text"]):], end="", flush=True)
+        shown["text"] = text
+    return on_token
 
 
 def add_parser(sub) -> None:

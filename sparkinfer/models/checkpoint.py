@@ -139,6 +139,13 @@ class Checkpoint:
             t = t.to(dtype)
         return t.to(device).contiguous()
 
+    def open_all(self) -> None:
+        """Open every file of the checkpoint (headers and memory maps only; reads no
+        tensor data): a missing, truncated or corrupt file raises CheckpointError
+        now, naming it, instead of when a rank first reads from it."""
+        for f in sorted(set(self._file_of.values())):
+            self._open(f, None)
+
     def close(self):
         """Drop the open file handles (memory maps). Reads after close reopen files."""
         self._handles.clear()

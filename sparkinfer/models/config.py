@@ -312,9 +312,12 @@ def _read(src) -> tuple[dict, str, dict | None]:
         return src, "config", None
     path = Path(src)
     cfg_path = path / "config.json" if path.is_dir() else path
+    if not path.exists():
+        raise UnsupportedModelError(f"{path} does not exist; pass a Hugging Face checkpoint directory "
+                                    "(config.json, *.safetensors, tokenizer files)")
     if not cfg_path.is_file():
-        raise UnsupportedModelError(f"no config.json at {cfg_path}; pass a checkpoint directory, "
-                                    "a config.json path or a dict")
+        raise UnsupportedModelError(f"no config.json in {path}: it is not a Hugging Face checkpoint "
+                                    "directory (config.json, *.safetensors, tokenizer files)")
     try:
         cfg = json.loads(cfg_path.read_text())
     except (OSError, json.JSONDecodeError) as exc:

@@ -18,6 +18,8 @@ Checkpoint layouts read (the first that the checkpoint holds):
 Output: w1 [E, 2 * I_l, H] (this rank's gate rows, then its up rows) and
 w2 [E, H, I_l], bf16 tensors, NVFP4Tensors with global_scale [E], or
 FP8BlockTensors (scales [E, 2 * I_l / 128, H / 128] and [E, H / 128, I_l / 128]).
+NVFP4 quantized here takes I_l rounded up to 16 (zero rows and columns); the
+MoE plan pads any I_l further to its kernels' multiple (`moe/plan.py`).
 """
 
 from __future__ import annotations
@@ -30,10 +32,10 @@ from sparkinfer.errors import PlanError, ShapeError
 from sparkinfer.models.checkpoint import FLOAT_DTYPES, Checkpoint
 from sparkinfer.models.config import ModelSpec
 from sparkinfer.models.fp8_io import is_fp8, read_experts_fp8
-from sparkinfer.models.nvfp4_io import FoldStats, is_nvfp4, join_gate_up, read_nvfp4
+from sparkinfer.models.nvfp4_io import FoldStats, is_nvfp4, join_gate_up, read_dense, read_nvfp4
 from sparkinfer.models.weights import Sharding
-from sparkinfer.quant.fp8 import FP8_BLOCK, dequantize_fp8_block, quantize_fp8_block
-from sparkinfer.quant.nvfp4 import BLOCK, NVFP4Tensor, dequantize_nvfp4, quantize_nvfp4
+from sparkinfer.quant.fp8 import FP8_BLOCK, quantize_fp8_block
+from sparkinfer.quant.nvfp4 import BLOCK, NVFP4Tensor, quantize_nvfp4
 
 __all__ = ["ExpertLayout", "RoutedExperts", "expert_layout", "load_routed", "MOE_FORMATS"]
 
@@ -100,14 +102,16 @@ def load_routed(ckpt: Checkpoint, spec: ModelSpec, sharding: Sharding, layer: in
     """Read this rank's share of layer `layer`'s routed experts.
 
     Returns w1 [E, 2 * I_l, H], w2 [E, H, I_l] as bf16 tensors (moe_format
-    "bf16") or NVFP4Tensors with global_scale [E] ("nvfp4"). bf16 checkpoints
-    with "nvfp4" are quantized here, after slicing, one global scale per
-    expert's stacked w1 and per w2.
-    NVFP4 checkpoints with "nvfp4" load as stored (no bf16 round trip); with
-    "bf16" they are dequantized. "fp8_block": FP8BlockTensors, as stored from an
-    FP8 checkpoint (the rank's slice of I must be whole 128-blocks: ShapeError
-    otherwise), quantized here per 128 x 128 block from a bf16 one; FP8
-    checkpoints with "bf16" / "nvfp4" are dequantized (then quantized to NVFP4).
+    "bf16"), NVFP4Tensors with global_scale [E] ("nvfp4") or FP8BlockTensors
+    ("fp8_block"). Stored bytes are kept where the format is the checkpoint's:
+    NVFP4 checkpoints with "nvfp4" and FP8 checkpoints with "fp8_block" (the
+    rank's slice of I must then be whole 16-element scale groups of down_proj,
+    or whole 128 x 128 blocks: ShapeError otherwise). Every other pairing reads
+    the rank's slice as bf16, dequantizing a quantized checkpoint (any slice),
+    and quantizes it here where asked: "nvfp4" one global scale per expert's
+    stacked w1 and per w2, after zero gate/up rows and down columns pad an I_l
+    that is not a multiple of 16 (they add nothing, as the MoE plan's own
+    padding: moe/plan.py); "fp8_block" per 128 x 128 block (I_l a multiple of 128).
     Allocates on `device`; reads only this rank's rows/columns.
     """
     if moe_format not in MOE_FORMATS:
@@ -115,27 +119,23 @@ def load_routed(ckpt: Checkpoint, spec: ModelSpec, sharding: Sharding, layer: in
     e, h, i = spec.num_experts, spec.hidden, spec.moe_intermediate
     a, b = sharding.split(i, "moe_intermediate_size")
     lay = expert_layout(ckpt, spec, layer)
-    if (lay.nvfp4 or moe_format == "nvfp4") and ((b - a) % BLOCK or h % BLOCK):
-        raise ShapeError(f"layer {layer}: NVFP4 experts need hidden ({h}) and the per-rank "
-                         f"moe_intermediate_size ({i} / {sharding.world} = {b - a}) to be "
+    stored_nvfp4, stored_fp8 = lay.nvfp4 and moe_format == "nvfp4", lay.fp8 and moe_format == "fp8_block"
+    if (moe_format == "nvfp4" and h % BLOCK) or (stored_nvfp4 and (b - a) % BLOCK):
+        raise ShapeError(f"layer {layer}: NVFP4 experts need hidden ({h}) and, read as stored, the "
+                         f"per-rank moe_intermediate_size ({i} / {sharding.world} = {b - a}) to be "
                          f"multiples of {BLOCK} (down_proj shards on its reduction axis I); "
                          "choose another world size or moe_format='bf16'")
-    if (lay.fp8 or moe_format == "fp8_block") and ((b - a) % FP8_BLOCK or h % FP8_BLOCK):
+    if moe_format == "fp8_block" and ((b - a) % FP8_BLOCK or h % FP8_BLOCK):
         raise ShapeError(f"layer {layer}: FP8 block experts need hidden ({h}) and the per-rank "
                          f"moe_intermediate_size ({i} / {sharding.world} = {b - a}) to be "
                          f"multiples of {FP8_BLOCK} (the 128 x 128 scale blocks); choose another "
                          "world size or moe_format='bf16'")
-    if lay.fp8:
+    if stored_fp8:
         w1, w2 = read_experts_fp8(ckpt, lambda x: (lay.expert(x, lay.gate), lay.expert(x, lay.up),
                                                    lay.expert(x, lay.down)), (e, h, i), (a, b),
                                   device)
-        if moe_format == "fp8_block":
-            return RoutedExperts(w1, w2)
-        w1, w2 = dequantize_fp8_block(w1, torch.bfloat16), dequantize_fp8_block(w2, torch.bfloat16)
-        if moe_format == "nvfp4":
-            return RoutedExperts(quantize_nvfp4(w1), quantize_nvfp4(w2))
         return RoutedExperts(w1, w2)
-    if lay.nvfp4:
+    if stored_nvfp4:
         gate = _stack([read_nvfp4(ckpt, lay.expert(x, lay.gate), (i, h), dim=0, span=(a, b),
                                   device=device) for x in range(e)])
         up = _stack([read_nvfp4(ckpt, lay.expert(x, lay.up), (i, h), dim=0, span=(a, b),
@@ -143,20 +143,30 @@ def load_routed(ckpt: Checkpoint, spec: ModelSpec, sharding: Sharding, layer: in
         w2 = _stack([read_nvfp4(ckpt, lay.expert(x, lay.down), (h, i), dim=1, span=(a, b),
                                 device=device) for x in range(e)])
         w1, fold = join_gate_up(gate, up)
-        if moe_format == "bf16":
-            return RoutedExperts(dequantize_nvfp4(w1, torch.bfloat16),
-                                 dequantize_nvfp4(w2, torch.bfloat16), fold)
         return RoutedExperts(w1, w2, fold)
     w1, w2 = _read_bf16(ckpt, lay, spec, (a, b), device)
     if moe_format == "nvfp4":
+        w1, w2 = _pad_intermediate(w1, w2, -(b - a) % BLOCK)
         return RoutedExperts(quantize_nvfp4(w1), quantize_nvfp4(w2))
     if moe_format == "fp8_block":
         return RoutedExperts(quantize_fp8_block(w1), quantize_fp8_block(w2))
     return RoutedExperts(w1, w2)
 
 
+def _pad_intermediate(w1: torch.Tensor, w2: torch.Tensor, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """w1 [E, 2 I_l, H] (gate rows, then up rows), w2 [E, H, I_l] -> the same with `pad`
+    zero rows after the gate rows and after the up rows, and `pad` zero columns of w2."""
+    if not pad:
+        return w1, w2
+    gate, up = w1.chunk(2, dim=1)
+    z = w1.new_zeros(w1.shape[0], pad, w1.shape[2])
+    return torch.cat([gate, z, up, z], dim=1), torch.cat([w2, w2.new_zeros(*w2.shape[:2], pad)], dim=2)
+
+
 def _read_bf16(ckpt: Checkpoint, lay: ExpertLayout, spec: ModelSpec, span: tuple[int, int],
                device) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's experts as bf16: float weights cast, NVFP4 and FP8 ones dequantized
+    (`read_dense`: any slice, the scale groups it cuts read whole)."""
     e, h, i = spec.num_experts, spec.hidden, spec.moe_intermediate
     a, b = span
     il = b - a
@@ -171,11 +181,18 @@ def _read_bf16(ckpt: Checkpoint, lay: ExpertLayout, spec: ModelSpec, span: tuple
         w1[:, il:] = ckpt.read(gu, dim=1, span=(i + a, i + b), dtype=bf)
         w2.copy_(ckpt.read(dn, dim=2, span=(a, b), dtype=bf))
         return w1, w2
+    quantized = lay.nvfp4 or lay.fp8
     for x in range(e):
         for rows, proj in ((slice(0, il), lay.gate), (slice(il, 2 * il), lay.up)):
+            if quantized:
+                w1[x, rows] = read_dense(ckpt, lay.expert(x, proj), (i, h), dim=0, span=(a, b))
+                continue
             name = f"{lay.expert(x, proj)}.weight"
             ckpt.expect(name, (i, h), FLOAT_DTYPES, what="[moe_intermediate_size, hidden_size]")
             w1[x, rows] = ckpt.read(name, dim=0, span=(a, b), dtype=bf)  # host -> device copy
+        if quantized:
+            w2[x] = read_dense(ckpt, lay.expert(x, lay.down), (h, i), dim=1, span=(a, b))
+            continue
         name = f"{lay.expert(x, lay.down)}.weight"
         ckpt.expect(name, (h, i), FLOAT_DTYPES, what="[hidden_size, moe_intermediate_size]")
         w2[x] = ckpt.read(name, dim=1, span=(a, b), dtype=bf)

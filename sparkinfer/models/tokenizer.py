@@ -54,7 +54,9 @@ def load_tokenizer(path):
 
         class _HF:
             def encode(self, text: str) -> list[int]:
-                return tok.encode(text)
+                # not verbose: a prompt past model_max_length is refused in one line by
+                # models.validate (max_position_embeddings), not warned about here
+                return tok.encode(text, verbose=False)
 
             def decode(self, ids: list[int]) -> str:
                 if fast:

@@ -54,7 +54,7 @@ def scratch_specs(plan: MoEPlan) -> tuple[ScratchSpec, ...]:
     NVFP4 plans with a dequantized bucket hold w_bf16: bf16 copies of
     `dequant_experts` experts' larger matrix (`plan.dequant_chunk`)."""
     c = plan.caps
-    k, h, i, e = c.top_k, c.hidden, c.intermediate, c.num_experts
+    k, h, i, e = c.top_k, c.hidden, plan.intermediate, c.num_experts  # I as padded (plan.py)
     n1 = (2 if plan.spec.gated else 1) * i
     fp8 = plan.spec.weight_format == "fp8_block"
     act = torch.float8_e4m3fn if fp8 else torch.bfloat16
@@ -142,7 +142,7 @@ def _check_weights(plan: MoEPlan, w: MoEWeights, device):
         raise LayoutError(f"bind: weights prepared as {w.weight_format}/chunk {w.chunk}, plan "
                           f"wants {plan.spec.weight_format}/chunk {plan.chunk}; call "
                           "prepare_weights(plan, w1, w2)")
-    e, h, i = c.num_experts, c.hidden, c.intermediate
+    e, h, i = c.num_experts, c.hidden, plan.intermediate
     n1 = (2 if plan.spec.gated else 1) * i
     if w.weight_format == "bf16":
         _check(w.w1, "weights.w1", (e, n1, h), torch.bfloat16, device)
@@ -230,9 +230,9 @@ def bind(plan: MoEPlan, scratch: dict, weights: MoEWeights, *, x: torch.Tensor,
                         "and an FC1 program quantizes whole 128-column groups of its output")
     bk = cfg.block_k
     dense = fmt == "bf16" or cfg.dequant_experts > 0  # plain bf16 rows: any step
-    if bk and (not dense or bk % 32 or c.hidden % bk or c.intermediate % bk):
+    if bk and (not dense or bk % 32 or c.hidden % bk or plan.intermediate % bk):
         raise PlanError(f"bind: config block_k={bk} for {fmt} weights, H={c.hidden}, "
-                        f"I={c.intermediate}; block_k must be 0 (the plan's chunk) or, for bf16 weights, a "
+                        f"I={plan.intermediate}; block_k must be 0 (the plan's chunk) or, for bf16 weights, a "
                         "multiple of 32 dividing H and I")
     return MoEBinding(plan, cfg, weights, t, x, out, logits, bias, topk_ids,
                       topk_weights, scratch, envs.triton_interpret())

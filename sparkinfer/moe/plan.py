@@ -5,6 +5,14 @@ R = T*K routes, S split count along a reduction, BM/BN/BK tile sizes.
 
 `plan(caps, spec)` is pure: no device, no allocation, no compilation. It cuts
 1..max_tokens into power-of-two buckets and gives each one a `TileConfig`.
+
+Any I >= 1 plans: the kernels step through I in chunks of 32, 64 or 128, so an
+I that is not a multiple of 32 (GLM-4.5-Air at TP 8: 1408 / 8 = 176;
+Qwen3-30B-A3B at TP 16: 48) runs as `MoEPlan.intermediate`, I rounded up to
+PAD_MULTIPLE, with zero weights in the added rows of FC1 and columns of FC2
+(`prepare_weights`). Those add exactly nothing: an added I index gets gate = up
+= 0 from FC1, every activation maps (0, 0) to 0, and FC2 multiplies it by a
+zero column, so each output sums exact zeros on top of the unpadded terms.
 """
 
 from __future__ import annotations
@@ -27,9 +35,27 @@ __all__ = ["TileConfig", "MoEPlan", "plan", "plan_supports_aux_stream_overlap", 
 # 20.2, DeepSeek-V3 M=1 82.3 vs 76.2, Mixtral M=8 368.1 vs 250.3), so it left
 # the package (git history keeps it as kernels/resident.py).
 FAMILIES = ("micro", "grouped")
+# An I that no chunk divides is padded to a multiple of this, the smallest chunk
+# (the tensor-core K step, and two NVFP4 scale groups). Not a multiple of 128,
+# which would allow the 128 chunk: a decode step reads every weight byte, and at
+# I = 176 padding to 192 reads 9% more than the checkpoint's experts, to 256
+# 45% more. But chunk 64 leaves NVFP4 FC2's scale tile at BN 64 a synchronous
+# load (tests/moe/test_compile_sm90.py), so which is faster is a measurement:
+# `sparkinfer bench moe --shapes glm_air_tp8,glm_air_tp8_i256` times 192
+# (against the floor of the unpadded bytes) beside 256. Not yet run on a GPU.
+PAD_MULTIPLE = 32
 # Families whose kernels never wait for other programs (safe beside work on an
 # auxiliary stream, `plan_supports_aux_stream_overlap`): both.
 OVERLAP_SAFE_FAMILIES = ("micro", "grouped")
+# An I that no chunk divides is padded to a multiple of this, the smallest chunk
+# (the tensor-core K step, and two NVFP4 scale groups). Not a multiple of 128,
+# which would allow the 128 chunk: a decode step reads every weight byte, and at
+# I = 176 padding to 192 reads 9% more than the checkpoint's experts, to 256
+# 45% more. But chunk 64 leaves NVFP4 FC2's scale tile at BN 64 a synchronous
+# load (tests/moe/test_compile_sm90.py), so which is faster is a measurement:
+# `sparkinfer bench moe --shapes glm_air_tp8,glm_air_tp8_i256` times 192
+# (against the floor of the unpadded bytes) beside 256. Not yet run on a GPU.
+PAD_MULTIPLE = 32
 
 # micro serves every token of a batch in one tile of BM = 16 rows (the
 # smallest tensor-core N), so it stops at 16 tokens; below that it beats
@@ -202,12 +228,16 @@ class TileConfig:
 class MoEPlan:
     """caps, spec, chunk (BK, the reduction elements per kernel step; NVFP4
     steps always take the chunk) and buckets: ((max T, config), ...)
-    in increasing T, the last one covering caps.max_tokens."""
+    in increasing T, the last one covering caps.max_tokens. intermediate: the I
+    the kernels run, caps.intermediate rounded up to a multiple of the chunk
+    (PAD_MULTIPLE); prepared weights and scratch have this I, and the indices
+    past caps.intermediate hold zero weights (module docstring)."""
 
     caps: MoECaps
     spec: MoESpec
     chunk: int
     buckets: tuple[tuple[int, TileConfig], ...]
+    intermediate: int
 
     def config_for(self, tokens: int) -> TileConfig:
         """TileConfig that serves `tokens` (1..caps.max_tokens). Pure."""
@@ -357,10 +387,13 @@ def _config(caps: MoECaps, spec: MoESpec, tokens: int, chunk: int) -> TileConfig
 def plan(caps: MoECaps, spec: MoESpec) -> MoEPlan:
     """Plan every token count 1..caps.max_tokens for `spec`. Pure: no device work.
 
-    Raises PlanError when H or I cannot be cut into chunks of >= 32 elements
-    (the tensor-core step, and NVFP4's 16-element scale groups, need it), and
-    for fp8_block when H or the per-rank I is not a multiple of 128 (its scale
-    blocks; a rank's slice of I must start and end on a block).
+    Any I: one that is not a multiple of 32 is padded (`MoEPlan.intermediate`);
+    the tiles are those of the padded I, so an I that needs no padding plans as
+    it always did. Raises PlanError when H is not a multiple of 32 (FC1's
+    reduction: the tensor-core step, and NVFP4's 16-element scale groups, need
+    it; H is the model's hidden size, never split), and for fp8_block when H or
+    the per-rank I is not a multiple of 128: its 128 x 128 scale blocks cannot
+    be padded exactly where gate and up rows share one.
     """
     if spec.weight_format == "fp8_block" and (caps.hidden % FP8_BLOCK or
                                               caps.intermediate % FP8_BLOCK):
@@ -368,18 +401,20 @@ def plan(caps: MoECaps, spec: MoESpec) -> MoEPlan:
                         f"per rank (tp_size={caps.tp_size}); both must be multiples of "
                         f"{FP8_BLOCK} (the 128 x 128 scale blocks). Choose a tp_size that "
                         "keeps I / tp_size a multiple of 128, or use 'bf16' / 'nvfp4' weights")
-    chunk = next((c for c in (128, 64, 32)
-                  if caps.hidden % c == 0 and caps.intermediate % c == 0), None)
-    if chunk is None:
-        raise PlanError(f"plan: H={caps.hidden}, I={caps.intermediate}; both must be multiples "
-                        "of 32 (of 128 for full speed)")
+    if caps.hidden % PAD_MULTIPLE:
+        raise PlanError(f"plan: H={caps.hidden}; the hidden size must be a multiple of "
+                        f"{PAD_MULTIPLE} (of 128 for full speed)")
+    inter = -(-caps.intermediate // PAD_MULTIPLE) * PAD_MULTIPLE
+    chunk = next(c for c in (128, 64, 32) if caps.hidden % c == 0 and inter % c == 0)
+    padded = dataclasses.replace(caps, intermediate=inter)  # the tiles see the I they run
     bounds = []
     b = 1
     while b < caps.max_tokens:
         bounds.append(b)
         b *= 2
     bounds.append(caps.max_tokens)
-    return MoEPlan(caps, spec, chunk, tuple((t, _config(caps, spec, t, chunk)) for t in bounds))
+    return MoEPlan(caps, spec, chunk, tuple((t, _config(padded, spec, t, chunk)) for t in bounds),
+                   intermediate=inter)
 
 
 def plan_supports_aux_stream_overlap(p: MoEPlan) -> bool:

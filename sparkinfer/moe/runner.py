@@ -134,7 +134,7 @@ def _micro(b: MoEBinding, w1: _Weights, w2: _Weights, common: dict):
     """micro: FC1 (+ activation; or fp32 partials and the act kernel) -> FC2
     partials. Returns (FC2 partials [S2, R, H], S2)."""
     spec, c, cfg, s = b.plan.spec, b.plan.caps, b.config, b.scratch
-    t, h, i, bk = b.tokens, c.hidden, c.intermediate, common["BK"]
+    t, h, i, bk = b.tokens, c.hidden, b.plan.intermediate, common["BK"]
     routes, fp8 = t * c.top_k, common["FP8"]
     alpha, limit = float(spec.swiglu_alpha), float(spec.swiglu_limit)
     ids, tw = b.topk_ids, b.topk_weights
@@ -172,7 +172,7 @@ def _grouped(b: MoEBinding, w1: _Weights, w2: _Weights, common: dict):
     or (NVFP4 dequantized path) one chunk of experts at a time, each chunk's
     weights first decoded to bf16 in w_bf16. Returns route_out [R, H]."""
     spec, c, cfg, s = b.plan.spec, b.plan.caps, b.config, b.scratch
-    t, h, i, e = b.tokens, c.hidden, c.intermediate, c.num_experts
+    t, h, i, e = b.tokens, c.hidden, b.plan.intermediate, c.num_experts
     routes, bk = t * c.top_k, common["BK"]
     tiles = max_tiles(routes, e, cfg.block_m)
     _sort(b, routes, cfg.block_m, tiles)

@@ -146,8 +146,8 @@ def _other_nvfp4_path(p: MoEPlan, tokens: int) -> tuple[str, TileConfig]:
         no = plan(dataclasses.replace(p.caps, dequant_scratch_bytes=0), p.spec)
         return "nvfp4-kernel", no.config_for(tokens)
     bf16 = plan(p.caps, dataclasses.replace(p.spec, weight_format="bf16")).config_for(tokens)
-    return "dequant", dataclasses.replace(bf16, dequant_experts=max(1, dequant_chunk(p.caps,
-                                                                                     p.spec)))
+    padded = dataclasses.replace(p.caps, intermediate=p.intermediate)  # the copies' I
+    return "dequant", dataclasses.replace(bf16, dequant_experts=max(1, dequant_chunk(padded, p.spec)))
 
 
 def _tile(p: MoEPlan, bm: int, bn1: int, bn2: int, warps: int, per_sm: int, bk: int,
@@ -187,7 +187,7 @@ def tile_candidates(p: MoEPlan, tokens: int) -> tuple[tuple[str, MoEPlan], ...]:
         table = TILES_LARGE if chosen.block_m >= 64 else TILES_SMALL
     out, seen = [("planned", p)], {(p.chunk, chosen)}
     for name, bm, bn1, bn2, warps, per_sm, bk in table:
-        if p.caps.hidden % bk or p.caps.intermediate % bk or bk > p.chunk:
+        if p.caps.hidden % bk or p.intermediate % bk or bk > p.chunk:
             continue
         if p.spec.weight_format == "fp8_block" and (bk, bn1) != (FP8_BLOCK, FP8_BLOCK):
             continue  # a K step is one scale block; FC1 programs hold whole activation groups

@@ -5,7 +5,9 @@ BK the pack chunk (reduction elements per kernel step, `MoEPlan.chunk`).
 
 Prepared layout:
 - FC1 [E, N1, H], gate rows first then up rows, whatever the checkpoint order;
-  FC2 [E, H, I]; both already sliced to this rank's share of I.
+  FC2 [E, H, I]; both already sliced to this rank's share of I, and I is the
+  plan's (`MoEPlan.intermediate`): a share that is not a multiple of 32 is
+  followed by zero gate rows, zero up rows and zero FC2 columns up to it.
 - bf16: contiguous bf16.
 - nvfp4: words of 8 elements (`pack_words`): word n of a row holds elements
   8n..8n+7 with each E2M1 bit where the kernel's rotate-and-mask decode wants
@@ -171,6 +173,20 @@ def _select(w, rows_fn, cols=None):
     return w if cols is None else w[..., cols[0]:cols[1]]
 
 
+def _pad_columns(w, pad: int):
+    """w [E, H, I] (dense or NVFP4Tensor) with `pad` zero columns appended along I:
+    zero values, and for NVFP4 zero codes under zero scales (value 0). An
+    NVFP4Tensor's I is a multiple of its 16-element scale groups and so is pad
+    (both multiples of 16: plan.PAD_MULTIPLE), so whole groups are appended."""
+    if not pad:
+        return w
+    if isinstance(w, NVFP4Tensor):
+        p, s = w.packed, w.scales
+        return NVFP4Tensor(torch.cat([p, p.new_zeros(*p.shape[:-1], pad // 2)], dim=-1),
+                           torch.cat([s, s.new_zeros(*s.shape[:-1], pad // 16)], dim=-1), w.global_scale)
+    return torch.cat([w, w.new_zeros(*w.shape[:-1], pad)], dim=-1)
+
+
 _TYPES = {"nvfp4": (NVFP4Tensor, "quantize_nvfp4 or quant.from_checkpoint"),
           "fp8_block": (FP8BlockTensor, "quantize_fp8_block or quant.fp8.from_checkpoint; an "
                         "E4M3 tensor alone lacks its weight_scale_inv")}
@@ -205,12 +221,15 @@ def prepare_weights(plan, w1, w2) -> MoEWeights:
     used as is. bf16 format: bf16/fp16/fp32 tensors; nvfp4: `NVFP4Tensor`s;
     fp8_block: `FP8BlockTensor`s (a rank's rows and columns are whole 128
     blocks: `plan` checks I, so the slice never splits a scale block).
-    Allocates the prepared copies (the sources can be freed after); no host
-    sync; not capture-legal. Call once per model.
+    Where plan.intermediate exceeds I, zero gate rows, up rows and FC2 columns
+    fill the difference (they add exactly nothing: plan.py). Allocates the
+    prepared copies (the sources can be freed after); no host sync; not
+    capture-legal. Call once per model.
     """
     caps, spec = plan.caps, plan.spec
     fmt = spec.weight_format
     e, h, i = caps.num_experts, caps.hidden, caps.intermediate
+    pad = plan.intermediate - i  # zero rows / columns the kernels' chunk needs (plan.py)
     full = i * caps.tp_size
     gated = spec.gated
     i_src = (w1.shape[-2] // (2 if gated else 1)) if hasattr(w1, "shape") else full
@@ -223,17 +242,20 @@ def prepare_weights(plan, w1, w2) -> MoEWeights:
 
     def fc1_rows(t, u):  # u: source rows per row of t (128 for FP8 block scales)
         if not gated:
-            return t[:, lo // u:(lo + i) // u]
+            rows = t[:, lo // u:(lo + i) // u]
+            return torch.cat([rows, rows.new_zeros(rows.shape[0], pad // u, *rows.shape[2:])], dim=1)
         if spec.gate_up_order == "interleaved":  # never with u > 1 (MoESpec rejects it)
             gate, up = t[:, 0::2], t[:, 1::2]
         else:
             gate, up = t[:, :i_src // u], t[:, i_src // u:]
             if spec.gate_up_order == "up_gate":
                 gate, up = up, gate
-        return torch.cat([gate[:, lo // u:(lo + i) // u], up[:, lo // u:(lo + i) // u]], dim=1)
+        zeros = t.new_zeros(t.shape[0], pad // u, *t.shape[2:])  # u > 1 (FP8) never pads
+        return torch.cat([gate[:, lo // u:(lo + i) // u], zeros, up[:, lo // u:(lo + i) // u], zeros],
+                         dim=1)
 
     w1 = _select(w1, fc1_rows)
-    w2 = _select(w2, lambda t, u: t, (lo, lo + i) if i_src != i else None)
+    w2 = _pad_columns(_select(w2, lambda t, u: t, (lo, lo + i) if i_src != i else None), pad)
     if fmt == "bf16":
         return MoEWeights(fmt, plan.chunk, w1.to(torch.bfloat16).contiguous(),
                           w2.to(torch.bfloat16).contiguous())

@@ -144,12 +144,26 @@ def _child(fn, rank, world_size, backend, init_method, args, env, results, launc
         # plain pickle copies tensors into the message: the queue's own pickler would
         # pass them as shared-memory handles that die with this process
         results.put(("ok", rank, pickle.dumps(out)))
-    except BaseException:  # noqa: BLE001 - everything is reported to the parent
-        results.put(("err", rank, traceback.format_exc()))
+    except BaseException as exc:  # noqa: BLE001 - everything is reported to the parent
+        results.put(("err", rank, (traceback.format_exc(), _summary(exc))))
         results.close()
         results.join_thread()  # the traceback must reach the parent before we exit
         sys.stderr.flush()
         os._exit(1)
+
+
+def _summary(exc: BaseException) -> str:
+    """One line for a rank's error: its type and its message's first line."""
+    lines = str(exc).strip().splitlines()
+    return type(exc).__name__ + (f": {lines[0]}" if lines else "")
+
+
+def _causes(failed: dict[int, tuple[str, str]], cause: int) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """The distinct one-line summaries of `failed` ({rank: (traceback, summary)}), the
+    cause's first, each with the ranks that reported it in rank order."""
+    order = [failed[cause][1]] + [summary for _, summary in failed.values()]
+    return tuple((line, tuple(r for r in sorted(failed) if failed[r][1] == line))
+                 for line in dict.fromkeys(order))
 
 
 # How long the launcher keeps listening after the first failure: a rank that dies takes
@@ -178,17 +192,17 @@ def _failure(errors: dict, procs, results, done) -> RankFailed | None:
             errors.setdefault(rank, payload)
         else:
             done[rank] = pickle.loads(payload)
-    silent = {r: f"process exited with code {p.exitcode} without a result"
+    silent = {r: (f"process exited with code {p.exitcode} without a result",) * 2
               for r, p in enumerate(procs) if r not in done and r not in errors and not p.is_alive()}
     failed = {**silent, **errors}
     if not failed:
         return None
     cause = next(iter(failed))
-    detail = failed[cause]
-    others = [f"rank {r}: {text.strip().splitlines()[-1]}" for r, text in failed.items() if r != cause]
+    detail = failed[cause][0]
+    others = [f"rank {r}: {text.strip().splitlines()[-1]}" for r, (text, _) in failed.items() if r != cause]
     if others:
         detail = detail.rstrip("\n") + "\n\nalso failed (likely because of the above):\n" + "\n".join(others)
-    return RankFailed(cause, detail)
+    return RankFailed(cause, detail, causes=_causes(failed, cause))
 
 
 def run_ranks(
@@ -257,8 +271,8 @@ def run_ranks(
                         if procs[r].is_alive():
                             os.kill(procs[r].pid, signal.SIGUSR1)
                     time.sleep(1.0)
-                    raise RankFailed(stuck[0], f"ranks {stuck} still running after {timeout_s:.0f} s "
-                                               "(stacks dumped to stderr)") from None
+                    what = f"still running after {timeout_s:.0f} s (stacks dumped to stderr)"
+                    raise RankFailed(stuck[0], f"ranks {stuck} {what}", causes=((what, tuple(stuck)),)) from None
                 continue
             if status == "err":
                 raise _failure({rank: payload}, procs, results, done)

@@ -1,6 +1,7 @@
-"""`sparkinfer bench comm|fused|moe|broadcast|scheduler --dry-run` end to end on the CPU (tiny sizes, CPU
+"""`sparkinfer bench comm|fused|moe|decode|broadcast|scheduler --dry-run` end to end on the CPU (tiny sizes, CPU
 ranks through the Triton interpreter), so a GPU run never dies on a Python error,
-and the result rows carry their provenance without machine paths."""
+and the result rows carry their provenance without machine paths; decode's in-process
+dry run sets the interpreter itself, as the README promises a CPU-only host."""
 
 from __future__ import annotations
 
@@ -75,6 +76,21 @@ def test_bench_moe_dry_run(tmp_path, capsys):
     # every timing checked on the outputs of the run that was timed, baselines included
     assert all(r["ok"] and r["check_rel_norm"] <= r["tol_rel_norm_max"] for r in times)
     assert "MoE layer, us per call" in capsys.readouterr().out
+
+
+def test_bench_moe_times_a_padded_shape_against_its_unpadded_floor(tmp_path, capsys):
+    """I = 48 (as glm_air_tp8's 176) runs padded to 64: checked against the reference, timed,
+    and its floor counts the 48 the checkpoint holds (48/64 of what the layer reads);
+    fp8_block, whose blocks cannot be padded, is skipped with a line saying so."""
+    rows = _run(tmp_path, "moe", "--shapes", "tiny_padded", "--m", "2", "--no-baselines")
+    checks = [r for r in rows if r["kind"] == "check"]
+    times = [r for r in rows if r["kind"] == "time"]
+    assert {r["format"] for r in checks} == {r["format"] for r in times} == {"nvfp4", "bf16"}
+    assert all(r["ok"] for r in checks + times)
+    for r in times:
+        assert (r["I"], r["I_padded"]) == (48, 64) and r["weight_bytes"] * 64 == pytest.approx(r["read_bytes"] * 48)
+        assert r["floor_us"] == pytest.approx(r["weight_bytes"] / (r["copy_gbs"] * 1e9) * 1e6)
+    assert "fp8_block skipped: H=128, I=48 are not multiples of 128" in capsys.readouterr().out
 
 
 def test_moe_failed_checks_counts_timed_graphs_too():
@@ -167,3 +183,43 @@ def test_bench_scheduler_dry_run(tmp_path, capsys, monkeypatch):
         assert 0 < r["scheduler_us"] <= r["loop_us"] and r["decode_step_us"] == 700.0
         assert r["scheduler_frac_of_step"] == r["scheduler_us"] / 700.0
     assert "% of a qwen3 batch-1 step" in capsys.readouterr().out
+
+
+_DECODE_WITHOUT_INTERPRET = """
+import sys
+
+import sparkinfer.bench.decode as decode
+
+
+def one_kernel(preset, args, dev, bw, say):  # stands in for the model rows (the whole dry run: ~100 s)
+    import torch
+
+    from sparkinfer.norm import rms_norm
+
+    x = torch.randn(2, 64)
+    y = rms_norm(x, torch.ones(64), 1e-6)
+    ok = torch.allclose(y, x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6), atol=1e-5)
+    return [dict(bench="decode", preset=preset, impl="sparkinfer", experts="bf16", batch=1,
+                 us_per_step=1.0, tokens_per_s=1.0, ok=bool(ok))]
+
+
+decode._rows_for, decode._speculative = one_kernel, lambda *args: []
+from sparkinfer.cli import main
+
+sys.exit(main(["bench", "decode", "--dry-run", "--out", sys.argv[1]]))
+"""
+
+
+def test_bench_decode_dry_run_sets_the_interpreter_itself(tmp_path):
+    """`sparkinfer bench decode --dry-run` on a CPU-only host without TRITON_INTERPRET=1 set
+    by hand (it failed with "0 active drivers"): a fresh process with the variable unset
+    runs a Triton kernel on the CPU inside the benchmark's main."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", _DECODE_WITHOUT_INTERPRET, str(tmp_path / "decode.json")], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads((tmp_path / "decode.json").read_text())[0]["ok"] is True

@@ -62,7 +62,7 @@ def spawn_ranks(fn, world_size: int, *, args=(), timeout_s: float = 120.0, backe
                 status, rank, payload = results.get(timeout=0.2)
             except queue.Empty:
                 continue
-            out[rank] = ("ok", pickle.loads(payload)) if status == "ok" else ("err", payload)
+            out[rank] = ("ok", pickle.loads(payload)) if status == "ok" else ("err", payload[0])  # its traceback
     finally:
         for p in procs:
             if p.is_alive():

@@ -157,5 +157,8 @@ def test_hf_quant_config_file_marks_nvfp4(ckpt_dir, tmp_path):
         {"quantization": {"quant_algo": "W4A8_AWQ"}}))
     with pytest.raises(UnsupportedModelError, match="W4A8_AWQ"):
         load_spec(tmp_path)
-    with pytest.raises(UnsupportedModelError, match="no config.json"):
+    with pytest.raises(UnsupportedModelError, match="missing does not exist; pass a Hugging Face checkpoint"):
         load_spec(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UnsupportedModelError, match="no config.json in .*empty: it is not a Hugging Face"):
+        load_spec(tmp_path / "empty")

@@ -77,6 +77,20 @@ def test_fp8_experts_load_as_stored_per_rank(dirs, world):
         assert torch.equal(as_bf16.w1, dequantize_fp8_block(got.w1, torch.bfloat16))
 
 
+def test_fp8_experts_read_as_bf16_at_any_slice(dirs):
+    """256 / 4 = 64 per rank cuts the 128-blocks: read as bf16, the
+    rank's rows and columns are the dequantized checkpoint's, whatever blocks they cut."""
+    _, fp8 = dirs
+    spec, ckpt = load_spec(fp8), Checkpoint(fp8)
+    p = "model.layers.2.mlp.experts.5"
+    gate, up, down = (dequantize_fp8_block(FP8BlockTensor(ckpt.read(f"{p}.{n}.weight"),
+                                                          ckpt.read(f"{p}.{n}.weight_scale_inv")), torch.bfloat16)
+                      for n in ("gate_proj", "up_proj", "down_proj"))
+    got = load_routed(ckpt, spec, Sharding(3, 4), 2)
+    assert torch.equal(got.w1[5], torch.cat([gate[192:], up[192:]]))
+    assert torch.equal(got.w2[5], down[:, 192:])
+
+
 def test_bf16_checkpoint_quantizes_at_load(dirs):
     bf, _ = dirs
     spec, ckpt = load_spec(bf), Checkpoint(bf)

@@ -110,12 +110,27 @@ def test_join_gate_up_is_exact_for_a_power_of_two_ratio():
         assert torch.equal(dequantize_nvfp4(joined), want) == exact
 
 
-@pytest.mark.parametrize("shared", [True, None], ids=["modelopt", "quantize-at-load"])
-def test_nvfp4_needs_16_aligned_intermediate_shards(shared, ckpt_dir, nvfp4_dir):
-    path = nvfp4_dir("glm4_moe-tiny") if shared else ckpt_dir("glm4_moe-tiny")
-    with pytest.raises(ShapeError, match=r"moe_intermediate_size \(192 / 8 = 24\) to be multiples "
-                                         r"of 16"):
+def test_stored_nvfp4_needs_16_aligned_shards_and_quantize_at_load_pads(ckpt_dir, nvfp4_dir):
+    """192 / 8 = 24 per rank: a ModelOpt checkpoint's down_proj scale groups would be cut
+    (ShapeError); a bf16 checkpoint quantized at load pads I_l to 32 with zero gate and up
+    rows and zero down columns first, which quantize to zero codes."""
+    path = nvfp4_dir("glm4_moe-tiny")
+    with pytest.raises(ShapeError, match=r"read as stored, the per-rank moe_intermediate_size "
+                                         r"\(192 / 8 = 24\) to be multiples of 16"):
         load_routed(Checkpoint(path), load_spec(path), Sharding(0, 8), 1, moe_format="nvfp4")
+    path = ckpt_dir("glm4_moe-tiny")
+    spec, ckpt = load_spec(path), Checkpoint(path)
+    bf = load_routed(ckpt, spec, Sharding(3, 8), 1)
+    fp4 = load_routed(ckpt, spec, Sharding(3, 8), 1, moe_format="nvfp4")
+    e, h = spec.num_experts, spec.hidden
+    z = torch.zeros(e, 8, h, dtype=torch.bfloat16)
+    gate, up = bf.w1.chunk(2, dim=1)
+    want1 = quantize_nvfp4(torch.cat([gate, z, up, z], dim=1))
+    want2 = quantize_nvfp4(torch.cat([bf.w2, z.transpose(1, 2)], dim=2))
+    for got, want in ((fp4.w1, want1), (fp4.w2, want2)):
+        assert torch.equal(got.packed, want.packed) and torch.equal(u8(got.scales), u8(want.scales))
+        assert torch.equal(got.global_scale, want.global_scale)
+    assert fp4.w1.shape == (e, 64, h) and not dequantize_nvfp4(fp4.w2)[..., 24:].any()
 
 
 def test_unknown_moe_format(ckpt_dir):

@@ -76,7 +76,7 @@ def run_case(spec, t, e, k, max_tokens=32, num_sms=132, h=64, i=32):
 def meta_weights(p):
     """Prepared-weight record of the right shapes on the meta device (no memory)."""
     c = p.caps
-    e, h, i = c.num_experts, c.hidden, c.intermediate
+    e, h, i = c.num_experts, c.hidden, p.intermediate  # as the kernels run it (padded)
     n1 = (2 if p.spec.gated else 1) * i
 
     def m(*s, dt):

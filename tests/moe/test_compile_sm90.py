@@ -18,6 +18,7 @@ QWEN3 = dict(num_experts=128, top_k=8, hidden=2048, intermediate=768)
 DSV3_TP8 = dict(num_experts=256, top_k=8, hidden=7168, intermediate=256)
 DSV3_ROUTING = dict(routing="sigmoid_grouped", n_group=8, topk_group=4)
 MIXTRAL = dict(num_experts=8, top_k=2, hidden=4096, intermediate=14336)
+GLM_AIR_TP8 = dict(num_experts=128, top_k=8, hidden=4096, intermediate=176)  # padded to 192, chunk 64
 CASES = [("qwen3", fmt, t) for fmt in ("bf16", "nvfp4") for t in (1, 64, 1024)] + [
     ("dsv3_tp8", "nvfp4", 1), ("dsv3_tp8", "bf16", 4096), ("qwen3-ptx", "nvfp4", 64),
     ("mixtral", "nvfp4", 4), ("mixtral-ptx", "nvfp4", 4),
@@ -25,7 +26,17 @@ CASES = [("qwen3", fmt, t) for fmt in ("bf16", "nvfp4") for t in (1, 64, 1024)] 
     ("qwen3", "fp8_block", 1), ("mixtral", "fp8_block", 4), ("qwen3", "fp8_block", 64),
     ("dsv3_tp8", "fp8_block", 4096),
     # NVFP4 from 160 rows per expert: decoded to bf16 in expert chunks, bf16 tiles
-    ("qwen3_4k-ptx", "nvfp4", 4096)]
+    ("qwen3_4k-ptx", "nvfp4", 4096),
+    # a per-rank I the plan pads (176 -> 192)
+    ("glm_air_tp8-ptx", "nvfp4", 1), ("glm_air_tp8", "bf16", 64)]
+
+
+# Known: NVFP4 steps of 64 (a padded I of 192 takes chunk 64) leave FC2's scale tile of
+# BN 64 rows x 4 bytes a synchronous load (ttgir tt.load of i8 [64, 4]): that step waits on
+# HBM once; at chunk 128 (8 bytes a row) and at BN 128 it rides the cp.async pipeline. Its
+# cost is not yet measured: `sparkinfer bench moe --shapes glm_air_tp8,glm_air_tp8_i256`
+# times 176 padded to 192 (chunk 64) against the same layer at 256 (chunk 128).
+SYNC_SCALE_TILE = {("glm_air_tp8-ptx", "nvfp4", 1): "moe_fc2_kernel"}
 
 
 def _compile(cases: list) -> list:
@@ -36,7 +47,7 @@ def _compile(cases: list) -> list:
 @pytest.fixture(scope="module")
 def compiled():
     shapes = {"qwen3": (QWEN3, 1024, {}), "dsv3_tp8": (DSV3_TP8, 4096, DSV3_ROUTING),
-              "mixtral": (MIXTRAL, 16, {}), "qwen3_4k": (QWEN3, 4096, {})}
+              "mixtral": (MIXTRAL, 16, {}), "qwen3_4k": (QWEN3, 4096, {}), "glm_air_tp8": (GLM_AIR_TP8, 64, {})}
     case = [(*shapes[name.split("-")[0]], "ptx" if name.endswith("-ptx") else "arith")
             for name, _, _ in CASES]
     return dict(zip(CASES, _compile([[s, fmt, t, mt, kw, dec]
@@ -61,7 +72,8 @@ def test_launches_compile_for_sm90(compiled, name, fmt, t):
         assert (r["pdl_triggers"] > 0) == (micro and r["kernel"] in (
             "moe_fc1_kernel", "moe_act_kernel", "moe_fc2_kernel")), r
         # NVFP4 codes and E4M3 scales ride the cp.async pipeline: no step waits on HBM
-        assert r["sync_u8_loads"] == 0 or not r["kernel"].startswith("moe_fc"), r
+        known = SYNC_SCALE_TILE.get((name, fmt, t)) == r["kernel"]
+        assert r["sync_u8_loads"] == known or not r["kernel"].startswith("moe_fc"), r
 
 
 

@@ -229,3 +229,52 @@ def test_gpu_nvfp4_dequantized_path_matches_the_kernels():
     assert_moe_close(outs[0], outs[1].float())
     cos = torch.nn.functional.cosine_similarity(outs[0].float().flatten(), outs[1].float().flatten(), dim=0)
     assert cos.item() >= 0.99999
+
+
+GLM_AIR_TP8 = dict(num_experts=128, top_k=8, hidden=4096)  # I = 1408 / 8 = 176 per rank
+PADDED = [(fmt, i, t) for fmt, sizes in (("bf16", (16, 24, 48, 176)), ("nvfp4", (16, 48, 176)))
+          for i in sizes for t in (1, 8, 64, 512)]
+
+
+@pytest.mark.parametrize("fmt,i,t", PADDED, ids=[f"{f}-I{i}-T{t}" for f, i, t in PADDED])
+def test_gpu_padded_intermediate_matches_reference(fmt, i, t):
+    """Per-rank I that no chunk divides, at GLM-4.5-Air's E, K, H (its TP 8 shard is I 176;
+    Qwen3-30B-A3B's TP 16 shard 48): the layer runs I padded to a multiple of 32 with zero
+    weights, against the fp32 reference of the unpadded weights, micro (T 1, 8) and grouped
+    (T 64, 512); a CUDA-graph replay bitwise equal to eager."""
+    spec = MoESpec(weight_format=fmt)
+    p = plan(MoECaps(max_tokens=512, intermediate=i, **GLM_AIR_TP8), spec)
+    assert p.intermediate == -(-i // 32) * 32 > i
+    e, h = GLM_AIR_TP8["num_experts"], GLM_AIR_TP8["hidden"]
+    gen = torch.Generator(device="cuda").manual_seed(i * 1000 + t)
+    if fmt == "nvfp4":
+        src = (_random_nvfp4(e, 2 * i, h, gen), _random_nvfp4(e, h, i, gen))
+    else:
+        src = (torch.randn(e, 2 * i, h, device="cuda", generator=gen).mul_(h ** -0.5).bfloat16(),
+               torch.randn(e, h, i, device="cuda", generator=gen).mul_(i ** -0.5).bfloat16())
+    _padded_case(p, src, t, spec)
+
+
+def test_gpu_padded_nvfp4_dequantized_path():
+    """The NVFP4 path that decodes experts to bf16 (8 experts, top-2, T 1024: 256 rows per
+    expert) at I 176, padded to 192, against the reference."""
+    spec = MoESpec(weight_format="nvfp4")
+    p = plan(MoECaps(max_tokens=1024, num_experts=8, top_k=2, hidden=4096, intermediate=176), spec)
+    assert p.config_for(1024).dequant_experts > 0 and p.intermediate == 192
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    _padded_case(p, (_random_nvfp4(8, 352, 4096, gen), _random_nvfp4(8, 4096, 176, gen)), 1024, spec)
+
+
+def _padded_case(p, src, t, spec):
+    e, h = p.caps.num_experts, p.caps.hidden
+    scratch = allocate_scratch(p, "cuda")
+    poison_scratch(scratch)
+    x = torch.randn(t, h, device="cuda").bfloat16()
+    logits = torch.randn(t, e, device="cuda")
+    out = torch.full((t, h), float("nan"), dtype=torch.bfloat16, device="cuda")
+    b = bind(p, scratch, prepare_weights(p, *src), x=x, out=out, logits=logits)
+    run(b)
+    first = out.clone()
+    ref = moe_reference(x, src, route_reference(logits, spec, p.caps.top_k), spec=spec)
+    assert_moe_close(first, ref, spec.weight_format)
+    _repeats_and_replays_bitwise(b, out, first, repeats=1, replays=2)

@@ -89,7 +89,7 @@ REJECT = [
     ("caps-rank", lambda: MoECaps(4, 8, 2, 64, 32, tp_rank=2, tp_size=2), PlanError, "tp_rank"),
     ("caps-dtype", lambda: MoECaps(4, 8, 2, 64, 32, out_dtype=torch.float32), DTypeError,
      "out_dtype"),
-    ("plan-dims", lambda: plan(MoECaps(4, 8, 2, 48, 32), MoESpec()), PlanError, "multiples of 32"),
+    ("plan-hidden", lambda: plan(MoECaps(4, 8, 2, 48, 32), MoESpec()), PlanError, "H=48; the hidden size"),
     ("plan-T", lambda: plan(MoECaps(4, 8, 2, 64, 32), MoESpec()).config_for(5), CapacityError,
      "T=5"),
 ]

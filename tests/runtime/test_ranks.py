@@ -3,7 +3,7 @@ import time
 
 import pytest
 
-from sparkinfer.errors import RankFailed, SetupError
+from sparkinfer.errors import RankFailed, SetupError, ShapeError
 from sparkinfer.runtime import run_ranks
 
 
@@ -20,6 +20,15 @@ def _raise_on_1(world):
     if world.rank == 1:
         raise ValueError("rank one is unhappy")
     time.sleep(30)  # the others would wait; the launcher must not
+
+
+def _two_causes(world):
+    import torch.distributed as dist
+
+    dist.barrier()  # every rank is up: all three reports reach the launcher within its grace second
+    if world.rank == 1:
+        raise ValueError("rank one is unhappy\nsecond line")
+    raise ShapeError("ranks 0 and 2 agree")
 
 
 def _die_on_0(world):
@@ -48,8 +57,16 @@ def test_raising_rank_fails_fast_with_its_traceback():
     t0 = time.monotonic()
     with pytest.raises(RankFailed, match=r"rank 1 failed:(.|\n)*ValueError: rank one is unhappy") as ei:
         run_ranks(_raise_on_1, 2, backend="cpu", timeout_s=120)
-    assert ei.value.rank == 1
+    assert ei.value.rank == 1 and ei.value.causes == (("ValueError: rank one is unhappy", (1,)),)
     assert time.monotonic() - t0 < 25
+
+
+def test_distinct_causes_are_one_line_each_with_their_ranks():
+    with pytest.raises(RankFailed) as ei:
+        run_ranks(_two_causes, 3, backend="cpu", timeout_s=120)
+    causes = dict(ei.value.causes)
+    assert causes == {"ShapeError: ranks 0 and 2 agree": (0, 2), "ValueError: rank one is unhappy": (1,)}
+    assert ei.value.rank in ei.value.causes[0][1]  # the cause named first
 
 
 def test_dead_rank_fails_the_launch():
@@ -65,11 +82,14 @@ def test_silent_death_is_named_before_the_errors_it_causes():
                                          r"rank 1: RuntimeError: connection closed by peer$") as ei:
         run_ranks(_die_on_0_and_1_complains, 2, backend="cpu", timeout_s=120)
     assert ei.value.rank == 0
+    assert ei.value.causes == (("process exited with code 3 without a result", (0,)),
+                               ("RuntimeError: connection closed by peer", (1,)))
 
 
 def test_hung_ranks_are_named_after_the_timeout():
-    with pytest.raises(RankFailed, match=r"ranks \[0, 1\] still running after 3 s"):
+    with pytest.raises(RankFailed, match=r"ranks \[0, 1\] still running after 3 s") as ei:
         run_ranks(_hang, 2, backend="cpu", timeout_s=3)
+    assert ei.value.causes == (("still running after 3 s (stacks dumped to stderr)", (0, 1)),)
 
 
 @pytest.mark.parametrize("kw,match", [(dict(backend="tpu"), "backend must be"),
