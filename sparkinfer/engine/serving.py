@@ -170,19 +170,23 @@ class ServingEngine:
     # ------------------------------------------------------------------ start
     @classmethod
     def launch(cls, config: EngineConfig, *, ready_timeout_s: float = 3600.0) -> ServingEngine:
-        """Validate, start the ranks, wait until each has loaded and captured its graphs
-        (ready_timeout_s at most), start the engine loop. Raises the typed error of a bad
-        config before any rank starts, EngineFailed naming a rank that failed to start."""
+        """Validate (`models.validate.validate_launch`), start the ranks, wait until each has
+        loaded and captured its graphs (ready_timeout_s at most), start the engine loop.
+        Raises the typed error of a bad config in one line before any rank starts,
+        EngineFailed naming a rank that failed to start."""
         from pathlib import Path
 
         from sparkinfer.models.config import load_spec
         from sparkinfer.models.tokenizer import load_tokenizer
+        from sparkinfer.models.validate import validate_launch
         from sparkinfer.runtime.broadcast import BroadcastRing
         from sparkinfer.runtime.ranks import resolve_backend
         from sparkinfer.runtime.ring_segment import RingHandle
 
         self = cls(config)
         spec = load_spec(config.model)
+        validate_launch(spec, tp=config.tp, dcp=config.dcp, moe_format=config.moe_format,
+                        max_context=config.max_context, self_draft=config.self_draft)  # before any rank starts
         self.spec = spec
         self.model_name = config.name or Path(config.model).resolve().name
         try:
@@ -347,7 +351,7 @@ class ServingEngine:
 
 
 def _describe(e: BaseException) -> str:
-    if isinstance(e, RankFailed):
-        last = e.detail.strip().splitlines()[-1] if e.detail.strip() else "no detail"
-        return f"rank {e.rank} failed: {last}"
+    if isinstance(e, RankFailed):  # one line per distinct cause, the cause's first
+        return "; ".join(f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))} failed: {line}"
+                         for line, r in e.causes)
     return f"{type(e).__name__}: {e}"
