@@ -110,7 +110,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
     if tile.split > 1:
         part = torch.empty((tile.split, blocks * tile.block_n, rows), dtype=torch.float32, device=x.device)
     interpret = triton_interpret()
-    pdl = (LINEAR_PDL if pdl is None else pdl) and x.device.type == "cuda" and not interpret
+    pdl = (LINEAR_PDL if pdl is None else pdl) and x.device.type != "cpu" and not interpret
     linear_kernel[(blocks, tile.split)](
         x, w, bias if bias is not None else w, out, part, sync if sync is not None else out,
         m, n, k, tile.k_slice, x.stride(0), x.stride(1), w.stride(0), out.stride(0),
