@@ -99,14 +99,15 @@ def _finish_split(i_n, o_n, m_n, M, p_b, p_out, p_part, p_sync, stride_om, strid
         tl.atomic_xchg(p_sync + i_n, 0)  # zero again for the next call (and graph replay)
 
 
-@triton.jit(do_not_specialize=["M"])
-def linear_kernel(p_x, p_w, p_b, p_out, p_part, p_sync, M, N, K, k_slice, stride_xm, stride_xk, stride_wn,
-                  stride_om, stride_ps, stride_pn,
-                  BN: tl.constexpr, BK: tl.constexpr, KS: tl.constexpr, RB: tl.constexpr, STREAM: tl.constexpr,
-                  SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
-    """grid (NB = ceil(N / BN), S). KS: the preloaded slice (preload; = k_slice);
-    RB: row blocks of the stream schedule (>= ceil(M / BM); the preload schedule
-    loops over M at run time). k_slice: K of a program (a multiple of BK)."""
+@triton.jit
+def _linear_program(p_x, p_w, p_b, p_out, p_part, p_sync, M, N, K, k_slice, stride_xm, stride_xk, stride_wn,
+                    stride_om, stride_ps, stride_pn, BN: tl.constexpr, BK: tl.constexpr, KS: tl.constexpr,
+                    RB: tl.constexpr, STREAM: tl.constexpr, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                    PRECISION: tl.constexpr, PDL: tl.constexpr):
+    """One program of either schedule (the two entry points below name them apart in
+    profiles). grid (NB = ceil(N / BN), S). KS: the preloaded slice (preload; =
+    k_slice); RB: row blocks of the stream schedule (>= ceil(M / BM); the preload
+    schedule loops over M at run time). k_slice: K of a program (a multiple of BK)."""
     i_n, i_s = tl.program_id(0), tl.program_id(1)
     o_n = i_n * BN + tl.arange(0, BN)
     m_n = o_n < N
@@ -147,3 +148,21 @@ def linear_kernel(p_x, p_w, p_b, p_out, p_part, p_sync, M, N, K, k_slice, stride
     if SPLIT > 1:
         _finish_split(i_n, o_n, m_n, M, p_b, p_out, p_part, p_sync, stride_om, stride_ps, stride_pn,
                       SPLIT, HAS_BIAS)
+
+
+@triton.jit(do_not_specialize=["M"])
+def linear_preload_kernel(p_x, p_w, p_b, p_out, p_part, p_sync, M, N, K, k_slice, stride_xm, stride_xk, stride_wn,
+                          stride_om, stride_ps, stride_pn, BN: tl.constexpr, BK: tl.constexpr, KS: tl.constexpr,
+                          RB: tl.constexpr, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
+                          PDL: tl.constexpr):
+    _linear_program(p_x, p_w, p_b, p_out, p_part, p_sync, M, N, K, k_slice, stride_xm, stride_xk, stride_wn,
+                    stride_om, stride_ps, stride_pn, BN, BK, KS, RB, False, SPLIT, HAS_BIAS, PRECISION, PDL)
+
+
+@triton.jit(do_not_specialize=["M"])
+def linear_stream_kernel(p_x, p_w, p_b, p_out, p_part, p_sync, M, N, K, k_slice, stride_xm, stride_xk, stride_wn,
+                         stride_om, stride_ps, stride_pn, BN: tl.constexpr, BK: tl.constexpr, KS: tl.constexpr,
+                         RB: tl.constexpr, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
+                         PDL: tl.constexpr):
+    _linear_program(p_x, p_w, p_b, p_out, p_part, p_sync, M, N, K, k_slice, stride_xm, stride_xk, stride_wn,
+                    stride_om, stride_ps, stride_pn, BN, BK, KS, RB, True, SPLIT, HAS_BIAS, PRECISION, PDL)

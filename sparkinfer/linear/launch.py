@@ -8,7 +8,7 @@ import triton
 from sparkinfer.envs import triton_interpret
 from sparkinfer.errors import AliasingError, DTypeError, LayoutError, ShapeError
 from sparkinfer.linear.config import BLOCK_M, BLOCK_N, MAX_ROWS, LinearTile, linear_tile
-from sparkinfer.linear.kernel import linear_kernel
+from sparkinfer.linear.kernel import linear_preload_kernel, linear_stream_kernel
 from sparkinfer.runtime.devices import cuda_sm_count
 
 __all__ = ["linear", "linear_sync", "LINEAR_MAX_ROWS", "LINEAR_PDL"]
@@ -111,12 +111,13 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
         part = torch.empty((tile.split, blocks * tile.block_n, rows), dtype=torch.float32, device=x.device)
     interpret = triton_interpret()
     pdl = (LINEAR_PDL if pdl is None else pdl) and x.device.type != "cpu" and not interpret
-    linear_kernel[(blocks, tile.split)](
+    kernel = linear_stream_kernel if tile.stream else linear_preload_kernel
+    kernel[(blocks, tile.split)](
         x, w, bias if bias is not None else w, out, part, sync if sync is not None else out,
         m, n, k, tile.k_slice, x.stride(0), x.stride(1), w.stride(0), out.stride(0),
         part.stride(0) if tile.split > 1 else 0, rows,
         BN=tile.block_n, BK=tile.block_k, KS=tile.k_slice if not tile.stream else tile.block_k, RB=row_blocks,
-        STREAM=tile.stream, SPLIT=tile.split, HAS_BIAS=bias is not None, PRECISION=_precision(x.dtype, interpret),
+        SPLIT=tile.split, HAS_BIAS=bias is not None, PRECISION=_precision(x.dtype, interpret),
         PDL=pdl, num_warps=tile.num_warps, num_stages=tile.num_stages(row_blocks, elem),
         **(dict(launch_pdl=True) if pdl else {}))
     return out

@@ -41,7 +41,8 @@ def record_launch(n: int, k: int, m: int, dtype: str, bias: bool) -> Launch:
     sink: list[Launch] = []
     w = torch.empty(n, k, dtype=dt, **meta)
     with mock.patch.object(lin, "_num_sms", lambda device: 132), \
-            mock.patch.object(lin, "linear_kernel", _Recorder(lin.linear_kernel, sink)):
+            mock.patch.object(lin, "linear_preload_kernel", _Recorder(lin.linear_preload_kernel, sink)), \
+            mock.patch.object(lin, "linear_stream_kernel", _Recorder(lin.linear_stream_kernel, sink)):
         lin.linear(torch.empty(m, k, dtype=dt, **meta), w, torch.empty(n, dtype=dt, **meta) if bias else None,
                    sync=lin.linear_sync(w), pdl=True)
     return sink[0]
@@ -92,7 +93,9 @@ def compile_case(n: int, k: int, m: int, dtype: str, bias: bool) -> dict:
     compiled = compile_launch(launch)
     ptx = compiled.asm["ptx"]
     kw = launch.kwargs
-    return dict(grid=list(launch.grid), stream=kw["STREAM"], split=kw["SPLIT"], row_blocks=kw["RB"],
+    name = launch.fn.fn.__name__
+    return dict(kernel=name, grid=list(launch.grid), stream=name == "linear_stream_kernel", split=kw["SPLIT"],
+                row_blocks=kw["RB"],
                 **ptxas_usage(compiled), sm90=".target sm_90" in ptx, launch_pdl=bool(kw.get("launch_pdl")),
                 pdl_waits=ptx.count("griddepcontrol.wait"), pdl_triggers=ptx.count("griddepcontrol.launch_dependents"),
                 wgmma=len(re.findall(r"wgmma\.mma_async", ptx)), **_before_wait(ptx))
