@@ -24,10 +24,12 @@ GB/s, the fraction of the specified 4.8 TB/s (`frac_hbm`) and of the device copy
 rate measured in the same run (`frac_copy`; a copy's rate counts its reads and
 writes, a GEMV mostly reads, so it can pass 1).
 
-    python3 benchmarks/sweeps/linear_decode_sweep.py [--out PATH] [--shapes qwen3.qkv,...] [--dry-run]
+    python3 benchmarks/sweeps/linear_decode_sweep.py [--out PATH] [--shapes qwen3.qkv,...] [--budget-s 200]
+        [--dry-run]
 
-About 2 minutes on an H200 (most of it Triton compiles); `--dry-run` runs small
-shapes through the interpreter on the CPU (logic only, no timing meaning).
+About 2-3 minutes on an H200, most of it Triton compiles (~35 specializations);
+no shape starts past --budget-s. `--dry-run` runs small shapes through the
+interpreter on the CPU (logic only, no timing meaning).
 """
 
 from __future__ import annotations
@@ -251,6 +253,8 @@ def main() -> int:
     p.add_argument("--out", default=None, help="default benchmarks/results/sweeps/linear_decode_sweep_<machine>.json")
     p.add_argument("--shapes", default=None, help="comma-separated names of SHAPES (default all)")
     p.add_argument("--no-chain", action="store_true")
+    p.add_argument("--budget-s", type=float, default=200.0,
+                   help="start no new shape past this many seconds (the lead's device call allows 4 minutes)")
     p.add_argument("--dry-run", action="store_true", help="small shapes, interpreter on the CPU")
     args = p.parse_args()
     if args.dry_run:
@@ -279,12 +283,16 @@ def main() -> int:
     args.say = say
     shapes = DRY if args.dry_run else SHAPES
     names = args.shapes.split(",") if args.shapes else list(shapes)
-    rows = []
+    rows = [] if args.no_chain else chain_rows(args, dev, cuda, bw, peak)
+    skipped = []
     for name in names:
+        if time.time() - t0 > args.budget_s:
+            skipped.append(name)
+            continue
         torch.manual_seed(len(rows))
         rows += shape_rows(name, shapes[name], args, dev, cuda, bw, peak)
-    if not args.no_chain:
-        rows += chain_rows(args, dev, cuda, bw, peak)
+    if skipped:
+        print(f"past --budget-s {args.budget_s:.0f}: skipped {','.join(skipped)} (rerun with --shapes)")
     note = "linear decode sweep: graphs over distinct weights, median of 5 x 10 replays; see the script's docstring"
     out = args.out or default_out("linear_decode", meta, 1, dry_run=args.dry_run, sweep=False)
     if not args.out and not args.dry_run:
