@@ -43,10 +43,12 @@ def _mma(b_w, b_x, b_acc, PRECISION: tl.constexpr):
     """b_acc + b_w [BN, k] @ b_x [k, BM], fp32. PRECISION: "tf32x3" for fp32 weights on
     the GPU, "ieee" under the interpreter (its bf16 dots are fp16 ones: upcast)."""
     if PRECISION == "ieee":
-        return tl.dot(b_w.to(tl.float32), b_x.to(tl.float32), b_acc, input_precision="ieee")
-    if PRECISION == "tf32x3":
-        return tl.dot(b_w, b_x, b_acc, input_precision="tf32x3")
-    return tl.dot(b_w, b_x, b_acc)
+        b_acc = tl.dot(b_w.to(tl.float32), b_x.to(tl.float32), b_acc, input_precision="ieee")
+    elif PRECISION == "tf32x3":  # a 16-bit x upcasts exactly
+        b_acc = tl.dot(b_w, b_x.to(tl.float32), b_acc, input_precision="tf32x3")
+    else:
+        b_acc = tl.dot(b_w, b_x, b_acc)
+    return b_acc
 
 
 @triton.jit

@@ -47,14 +47,15 @@ def _check(x, w, bias, out, sync):
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
         raise ShapeError(f"linear: x [M, K] and w [N, K] with the same K; got {tuple(x.shape)} and "
                          f"{tuple(w.shape)}")
-    if x.dtype != w.dtype or x.dtype not in _DTYPES:
-        raise DTypeError(f"linear: x and w must share a float dtype (bf16, fp16, fp32); got {x.dtype} and {w.dtype}")
+    if x.dtype not in _DTYPES or w.dtype not in _DTYPES or (x.dtype != w.dtype and w.dtype != torch.float32):
+        raise DTypeError(f"linear: x and w must share a float dtype (bf16, fp16, fp32), or w be fp32 and x 16-bit; "
+                         f"got {x.dtype} and {w.dtype}")
     m, n = x.shape[0], w.shape[0]
-    if bias is not None and (bias.shape != (n,) or bias.dtype != x.dtype):
-        raise ShapeError(f"linear: bias must be [N={n}] {x.dtype}; got {tuple(bias.shape)} {bias.dtype}")
+    if bias is not None and (bias.shape != (n,) or bias.dtype != w.dtype):
+        raise ShapeError(f"linear: bias must be [N={n}] {w.dtype}; got {tuple(bias.shape)} {bias.dtype}")
     if out is not None:
-        if tuple(out.shape) != (m, n) or out.stride(1) != 1 or out.dtype != x.dtype:
-            raise LayoutError(f"linear: out must be [M, N] = {(m, n)} {x.dtype} with a contiguous last dim; got "
+        if tuple(out.shape) != (m, n) or out.stride(1) != 1 or out.dtype != w.dtype:
+            raise LayoutError(f"linear: out must be [M, N] = {(m, n)} {w.dtype} with a contiguous last dim; got "
                               f"{tuple(out.shape)} {out.dtype} strides {out.stride()}")
         o0, x0 = out.data_ptr(), x.data_ptr()
         o1 = o0 + ((m - 1) * out.stride(0) + n) * out.element_size()
@@ -71,8 +72,9 @@ def _check(x, w, bias, out, sync):
 def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
            out: torch.Tensor | None = None, sync: torch.Tensor | None = None, tile: LinearTile | None = None,
            pdl: bool | None = None) -> torch.Tensor:
-    """x [M, K] @ w [N, K].T (+ bias [N]) -> [M, N] in x's dtype (bf16, fp16 or fp32,
-    x and w alike).
+    """x [M, K] @ w [N, K].T (+ bias [N]) -> [M, N] in w's dtype (bf16, fp16 or fp32,
+    x alike; or fp32 weights and a 16-bit x, which the kernel upcasts exactly as it
+    loads it: GLM-4.5's fp32 router without a conversion kernel before it).
 
     M <= LINEAR_MAX_ROWS (128) with a contiguous K in w runs the Triton kernel:
     fp32 accumulation (fp32 weights: tf32x3 products, see `_precision`) in one order per output
@@ -92,12 +94,13 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
     m, k = x.shape
     n = w.shape[0]
     if out is None:
-        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+        out = torch.empty((m, n), dtype=w.dtype, device=x.device)
     if m > MAX_ROWS or w.stride(1) != 1:
+        x = x.to(w.dtype)
         return torch.addmm(bias, x, w.t(), out=out) if bias is not None else torch.mm(x, w.t(), out=out)
     if m == 0:
         return out
-    elem = x.element_size()
+    elem = w.element_size()
     if tile is None:
         tile = linear_tile(n, k, elem, _num_sms(x.device) if sync is not None else 1)
     if tile.split > 1 and sync is None:
@@ -117,7 +120,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
         m, n, k, tile.k_slice, x.stride(0), x.stride(1), w.stride(0), out.stride(0),
         part.stride(0) if tile.split > 1 else 0, rows,
         BN=tile.block_n, BK=tile.block_k, KS=tile.k_slice if not tile.stream else tile.block_k, RB=row_blocks,
-        SPLIT=tile.split, HAS_BIAS=bias is not None, PRECISION=_precision(x.dtype, interpret),
+        SPLIT=tile.split, HAS_BIAS=bias is not None, PRECISION=_precision(w.dtype, interpret),
         PDL=pdl, num_warps=tile.num_warps, num_stages=tile.num_stages(row_blocks, elem),
         **(dict(launch_pdl=True) if pdl else {}))
     return out

@@ -189,7 +189,7 @@ class Decoder:
         rows: a row's result is the same bits in any batch; prefill chunks: torch),
         F.linear for the torch ops."""
         if self.torch_ops is not None:
-            return F.linear(x, w, bias)
+            return F.linear(x.to(w.dtype), w, bias)
         return linear(x, w, bias, sync=self._sync.get(w.data_ptr()))
 
     def _attn_out(self, b: int, q: int, heads: int) -> dict:
@@ -211,8 +211,8 @@ class Decoder:
             return self._dense(m, x)
         out = self._moe_out[:x.shape[0]]
 
-        def router(h):
-            return self._linear(h.to(m.router.dtype), m.router)
+        def router(h):  # GLM-4.5's fp32 router upcasts h inside the kernel
+            return self._linear(h, m.router)
 
         def routed(h, logits):
             if self.torch_ops is not None:

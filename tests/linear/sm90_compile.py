@@ -7,6 +7,8 @@ are marked so, M never).
 
     python -m tests.linear.sm90_compile '<json: [[N, K, M, dtype, bias], ...]>'
 
+(dtype "bf16", "fp32", or "bf16>fp32": x bf16, w fp32)
+
 (without TRITON_INTERPRET) prints one JSON row per case: ptxas usage, the MMA
 used, and what the PTX does before `griddepcontrol.wait`.
 """
@@ -37,13 +39,14 @@ def record_launch(n: int, k: int, m: int, dtype: str, bias: bool) -> Launch:
     """The launch of linear(x [M, K], w [N, K]) with its semaphores on an H200 (meta tensors)."""
     import sparkinfer.linear.launch as lin
 
-    dt, meta = _DTYPES[dtype], dict(device="meta")
+    xt, wt = (_DTYPES[d] for d in dtype.split(">")) if ">" in dtype else (_DTYPES[dtype],) * 2
+    meta = dict(device="meta")
     sink: list[Launch] = []
-    w = torch.empty(n, k, dtype=dt, **meta)
+    w = torch.empty(n, k, dtype=wt, **meta)
     with mock.patch.object(lin, "_num_sms", lambda device: 132), \
             mock.patch.object(lin, "linear_preload_kernel", _Recorder(lin.linear_preload_kernel, sink)), \
             mock.patch.object(lin, "linear_stream_kernel", _Recorder(lin.linear_stream_kernel, sink)):
-        lin.linear(torch.empty(m, k, dtype=dt, **meta), w, torch.empty(n, dtype=dt, **meta) if bias else None,
+        lin.linear(torch.empty(m, k, dtype=xt, **meta), w, torch.empty(n, dtype=wt, **meta) if bias else None,
                    sync=lin.linear_sync(w), pdl=True)
     return sink[0]
 

@@ -21,7 +21,7 @@ H200_MAX_SHARED = 232448  # bytes of dynamic shared memory per block on sm_90
 CASES = {
     "qwen3-qkv-m1": (5120, 2048, 1, "bf16", False),  # preload, KS 256, split 8
     "glm-shared-gate-up-m64": (2816, 4096, 64, "bf16", False),  # preload, KS 512: the largest slice
-    "glm-router-fp32-m8": (128, 4096, 8, "fp32", False),  # preload, tf32x3
+    "glm-router-fp32-m8": (128, 4096, 8, "bf16>fp32", False),  # preload, tf32x3, x upcast in the kernel
     "qwen3-lm-head-m128": (151936, 2048, 128, "bf16", False),  # stream, 8 row blocks
     "glm-qkv-bias-m1": (14336, 4096, 1, "bf16", True),  # stream, one row block
 }

@@ -121,6 +121,24 @@ def test_what_the_kernel_does_not_serve_goes_to_torch():
     assert torch.equal(linear(x, wt, b), torch.addmm(b, x, wt.t()))
 
 
+@pytest.mark.parametrize("m", [3, LINEAR_MAX_ROWS + 1], ids=["kernel", "torch"])
+def test_fp32_weights_take_a_16bit_x_upcast_exactly(monkeypatch, m):
+    """GLM-4.5's router: fp32 weights, bf16 hidden states, fp32 out, within the fp32
+    bound of the upcast x; on a GPU the same bits as upcasting first (the kernel
+    converts x in registers before the same MMA; the interpreter's numpy sums a
+    transposed fp32 operand in another order than a converted one)."""
+    _h200(monkeypatch)
+    x, w, b = _case(m, 128, 256, torch.float32, 4)
+    x16 = x.bfloat16()
+    out = torch.full((m, 128), float("nan"), device=DEV)
+    sync = linear_sync(w)
+    linear(x16, w, b, out=out, sync=sync)
+    assert out.dtype == torch.float32
+    _check(out, x16.float(), w, b)
+    if DEV == "cuda" or m > LINEAR_MAX_ROWS:
+        assert torch.equal(out, linear(x16.float(), w, b, sync=sync))
+
+
 def test_strided_x_and_empty_batch():
     x, w, b = _case(4, 96, 128, torch.bfloat16, 2)
     wide = torch.zeros(4, 256, dtype=torch.bfloat16, device=DEV)
