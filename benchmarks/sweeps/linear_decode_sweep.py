@@ -35,6 +35,7 @@ interpreter on the CPU (logic only, no timing meaning).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import sys
@@ -127,7 +128,7 @@ class Case:
 def _variants(n, k, elem, m, cuda):
     """(impl, tile or None for cuBLAS, pdl) of one shape at one M."""
     from sparkinfer.linear import LinearTile, linear_tile
-    from sparkinfer.linear.config import BLOCK_K, BLOCK_N, MAX_SPLIT, PRELOAD_BYTES, PRELOAD_BYTES_FP32
+    from sparkinfer.linear.config import BLOCK_N, MAX_SPLIT, PRELOAD_BYTES, PRELOAD_BYTES_FP32
 
     planned = linear_tile(n, k, elem, SMS)
     out = [("cublas", None, False), ("planned", planned, True)]
@@ -135,12 +136,15 @@ def _variants(n, k, elem, m, cuda):
         out.append(("planned_nopdl", planned, False))
     cap = PRELOAD_BYTES if elem <= 2 else PRELOAD_BYTES_FP32
     for ks in (256, 512):
-        t = LinearTile(stream=False, block_n=BLOCK_N, block_k=BLOCK_K, k_slice=ks, split=-(-k // ks))
+        t = LinearTile(stream=False, block_n=BLOCK_N, block_k=64, k_slice=ks, split=-(-k // ks))
         if (t.stream, t.k_slice) != (planned.stream, planned.k_slice) and min(n, BLOCK_N) * ks * elem <= cap \
                 and t.split <= MAX_SPLIT and ks <= k:
             out.append((f"preload_ks{ks}", t, True))
     if not planned.stream:
         out.append(("stream", linear_tile(n, k, elem, 1), True))
+    else:  # f64ac5d's stream tile: BK 128, 6 steps in flight
+        out.append(("stream_bk128_s6", dataclasses.replace(planned, block_k=128, k_slice=-(-k // 128) * 128,
+                                                           stages=6), True))
     return out
 
 

@@ -20,9 +20,8 @@ in benchmarks/results/sweeps/linear_split_sweep_h200.json):
   bytes per slice) halves with each doubling of KS.
 - A weight whose feature blocks alone fill every SM (LM heads, GLM-4.5-Air's
   qkv and dense gate_up) streams: one program per BN features over all of K,
-  6 steps in flight, each weight step multiplied with every row block. At f64ac5d
-  that tile streamed GLM-4.5-Air's dense gate_up [21888, 4096] in 44.8 us (83%
-  of 4.8 TB/s) against cuBLAS's 46.7 us.
+  BLOCK_K steps STREAM_STAGES deep, each weight step multiplied with every row
+  block.
 - A weight too deep to preload in at most MAX_SPLIT slices (GLM-4.5-Air's o
   [4096, 12288], dense down [4096, 10944]) streams, split over idle SMs only
   where its blocks fill at most a third of them (f64ac5d: o 27.48 us unsplit,
@@ -44,8 +43,13 @@ BLOCK_M = 16  # rows of x per row block (kernel.BM)
 # registers a thread at 4 warps); larger M (prefill) goes to torch.
 MAX_ROWS = 128
 BLOCK_N = 64  # one warpgroup's wgmma M side (m64n16k16), 4 warps
-BLOCK_K = 128  # K of one streamed step
-STREAM_STAGES = 6  # f64ac5d: 6 steps in flight (linear_sweep_h200.json)
+# A streamed step: 64 of K, 4 steps in flight (40 KB of shared memory at one row
+# block, so several programs share an SM and one's pipeline fill hides behind
+# another's stream). 0f9fd66 (linear_sweep_h200.json, GLM-4.5-Air's dense gate_up
+# [21888, 4096], M = 1): BN 64 / BK 64 / 4 stages 43.2 us (86% of 4.8 TB/s), BK 128
+# / 6 stages 45.6, cuBLAS 47.4; the LM heads are the same regime (many waves).
+BLOCK_K = 64
+STREAM_STAGES = 4
 SMEM_BYTES = 180 * 1024  # of the H200's 227 KiB per SM, what a stream program's stages may take
 PRELOAD_BYTES = 64 * 1024
 # fp32 weights (GLM-4.5's router) multiply as tf32x3, which keeps each operand's two
@@ -55,8 +59,7 @@ PRELOAD_BYTES_FP32 = 32 * 1024
 PRELOAD_SLICES = (128, 256, 512)  # KS candidates; a slice is at least one BK step
 MAX_SPLIT = 32  # partials the last program adds: 32 x [64, 16] fp32 = 128 KB at most, L2-resident
 COST_ROWS = 8  # the decode batch whose partials the preload choice charges (issue 28: B <= 8)
-SPLIT_MIN_STEPS = 4  # a streamed slice keeps at least 4 BK steps (f64ac5d)
-SPLIT_STAGES = 4  # split stream launches pipeline 4 deep (f64ac5d)
+SPLIT_MIN_STEPS = 8  # a streamed slice keeps at least 512 of K (f64ac5d: 4 steps of 128)
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,8 @@ class LinearTile:
     split: S = ceil(K / KS) programs per feature block; > 1 needs the call site's
         semaphores (`linear_sync`).
     num_warps: of every program (fixed per weight: the warps shape the MMA).
+    stages: the stream schedule's pipeline depth; 0 = STREAM_STAGES, fewer where
+        the row blocks' x tiles would pass SMEM_BYTES.
     """
 
     stream: bool
@@ -77,6 +82,7 @@ class LinearTile:
     k_slice: int
     split: int
     num_warps: int = 4
+    stages: int = 0
 
     def num_stages(self, row_blocks: int, elem: int) -> int:
         """Pipeline depth of a call with `row_blocks` row blocks: it only hides latency
@@ -84,8 +90,7 @@ class LinearTile:
         if not self.stream:
             return 2
         step = (self.block_n + row_blocks * BLOCK_M) * self.block_k * elem
-        cap = SPLIT_STAGES if self.split > 1 else STREAM_STAGES
-        return max(2, min(cap, SMEM_BYTES // step))
+        return max(2, min(self.stages or STREAM_STAGES, SMEM_BYTES // step))
 
 
 def _preload_cost(n: int, k: int, ks: int, elem: int, num_sms: int) -> int:
