@@ -19,7 +19,11 @@ for replay = eager, bitwise.
 Then MEASURED.md's chain (2026-12-03): y_(i+1) = W_i y_i over 48 distinct 2048 x
 2048 and 24 distinct 4096 x 4096 bf16 weights at M = 1 in one graph, planned
 with PDL / without / cuBLAS: what the weight loads issued before `gdc_wait` buy
-when the predecessor lets its dependents launch early. Each row reports us,
+when the predecessor lets its dependents launch early; and the same chains with
+an RMSNorm before each projection (`chain.norm.*`), the decoder's pattern, where
+the norm lets the projection launch early. The PDL chain's graph is also dumped
+(CUDA's debug DOT) and the lines naming programmatic edges counted
+(`dot_programmatic_lines`; informational: whether the dump names them varies). Each row reports us,
 GB/s, the fraction of the specified 4.8 TB/s (`frac_hbm`) and of the device copy
 rate measured in the same run (`frac_copy`; a copy's rate counts its reads and
 writes, a GEMV mostly reads, so it can pass 1).
@@ -211,44 +215,77 @@ def _invariance(c, tile, dev) -> dict:
                 sync_rearmed=not bool(s.any()))
 
 
+def _dot_programmatic(call) -> int | None:
+    """Lines of the captured graph's debug DOT dump that name a programmatic edge or
+    launch attribute (CUDA's cudaGraphDebugDotPrint); None where the dump failed."""
+    import tempfile
+
+    import torch
+
+    try:
+        g = torch.cuda.CUDAGraph()
+        g.enable_debug_mode()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.graph(g, stream=s):
+            call()
+        with tempfile.TemporaryDirectory() as d:
+            g.debug_dump(os.path.join(d, "g.dot"))
+            text = open(os.path.join(d, "g.dot")).read().lower()
+        return sum("programmatic" in line for line in text.splitlines())
+    except Exception:  # noqa: BLE001 - informational only
+        return None
+
+
 def chain_rows(args, dev, cuda, bw, peak) -> list[dict]:
-    """MEASURED.md's chain of dependent GEMVs, planned with and without PDL, and cuBLAS."""
+    """MEASURED.md's chain of dependent GEMVs (y_(i+1) = W_i y_i), and the decoder's
+    pattern (y_(i+1) = W_i rmsnorm(y_i): the norm lets the projection launch early),
+    planned with and without PDL, and cuBLAS."""
     import torch
 
     from sparkinfer.linear import linear, linear_sync, linear_tile
+    from sparkinfer.norm import rms_norm
 
     rows = []
     for n, steps in CHAINS if cuda else ((256, 3),):
         ws = [(torch.randn(n, n, device=dev) * n ** -0.5).bfloat16() for _ in range(steps)]
         syncs = [linear_sync(w) for w in ws]
+        gamma = torch.ones(n, device=dev, dtype=torch.bfloat16)
         ys = [torch.randn(1, n, device=dev).bfloat16()] + [torch.empty(1, n, device=dev, dtype=torch.bfloat16)
                                                             for _ in ws]
+        hs = [torch.empty(1, n, device=dev, dtype=torch.bfloat16) for _ in ws]
         tile = linear_tile(n, n, 2, SMS)
-        for impl, pdl in (("planned", True), ("planned_nopdl", False), ("cublas", False))[::1 if cuda else 2]:
-            def call(impl=impl, pdl=pdl, ws=ws, syncs=syncs, ys=ys, tile=tile):
-                for i, (w, s) in enumerate(zip(ws, syncs)):
-                    if impl == "cublas":
-                        torch.mm(ys[i], w.t(), out=ys[i + 1])
-                    else:
-                        linear(ys[i], w, out=ys[i + 1], sync=s, tile=tile, pdl=pdl)
-            us, g = _time_us(call, cuda, steps)
-            for y in ys[1:]:
-                y.fill_(float("nan"))
-            (g.replay if g is not None else call)()
-            worst = 0.0
-            for i, w in enumerate(ws):  # each step against the fp64 product of its own input
-                ref = ys[i].double() @ w.double().t()
-                err = (ys[i + 1].float() - ref.float()).abs() / _bound(ys[i], w, None, ref.float())
-                worst = max(worst, float(err.max()) if bool(err.isfinite().all()) else math.inf)
-            moved = n * n * 2 + 4 * n
-            row = dict(shape=f"chain.{n}", N=n, K=n, M=1, dtype="bf16", impl=impl, steps=steps, us=us, pdl=pdl,
-                       ok=worst <= 1.0, max_err=worst, gbs=moved / us / 1e3,
-                       frac_hbm=moved / us / 1e3 / peak if peak else None,
-                       frac_copy=moved / us * 1e6 / bw if bw else None,
-                       stream=tile.stream, k_slice=tile.k_slice, split=tile.split)
-            rows.append(row)
-            args.say(row)
-            del g
+        impls = (("planned", True), ("planned_nopdl", False), ("cublas", False))
+        for norm in (False, True):
+            for impl, pdl in impls[::1 if cuda else 2]:
+                def call(impl=impl, pdl=pdl, ws=ws, syncs=syncs, ys=ys, hs=hs, tile=tile, norm=norm, gamma=gamma):
+                    for i, (w, s) in enumerate(zip(ws, syncs)):
+                        h = rms_norm(ys[i], gamma, 1e-6, out=hs[i]) if norm else ys[i]
+                        if impl == "cublas":
+                            torch.mm(h, w.t(), out=ys[i + 1])
+                        else:
+                            linear(h, w, out=ys[i + 1], sync=s, tile=tile, pdl=pdl)
+                us, g = _time_us(call, cuda, steps)
+                for y in ys[1:]:
+                    y.fill_(float("nan"))
+                (g.replay if g is not None else call)()
+                worst = 0.0
+                for i, w in enumerate(ws):  # each step against the fp64 product of its own input
+                    h = hs[i] if norm else ys[i]
+                    ref = (h.double() @ w.double().t()).float()
+                    err = (ys[i + 1].float() - ref).abs() / _bound(h, w, None, ref)
+                    worst = max(worst, float(err.max()) if bool(err.isfinite().all()) else math.inf)
+                moved = n * n * 2 + 4 * n
+                row = dict(shape=f"chain{'.norm' if norm else ''}.{n}", N=n, K=n, M=1, dtype="bf16", impl=impl,
+                           steps=steps, us=us, pdl=pdl, ok=worst <= 1.0, max_err=worst, gbs=moved / us / 1e3,
+                           frac_hbm=moved / us / 1e3 / peak if peak else None,
+                           frac_copy=moved / us * 1e6 / bw if bw else None,
+                           stream=tile.stream, k_slice=tile.k_slice, split=tile.split)
+                if cuda and impl == "planned" and not norm:
+                    row["dot_programmatic_lines"] = _dot_programmatic(call)
+                rows.append(row)
+                args.say(row)
+                del g
     return rows
 
 
