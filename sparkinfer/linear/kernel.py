@@ -52,12 +52,22 @@ def _mma(b_w, b_x, b_acc, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _x_block(p_x, o_k, m_k, r0, M, stride_xm, stride_xk):
-    """Rows r0..r0+BM of x, columns o_k, as the MMA's right operand [k, BM]; rows >= M zero."""
+def _x_block(p_x, o_k, m_k, r0, M, K, stride_xm, stride_xk, GATED: tl.constexpr):
+    """Rows r0..r0+BM of x, columns o_k, as the MMA's right operand [k, BM]; rows >= M
+    zero. GATED: x holds [gate | up] ([M, 2K]) and the operand is silu(gate) * up,
+    rounded as torch's bf16 `F.silu(g) * u` rounds (silu in fp32, rounded; the
+    product in fp32, rounded), so a dense MLP's down projection needs no
+    activation kernels before it."""
     o_m = r0 + tl.arange(0, BM)
     p = p_x + o_m[:, None].to(tl.int64) * stride_xm + o_k[None, :] * stride_xk
-    # loaded [BM, k] (16-byte vectors along K), transposed in shared memory
-    return tl.trans(tl.load(p, mask=(o_m < M)[:, None] & m_k[None, :], other=0.0))
+    m = (o_m < M)[:, None] & m_k[None, :]
+    b_x = tl.load(p, mask=m, other=0.0)  # [BM, k], 16-byte vectors along K
+    if GATED:
+        b_g = b_x.to(tl.float32)
+        b_s = (b_g / (1.0 + tl.exp(-b_g))).to(b_x.dtype)
+        b_u = tl.load(p + K * stride_xk, mask=m, other=0.0)
+        b_x = (b_s.to(tl.float32) * b_u.to(tl.float32)).to(b_x.dtype)
+    return tl.trans(b_x)  # transposed in shared memory
 
 
 @triton.jit
@@ -105,7 +115,7 @@ def _finish_split(i_n, o_n, m_n, M, p_b, p_out, p_part, p_sync, stride_om, strid
 def _linear_program(p_x, p_w, p_b, p_out, p_part, p_sync, M, N, K, k_slice, stride_xm, stride_xk, stride_wn,
                     stride_om, stride_ps, stride_pn, BN: tl.constexpr, BK: tl.constexpr, KS: tl.constexpr,
                     RB: tl.constexpr, STREAM: tl.constexpr, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr,
-                    PRECISION: tl.constexpr, PDL: tl.constexpr):
+                    GATED: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
     """One program of either schedule (the two entry points below name them apart in
     profiles). grid (NB = ceil(N / BN), S). KS: the preloaded slice (preload; =
     k_slice); RB: row blocks of the stream schedule (>= ceil(M / BM); the preload
@@ -130,7 +140,7 @@ def _linear_program(p_x, p_w, p_b, p_out, p_part, p_sync, M, N, K, k_slice, stri
             b_w = tl.load(p_wn + o_k[None, :], mask=m_n[:, None] & m_k[None, :], other=0.0)
             nxt = ()
             for j in tl.static_range(RB):
-                b_x = _x_block(p_x, o_k, m_k, j * BM, M, stride_xm, stride_xk)
+                b_x = _x_block(p_x, o_k, m_k, j * BM, M, K, stride_xm, stride_xk, GATED)
                 nxt = nxt + (_mma(b_w, b_x, accs[j], PRECISION),)
             accs = nxt
         for j in tl.static_range(RB):
@@ -143,7 +153,7 @@ def _linear_program(p_x, p_w, p_b, p_out, p_part, p_sync, M, N, K, k_slice, stri
         if PDL:
             gdc_wait()
         for r0 in range(0, M, BM):
-            b_x = _x_block(p_x, o_k, m_k, r0, M, stride_xm, stride_xk)
+            b_x = _x_block(p_x, o_k, m_k, r0, M, K, stride_xm, stride_xk, GATED)
             b_acc = _mma(b_w, b_x, tl.zeros([BN, BM], dtype=tl.float32), PRECISION)
             _emit(b_acc, o_n, m_n, r0, M, i_s, p_b, p_out, p_part, stride_om, stride_ps, stride_pn,
                   SPLIT, HAS_BIAS)
@@ -155,16 +165,18 @@ def _linear_program(p_x, p_w, p_b, p_out, p_part, p_sync, M, N, K, k_slice, stri
 @triton.jit(do_not_specialize=["M"])
 def linear_preload_kernel(p_x, p_w, p_b, p_out, p_part, p_sync, M, N, K, k_slice, stride_xm, stride_xk, stride_wn,
                           stride_om, stride_ps, stride_pn, BN: tl.constexpr, BK: tl.constexpr, KS: tl.constexpr,
-                          RB: tl.constexpr, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
-                          PDL: tl.constexpr):
+                          RB: tl.constexpr, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
+                          PRECISION: tl.constexpr, PDL: tl.constexpr):
     _linear_program(p_x, p_w, p_b, p_out, p_part, p_sync, M, N, K, k_slice, stride_xm, stride_xk, stride_wn,
-                    stride_om, stride_ps, stride_pn, BN, BK, KS, RB, False, SPLIT, HAS_BIAS, PRECISION, PDL)
+                    stride_om, stride_ps, stride_pn, BN, BK, KS, RB, False, SPLIT, HAS_BIAS, GATED, PRECISION,
+                    PDL)
 
 
 @triton.jit(do_not_specialize=["M"])
 def linear_stream_kernel(p_x, p_w, p_b, p_out, p_part, p_sync, M, N, K, k_slice, stride_xm, stride_xk, stride_wn,
                          stride_om, stride_ps, stride_pn, BN: tl.constexpr, BK: tl.constexpr, KS: tl.constexpr,
-                         RB: tl.constexpr, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
-                         PDL: tl.constexpr):
+                         RB: tl.constexpr, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
+                         PRECISION: tl.constexpr, PDL: tl.constexpr):
     _linear_program(p_x, p_w, p_b, p_out, p_part, p_sync, M, N, K, k_slice, stride_xm, stride_xk, stride_wn,
-                    stride_om, stride_ps, stride_pn, BN, BK, KS, RB, True, SPLIT, HAS_BIAS, PRECISION, PDL)
+                    stride_om, stride_ps, stride_pn, BN, BK, KS, RB, True, SPLIT, HAS_BIAS, GATED, PRECISION,
+                    PDL)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 import triton
 
 from sparkinfer.envs import triton_interpret
@@ -43,10 +44,10 @@ def _num_sms(device: torch.device) -> int:
     return cuda_sm_count(device) if device.type == "cuda" else 1
 
 
-def _check(x, w, bias, out, sync):
-    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
-        raise ShapeError(f"linear: x [M, K] and w [N, K] with the same K; got {tuple(x.shape)} and "
-                         f"{tuple(w.shape)}")
+def _check(x, w, bias, out, sync, gated):
+    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1] * (2 if gated else 1):
+        want = "x [M, 2K] ([gate | up]) and w [N, K]" if gated else "x [M, K] and w [N, K] with the same K"
+        raise ShapeError(f"linear: {want}; got {tuple(x.shape)} and {tuple(w.shape)}")
     if x.dtype not in _DTYPES or w.dtype not in _DTYPES or (x.dtype != w.dtype and w.dtype != torch.float32):
         raise DTypeError(f"linear: x and w must share a float dtype (bf16, fp16, fp32), or w be fp32 and x 16-bit; "
                          f"got {x.dtype} and {w.dtype}")
@@ -71,10 +72,13 @@ def _check(x, w, bias, out, sync):
 
 def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
            out: torch.Tensor | None = None, sync: torch.Tensor | None = None, tile: LinearTile | None = None,
-           pdl: bool | None = None) -> torch.Tensor:
+           pdl: bool | None = None, gated: bool = False) -> torch.Tensor:
     """x [M, K] @ w [N, K].T (+ bias [N]) -> [M, N] in w's dtype (bf16, fp16 or fp32,
     x alike; or fp32 weights and a 16-bit x, which the kernel upcasts exactly as it
     loads it: GLM-4.5's fp32 router without a conversion kernel before it).
+    gated: x is [M, 2K] = [gate | up] and the product is (silu(gate) * up) @ w.T,
+    the activation rounded like torch's `F.silu(g) * u` in x's dtype and computed
+    as x is loaded (a SiLU-gated MLP's down projection without two kernels before it).
 
     M <= LINEAR_MAX_ROWS (128) with a contiguous K in w runs the Triton kernel:
     fp32 accumulation (fp32 weights: tf32x3 products, see `_precision`) in one order per output
@@ -90,12 +94,15 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
     no host sync; capture-legal once the shape ran eagerly (Triton compiles on a
     shape's first call). `out` must not overlap x (AliasingError).
     """
-    _check(x, w, bias, out, sync)
-    m, k = x.shape
+    _check(x, w, bias, out, sync, gated)
+    m, k = x.shape[0], w.shape[1]
     n = w.shape[0]
     if out is None:
         out = torch.empty((m, n), dtype=w.dtype, device=x.device)
     if m > MAX_ROWS or w.stride(1) != 1:
+        if gated:
+            g, u = x.chunk(2, dim=-1)
+            x = F.silu(g) * u
         x = x.to(w.dtype)
         return torch.addmm(bias, x, w.t(), out=out) if bias is not None else torch.mm(x, w.t(), out=out)
     if m == 0:
@@ -120,7 +127,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
         m, n, k, tile.k_slice, x.stride(0), x.stride(1), w.stride(0), out.stride(0),
         part.stride(0) if tile.split > 1 else 0, rows,
         BN=tile.block_n, BK=tile.block_k, KS=tile.k_slice if not tile.stream else tile.block_k, RB=row_blocks,
-        SPLIT=tile.split, HAS_BIAS=bias is not None, PRECISION=_precision(w.dtype, interpret),
+        SPLIT=tile.split, HAS_BIAS=bias is not None, GATED=gated, PRECISION=_precision(w.dtype, interpret),
         PDL=pdl, num_warps=tile.num_warps, num_stages=tile.num_stages(row_blocks, elem),
         **(dict(launch_pdl=True) if pdl else {}))
     return out

@@ -202,8 +202,12 @@ class Decoder:
                     lse=torch.empty((b, q, heads), dtype=torch.float32, device=self.device))
 
     def _dense(self, m: DenseMLPWeights, x):
-        g, u = self._linear(x, m.gate_up).chunk(2, dim=-1)
-        return self._linear(F.silu(g) * u, m.down)
+        """SiLU-gated MLP: the down projection applies silu(gate) * up as it loads its input."""
+        if self.torch_ops is not None:
+            g, u = F.linear(x, m.gate_up).chunk(2, dim=-1)
+            return F.linear(F.silu(g) * u, m.down)
+        gate_up = self._linear(x, m.gate_up)  # [T, 2 I_l]
+        return linear(gate_up, m.down, sync=self._sync.get(m.down.data_ptr()), gated=True)
 
     def _mlp(self, i: int, x):
         m = self.w.layers[i].mlp

@@ -5,7 +5,7 @@ launch compiles through Triton's ahead-of-time path and ptxas, specialized as
 Triton's launcher would (ints equal to 1 become constants, ints divisible by 16
 are marked so, M never).
 
-    python -m tests.linear.sm90_compile '<json: [[N, K, M, dtype, bias], ...]>'
+    python -m tests.linear.sm90_compile '<json: [[N, K, M, dtype, bias, gated], ...]>'
 
 (dtype "bf16", "fp32", or "bf16>fp32": x bf16, w fp32)
 
@@ -35,7 +35,7 @@ class _Recorder:
         return lambda *a, **k: self.sink.append(Launch(self.fn, grid, a, k))
 
 
-def record_launch(n: int, k: int, m: int, dtype: str, bias: bool) -> Launch:
+def record_launch(n: int, k: int, m: int, dtype: str, bias: bool, gated: bool = False) -> Launch:
     """The launch of linear(x [M, K], w [N, K]) with its semaphores on an H200 (meta tensors)."""
     import sparkinfer.linear.launch as lin
 
@@ -46,8 +46,8 @@ def record_launch(n: int, k: int, m: int, dtype: str, bias: bool) -> Launch:
     with mock.patch.object(lin, "_num_sms", lambda device: 132), \
             mock.patch.object(lin, "linear_preload_kernel", _Recorder(lin.linear_preload_kernel, sink)), \
             mock.patch.object(lin, "linear_stream_kernel", _Recorder(lin.linear_stream_kernel, sink)):
-        lin.linear(torch.empty(m, k, dtype=xt, **meta), w, torch.empty(n, dtype=wt, **meta) if bias else None,
-                   sync=lin.linear_sync(w), pdl=True)
+        lin.linear(torch.empty(m, k * (2 if gated else 1), dtype=xt, **meta), w,
+                   torch.empty(n, dtype=wt, **meta) if bias else None, sync=lin.linear_sync(w), pdl=True, gated=gated)
     return sink[0]
 
 
@@ -91,8 +91,8 @@ def _before_wait(ptx: str) -> dict:
                 copies_after_wait=count(tail, copy))
 
 
-def compile_case(n: int, k: int, m: int, dtype: str, bias: bool) -> dict:
-    launch = record_launch(n, k, m, dtype, bias)
+def compile_case(n: int, k: int, m: int, dtype: str, bias: bool, gated: bool = False) -> dict:
+    launch = record_launch(n, k, m, dtype, bias, gated)
     compiled = compile_launch(launch)
     ptx = compiled.asm["ptx"]
     kw = launch.kwargs

@@ -17,13 +17,14 @@ from tests.sm90 import run_sm90_module
 pytest.importorskip("triton.backends.nvidia")
 
 H200_MAX_SHARED = 232448  # bytes of dynamic shared memory per block on sm_90
-# id -> (N, K, M, dtype, bias)
+# id -> (N, K, M, dtype, bias, gated)
 CASES = {
-    "qwen3-qkv-m1": (5120, 2048, 1, "bf16", False),  # preload, KS 256, split 8
-    "glm-shared-gate-up-m64": (2816, 4096, 64, "bf16", False),  # preload, KS 512: the largest slice
-    "glm-router-fp32-m8": (128, 4096, 8, "bf16>fp32", False),  # preload, tf32x3, x upcast in the kernel
-    "qwen3-lm-head-m128": (151936, 2048, 128, "bf16", False),  # stream, 8 row blocks
-    "glm-qkv-bias-m1": (14336, 4096, 1, "bf16", True),  # stream, one row block
+    "qwen3-qkv-m1": (5120, 2048, 1, "bf16", False, False),  # preload, KS 256, split 8
+    "glm-shared-gate-up-m64": (2816, 4096, 64, "bf16", False, False),  # preload, KS 512: the largest slice
+    "glm-router-fp32-m8": (128, 4096, 8, "bf16>fp32", False, False),  # preload, tf32x3, x upcast in the kernel
+    "glm-shared-down-gated-m8": (4096, 1408, 8, "bf16", False, True),  # preload, silu(gate) * up as x loads
+    "qwen3-lm-head-m128": (151936, 2048, 128, "bf16", False, False),  # stream, 8 row blocks
+    "glm-qkv-bias-m1": (14336, 4096, 1, "bf16", True, False),  # stream, one row block
 }
 
 

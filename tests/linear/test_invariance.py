@@ -17,29 +17,31 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 MS = (1, 2, 15, 16, 17, 33, 64, 65, 97, LINEAR_MAX_ROWS)
 # id -> (N, K, dtype, SMs the plan assumes); N and K leave partial feature blocks and K steps
 CASES = {
-    "stream-bf16": (80, 200, torch.bfloat16, 1),
-    "preload-split-bf16": (80, 300, torch.bfloat16, 132),
-    "preload-split-fp32": (72, 160, torch.float32, 132),
+    "stream-bf16": (80, 200, torch.bfloat16, 1, False),
+    "preload-split-bf16": (80, 300, torch.bfloat16, 132, False),
+    "preload-split-fp32": (72, 160, torch.float32, 132, False),
+    "stream-gated": (64, 96, torch.bfloat16, 1, True),  # silu(gate) * up computed as x loads
 }
 
 
 @pytest.mark.parametrize("name", CASES)
 def test_rows_do_not_depend_on_the_batch(monkeypatch, name):
-    n, k, dtype, sms = CASES[name]
+    n, k, dtype, sms, gated = CASES[name]
+    width = 2 * k if gated else k
     monkeypatch.setattr(launch, "_num_sms", lambda device: sms)
     assert linear_tile(n, k, torch.tensor([], dtype=dtype).element_size(), sms).stream == (sms == 1)
     g = torch.Generator().manual_seed(n + k)
     w = (torch.randn(n, k, generator=g) * k ** -0.5).to(dtype).to(DEV)
     b = torch.randn(n, generator=g).to(dtype).to(DEV)
-    probes = torch.randn(2, k, generator=g).to(dtype).to(DEV)
+    probes = torch.randn(2, width, generator=g).to(dtype).to(DEV)
     sync = linear_sync(w)
-    alone = torch.cat([linear(p[None], w, b, sync=sync) for p in probes])
+    alone = torch.cat([linear(p[None], w, b, sync=sync, gated=gated) for p in probes])
     for m in MS:
-        x = torch.randn(m, k, generator=g).to(dtype).to(DEV)
+        x = torch.randn(m, width, generator=g).to(dtype).to(DEV)
         rows = torch.randperm(m, generator=g)[:2]
         x[rows] = probes[:len(rows)]
         out = torch.full((m, n), float("nan"), dtype=dtype, device=DEV)
-        linear(x, w, b, out=out, sync=sync)
+        linear(x, w, b, out=out, sync=sync, gated=gated)
         assert torch.isfinite(out).all(), m
         assert torch.equal(out[rows], alone[:len(rows)]), (m, rows.tolist())
     assert not sync.any()

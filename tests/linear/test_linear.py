@@ -143,6 +143,32 @@ def test_fp32_weights_take_a_16bit_x_upcast_exactly(monkeypatch, m):
         assert torch.equal(out, linear(x16.float(), w, b, sync=sync))
 
 
+@pytest.mark.parametrize("schedule", ["stream", "preload"])
+@pytest.mark.parametrize("m", [2, 21, LINEAR_MAX_ROWS + 1], ids=["m2", "m21", "torch"])
+def test_gated_down_projection_matches_the_unfused_activation(monkeypatch, schedule, m):
+    """gated=True: (silu(gate) * up) @ w.T with the activation computed as x loads, against
+    the fp32 reference of torch's bf16 `F.silu(g) * u`: one output rounding plus one
+    activation rounding (the kernel's exp may differ from torch's in the last fp32 bit,
+    which can move an activation by one bf16 spacing, 2^-8 of it)."""
+    if schedule == "preload":
+        _h200(monkeypatch)
+    g = torch.Generator().manual_seed(m)
+    x = torch.randn(m, 2 * 320, generator=g).bfloat16().to(DEV)
+    w = (torch.randn(96, 320, generator=g) * 320 ** -0.5).bfloat16().to(DEV)
+    out = torch.full((m, 96), float("nan"), dtype=torch.bfloat16, device=DEV)
+    sync = linear_sync(w)
+    linear(x, w, out=out, sync=sync, gated=True)
+    gate, up = x.chunk(2, dim=-1)
+    act = torch.nn.functional.silu(gate) * up
+    ref = linear_reference(act, w)
+    bound = ref.abs() * ULP[torch.bfloat16] * 2 + 1e-5 * ref.abs().max() + \
+        2 ** -8 * (act.double().abs() @ w.double().abs().t()).float()
+    assert torch.isfinite(out).all() and ((out.float() - ref).abs() <= bound).all()
+    assert not sync.any()
+    with pytest.raises(ShapeError, match=r"x \[M, 2K\]"):
+        linear(x[:, :320], w, gated=True)
+
+
 def test_strided_x_and_empty_batch():
     x, w, b = _case(4, 96, 128, torch.bfloat16, 2)
     wide = torch.zeros(4, 256, dtype=torch.bfloat16, device=DEV)
