@@ -47,20 +47,23 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-# name -> (N, K, dtype, bias): the decode projections at TP 1
+# name -> (N, K, weight dtype, bias, gated): the decode projections at TP 1 as the decoder
+# calls them (GLM-4.5's fp32 router takes the bf16 hidden state; the down projections
+# of its dense MLP and shared experts take [gate | up] and apply silu(gate) * up, which
+# cuBLAS's row does with torch's two kernels first)
 SHAPES = {
-    "qwen3.qkv": (5120, 2048, "bf16", False), "qwen3.o": (2048, 4096, "bf16", False),
-    "qwen3.router": (128, 2048, "bf16", False), "qwen3.lm_head": (151936, 2048, "bf16", False),
-    "glm.qkv": (14336, 4096, "bf16", True), "glm.o": (4096, 12288, "bf16", False),
-    "glm.router": (128, 4096, "fp32", False), "glm.dense_gate_up": (21888, 4096, "bf16", False),
-    "glm.dense_down": (4096, 10944, "bf16", False), "glm.shared_gate_up": (2816, 4096, "bf16", False),
-    "glm.shared_down": (4096, 1408, "bf16", False), "glm.lm_head": (151552, 4096, "bf16", False),
-    "mixtral.qkv": (6144, 4096, "bf16", False), "mixtral.o": (4096, 4096, "bf16", False),
-    "mixtral.router": (8, 4096, "bf16", False), "mixtral.lm_head": (32000, 4096, "bf16", False),
+    "qwen3.qkv": (5120, 2048, "bf16", False, False), "qwen3.o": (2048, 4096, "bf16", False, False),
+    "qwen3.router": (128, 2048, "bf16", False, False), "qwen3.lm_head": (151936, 2048, "bf16", False, False),
+    "glm.qkv": (14336, 4096, "bf16", True, False), "glm.o": (4096, 12288, "bf16", False, False),
+    "glm.router": (128, 4096, "fp32", False, False), "glm.dense_gate_up": (21888, 4096, "bf16", False, False),
+    "glm.dense_down": (4096, 10944, "bf16", False, True), "glm.shared_gate_up": (2816, 4096, "bf16", False, False),
+    "glm.shared_down": (4096, 1408, "bf16", False, True), "glm.lm_head": (151552, 4096, "bf16", False, False),
+    "mixtral.qkv": (6144, 4096, "bf16", False, False), "mixtral.o": (4096, 4096, "bf16", False, False),
+    "mixtral.router": (8, 4096, "bf16", False, False), "mixtral.lm_head": (32000, 4096, "bf16", False, False),
 }
 MS = {"qwen3.qkv": (1, 8, 64, 128), "qwen3.lm_head": (1, 8, 64, 128)}  # others: 1, 8, 64
-DRY = {"dry.preload": (130, 512, "bf16", True), "dry.stream": (150, 128, "bf16", False),
-       "dry.router": (72, 256, "fp32", False)}
+DRY = {"dry.preload": (130, 512, "bf16", True, False), "dry.stream": (150, 128, "bf16", False, True),
+       "dry.router": (72, 256, "fp32", False, False)}
 CHAINS = ((2048, 48), (4096, 24))
 L2_BYTES, SMS = 50 << 20, 132
 
@@ -87,35 +90,47 @@ def _time_us(fn, cuda: bool, calls: int) -> tuple[float, object]:
     return median(ts) * 1e6 / calls, g
 
 
-def _bound(x, w, b, ref):
+def _bound(x, w, b, ref, gated=False):
     """|out - ref| bound: one rounding to bf16 (half a spacing, 2^-8 of the value; the
     interpreter truncates: 2^-7) plus fp32 summation noise; fp32 weights: tf32x3's
-    products (2^-20 of |x| @ |w|)."""
+    products (2^-20 of |x| @ |w|); gated: one bf16 spacing of each activation
+    (2^-8 of |x| @ |w|: the kernel's exp is not torch's to the last fp32 bit)."""
     import torch
 
-    if x.dtype == torch.float32:
+    if w.dtype == torch.float32:
         return 2 ** -20 * (x.double().abs() @ w.double().abs().t()).float() + 1e-6 * ref.abs().max()
     ulp = 2 ** -7 if os.environ.get("TRITON_INTERPRET") == "1" else 2 ** -8
-    return ref.abs() * ulp + 1e-5 * ref.abs().max()
+    bound = ref.abs() * ulp + 1e-5 * ref.abs().max()
+    return bound + 2 ** -8 * (x.double().abs() @ w.double().abs().t()).float() if gated else bound
 
 
 class Case:
     """One shape at one M: weights (distinct copies), x, outputs, semaphores, references."""
 
-    def __init__(self, n, k, dtype, bias, m, dev, copies):
+    def __init__(self, n, k, dtype, bias, gated, m, dev, copies):
         import torch
 
         from sparkinfer.linear import linear_sync
         from sparkinfer.linear.reference import linear_reference
 
         dt = _dtype(dtype)
-        self.n, self.k, self.m, self.dt = n, k, m, dt
+        self.n, self.k, self.m, self.dt, self.gated = n, k, m, dt, gated
         self.ws = [(torch.randn(n, k, device=dev) * k ** -0.5).to(dt) for _ in range(copies)]
         self.bs = [torch.randn(n, device=dev).to(dt) if bias else None for _ in range(copies)]
-        self.x = torch.randn(m, k, device=dev).to(dt)
+        self.x = torch.randn(m, 2 * k if gated else k, device=dev).bfloat16()  # the hidden state is bf16
+        self.act = self.activation(self.x)
         self.outs = [torch.empty(m, n, device=dev, dtype=dt) for _ in range(copies)]
         self.syncs = [linear_sync(w) for w in self.ws]
-        self.refs = [linear_reference(self.x, w, b) for w, b in zip(self.ws, self.bs)]
+        self.refs = [linear_reference(self.act, w, b) for w, b in zip(self.ws, self.bs)]
+
+    def activation(self, x):
+        """What the product multiplies: silu(gate) * up as torch computes it (gated), else x."""
+        import torch.nn.functional as F
+
+        if not self.gated:
+            return x
+        g, u = x.chunk(2, dim=-1)
+        return F.silu(g) * u
 
     def check(self, run) -> dict:
         """Poison every output, run (a replay), compare each with its reference."""
@@ -124,7 +139,7 @@ class Case:
         run()
         worst = 0.0
         for o, w, b, ref in zip(self.outs, self.ws, self.bs, self.refs):
-            err = (o.float() - ref).abs() / _bound(self.x, w, b, ref)
+            err = (o.float() - ref).abs() / _bound(self.act, w, b, ref, self.gated)
             worst = max(worst, float(err.max()) if bool(err.isfinite().all()) else math.inf)
         return dict(ok=worst <= 1.0, max_err=worst)
 
@@ -157,29 +172,30 @@ def shape_rows(name, spec, args, dev, cuda, bw, peak) -> list[dict]:
 
     from sparkinfer.linear import linear
 
-    n, k, dtype, bias = spec
+    n, k, dtype, bias, gated = spec
     elem = 4 if dtype == "fp32" else 2
     wbytes = n * k * elem
     copies = 2 if not cuda else max(2, min(64, -(-2 * L2_BYTES // wbytes)))
     rows = []
     for m in (1, 8) if not cuda else MS.get(name, (1, 8, 64)):
-        c = Case(n, k, dtype, bias, m, dev, copies)
-        base = dict(shape=name, N=n, K=k, M=m, dtype=dtype, bias=bias, weights_in_graph=copies,
+        c = Case(n, k, dtype, bias, gated, m, dev, copies)
+        base = dict(shape=name, N=n, K=k, M=m, dtype=dtype, bias=bias, gated=gated, weights_in_graph=copies,
                     l2_resident=copies * wbytes < 2 * L2_BYTES)
         for impl, tile, pdl in _variants(n, k, elem, m, cuda):
             if tile is None:
                 def call(c=c):
                     for w, b, o in zip(c.ws, c.bs, c.outs):
-                        torch.addmm(b, c.x, w.t(), out=o) if b is not None else torch.mm(c.x, w.t(), out=o)
+                        a = c.activation(c.x).to(w.dtype)
+                        torch.addmm(b, a, w.t(), out=o) if b is not None else torch.mm(a, w.t(), out=o)
             else:
                 def call(c=c, tile=tile, pdl=pdl):
                     for w, b, o, s in zip(c.ws, c.bs, c.outs, c.syncs):
-                        linear(c.x, w, b, out=o, sync=s, tile=tile, pdl=pdl)
+                        linear(c.x, w, b, out=o, sync=s, tile=tile, pdl=pdl, gated=c.gated)
             us, g = _time_us(call, cuda, copies)
             row = dict(base, impl=impl, us=us, **c.check(g.replay if g is not None else call))
             if tile is not None:
                 row.update(stream=tile.stream, k_slice=tile.k_slice, split=tile.split, pdl=pdl)
-            moved = wbytes + (m * k + m * n) * elem
+            moved = wbytes + c.x.numel() * 2 + m * n * elem
             row.update(gbs=moved / us / 1e3, frac_hbm=moved / us / 1e3 / peak if peak else None,
                        frac_copy=moved / us * 1e6 / bw if bw else None)
             if impl == "planned":
@@ -204,13 +220,13 @@ def _invariance(c, tile, dev) -> dict:
 
     from sparkinfer.linear import linear
 
-    w, b, s = c.ws[0], c.bs[0], c.syncs[0]
-    x = torch.randn(64, c.k, device=dev).to(c.dt)
-    alone = linear(x[37:38], w, b, sync=s, tile=tile)
-    full = linear(x, w, b, sync=s, tile=tile)
-    x2 = torch.randn(64, c.k, device=dev).to(c.dt)
+    w, b, s, kw = c.ws[0], c.bs[0], c.syncs[0], dict(tile=tile, gated=c.gated)
+    x = torch.randn(64, c.x.shape[1], device=dev).bfloat16()
+    alone = linear(x[37:38], w, b, sync=s, **kw)
+    full = linear(x, w, b, sync=s, **kw)
+    x2 = torch.randn(64, c.x.shape[1], device=dev).bfloat16()
     x2[5] = x[37]
-    moved = linear(x2, w, b, sync=s, tile=tile)
+    moved = linear(x2, w, b, sync=s, **kw)
     return dict(batch_invariant=bool(torch.equal(full[37:38], alone) and torch.equal(moved[5:6], alone)),
                 sync_rearmed=not bool(s.any()))
 
