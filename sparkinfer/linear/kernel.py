@@ -13,16 +13,19 @@ slice stores its fp32 partial and the last program of the feature block to
 finish (a per-block semaphore the caller owns, counted up and reset to zero
 here) adds the S partials in slice order, whatever order the programs finished.
 
-Two schedules (constexpr STREAM), each one fixed sum per element:
-- preload (decode projections): the program's whole [BN, KS] slice is loaded
-  before `gdc_wait`. Nothing in a step writes weights, so these loads may run
-  while the predecessor grid still computes x: on an H200 that made a 2048 x
-  2048 GEMV stream at 63% of 4.8 TB/s against 29% for cuBLAS (MEASURED.md,
-  2026-12-03). Each row block of x is then multiplied by the tile in registers:
-  the weight is read once at any M.
-- stream (weights many waves deep, LM heads): the program streams its [BN, KS]
-  in [BN, BK] steps through the software pipeline after `gdc_wait`, each step
-  multiplied with all RB row blocks (RB fp32 accumulators in a tuple).
+Two schedules of one program body (constexpr STREAM; two entry points, so
+profiles name them apart), each one fixed sum per element:
+- `linear_preload_kernel` (decode projections): the program's whole [BN, KS]
+  slice is loaded before `gdc_wait`. Nothing in a step writes weights, so these
+  loads may run while the predecessor grid still computes x: on an H200 that
+  made a 2048 x 2048 GEMV stream at 63% of 4.8 TB/s against 29% for cuBLAS
+  (MEASURED.md, 2026-12-03). Each row block of x is then multiplied by the tile
+  held in shared memory: the weight is read once at any M. ptxas (sm_90) at
+  [64, 512]: 96 registers, 100 KB of shared memory, two programs an SM.
+- `linear_stream_kernel` (weights many waves deep, LM heads): the program
+  streams its [BN, KS] in [BN, BK] steps through the software pipeline after
+  `gdc_wait`, each step multiplied with all RB row blocks (RB fp32 accumulators
+  in a tuple).
 
 PDL (the launch sets launch_pdl=True): at entry the kernel lets its successor
 launch (`gdc_launch_dependents`: a successor launched with PDL must itself wait
