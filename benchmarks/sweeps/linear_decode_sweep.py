@@ -28,7 +28,7 @@ GB/s, the fraction of the specified 4.8 TB/s (`frac_hbm`) and of the device copy
 rate measured in the same run (`frac_copy`; a copy's rate counts its reads and
 writes, a GEMV mostly reads, so it can pass 1).
 
-    python3 benchmarks/sweeps/linear_decode_sweep.py [--out PATH] [--shapes qwen3.qkv,...] [--budget-s 200]
+    python3 benchmarks/sweeps/linear_decode_sweep.py [--out PATH] [--shapes qwen3.qkv,...] [--budget-s 180]
         [--dry-run]
 
 About 2-3 minutes on an H200, most of it Triton compiles (~35 specializations);
@@ -310,7 +310,7 @@ def main() -> int:
     p.add_argument("--out", default=None, help="default benchmarks/results/sweeps/linear_decode_sweep_<machine>.json")
     p.add_argument("--shapes", default=None, help="comma-separated names of SHAPES (default all)")
     p.add_argument("--no-chain", action="store_true")
-    p.add_argument("--budget-s", type=float, default=200.0,
+    p.add_argument("--budget-s", type=float, default=180.0,
                    help="start no new shape past this many seconds (the lead's device call allows 4 minutes)")
     p.add_argument("--dry-run", action="store_true", help="small shapes, interpreter on the CPU")
     args = p.parse_args()
