@@ -1,12 +1,14 @@
-"""`linear(x, w, bias)`: y = x @ w.T (+ bias) for the few rows of a decode step.
+"""`linear(x, w, bias)`: y = x @ w.T (+ bias) for the rows of a decode step (M <= 128).
 
-cuBLAS serves a handful of rows with split-K kernels and a separate reduce, or
-with tiles that leave SMs idle; this kernel streams each weight once with one
-program per 64 output features and no second pass: 3-12% faster than cuBLAS on
-the decode projections of Qwen3-30B-A3B and GLM-4.5-Air on an H200
-(benchmarks/results/sweeps/linear_sweep_h200.json; `launch.py` has the numbers).
+One Triton kernel whose sums per output element depend on the weight and the
+device only, so a row's result is the same bits at any batch; decode
+projections load each program's weight slice before waiting for the previous
+kernel (programmatic dependent launch). `config.py` has the tile choice and the
+measurements behind it, `kernel.py` the schedules, `reference.py` the fp32
+reference.
 """
 
-from sparkinfer.linear.launch import LINEAR_MAX_ROWS, linear, linear_sync
+from sparkinfer.linear.config import LinearTile, linear_tile
+from sparkinfer.linear.launch import LINEAR_MAX_ROWS, LINEAR_PDL, linear, linear_sync
 
-__all__ = ["linear", "linear_sync", "LINEAR_MAX_ROWS"]
+__all__ = ["linear", "linear_sync", "linear_tile", "LinearTile", "LINEAR_MAX_ROWS", "LINEAR_PDL"]

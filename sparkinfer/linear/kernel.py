@@ -1,62 +1,185 @@
-"""Triton kernel: out[M, N] = x[M, K] @ w[N, K].T (+ bias) for M <= BM (16).
+"""Triton kernel of `linear`: out[M, N] = x[M, K] @ w[N, K].T (+ bias) for M <= 128.
 
-One program per BN output features and K slice. With one slice (SPLIT = 1) a
-program sums all of K and stores the row. With SPLIT slices each program stores
-its fp32 partial, and the last of a feature block's programs to finish (a
-per-block semaphore the caller owns, counted up and reset to zero here) adds the
-SPLIT partials in slice order: the sum order is fixed whatever order the
-programs finish in, so a row is bitwise the same at any M and any batch. The
-weight tile is the MMA's left operand ([BN, BK] x [BK, BM]), so M pads only to
-the MMA's narrow side.
+Legend: BN output features per program, BK the K of one streamed step, KS the K
+of one program (its slice), S slices per feature block (split K), BM = 16 rows
+of x per row block, RB row blocks.
+
+A row's result does not depend on M. The weight tile is the MMA's left operand
+([BN, k] x [k, BM]) and x enters in blocks of 16 rows, row r at column r % 16 of
+block r // 16, so no product of a block sees another block's rows; every
+constant that orders a sum (BN, BK, KS, S, the warps) comes from the weight and
+the device (`config.py`), never from M; M is not specialized; with S > 1 each
+slice stores its fp32 partial and the last program of the feature block to
+finish (a per-block semaphore the caller owns, counted up and reset to zero
+here) adds the S partials in slice order, whatever order the programs finished.
+
+Two schedules of one program body (constexpr STREAM; two entry points, so
+profiles name them apart), each one fixed sum per element:
+- `linear_preload_kernel` (decode projections): the program's whole [BN, KS]
+  slice is loaded before `gdc_wait`. Nothing in a step writes weights, so these
+  loads may run while the predecessor grid still computes x: on an H200 that
+  made a 2048 x 2048 GEMV stream at 63% of 4.8 TB/s against 29% for cuBLAS
+  (MEASURED.md, 2026-12-03). Each row block of x is then multiplied by the tile
+  held in shared memory: the weight is read once at any M. ptxas (sm_90) at
+  [64, 512]: 96 registers, 100 KB of shared memory, two programs an SM.
+- `linear_stream_kernel` (weights many waves deep, LM heads): the program
+  streams its [BN, KS] in [BN, BK] steps through the software pipeline after
+  `gdc_wait`, each step multiplied with all RB row blocks (RB fp32 accumulators
+  in a tuple).
+
+PDL (the launch sets launch_pdl=True): at entry the kernel lets its successor
+launch (`gdc_launch_dependents`: a successor launched with PDL must itself wait
+before reading what this kernel writes); it waits for its predecessor
+(`gdc_wait`) before its first read of x and before any write. Off under the
+interpreter, which has no inline assembly.
 """
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+BM = tl.constexpr(16)  # rows of a row block: the MMA's narrow side (config.BLOCK_M)
 
 
 @triton.jit
-def linear_rows_kernel(p_x, p_w, p_b, p_out, p_part, p_sync, M, N, K, K_SLICE, stride_xm, stride_wn, stride_om,
-                       BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
-                       SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, INTERPRET: tl.constexpr):
-    i_n = tl.program_id(0)
-    o_n = i_n * BN + tl.arange(0, BN)
-    o_m = tl.arange(0, BM)
-    o_k = tl.arange(0, BK)
-    m_n = o_n < N
-    m_m = o_m < M
-    k0 = tl.program_id(1) * K_SLICE
-    k1 = tl.minimum(k0 + K_SLICE, K)
-    p_wt = p_w + o_n[:, None].to(tl.int64) * stride_wn + o_k[None, :]
-    p_xt = p_x + o_m[None, :] * stride_xm + o_k[:, None]
-    b_acc = tl.zeros([BN, BM], dtype=tl.float32)
-    for k in range(k0, k1, BK):
-        if EVEN_K:
-            b_w = tl.load(p_wt + k, mask=m_n[:, None], other=0.0)
-            b_x = tl.load(p_xt + k, mask=m_m[None, :], other=0.0)
-        else:
-            m_k = (k + o_k) < K
-            b_w = tl.load(p_wt + k, mask=m_n[:, None] & m_k[None, :], other=0.0)
-            b_x = tl.load(p_xt + k, mask=m_m[None, :] & m_k[:, None], other=0.0)
-        if INTERPRET:  # its bf16 dots are fp16 ones: exact fp32 products of the bf16 values
-            b_acc = tl.dot(b_w.to(tl.float32), b_x.to(tl.float32), b_acc, input_precision="ieee")
-        else:
-            b_acc = tl.dot(b_w, b_x, b_acc)
-    last = True
-    if SPLIT > 1:
-        # partials [SPLIT, N_blocks * BN, BM] fp32 (rows of padded features are never read)
-        o_p = o_n[:, None].to(tl.int64) * BM + o_m[None, :]
-        slab = tl.num_programs(0) * BN * BM
-        m_p = m_m[None, :] & (o_n[:, None] >= 0)  # only the M rows this call has
-        tl.store(p_part + tl.program_id(1) * slab + o_p, b_acc, mask=m_p)
-        tl.debug_barrier()  # every thread's partial is written before the count goes up
-        ticket = tl.atomic_add(p_sync + i_n, 1, sem="acq_rel")
-        last = ticket == SPLIT - 1
-        if last:  # the block's last program: the others' partials are visible to it
-            b_acc = tl.zeros([BN, BM], dtype=tl.float32)
-            for s in range(SPLIT):  # slice order, whoever finished first
-                b_acc += tl.load(p_part + s * slab + o_p, mask=m_p, other=0.0, cache_modifier=".cg")
-            tl.atomic_xchg(p_sync + i_n, 0)  # zero again for the next call (and graph replay)
+def _mma(b_w, b_x, b_acc, PRECISION: tl.constexpr):
+    """b_acc + b_w [BN, k] @ b_x [k, BM], fp32. PRECISION: "tf32x3" for fp32 weights on
+    the GPU, "ieee" under the interpreter (its bf16 dots are fp16 ones: upcast)."""
+    if PRECISION == "ieee":
+        b_acc = tl.dot(b_w.to(tl.float32), b_x.to(tl.float32), b_acc, input_precision="ieee")
+    elif PRECISION == "tf32x3":  # a 16-bit x upcasts exactly
+        b_acc = tl.dot(b_w, b_x.to(tl.float32), b_acc, input_precision="tf32x3")
+    else:
+        b_acc = tl.dot(b_w, b_x, b_acc)
+    return b_acc
+
+
+@triton.jit
+def _x_block(p_x, o_k, m_k, r0, M, K, stride_xm, stride_xk, GATED: tl.constexpr):
+    """Rows r0..r0+BM of x, columns o_k, as the MMA's right operand [k, BM]; rows >= M
+    zero. GATED: x holds [gate | up] ([M, 2K]) and the operand is silu(gate) * up,
+    rounded as torch's bf16 `F.silu(g) * u` rounds (silu in fp32, rounded; the
+    product in fp32, rounded), so a dense MLP's down projection needs no
+    activation kernels before it."""
+    o_m = r0 + tl.arange(0, BM)
+    p = p_x + o_m[:, None].to(tl.int64) * stride_xm + o_k[None, :] * stride_xk
+    m = (o_m < M)[:, None] & m_k[None, :]
+    b_x = tl.load(p, mask=m, other=0.0)  # [BM, k], 16-byte vectors along K
+    if GATED:
+        b_g = b_x.to(tl.float32)
+        b_s = (b_g / (1.0 + tl.exp(-b_g))).to(b_x.dtype)
+        b_u = tl.load(p + K * stride_xk, mask=m, other=0.0)
+        b_x = (b_s.to(tl.float32) * b_u.to(tl.float32)).to(b_x.dtype)
+    return tl.trans(b_x)  # transposed in shared memory
+
+
+@triton.jit
+def _store_rows(b_acc, o_n, m_n, r0, M, p_b, p_out, stride_om, HAS_BIAS: tl.constexpr):
+    """out[r0..r0+BM, o_n] = b_acc [BN, BM] (+ bias), rounded once."""
+    o_m = r0 + tl.arange(0, BM)
     if HAS_BIAS:
         b_acc += tl.load(p_b + o_n, mask=m_n, other=0.0).to(tl.float32)[:, None]
-    tl.store(p_out + o_m[None, :] * stride_om + o_n[:, None], b_acc.to(p_out.dtype.element_ty),
-             mask=m_n[:, None] & m_m[None, :] & last)
+    p = p_out + o_m[None, :].to(tl.int64) * stride_om + o_n[:, None]
+    tl.store(p, b_acc.to(p_out.dtype.element_ty), mask=m_n[:, None] & (o_m < M)[None, :])
+
+
+@triton.jit
+def _emit(b_acc, o_n, m_n, r0, M, i_s, p_b, p_out, p_part, stride_om, stride_ps, stride_pn,
+          SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """One row block's sums: the output, or with SPLIT > 1 this slice's fp32 partial
+    (part [S, NB * BN, MP]; rows of padded features are written, never read)."""
+    if SPLIT > 1:
+        o_m = r0 + tl.arange(0, BM)
+        p = p_part + i_s * stride_ps + o_n[:, None] * stride_pn + o_m[None, :]
+        tl.store(p, b_acc, mask=(o_n >= 0)[:, None] & (o_m < M)[None, :])
+    else:
+        _store_rows(b_acc, o_n, m_n, r0, M, p_b, p_out, stride_om, HAS_BIAS)
+
+
+@triton.jit
+def _finish_split(i_n, o_n, m_n, M, p_b, p_out, p_part, p_sync, stride_om, stride_ps, stride_pn,
+                  SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """The feature block's last program to finish adds the S partials in slice order."""
+    tl.debug_barrier()  # every thread's partial is written before the count goes up
+    ticket = tl.atomic_add(p_sync + i_n, 1, sem="acq_rel")
+    if ticket == SPLIT - 1:  # the others' partials are visible to it
+        for r0 in range(0, M, BM):
+            o_m = r0 + tl.arange(0, BM)
+            m = (o_n >= 0)[:, None] & (o_m < M)[None, :]
+            p = p_part + o_n[:, None] * stride_pn + o_m[None, :]
+            b_acc = tl.load(p, mask=m, other=0.0, cache_modifier=".cg")
+            for s in tl.static_range(1, SPLIT):  # unrolled: every load in flight at once
+                b_acc += tl.load(p + s * stride_ps, mask=m, other=0.0, cache_modifier=".cg")
+            _store_rows(b_acc, o_n, m_n, r0, M, p_b, p_out, stride_om, HAS_BIAS)
+        tl.atomic_xchg(p_sync + i_n, 0)  # zero again for the next call (and graph replay)
+
+
+@triton.jit
+def _linear_program(p_x, p_w, p_b, p_out, p_part, p_sync, M, N, K, k_slice, stride_xm, stride_xk, stride_wn,
+                    stride_om, stride_ps, stride_pn, BN: tl.constexpr, BK: tl.constexpr, KS: tl.constexpr,
+                    RB: tl.constexpr, STREAM: tl.constexpr, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                    GATED: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
+    """One program of either schedule (the two entry points below name them apart in
+    profiles). grid (NB = ceil(N / BN), S). KS: the preloaded slice (preload; =
+    k_slice); RB: row blocks of the stream schedule (>= ceil(M / BM); the preload
+    schedule loops over M at run time). k_slice: K of a program (a multiple of BK)."""
+    i_n, i_s = tl.program_id(0), tl.program_id(1)
+    o_n = i_n * BN + tl.arange(0, BN)
+    m_n = o_n < N
+    p_wn = p_w + o_n[:, None].to(tl.int64) * stride_wn
+    if PDL:
+        gdc_launch_dependents()
+    if STREAM:
+        if PDL:
+            gdc_wait()
+        k0 = i_s * k_slice
+        k1 = tl.minimum(k0 + k_slice, K)
+        accs = ()
+        for _j in tl.static_range(RB):
+            accs = accs + (tl.zeros([BN, BM], dtype=tl.float32),)
+        for k in range(k0, k1, BK):
+            o_k = k + tl.arange(0, BK)
+            m_k = o_k < K
+            b_w = tl.load(p_wn + o_k[None, :], mask=m_n[:, None] & m_k[None, :], other=0.0)
+            nxt = ()
+            for j in tl.static_range(RB):
+                b_x = _x_block(p_x, o_k, m_k, j * BM, M, K, stride_xm, stride_xk, GATED)
+                nxt = nxt + (_mma(b_w, b_x, accs[j], PRECISION),)
+            accs = nxt
+        for j in tl.static_range(RB):
+            _emit(accs[j], o_n, m_n, j * BM, M, i_s, p_b, p_out, p_part, stride_om, stride_ps, stride_pn,
+                  SPLIT, HAS_BIAS)
+    else:
+        o_k = i_s * KS + tl.arange(0, KS)
+        m_k = o_k < K
+        b_w = tl.load(p_wn + o_k[None, :], mask=m_n[:, None] & m_k[None, :], other=0.0)  # [BN, KS]
+        if PDL:
+            gdc_wait()
+        for r0 in range(0, M, BM):
+            b_x = _x_block(p_x, o_k, m_k, r0, M, K, stride_xm, stride_xk, GATED)
+            b_acc = _mma(b_w, b_x, tl.zeros([BN, BM], dtype=tl.float32), PRECISION)
+            _emit(b_acc, o_n, m_n, r0, M, i_s, p_b, p_out, p_part, stride_om, stride_ps, stride_pn,
+                  SPLIT, HAS_BIAS)
+    if SPLIT > 1:
+        _finish_split(i_n, o_n, m_n, M, p_b, p_out, p_part, p_sync, stride_om, stride_ps, stride_pn,
+                      SPLIT, HAS_BIAS)
+
+
+@triton.jit(do_not_specialize=["M"])
+def linear_preload_kernel(p_x, p_w, p_b, p_out, p_part, p_sync, M, N, K, k_slice, stride_xm, stride_xk, stride_wn,
+                          stride_om, stride_ps, stride_pn, BN: tl.constexpr, BK: tl.constexpr, KS: tl.constexpr,
+                          RB: tl.constexpr, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
+                          PRECISION: tl.constexpr, PDL: tl.constexpr):
+    _linear_program(p_x, p_w, p_b, p_out, p_part, p_sync, M, N, K, k_slice, stride_xm, stride_xk, stride_wn,
+                    stride_om, stride_ps, stride_pn, BN, BK, KS, RB, False, SPLIT, HAS_BIAS, GATED, PRECISION,
+                    PDL)
+
+
+@triton.jit(do_not_specialize=["M"])
+def linear_stream_kernel(p_x, p_w, p_b, p_out, p_part, p_sync, M, N, K, k_slice, stride_xm, stride_xk, stride_wn,
+                         stride_om, stride_ps, stride_pn, BN: tl.constexpr, BK: tl.constexpr, KS: tl.constexpr,
+                         RB: tl.constexpr, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
+                         PRECISION: tl.constexpr, PDL: tl.constexpr):
+    _linear_program(p_x, p_w, p_b, p_out, p_part, p_sync, M, N, K, k_slice, stride_xm, stride_xk, stride_wn,
+                    stride_om, stride_ps, stride_pn, BN, BK, KS, RB, True, SPLIT, HAS_BIAS, GATED, PRECISION,
+                    PDL)

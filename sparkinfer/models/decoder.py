@@ -127,9 +127,9 @@ class Decoder:
         for lw in weights.layers:
             if isinstance(lw.mlp, ExpertWeights) and spec.routing == "sigmoid_grouped" and share_moe is None:
                 lw.mlp.router = lw.mlp.router.float()  # transformers routes GLM-4.5 in fp32
-        # split-K semaphores of the few-row projections, one per weight (`linear_sync`)
+        # split-K semaphores of the projections, one per weight (`linear_sync`)
         self._sync = {} if self.torch_ops is not None else \
-            {w.data_ptr(): linear_sync(w) for w in _projections(weights) if w.dtype != torch.float32}
+            {w.data_ptr(): linear_sync(w) for w in _projections(weights)}
         self._moe_out = torch.empty((max_tokens, spec.hidden), dtype=torch.bfloat16, device=dev)
         # shared experts overlap the routed ones on an auxiliary stream (GPU only; the
         # switch is for A/B runs and debugging)
@@ -185,9 +185,11 @@ class Decoder:
         return self._linear(out, a.o)
 
     def _linear(self, x, w, bias=None):
-        """A projection: our few-rows kernel (`sparkinfer.linear`), F.linear for the torch ops."""
+        """A projection (attention, MLPs, routers, LM head): `sparkinfer.linear` (up to 128
+        rows: a row's result is the same bits in any batch; prefill chunks: torch),
+        F.linear for the torch ops."""
         if self.torch_ops is not None:
-            return F.linear(x, w, bias)
+            return F.linear(x.to(w.dtype), w, bias)
         return linear(x, w, bias, sync=self._sync.get(w.data_ptr()))
 
     def _attn_out(self, b: int, q: int, heads: int) -> dict:
@@ -200,8 +202,12 @@ class Decoder:
                     lse=torch.empty((b, q, heads), dtype=torch.float32, device=self.device))
 
     def _dense(self, m: DenseMLPWeights, x):
-        g, u = self._linear(x, m.gate_up).chunk(2, dim=-1)
-        return self._linear(F.silu(g) * u, m.down)
+        """SiLU-gated MLP: the down projection applies silu(gate) * up as it loads its input."""
+        if self.torch_ops is not None:
+            g, u = F.linear(x, m.gate_up).chunk(2, dim=-1)
+            return F.linear(F.silu(g) * u, m.down)
+        gate_up = self._linear(x, m.gate_up)  # [T, 2 I_l]
+        return linear(gate_up, m.down, sync=self._sync.get(m.down.data_ptr()), gated=True)
 
     def _mlp(self, i: int, x):
         m = self.w.layers[i].mlp
@@ -209,8 +215,8 @@ class Decoder:
             return self._dense(m, x)
         out = self._moe_out[:x.shape[0]]
 
-        def router(h):
-            return self._linear(h.to(m.router.dtype), m.router)
+        def router(h):  # GLM-4.5's fp32 router upcasts h inside the kernel
+            return self._linear(h, m.router)
 
         def routed(h, logits):
             if self.torch_ops is not None:
@@ -242,7 +248,7 @@ class Decoder:
             if step.logit_rows.numel() == 0:  # a prefill chunk that is not its prompt's last: no LM head
                 return x.new_empty((0, self.spec.vocab_size))
             x = x.index_select(0, step.logit_rows)
-        logits = F.linear(x, self.w.lm_head)  # [N, V_l]
+        logits = self._linear(x, self.w.lm_head)  # [N, V_l]
         if self.sh.world > 1:
             n, v_l = logits.shape
             logits = self.comm.all_gather(logits).view(self.sh.world, n, v_l).transpose(0, 1).reshape(n, -1)
@@ -250,7 +256,9 @@ class Decoder:
 
 
 def _projections(weights: ModelWeights):
-    """The weights `Decoder._linear` multiplies by: attention, dense MLPs, routers, shared experts."""
+    """The weights `Decoder._linear` multiplies by: attention, dense MLPs, routers, shared
+    experts, the LM head."""
+    yield weights.lm_head
     for lw in weights.layers:
         yield lw.attn.qkv
         yield lw.attn.o

@@ -56,7 +56,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
         block = triton.next_power_of_2(h)
         add_rms_norm_kernel[(t,)](x, res, weight, out, res_out, h, x.stride(0), res.stride(0),
                                   out.stride(0), res_out.stride(0), float(eps),
-                                  HAS_RES=residual is not None, BLOCK_H=block,
+                                  HAS_RES=residual is not None, BLOCK_H=block, PDL=x.device.type == "cuda",
                                   num_warps=min(16, max(1, block // 512)))
     return out, (residual_out if residual is not None else x)
 

@@ -1,0 +1,125 @@
+"""Launch shape of `linear` for one weight on one device: a pure function of
+(N, K, element size, SM count), never of M, so a row's sums are the same at any
+batch (`kernel.py` says why that suffices).
+
+Legend: N output features, K reduction, BN features per program, KS the K of a
+program, S = ceil(K / KS) slices per feature block, NB = ceil(N / BN) feature
+blocks, P = NB * S programs.
+
+The choice, by the numbers it rests on (H200, 132 SMs, 4.8 TB/s specified; the
+2026-12-03 PDL measurements in /work/shared/MEASURED.md, f64ac5d's split sweep
+in benchmarks/results/sweeps/linear_split_sweep_h200.json):
+- A decode projection moves a few MB to a few tens of MB: its time is the
+  latency until the weight bytes are in flight, plus the slowest SM's share. So
+  the preload schedule gives each program one slice of at most PRELOAD_BYTES,
+  all of it loaded before the program waits for x, and picks KS to minimise the
+  bytes the busiest SM pulls: ceil(P / SMs) x (slice + its partials' traffic).
+  MEASURED's best GEMVs had 32 KB per program (2048 x 2048: 2.76 us, 63% of
+  4.8 TB/s; 4096 x 4096: 8.92 us, 78%); the cap is twice that because at M = 64
+  a slice is reused by 4 row blocks and the partials' traffic (2 x BN x M x 4
+  bytes per slice) halves with each doubling of KS.
+- A weight whose feature blocks alone fill every SM (LM heads, GLM-4.5-Air's
+  qkv and dense gate_up) streams: one program per BN features over all of K,
+  BLOCK_K steps STREAM_STAGES deep, each weight step multiplied with every row
+  block.
+- A weight too deep to preload in at most MAX_SPLIT slices (GLM-4.5-Air's o
+  [4096, 12288], dense down [4096, 10944]) streams, split over idle SMs only
+  where its blocks fill at most a third of them (f64ac5d: o 27.48 us unsplit,
+  27.82 split 2; Qwen3-30B-A3B's o 8.17 split 4 vs 9.33 unsplit).
+`benchmarks/sweeps/linear_decode_sweep.py` times the alternatives beside cuBLAS
+on every preset's shapes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import triton
+
+__all__ = ["LinearTile", "linear_tile", "BLOCK_N", "BLOCK_M", "MAX_ROWS", "PRELOAD_BYTES", "MAX_SPLIT"]
+
+BLOCK_M = 16  # rows of x per row block (kernel.BM)
+# The kernel serves M <= MAX_ROWS (8 row blocks: 8 fp32 [64, 16] accumulators, 64
+# registers a thread at 4 warps); larger M (prefill) goes to torch.
+MAX_ROWS = 128
+BLOCK_N = 64  # one warpgroup's wgmma M side (m64n16k16), 4 warps
+# A streamed step: 64 of K, 4 steps in flight (40 KB of shared memory at one row
+# block, so several programs share an SM and one's pipeline fill hides behind
+# another's stream). 0f9fd66 (linear_sweep_h200.json, GLM-4.5-Air's dense gate_up
+# [21888, 4096], M = 1): BN 64 / BK 64 / 4 stages 43.2 us (86% of 4.8 TB/s), BK 128
+# / 6 stages 45.6, cuBLAS 47.4; the LM heads are the same regime (many waves).
+BLOCK_K = 64
+STREAM_STAGES = 4
+SMEM_BYTES = 180 * 1024  # of the H200's 227 KiB per SM, what a stream program's stages may take
+PRELOAD_BYTES = 64 * 1024
+# fp32 weights (GLM-4.5's router) multiply as tf32x3, which keeps each operand's two
+# tf32 halves in shared memory: ptxas for sm_90 at [64, 256] 176 KB and 235 registers,
+# at [64, 128] 88 KB and 198 (no spills)
+PRELOAD_BYTES_FP32 = 32 * 1024
+PRELOAD_SLICES = (128, 256, 512)  # KS candidates; a slice is at least one BK step
+MAX_SPLIT = 32  # partials the last program adds: 32 x [64, 16] fp32 = 128 KB at most, L2-resident
+COST_ROWS = 8  # the decode batch whose partials the preload choice charges (issue 28: B <= 8)
+SPLIT_MIN_STEPS = 8  # a streamed slice keeps at least 512 of K (f64ac5d: 4 steps of 128)
+
+
+@dataclass(frozen=True)
+class LinearTile:
+    """The launch of one weight on one device.
+
+    stream: the schedule (`kernel.py`): False = preload, True = stream.
+    block_n: BN features per program; block_k: K of one streamed step.
+    k_slice: KS, the K of one program (a multiple of block_k; >= K when unsplit).
+    split: S = ceil(K / KS) programs per feature block; > 1 needs the call site's
+        semaphores (`linear_sync`).
+    num_warps: of every program (fixed per weight: the warps shape the MMA).
+    stages: the stream schedule's pipeline depth; 0 = STREAM_STAGES, fewer where
+        the row blocks' x tiles would pass SMEM_BYTES.
+    """
+
+    stream: bool
+    block_n: int
+    block_k: int
+    k_slice: int
+    split: int
+    num_warps: int = 4
+    stages: int = 0
+
+    def num_stages(self, row_blocks: int, elem: int) -> int:
+        """Pipeline depth of a call with `row_blocks` row blocks: it only hides latency
+        and never changes a sum, so it may follow M. Preload: x of the next row block."""
+        if not self.stream:
+            return 2
+        step = (self.block_n + row_blocks * BLOCK_M) * self.block_k * elem
+        return max(2, min(self.stages or STREAM_STAGES, SMEM_BYTES // step))
+
+
+def _preload_cost(n: int, k: int, ks: int, elem: int, num_sms: int) -> int:
+    """Bytes the busiest SM pulls with slices of KS: weights and, split, the fp32
+    partials of COST_ROWS rows written and read back."""
+    rows = min(BLOCK_N, n)
+    split = triton.cdiv(k, ks)
+    per_program = rows * ks * elem + (2 * rows * COST_ROWS * 4 if split > 1 else 0)
+    return triton.cdiv(triton.cdiv(n, BLOCK_N) * split, num_sms) * per_program
+
+
+def linear_tile(n: int, k: int, elem: int = 2, num_sms: int = 1) -> LinearTile:
+    """The tile of an [N, K] weight of `elem`-byte elements on a device of `num_sms`
+    SMs (1: the interpreter, which runs programs one after another, or a call site
+    without semaphores: one program per feature block). Pure; never depends on M."""
+    blocks = triton.cdiv(n, BLOCK_N)
+    if blocks < num_sms:
+        cap = PRELOAD_BYTES if elem <= 2 else PRELOAD_BYTES_FP32
+        fits = [ks for ks in PRELOAD_SLICES if min(BLOCK_N, n) * ks * elem <= cap
+                and triton.cdiv(k, ks) <= MAX_SPLIT]
+        if fits:
+            ks = min(fits, key=lambda s: (_preload_cost(n, k, s, elem, num_sms), -s))
+            ks = max(16, min(ks, triton.next_power_of_2(k)))  # the MMA's K is at least 16
+            return LinearTile(stream=False, block_n=BLOCK_N, block_k=min(BLOCK_K, ks), k_slice=ks,
+                              split=triton.cdiv(k, ks))
+    bk = max(16, min(BLOCK_K, triton.next_power_of_2(k)))
+    steps = triton.cdiv(k, bk)
+    split = 1
+    if 3 * blocks <= num_sms:
+        split = max(1, min(num_sms // blocks, steps // SPLIT_MIN_STEPS))
+    k_slice = triton.cdiv(steps, split) * bk
+    return LinearTile(stream=True, block_n=BLOCK_N, block_k=bk, k_slice=k_slice, split=triton.cdiv(k, k_slice))

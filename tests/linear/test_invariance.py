@@ -1,0 +1,47 @@
+"""Batch invariance of `linear`: a row's output is the same bits at every M up to
+LINEAR_MAX_ROWS, at any position in the batch, whatever the other rows hold
+(the one requirement continuous batching puts on a projection: a sequence's
+logits must not depend on which sequences share its step, nor on its row).
+
+Each schedule is checked at M across every row-block count (1..8 blocks of 16)
+and their edges; the probe rows sit at fresh random positions among fresh random
+rows each time; outputs are poisoned with NaN first. On the CPU the stream
+schedule is the interpreter's plan and the preload one an H200's (132 SMs)."""
+
+import pytest
+import torch
+
+from sparkinfer.linear import LINEAR_MAX_ROWS, launch, linear, linear_sync, linear_tile
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+MS = (1, 2, 15, 16, 17, 33, 64, 65, 97, LINEAR_MAX_ROWS)
+# id -> (N, K, dtype, SMs the plan assumes); N and K leave partial feature blocks and K steps
+CASES = {
+    "stream-bf16": (80, 200, torch.bfloat16, 1, False),
+    "preload-split-bf16": (80, 300, torch.bfloat16, 132, False),
+    "preload-split-fp32": (72, 160, torch.float32, 132, False),
+    "stream-gated": (64, 96, torch.bfloat16, 1, True),  # silu(gate) * up computed as x loads
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_rows_do_not_depend_on_the_batch(monkeypatch, name):
+    n, k, dtype, sms, gated = CASES[name]
+    width = 2 * k if gated else k
+    monkeypatch.setattr(launch, "_num_sms", lambda device: sms)
+    assert linear_tile(n, k, torch.tensor([], dtype=dtype).element_size(), sms).stream == (sms == 1)
+    g = torch.Generator().manual_seed(n + k)
+    w = (torch.randn(n, k, generator=g) * k ** -0.5).to(dtype).to(DEV)
+    b = torch.randn(n, generator=g).to(dtype).to(DEV)
+    probes = torch.randn(2, width, generator=g).to(dtype).to(DEV)
+    sync = linear_sync(w)
+    alone = torch.cat([linear(p[None], w, b, sync=sync, gated=gated) for p in probes])
+    for m in MS:
+        x = torch.randn(m, width, generator=g).to(dtype).to(DEV)
+        rows = torch.randperm(m, generator=g)[:2]
+        x[rows] = probes[:len(rows)]
+        out = torch.full((m, n), float("nan"), dtype=dtype, device=DEV)
+        linear(x, w, b, out=out, sync=sync, gated=gated)
+        assert torch.isfinite(out).all(), m
+        assert torch.equal(out[rows], alone[:len(rows)]), (m, rows.tolist())
+    assert not sync.any()
