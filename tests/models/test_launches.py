@@ -54,8 +54,8 @@ def step_launches(dec, rows: int = 2) -> collections.Counter:
 
     engine = Engine(dec, max_batch=rows, graphs=False)
     params = SamplingParams()
-    bufs, _ = engine._graph_step(engine.bucket(rows), 1, params)
-    bufs.fill([3] * rows, [4] * rows, list(range(rows)), 1, engine.pad_slot)
+    bufs, _ = engine._graph_step(engine.bucket(rows), 1, False)
+    bufs.fill([3] * rows, [4] * rows, list(range(rows)), [params] * rows, engine.pad_slot)
     counts = collections.Counter()
 
     def record(self, *args, grid, warmup, **kwargs):
@@ -63,7 +63,7 @@ def step_launches(dec, rows: int = 2) -> collections.Counter:
 
     mode = _TorchLaunches()
     with torch.no_grad(), mock.patch.object(InterpretedFunction, "run", record), mode:
-        engine._eager_step(bufs, params)
+        engine._eager_step(bufs, False)
     return counts + mode.ops
 
 
