@@ -1,7 +1,82 @@
-"""Triton kernel of residual add + RMSNorm: one program per row, fp32 math."""
+"""Triton kernel of residual add + RMSNorm (one program per row, fp32 math), and
+the exact sum of squares every RMSNorm of the decoder uses.
+
+`sum_squares` is exact up to one final rounding: each fp32 square becomes a
+fixed-point integer on the row's largest binade (its 24-bit significand shifted
+to 2**22 units below that binade's top), the integers add in int64, and the sum
+is rounded to fp32 once. Integer addition is associative, so the result does
+not depend on the order of the terms: not on the tile, the warps, the vector
+width, nor on how a kernel holds the row (whole elements, or the (lo, hi)
+halves of the LL words in comm/fused_norm). A tl.sum of fp32 squares is a tree
+whose shape follows the layout, so two kernels (or one kernel at two tile
+widths, as rope's head blocks at different token counts) round the same row
+differently: the next layer then sees other bits (batch invariance, docs/design.md).
+Terms below 2**-22 of a unit of the largest square's binade are truncated: at
+most 2**13 terms of < 1 unit each against a sum of >= 2**45 units, a relative
+error under 2**-32, against 2**-24 for one fp32 rounding.
+"""
 
 import triton
 import triton.language as tl
+
+# fixed-point units below the top of the row's largest binade: terms < 2**47, and
+# 2**16 of them (H up to 65536) still sum below 2**63
+FIXED_SHIFT = tl.constexpr(22)
+
+
+@triton.jit
+def _square_key(sq):
+    """2 * biased exponent (1 for zeros and subnormals, whose unit is the same) of
+    fp32 squares sq >= 0, + 1 for NaN: its max gives the row's top binade and whether
+    any square is NaN (exponent 255 is inf or NaN)."""
+    bits = sq.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    e = tl.maximum(bits >> 23, 1)
+    return 2 * e + (sq != sq).to(tl.int32)
+
+
+@triton.jit
+def _square_fixed(sq, e_max):
+    """sq as an int64 count of units 2**(e_max - 150 - FIXED_SHIFT), truncated."""
+    bits = sq.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    e = bits >> 23
+    m = ((bits & 0x7FFFFF) | tl.where(e > 0, 0x800000, 0)).to(tl.int64)
+    s = tl.maximum(e, 1) - e_max + FIXED_SHIFT  # <= FIXED_SHIFT
+    left = tl.maximum(s, 0).to(tl.int64)
+    right = tl.minimum(tl.maximum(-s, 0), 31).to(tl.int64)  # m < 2**24: >> 31 is 0
+    return (m << left) >> right
+
+
+@triton.jit
+def _fixed_to_fp32(total, key_max):
+    """The int64 sum of `_square_fixed` terms as fp32 (one rounding), or inf / NaN
+    when a square is (IEEE: a sum over an inf is inf, over a NaN NaN)."""
+    e_max = key_max >> 1
+    top = tl.where(e_max == 255, 1.0, (tl.minimum(e_max, 254) << 23).to(tl.float32, bitcast=True))  # 2**(e_max-127)
+    # 2**-45 first: total * 2**-45 <= 2**18 cannot overflow, the second product only
+    # where the true sum does
+    ss = total.to(tl.float32) * 2.842170943040401e-14 * top
+    return tl.where(e_max == 255, tl.where((key_max & 1) == 1, float("nan"), float("inf")), ss)
+
+
+@triton.jit
+def sum_squares(x, AXIS: tl.constexpr):
+    """Sum of x * x (fp32) along AXIS, exactly up to one rounding (module docstring)."""
+    sq = x * x
+    key = tl.max(_square_key(sq), AXIS)
+    total = tl.sum(_square_fixed(sq, tl.expand_dims(key >> 1, AXIS)), AXIS)
+    return _fixed_to_fp32(total, key)
+
+
+@triton.jit
+def sum_squares_2(a, b):
+    """`sum_squares` over the elements of two 1-D blocks together: the same bits as
+    over one block holding them all (the LL kernel's (lo, hi) halves of a row)."""
+    sa = a * a
+    sb = b * b
+    key = tl.maximum(tl.max(_square_key(sa), 0), tl.max(_square_key(sb), 0))
+    e_max = key >> 1
+    total = tl.sum(_square_fixed(sa, e_max) + _square_fixed(sb, e_max), 0)
+    return _fixed_to_fp32(total, key)
 
 
 @triton.jit
@@ -17,6 +92,6 @@ def add_rms_norm_kernel(p_x, p_res, p_w, p_out, p_res_out, H, stride_x, stride_r
         b_x = (b_x + b_r).to(p_res_out.dtype.element_ty)
         tl.store(p_res_out + i_t * stride_res_out + o_h, b_x, mask=m_h)
         b_x = b_x.to(tl.float32)
-    b_rstd = 1.0 / tl.sqrt(tl.sum(b_x * b_x, axis=0) / H + eps)
+    b_rstd = 1.0 / tl.sqrt(sum_squares(b_x, 0) / H + eps)
     b_w = tl.load(p_w + o_h, mask=m_h, other=0.0).to(tl.float32)
     tl.store(p_out + i_t * stride_out + o_h, (b_x * b_rstd * b_w).to(p_out.dtype.element_ty), mask=m_h)
