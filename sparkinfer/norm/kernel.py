@@ -25,58 +25,35 @@ FIXED_SHIFT = tl.constexpr(22)
 
 
 @triton.jit
-def _square_key(sq):
-    """2 * biased exponent (1 for zeros and subnormals, whose unit is the same) of
-    fp32 squares sq >= 0, + 1 for NaN: its max gives the row's top binade and whether
-    any square is NaN (exponent 255 is inf or NaN)."""
-    bits = sq.to(tl.int32, bitcast=True) & 0x7FFFFFFF
-    e = tl.maximum(bits >> 23, 1)
-    return 2 * e + (sq != sq).to(tl.int32)
-
-
-@triton.jit
-def _square_fixed(sq, e_max):
-    """sq as an int64 count of units 2**(e_max - 150 - FIXED_SHIFT), truncated."""
-    bits = sq.to(tl.int32, bitcast=True) & 0x7FFFFFFF
-    e = bits >> 23
-    m = ((bits & 0x7FFFFF) | tl.where(e > 0, 0x800000, 0)).to(tl.int64)
-    s = tl.maximum(e, 1) - e_max + FIXED_SHIFT  # <= FIXED_SHIFT
-    left = tl.maximum(s, 0).to(tl.int64)
-    right = tl.minimum(tl.maximum(-s, 0), 31).to(tl.int64)  # m < 2**24: >> 31 is 0
-    return (m << left) >> right
-
-
-@triton.jit
-def _fixed_to_fp32(total, key_max):
-    """The int64 sum of `_square_fixed` terms as fp32 (one rounding), or inf / NaN
-    when a square is (IEEE: a sum over an inf is inf, over a NaN NaN)."""
-    e_max = key_max >> 1
-    top = tl.where(e_max == 255, 1.0, (tl.minimum(e_max, 254) << 23).to(tl.float32, bitcast=True))  # 2**(e_max-127)
-    # 2**-45 first: total * 2**-45 <= 2**18 cannot overflow, the second product only
-    # where the true sum does
-    ss = total.to(tl.float32) * 2.842170943040401e-14 * top
-    return tl.where(e_max == 255, tl.where((key_max & 1) == 1, float("nan"), float("inf")), ss)
-
-
-@triton.jit
 def sum_squares(x, AXIS: tl.constexpr):
-    """Sum of x * x (fp32) along AXIS, exactly up to one rounding (module docstring)."""
+    """Sum of x * x (fp32) along AXIS, exactly up to one rounding (module docstring);
+    inf where a square or the sum overflows, NaN over a NaN, as a float sum.
+
+    One function, no nested helpers: the interpreter pays for every jit call."""
     sq = x * x
-    key = tl.max(_square_key(sq), AXIS)
-    total = tl.sum(_square_fixed(sq, tl.expand_dims(key >> 1, AXIS)), AXIS)
-    return _fixed_to_fp32(total, key)
+    bits = sq.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    e = bits >> 23  # biased exponent: 0 for zeros and subnormals (unit of exponent 1), 255 inf / NaN
+    e1 = tl.maximum(e, 1)
+    # 2 * the row's top exponent, + 1 when a square is NaN
+    key = tl.max(2 * e1 + (sq != sq).to(tl.int32), AXIS)
+    e_max = key >> 1
+    m = ((bits & 0x7FFFFF) | tl.where(e > 0, 0x800000, 0)).to(tl.int64)  # 24-bit significand
+    sh = e1 - tl.expand_dims(e_max, AXIS) + FIXED_SHIFT  # <= FIXED_SHIFT
+    # units of 2**(e_max - 150 - FIXED_SHIFT), truncated (m < 2**24: >> 31 is 0)
+    fixed = (m << tl.maximum(sh, 0).to(tl.int64)) >> tl.minimum(tl.maximum(-sh, 0), 31).to(tl.int64)
+    total = tl.sum(fixed, AXIS)
+    top = tl.where(e_max == 255, 1.0, (tl.minimum(e_max, 254) << 23).to(tl.float32, bitcast=True))  # 2**(e-127)
+    # 2**-45 first: total * 2**-45 <= 2**18 cannot overflow, the second product only where
+    # the true sum does
+    ss = total.to(tl.float32) * 2.842170943040401e-14 * top
+    return tl.where(e_max == 255, tl.where((key & 1) == 1, float("nan"), float("inf")), ss)
 
 
 @triton.jit
 def sum_squares_2(a, b):
-    """`sum_squares` over the elements of two 1-D blocks together: the same bits as
-    over one block holding them all (the LL kernel's (lo, hi) halves of a row)."""
-    sa = a * a
-    sb = b * b
-    key = tl.maximum(tl.max(_square_key(sa), 0), tl.max(_square_key(sb), 0))
-    e_max = key >> 1
-    total = tl.sum(_square_fixed(sa, e_max) + _square_fixed(sb, e_max), 0)
-    return _fixed_to_fp32(total, key)
+    """`sum_squares` over the elements of two 1-D blocks together (the LL kernel's
+    (lo, hi) halves of a row): the same bits as over one block holding them all."""
+    return sum_squares(tl.reshape(tl.join(a, b), [2 * a.shape[0]]), 0)
 
 
 @triton.jit
