@@ -52,8 +52,8 @@ MIN_SPLIT_KEYS = 128
 # 2 D bf16 per key: 2 G / 256 more bytes than the keys, 6% at G = 8, 9% at
 # GLM-4.5-Air's 12), and the combine pass runs (16.2 us over 8 layers at B = 8,
 # decode_profile_h200.json: 2 us a call). Storing inside the loop costs registers:
-# ptxas (sm_90a, Qwen3 decode tile) 147 a thread against 96 for the loop without the
-# store, 76 KiB of shared memory against 70: two programs still fit an SM
+# ptxas (sm_90a, Qwen3 decode tile) 147 a thread against 96 when a program stored its one
+# split after the loop, 76 KiB of shared memory against 70: two programs still fit an SM
 # (tests/attention/test_compile_sm90.py). Not yet timed against the heuristic at
 # B = 64: `sparkinfer bench decode --invariance both` and `bench attention` do.
 SPLIT_KEYS = 256
