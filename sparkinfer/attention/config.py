@@ -6,10 +6,20 @@ N = B * Q * Hq output rows.
 
 `attention_config(...)` picks the tile (rows = queries x heads of one KV head)
 and the number of KV splits from shapes only: never from the context length,
-which lives on the device (reading it would sync). The kernel divides each
-row's actual context evenly over the NS splits at run time, so a cache far
-longer than the context costs empty splits (a few instructions each), not
-idle work.
+which lives on the device (reading it would sync). How a row's keys are cut is
+decided on the device from its context:
+
+- batch_invariant (the default): a row of n keys has min(MAX_SPLITS,
+  cdiv(n, SPLIT_KEYS)) splits of equal whole BLOCK_N steps, whatever B is; the
+  NS programs of a (row, KV head) take contiguous runs of them, and the combine
+  pass merges every split's partial in split order. B only changes which program
+  computes a split, never its sum or the merge, so a row's output is the same
+  bits beside any other rows (docs/design.md, batch invariance).
+- otherwise: the row's keys are divided evenly over the NS programs, so the cut
+  (and the rounding) follows B through NS = f(B * KVH).
+
+Either way a cache far longer than the context costs empty splits (a few
+instructions each), not idle work.
 """
 
 from __future__ import annotations
@@ -21,7 +31,7 @@ import triton
 from sparkinfer.errors import PlanError, ShapeError
 
 __all__ = ["AttentionConfig", "attention_config", "num_splits_heuristic", "H200_SMS", "MAX_SPLITS",
-           "MAX_GROUP"]
+           "MAX_GROUP", "SPLIT_KEYS"]
 
 H200_SMS = 132
 # Splits stop at 64: the combine pass holds one row's [NS, D] fp32 partials in
@@ -31,6 +41,22 @@ MAX_SPLITS = 64
 # loads of one step overlap the maths of the other. Not yet measured on the
 # H200: `sparkinfer bench attention --sweep` times NS in 1..64 to set it.
 MIN_SPLIT_KEYS = 128
+# Batch-invariant splits hold about SPLIT_KEYS keys (a row of n keys: cdiv(n,
+# 256) splits of equal whole BLOCK_N steps). At B = 1 that is the heuristic's own
+# cut at the H200 decode shapes, so it costs nothing there: Qwen3-30B-A3B, L =
+# 8192, 8192 keys: 32 splits of 256 keys (the heuristic: 33 programs of 256, one
+# idle); the benchmark's 513 keys in a 576-position cache: 3 splits of 192 keys
+# (heuristic: 4 programs, 3 of 192). Above B = 32 (KVH = 4) the heuristic stops
+# splitting and this does not: a program walks its row's splits in one pipelined
+# loop, storing one partial per split (G (D + 1) fp32 per KV head and split against
+# 2 D bf16 per key: 2 G / 256 more bytes than the keys, 6% at G = 8, 9% at
+# GLM-4.5-Air's 12), and the combine pass runs (16.2 us over 8 layers at B = 8,
+# decode_profile_h200.json: 2 us a call). Storing inside the loop costs registers:
+# ptxas (sm_90a, Qwen3 decode tile) 147 a thread against 96 when a program stored its one
+# split after the loop, 76 KiB of shared memory against 70: two programs still fit an SM
+# (tests/attention/test_compile_sm90.py). Not yet timed against the heuristic at
+# B = 64: `sparkinfer bench decode --invariance both` and `bench attention` do.
+SPLIT_KEYS = 256
 # Up to 128 heads share a KV head (the tile then holds one query).
 MAX_GROUP = 128
 # Rows per program: 16 is the smallest tensor-core M (a decode tile of G < 16
@@ -49,13 +75,16 @@ class AttentionConfig:
     queries_per_block: QB = block_m // G.
     q_blocks: ceil(Q / QB) query blocks per (batch row, KV head).
     block_n: cache positions per loop step. block_d: D rounded up to a power of two.
-    num_splits: NS programs share one (row, KV head, query block)'s keys;
-        1 = no workspace and no combine pass.
+    num_splits: NS programs share one (row, KV head, query block)'s keys.
+    split_keys: SK > 0: a row of n keys has min(MAX_SPLITS, cdiv(n, SK)) splits
+        whatever NS is (batch-invariant); 0: one split per program.
+    split_slots: partials kept per output row, the most splits a row can have
+        (NS when split_keys is 0); 1 = no workspace and no combine pass.
     num_warps, num_stages: of the attention kernel (the combine uses 4 warps).
     grid: (B * KVH * q_blocks, NS) of the attention kernel.
     rows: N = B * Q * Hq output rows.
-    workspace_numel: fp32 elements of the split workspace (NS * N * (D + 1)),
-        0 when num_splits == 1.
+    workspace_numel: fp32 elements of the split workspace (split_slots * N * (D + 1)),
+        0 when split_slots == 1.
     """
 
     block_m: int
@@ -64,6 +93,8 @@ class AttentionConfig:
     block_n: int
     block_d: int
     num_splits: int
+    split_keys: int
+    split_slots: int
     num_warps: int
     num_stages: int
     grid: tuple[int, int]
@@ -102,10 +133,15 @@ def _block_m(q_len: int, group: int) -> int:
 
 def attention_config(*, batch: int, q_len: int, num_q_heads: int, num_kv_heads: int,
                      head_dim: int, cache_len: int, num_sms: int = H200_SMS,
-                     num_splits: int | None = None) -> AttentionConfig:
+                     num_splits: int | None = None, batch_invariant: bool = True) -> AttentionConfig:
     """The launch of one call with q [B, Q, Hq, D] over a cache [S, L, KVH, D]. Pure.
 
-    num_splits: None picks `num_splits_heuristic`; an int in 1..MAX_SPLITS forces it.
+    num_splits: None picks `num_splits_heuristic`; an int in 1..MAX_SPLITS forces it
+    (batch_invariant: capped at the splits a row can have; it only moves work
+    between programs, never a result bit).
+    batch_invariant: split decode and verify rows by SPLIT_KEYS (module docstring),
+    so a row's bits do not depend on B; False: divide each row over the programs.
+    Query blocks of more than one (prefill) never split.
     Raises ShapeError (G > MAX_GROUP) and PlanError (forced splits out of range).
     """
     group = num_q_heads // num_kv_heads
@@ -123,6 +159,13 @@ def attention_config(*, batch: int, q_len: int, num_q_heads: int, num_kv_heads: 
                         "heuristic")
     else:
         ns = num_splits
+    split_keys, slots = 0, ns
+    if batch_invariant:
+        slots = min(MAX_SPLITS, triton.cdiv(cache_len, SPLIT_KEYS)) if q_blocks == 1 else 1
+        split_keys = SPLIT_KEYS if slots > 1 else 0
+        if num_splits is None:  # as the heuristic, up to the splits a row can have
+            ns = 1 if programs >= num_sms else triton.cdiv(num_sms, max(programs, 1))
+        ns = max(1, min(ns, slots))
     block_d = max(16, triton.next_power_of_2(head_dim))
     rows = batch * q_len * num_q_heads
     return AttentionConfig(
@@ -130,9 +173,9 @@ def attention_config(*, batch: int, q_len: int, num_q_heads: int, num_kv_heads: 
         # K + V of a step: 2 x 64 x 128 x 2 B = 32 KiB at D <= 128, 3 stages = 96 KiB
         # (two programs per SM fit the H200's 227 KiB); D 256 halves the step
         block_n=64 if block_d <= 128 else 32,
-        block_d=block_d, num_splits=ns,
+        block_d=block_d, num_splits=ns, split_keys=split_keys, split_slots=slots,
         num_warps=4 if block_m <= 16 else 8,
         num_stages=3,
         grid=(programs, ns), rows=rows,
-        workspace_numel=ns * rows * (head_dim + 1) if ns > 1 else 0,
+        workspace_numel=slots * rows * (head_dim + 1) if slots > 1 else 0,
     )

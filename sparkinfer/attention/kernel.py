@@ -8,9 +8,13 @@ NS KV splits, N = B * Q * Hq output rows.
 Its tile has BLOCK_M rows = QB queries x the G heads of one KV head (row r is
 query r // G, head r % G), so each K/V block is read once for the whole group.
 Online softmax in the exp2 domain, fp32 accumulation. SPLIT=False writes the
-bf16 output and the natural-log lse; SPLIT=True writes this split's normalized
-fp32 partial and its log2 lse into the workspace, and `attention_combine_kernel`
-merges the NS partials of each output row.
+bf16 output and the natural-log lse; SPLIT=True cuts the block's keys into
+splits (`_split_plan`), and a program walks a contiguous run of them in one
+pipelined loop, writing each split's normalized fp32 partial and log2 lse into
+the workspace as it ends (a split is always computed from a fresh state, so its
+bits do not depend on which program computes it: the shape of the grid can
+follow the batch while the results do not); `attention_combine_kernel` merges
+the partials of each output row in split order.
 """
 
 import triton
@@ -56,19 +60,71 @@ def _attend_block(b_q, k_base, v_base, stride_kl, stride_vl, start, hi, row_pos,
 
 
 @triton.jit
+def _attend_step(b_q, k_base, v_base, stride_kl, stride_vl, start, hi, per, row_pos, b_m, b_l, b_acc, qk_scale,
+                 kv_stride, kv_offset, o_d, m_d, ws_ptr, o_row, m_r, m_o, n_rows, ws_lse_off,
+                 HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, INTERPRET: tl.constexpr):
+    """`_attend_block` at `start`; SPLIT: where a split ends (every `per` keys, and at
+    hi), store its partial and start the next split from a fresh state."""
+    b_m, b_l, b_acc = _attend_block(b_q, k_base, v_base, stride_kl, stride_vl, start, hi, row_pos, b_m, b_l, b_acc,
+                                    qk_scale, kv_stride, kv_offset, o_d, m_d, BLOCK_N, INTERPRET)
+    if SPLIT:
+        end = start + BLOCK_N
+        if (end % per == 0) | (end >= hi):
+            _store_split(ws_ptr, b_m, b_l, b_acc, start // per, o_row, m_r, m_o, o_d, n_rows, ws_lse_off, HEAD_DIM)
+            b_m = tl.full(b_m.shape, float("-inf"), dtype=tl.float32)
+            b_l = tl.zeros(b_l.shape, dtype=tl.float32)
+            b_acc = tl.zeros(b_acc.shape, dtype=tl.float32)
+    return b_m, b_l, b_acc
+
+
+@triton.jit
+def _row_keys(pos_max, L, kv_stride, kv_offset):
+    """Local keys j < n whose global position j * kv_stride + kv_offset is <= pos_max
+    (kv_offset < kv_stride, so the numerator is > 0 once pos_max >= kv_offset)."""
+    return tl.minimum(tl.maximum((pos_max - kv_offset + kv_stride) // kv_stride, 0), L)
+
+
+@triton.jit
+def _split_plan(n_keys, n_split, split_keys, BLOCK_N: tl.constexpr, MAX_NS: tl.constexpr):
+    """(keys per split, splits holding keys) of a query block with n_keys keys.
+
+    split_keys > 0: min(MAX_NS, cdiv(n_keys, split_keys)) splits, a function of the
+    row alone; 0: the n_split programs' even shares (depends on the grid). Splits
+    are equal runs of whole BLOCK_N steps, so no step straddles two. (Ceilings
+    written out: tl.cdiv is a nested jit call, which the interpreter pays for.)"""
+    sk = tl.maximum(split_keys, 1)
+    ns = tl.maximum(tl.where(split_keys > 0, tl.minimum((n_keys + sk - 1) // sk, MAX_NS), n_split), 1)
+    per = tl.maximum(((n_keys + BLOCK_N - 1) // BLOCK_N + ns - 1) // ns, 1) * BLOCK_N
+    return per, (n_keys + per - 1) // per
+
+
+@triton.jit
+def _store_split(ws_ptr, b_m, b_l, b_acc, i_s, o_row, m_r, m_o, o_d, n_rows, ws_lse_off,
+                 HEAD_DIM: tl.constexpr):
+    """Split i_s's normalized fp32 partial [BLOCK_M, BLOCK_D] and its log2 lse
+    (-inf, o = 0 for rows that saw no key) into the workspace."""
+    has = b_l > 0.0
+    b_l1 = tl.where(has, b_l, 1.0)
+    o_ws = i_s.to(tl.int64) * n_rows + o_row
+    tl.store(ws_ptr + o_ws[:, None] * HEAD_DIM + o_d[None, :], b_acc / b_l1[:, None], mask=m_o)
+    tl.store(ws_ptr + ws_lse_off + o_ws, tl.where(has, b_m + tl.log2(b_l1), float("-inf")), mask=m_r)
+
+
+@triton.jit
 def attention_kernel(
     q_ptr, k_ptr, v_ptr, slots_ptr, q_pos_ptr, o_ptr, lse_ptr, ws_ptr,
     stride_qb, stride_qq, stride_qh,
     stride_ks, stride_kl, stride_kh,
     stride_vs, stride_vl, stride_vh,
-    Q, L, KVH, n_q_blocks, n_rows, ws_lse_off, qk_scale, kv_stride, kv_offset,
+    Q, L, KVH, n_q_blocks, n_rows, ws_lse_off, qk_scale, kv_stride, kv_offset, split_keys,
     G: tl.constexpr, QB: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MAX_NS: tl.constexpr,
     SPLIT: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """q: [B, Q, Hq, D] bf16 (D contiguous); k, v: [S, L, KVH, D] bf16 (D contiguous);
     slots, q_pos: [B] int32; o: [B, Q, Hq, D] bf16 and lse: [B, Q, Hq] fp32, contiguous;
-    ws: fp32 [NS, N, D] partials then [NS, N] log2 lse at ws_lse_off (SPLIT only).
+    ws: fp32 [NSS, N, D] partials then [NSS, N] log2 lse at ws_lse_off (SPLIT only;
+    NSS the most splits a block can have). split_keys: see `_split_plan`.
     qk_scale = sm_scale * log2(e). Grid: (B * KVH * n_q_blocks, NS). PDL: let the
     combine kernel's programs launch once the loops end (they wait for this grid)."""
     i_bhq = tl.program_id(0)
@@ -95,20 +151,20 @@ def attention_kernel(
            + o_h[:, None] * stride_qh + o_d[None, :])
     b_q = _dot_operand(tl.load(p_q, mask=m_r[:, None] & m_d[None, :], other=0.0), INTERPRET)
 
-    # local keys j < n_keys have a global position j * kv_stride + kv_offset <= the
-    # block's last query position (kv_offset < kv_stride, so the numerator is > 0)
-    pos_max = pos0 + tl.minimum(i_qb * QB + QB, Q) - 1
-    n_keys = tl.minimum(tl.maximum((pos_max - kv_offset + kv_stride) // kv_stride, 0), L)
-    if SPLIT:  # the keys this block sees, evenly over the splits in whole BLOCK_N steps
-        per = tl.cdiv(tl.cdiv(n_keys, BLOCK_N), n_split) * BLOCK_N
-        lo = i_split * per
-        hi = tl.minimum(lo + per, n_keys)
-    else:
-        lo = 0
-        hi = n_keys
+    n_keys = _row_keys(pos0 + tl.minimum(i_qb * QB + QB, Q) - 1, L, kv_stride, kv_offset)
+    per = n_keys  # SPLIT: keys per split; a contiguous run of splits per program
+    lo = 0
+    hi = n_keys
+    if SPLIT:
+        per, n_act = _split_plan(n_keys, n_split, split_keys, BLOCK_N, MAX_NS)
+        run = (n_act + n_split - 1) // n_split * per
+        lo = i_split * run
+        hi = tl.minimum(lo + run, n_keys)
 
     k_base = k_ptr + slot * stride_ks + i_kvh * stride_kh
     v_base = v_ptr + slot * stride_vs + i_kvh * stride_vh
+    o_row = (i_b.to(tl.int64) * Q + o_qi) * (KVH * G) + o_h  # [BLOCK_M] output row
+    m_o = m_r[:, None] & m_d[None, :]
     b_m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     b_l = tl.zeros([BLOCK_M], dtype=tl.float32)
     b_acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -117,29 +173,25 @@ def attention_kernel(
         # which numpy >= 2.3 refuses; compiled, the for loop is software-pipelined
         start = lo
         while start < hi:
-            b_m, b_l, b_acc = _attend_block(
-                b_q, k_base, v_base, stride_kl, stride_vl, start, hi, row_pos, b_m, b_l, b_acc, qk_scale,
-                kv_stride, kv_offset, o_d, m_d, BLOCK_N, INTERPRET)
+            b_m, b_l, b_acc = _attend_step(
+                b_q, k_base, v_base, stride_kl, stride_vl, start, hi, per, row_pos, b_m, b_l, b_acc, qk_scale,
+                kv_stride, kv_offset, o_d, m_d, ws_ptr, o_row, m_r, m_o, n_rows, ws_lse_off, HEAD_DIM, BLOCK_N,
+                SPLIT, INTERPRET)
             start += BLOCK_N
     else:
         for start in range(lo, hi, BLOCK_N):
-            b_m, b_l, b_acc = _attend_block(
-                b_q, k_base, v_base, stride_kl, stride_vl, start, hi, row_pos, b_m, b_l, b_acc, qk_scale,
-                kv_stride, kv_offset, o_d, m_d, BLOCK_N, INTERPRET)
+            b_m, b_l, b_acc = _attend_step(
+                b_q, k_base, v_base, stride_kl, stride_vl, start, hi, per, row_pos, b_m, b_l, b_acc, qk_scale,
+                kv_stride, kv_offset, o_d, m_d, ws_ptr, o_row, m_r, m_o, n_rows, ws_lse_off, HEAD_DIM, BLOCK_N,
+                SPLIT, INTERPRET)
 
     if PDL:
         gdc_launch_dependents()
-    has = b_l > 0.0
-    b_l1 = tl.where(has, b_l, 1.0)
-    b_o = b_acc / b_l1[:, None]  # rows with no key: acc = 0 -> o = 0
-    b_lse2 = tl.where(has, b_m + tl.log2(b_l1), float("-inf"))
-    o_row = (i_b.to(tl.int64) * Q + o_qi) * (KVH * G) + o_h  # [BLOCK_M] output row
-    m_o = m_r[:, None] & m_d[None, :]
-    if SPLIT:
-        o_ws = i_split.to(tl.int64) * n_rows + o_row
-        tl.store(ws_ptr + o_ws[:, None] * HEAD_DIM + o_d[None, :], b_o, mask=m_o)
-        tl.store(ws_ptr + ws_lse_off + o_ws, b_lse2, mask=m_r)
-    else:
+    if not SPLIT:
+        has = b_l > 0.0
+        b_l1 = tl.where(has, b_l, 1.0)
+        b_o = b_acc / b_l1[:, None]  # rows with no key: acc = 0 -> o = 0
+        b_lse2 = tl.where(has, b_m + tl.log2(b_l1), float("-inf"))
         tl.store(o_ptr + o_row[:, None] * HEAD_DIM + o_d[None, :], b_o.to(o_ptr.dtype.element_ty),
                  mask=m_o)
         tl.store(lse_ptr + o_row, b_lse2 * LN2, mask=m_r)
@@ -147,19 +199,28 @@ def attention_kernel(
 
 @triton.jit
 def attention_combine_kernel(
-    ws_ptr, o_ptr, lse_ptr, n_rows, ws_lse_off, n_split,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr = False,
+    ws_ptr, o_ptr, lse_ptr, q_pos_ptr, n_rows, ws_lse_off, n_split, split_keys, Q, HQ, L, kv_stride, kv_offset,
+    QB: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+    BLOCK_N: tl.constexpr, MAX_NS: tl.constexpr, PDL: tl.constexpr = False,
 ):
-    """Merge the NS split partials of one output row (grid: N programs).
+    """Merge the split partials of one output row (grid: N programs), in split order.
 
-    o = sum_s 2^(lse_s - m) o_s / sum_s 2^(lse_s - m), m = max_s lse_s; a split with
-    lse -inf (no key) is not read; a row with none gives o = 0, lse = -inf.
-    PDL: launched early (programmatic dependent launch), so wait for the partials."""
+    The row's splits are those `attention_kernel` cut for its query block (the same
+    `_split_plan` of the same row's context). o = sum_s 2^(lse_s - m) o_s /
+    sum_s 2^(lse_s - m), m = max_s lse_s, over [BLOCK_S] tiles whose shape depends
+    on the cache, not on B (the sums' tree is fixed); a split with lse -inf (no
+    key) is not read; a row with none gives o = 0, lse = -inf. PDL: launched early
+    (programmatic dependent launch), so wait for the partials; the row's context
+    is not the attention kernel's output, so it is read before the wait."""
+    i_row = tl.program_id(0).to(tl.int64)
+    i_b = i_row // (Q * HQ)
+    i_qb = (i_row // HQ) % Q // QB
+    pos_max = tl.load(q_pos_ptr + i_b) + tl.minimum(i_qb * QB + QB, Q) - 1
+    per, n_act = _split_plan(_row_keys(pos_max, L, kv_stride, kv_offset), n_split, split_keys, BLOCK_N, MAX_NS)
     if PDL:
         gdc_wait()
-    i_row = tl.program_id(0).to(tl.int64)
     o_s = tl.arange(0, BLOCK_S)
-    m_s = o_s < n_split
+    m_s = o_s < n_act
     o_d = tl.arange(0, BLOCK_D)
     o_ws = o_s.to(tl.int64) * n_rows + i_row  # [BLOCK_S]
     b_lse = tl.load(ws_ptr + ws_lse_off + o_ws, mask=m_s, other=float("-inf"))

@@ -2,7 +2,8 @@
 
 Legend: B batch rows, Q queries per row, Hq query heads, KVH KV heads,
 G = Hq / KVH, D head dim, S cache slots, L local positions per slot,
-NS KV splits, N = B * Q * Hq output rows.
+NS programs per row's keys, NSS partials kept per output row, N = B * Q * Hq
+output rows.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import math
 import torch
 
 from sparkinfer import envs
-from sparkinfer.attention.config import H200_SMS, AttentionConfig, attention_config
+from sparkinfer.attention.config import H200_SMS, MAX_SPLITS, AttentionConfig, attention_config
 from sparkinfer.attention.kernel import attention_combine_kernel, attention_kernel
 from sparkinfer.errors import CapacityError, CaptureError, DeviceError, DTypeError, LayoutError, ShapeError
 from sparkinfer.runtime.devices import cuda_sm_count
@@ -102,27 +103,28 @@ def _output(name: str, t, dims: str, shape: tuple, dtype: torch.dtype, device) -
     return t
 
 
-def plan_call(q, k_cache, *, num_splits: int | None = None) -> AttentionConfig:
+def plan_call(q, k_cache, *, num_splits: int | None = None, batch_invariant: bool = True) -> AttentionConfig:
     """The `AttentionConfig` that `decode_attention(q, k_cache, ...)` launches with
     (shapes and the device's SM count only; no sync, no allocation)."""
     B, Q, Hq, D = q.shape
     return attention_config(batch=B, q_len=Q, num_q_heads=Hq, num_kv_heads=k_cache.shape[2], head_dim=D,
-                            cache_len=k_cache.shape[1], num_sms=_num_sms(q.device), num_splits=num_splits)
+                            cache_len=k_cache.shape[1], num_sms=_num_sms(q.device), num_splits=num_splits,
+                            batch_invariant=batch_invariant)
 
 
-def attention_workspace(q, k_cache, *, num_splits: int | None = None) -> torch.Tensor:
-    """A split workspace for calls with q's and k_cache's shapes (and num_splits):
-    fp32 [plan_call(q, k_cache).workspace_numel] on q's device, possibly empty.
-    One buffer serves every call whose workspace_numel is no larger. Allocates;
-    not capture-legal (CaptureError); no sync."""
-    n = plan_call(q, k_cache, num_splits=num_splits).workspace_numel
+def attention_workspace(q, k_cache, *, num_splits: int | None = None, batch_invariant: bool = True) -> torch.Tensor:
+    """A split workspace for calls with q's and k_cache's shapes (and num_splits,
+    batch_invariant): fp32 [plan_call(q, k_cache).workspace_numel] on q's device,
+    possibly empty. One buffer serves every call whose workspace_numel is no
+    larger. Allocates; not capture-legal (CaptureError); no sync."""
+    n = plan_call(q, k_cache, num_splits=num_splits, batch_invariant=batch_invariant).workspace_numel
     if _capturing(q.device):
         raise CaptureError("attention_workspace allocates; call it before CUDA graph capture")
     return torch.empty(n, dtype=torch.float32, device=q.device)
 
 
 def _workspace(cfg: AttentionConfig, workspace, device) -> torch.Tensor | None:
-    if cfg.num_splits == 1:
+    if cfg.split_slots == 1:
         return None
     n = cfg.workspace_numel
     if workspace is not None:
@@ -132,7 +134,7 @@ def _workspace(cfg: AttentionConfig, workspace, device) -> torch.Tensor | None:
                               f"{workspace.stride()}; pass a contiguous 1-D fp32 tensor (attention_workspace)")
         if workspace.numel() < n:
             raise CapacityError(f"decode_attention: workspace holds {workspace.numel()} fp32 elements; this call "
-                                f"needs {n} ({cfg.num_splits} splits); size it with attention_workspace(q, k_cache)")
+                                f"needs {n} ({cfg.split_slots} splits); size it with attention_workspace(q, k_cache)")
         return workspace
     key = (device, n)
     if key not in _WORKSPACES:
@@ -145,7 +147,8 @@ def _workspace(cfg: AttentionConfig, workspace, device) -> torch.Tensor | None:
 
 
 def decode_attention(q, k_cache, v_cache, slots, q_pos, *, sm_scale: float, kv_stride: int = 1,
-                     kv_offset: int = 0, out=None, lse=None, workspace=None, num_splits: int | None = None):
+                     kv_offset: int = 0, out=None, lse=None, workspace=None, num_splits: int | None = None,
+                     batch_invariant: bool = True):
     """Causal attention of Q new queries per batch row over its slot of a KV cache.
 
     q: [B, Q, Hq, D] bf16, D contiguous (other strides free). Q = 1 at decode,
@@ -167,7 +170,13 @@ def decode_attention(q, k_cache, v_cache, slots, q_pos, *, sm_scale: float, kv_s
     workspace: fp32 1-D, >= `plan_call(q, k_cache).workspace_numel` elements, used
         when the call splits the cache over programs; None uses a buffer the
         launcher keeps per (device, size), allocated on the first call of that size.
-    num_splits: None (heuristic, `num_splits_heuristic`) or a forced 1..64.
+    num_splits: None (heuristic, `num_splits_heuristic`) or a forced 1..64: the
+        programs that share a row's keys.
+    batch_invariant: True (default): a row's out and lse are the same bits whatever
+        B is and whatever the other rows hold, and whatever num_splits is (the keys
+        are cut by the row's own context, config.SPLIT_KEYS); False: the cut
+        follows the heuristic's split count, which follows B (faster above B * KVH
+        = 132 by the combine pass, config.py).
 
     Returns (out, lse). Allocates out / lse when None, and the kept workspace on a
     size's first call: never during capture (CaptureError). No host sync. Legal in
@@ -185,26 +194,27 @@ def decode_attention(q, k_cache, v_cache, slots, q_pos, *, sm_scale: float, kv_s
     dev = q.device
     out = _output("out", out, "[B, Q, Hq, D]", (B, Q, Hq, D), torch.bfloat16, dev)
     lse = _output("lse", lse, "[B, Q, Hq]", (B, Q, Hq), torch.float32, dev)
-    cfg = plan_call(q, k_cache, num_splits=num_splits)
+    cfg = plan_call(q, k_cache, num_splits=num_splits, batch_invariant=batch_invariant)
     ws = _workspace(cfg, workspace, dev)
     if cfg.rows == 0:
         return out, lse
     interpret = dev.type == "cpu"
     pdl = COMBINE_PDL and ws is not None and not interpret
     S, L, KVH, _ = k_cache.shape
-    ws_lse_off = cfg.num_splits * cfg.rows * D
+    ws_lse_off = cfg.split_slots * cfg.rows * D
     attention_kernel[cfg.grid](
         q, k_cache, v_cache, slots, q_pos, out, lse, ws if ws is not None else lse,
         q.stride(0), q.stride(1), q.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         Q, L, KVH, cfg.q_blocks, cfg.rows, ws_lse_off, float(sm_scale) * math.log2(math.e), kv_stride, kv_offset,
-        G=Hq // KVH, QB=cfg.queries_per_block, HEAD_DIM=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        BLOCK_D=cfg.block_d, SPLIT=ws is not None, INTERPRET=interpret, PDL=pdl,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        cfg.split_keys, G=Hq // KVH, QB=cfg.queries_per_block, HEAD_DIM=D, BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, MAX_NS=MAX_SPLITS, SPLIT=ws is not None, INTERPRET=interpret,
+        PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if ws is not None:
         attention_combine_kernel[(cfg.rows,)](
-            ws, out, lse, cfg.rows, ws_lse_off, cfg.num_splits,
-            HEAD_DIM=D, BLOCK_D=cfg.block_d, BLOCK_S=max(2, 1 << (cfg.num_splits - 1).bit_length()),
+            ws, out, lse, q_pos, cfg.rows, ws_lse_off, cfg.num_splits, cfg.split_keys, Q, Hq, L, kv_stride,
+            kv_offset, QB=cfg.queries_per_block, HEAD_DIM=D, BLOCK_D=cfg.block_d,
+            BLOCK_S=max(2, 1 << (cfg.split_slots - 1).bit_length()), BLOCK_N=cfg.block_n, MAX_NS=MAX_SPLITS,
             PDL=pdl, num_warps=4, **(dict(launch_pdl=True) if pdl else {}))
     return out, lse

@@ -6,8 +6,9 @@ Legend: B batch rows, Hq / KVH query / KV heads, D head dim 128, C context
 One run: 1. the device's copy bandwidth (large device-to-device copy, bytes
 read + written); 2. per model (Hq / KVH of Qwen3-30B-A3B, GLM-4.5-Air, Mixtral
 at TP 1), B and C: a check of `decode_attention` against the fp32 reference,
-then timing (CUDA graph, median) of `decode_attention` and its peers on the
-same cache: `flash_attn_with_kvcache` (same [S, L, KVH, D] cache and slot
+then timing (CUDA graph, median) of `decode_attention` (batch-invariant, the
+default, and `sparkinfer-batch-dependent`: batch_invariant=False, the heuristic's
+split) and its peers on the same cache: `flash_attn_with_kvcache` (same [S, L, KVH, D] cache and slot
 indices; where flash-attn is installed), torch SDPA after gathering the slots
 (what the decoder with torch ops would do), and torch SDPA on K / V gathered
 beforehand (reading the same bytes, no gather). A graph replays calls on
@@ -23,8 +24,8 @@ row's `ok` is that verdict.
 Appends JSON rows (GPU, versions, commit, date, command; every check and timing
 row with an `ok` flag) to --out (default benchmarks/results/attention_<machine>.json,
 with --sweep results/sweeps/attention_sweep_<machine>.json) and prints a table.
---sweep: also NS forced to 1, 2, 4, ..., 64 (the measurements the split
-heuristic's thresholds need). --capacity L: cache of L positions per slot with
+--sweep: also NS forced to 1, 2, 4, ..., 64 with the heuristic's even split (the
+measurements the split heuristic's thresholds need). --capacity L: cache of L positions per slot with
 contexts C < L (the heuristic sees L, the kernel the real C). --dry-run: tiny
 shapes on CPU through the Triton interpreter, to check this module's logic.
 
@@ -227,10 +228,12 @@ def time_point(torch, p: Point, cuda: bool, lim: dict, args) -> list[dict]:
     reps = 3 if args.dry_run else 20
     base = dict(kind="time", batch=p.b, context=p.context, capacity=p.k.shape[1], hq=p.hq, kvh=p.kvh,
                 head_dim=p.d, kv_bytes=p.kv_bytes, calls_per_graph=p.n)
-    splits = [None] + ([s for s in SWEEP_SPLITS if s <= max(1, p.context // 64)] if args.sweep else [])
-    runs = [(f"sparkinfer-ns{ns}" if ns else "sparkinfer", ns, [
-        lambda s=s, ns=ns: decode_attention(p.q, p.k, p.v, s, p.q_pos, sm_scale=p.scale, out=p.out, lse=p.lse,
-                                            num_splits=ns) for s in p.slots]) for ns in splits]
+    ours = [("sparkinfer", None, True), ("sparkinfer-batch-dependent", None, False)]
+    ours += [(f"sparkinfer-ns{ns}", ns, False) for ns in SWEEP_SPLITS if args.sweep and ns <= max(1, p.context // 64)]
+    runs = [(impl, (ns, inv), [
+        lambda s=s, ns=ns, inv=inv: decode_attention(p.q, p.k, p.v, s, p.q_pos, sm_scale=p.scale, out=p.out,
+                                                     lse=p.lse, num_splits=ns, batch_invariant=inv)
+        for s in p.slots]) for impl, ns, inv in ours]
     if not args.no_peers:
         runs += [(impl, None, peer_calls(torch, p, impl)) for impl in PEERS]
     ref = reference(p, p.slots[-1])  # every impl's last call reads these slots
@@ -246,7 +249,7 @@ def time_point(torch, p: Point, cuda: bool, lim: dict, args) -> list[dict]:
             rows.append(dict(base, impl=impl, ok=False, error=f"{type(exc).__name__}: {str(exc)[:200]}"))
             continue
         gbs = p.kv_bytes / sec / 1e9
-        ns_used = plan_call(p.q, p.k, num_splits=ns).num_splits if impl.startswith("sparkinfer") else None
+        ns_used = plan_call(p.q, p.k, num_splits=ns[0], batch_invariant=ns[1]).num_splits if ns else None
         verdict = check_timed(impl, last, ref)
         if not verdict["ok"]:
             print(f"check FAILED on the timed graph: B={p.b} C={p.context} {impl} rel_norm "
@@ -273,9 +276,11 @@ def print_summary(rows: list[dict], caption: str) -> None:
             key = (model, b, c)
             spec = fmt(100 * r["frac_spec_hbm"], 1) if "frac_spec_hbm" in r else "–"
             body.append([model, b, c, r["num_splits"], fmt(r["us"], 1), fmt(r["kv_gbs"], 0),
-                         f"{spec} ({fmt(100 * r['frac_copy'], 1)})", *(fmt(us(key, peer), 1) for peer in PEERS)])
+                         f"{spec} ({fmt(100 * r['frac_copy'], 1)})", fmt(us(key, "sparkinfer-batch-dependent"), 1),
+                         *(fmt(us(key, peer), 1) for peer in PEERS)])
     print_table("decode attention, us per call", ["model", "B", "C", "NS", "us", "KV GB/s", "% HBM (% copy)",
-                                                  "flash_attn us", "sdpa+gather us", "sdpa us"], body, caption=caption)
+                                                  "batch-dependent us", "flash_attn us", "sdpa+gather us", "sdpa us"],
+                body, caption=caption)
     swept = sorted(r for r in t if r[3].startswith("sparkinfer-ns"))
     if swept:
         body = [[m, b, c, t[(m, b, c, i)]["num_splits"], fmt(t[(m, b, c, i)]["us"], 1),

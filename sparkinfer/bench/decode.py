@@ -2,7 +2,8 @@
 
     sparkinfer bench decode [--presets qwen3-30b-a3b,glm-4.5-air,mixtral-8x7b] [--layers 8]
                             [--batches 1,8,32,64] [--formats bf16,nvfp4] [--context 512] [--tp 2 [--dcp 2]]
-                            [--overlap-batches 1,8,32] [--spec-k 3] [--profile] [--dry-run]
+                            [--overlap-batches 1,8,32] [--spec-k 3] [--invariance on|off|both] [--profile]
+                            [--dry-run]
 
 Per preset (realistic dimensions, random weights made on the GPU by transformers'
 own model class, `--layers` decoder layers): our decoder with bf16 and NVFP4
@@ -25,6 +26,10 @@ construction (acceptance near 1: this measures the machinery's cost and gain,
 not a real draft's acceptance). `--profile`: each of our rows also lists the
 kernels of one replayed step (CUDA profiler), slowest first. `--tp N`: the same step on
 N ranks, ours beside the torch ops with NCCL all-reduces (`bench/decode_tp.py`).
+`--invariance`: our decoder batch-invariant (on, the default), with the faster
+batch-dependent choices (off), or both, each configuration built and timed once per
+mode in the same run; rows carry `batch_invariant`, and `both` prints the pairs with
+the invariance's cost (docs/design.md, batch invariance).
 """
 
 from __future__ import annotations
@@ -56,8 +61,32 @@ def add_arguments(p) -> None:
                    help="ranks (one GPU each; CPU ranks with --dry-run): ours and the torch ops with NCCL, "
                         "slowest rank's time; no transformers, overlap or speculative rows")
     p.add_argument("--dcp", type=int, default=1, help="decode-context parallelism with --tp: 1 or the rank count")
+    p.add_argument("--invariance", choices=("on", "off", "both"), default="on",
+                   help="our decoder batch-invariant (on), batch-dependent (off), or both in paired rows")
     p.add_argument("--out", default=None, help="default benchmarks/results/decode_<machine>.json")
     p.add_argument("--dry-run", action="store_true", help="a tiny preset on the CPU (logic check only)")
+
+
+def build_modes(args):
+    """(format, ops, batch_invariant) of each decoder to build and time, in order: the
+    invariance modes of one configuration back to back; the torch ops have none."""
+    modes = {"on": (True,), "off": (False,), "both": (True, False)}[args.invariance]
+    for fmt in args.formats.split(","):
+        for ops in ("sparkinfer", "torch") if fmt == "bf16" else ("sparkinfer",):
+            for inv in modes if ops == "sparkinfer" else (True,):
+                yield fmt, ops, inv
+
+
+def _invariance_pairs(rows) -> list[list]:
+    """[preset, experts, B, overlap, invariant us, batch-dependent us, cost] of each
+    configuration timed both ways."""
+    pairs: dict = {}
+    for r in rows:
+        if r.get("bench") == "decode" and "batch_invariant" in r:
+            key = (r["preset"], r["experts"], r["batch"], r.get("overlap_shared"))
+            pairs.setdefault(key, {})[r["batch_invariant"]] = r["us_per_step"]
+    return [[p, e, b, o, f"{v[True]:.1f}", f"{v[False]:.1f}", f"{100 * (v[True] / v[False] - 1):+.1f}%"]
+            for (p, e, b, o), v in sorted(pairs.items(), key=lambda kv: (*kv[0][:3], str(kv[0][3]))) if len(v) == 2]
 
 
 def _rows_for(preset, args, dev, bw, say) -> list[dict]:
@@ -80,36 +109,36 @@ def _rows_for(preset, args, dev, bw, say) -> list[dict]:
     with torch.no_grad():
         ref = model(torch.tensor([prompt], device=dev)).logits[0, -1].float()
     rows = []
-    for fmt in args.formats.split(","):
-        for ops in ("sparkinfer", "torch") if fmt == "bf16" else ("sparkinfer",):
-            spec, dec, engine = build(model, cfg, fmt=fmt, ops=ops, batch=max(batches), max_len=ctx + 64,
-                                      max_tokens=max(max(batches), min(ctx, 512)))
-            with torch.no_grad():
-                logits = prefill_rows(engine, prompt, max(batches)).float()
-                err = ((logits - ref).norm() / ref.norm()).item()
-                has_shared = any(getattr(lw.mlp, "shared", None) is not None for lw in dec.w.layers)
-                for b in batches:
-                    modes = [True, False] if has_shared and ops == "sparkinfer" and str(b) in \
-                        args.overlap_batches.split(",") and dev.type == "cuda" else [dec.overlap_shared]
-                    for overlap in modes:
-                        dec.overlap_shared = overlap
-                        engine._steps.clear()  # recapture with this setting
-                        us, same = step_us(engine, b, ctx, args.replays)
-                        floor = floor_bytes(spec, dec.w, b, ctx, fmt) / bw * 1e6 if bw else None
-                        rows.append(dict(bench="decode", preset=preset, layers=spec.num_layers, impl=ops,
-                                         experts=fmt, batch=b, context=ctx, overlap_shared=overlap,
-                                         us_per_step=us, tokens_per_s=b / us * 1e6, floor_us=floor,
-                                         frac_floor=floor / us if floor else None, prefill_rel_err_vs_hf=err,
-                                         argmax_agrees_hf=int(logits.argmax()) == int(ref.argmax()),
-                                         replay_equals_eager=same,
-                                         ok=(same or ops == "torch") and bool(torch.isfinite(logits).all())))
-                        if args.profile and engine.graphs:
-                            rows[-1]["kernels"] = step_kernels(engine, b)
-                        say(rows[-1])
-                    dec.overlap_shared = dev.type == "cuda"
-            del engine, dec
-            if dev.type == "cuda":
-                torch.cuda.empty_cache()
+    for fmt, ops, inv in build_modes(args):
+        spec, dec, engine = build(model, cfg, fmt=fmt, ops=ops, batch=max(batches), max_len=ctx + 64,
+                                  max_tokens=max(max(batches), min(ctx, 512)), batch_invariant=inv)
+        with torch.no_grad():
+            logits = prefill_rows(engine, prompt, max(batches)).float()
+            err = ((logits - ref).norm() / ref.norm()).item()
+            has_shared = any(getattr(lw.mlp, "shared", None) is not None for lw in dec.w.layers)
+            for b in batches:
+                modes = [True, False] if has_shared and ops == "sparkinfer" and str(b) in \
+                    args.overlap_batches.split(",") and dev.type == "cuda" else [dec.overlap_shared]
+                for overlap in modes:
+                    dec.overlap_shared = overlap
+                    engine._steps.clear()  # recapture with this setting
+                    us, same = step_us(engine, b, ctx, args.replays)
+                    floor = floor_bytes(spec, dec.w, b, ctx, fmt) / bw * 1e6 if bw else None
+                    rows.append(dict(bench="decode", preset=preset, layers=spec.num_layers, impl=ops,
+                                     experts=fmt, batch=b, context=ctx, overlap_shared=overlap,
+                                     **({"batch_invariant": inv} if ops == "sparkinfer" else {}),
+                                     us_per_step=us, tokens_per_s=b / us * 1e6, floor_us=floor,
+                                     frac_floor=floor / us if floor else None, prefill_rel_err_vs_hf=err,
+                                     argmax_agrees_hf=int(logits.argmax()) == int(ref.argmax()),
+                                     replay_equals_eager=same,
+                                     ok=(same or ops == "torch") and bool(torch.isfinite(logits).all())))
+                    if args.profile and engine.graphs:
+                        rows[-1]["kernels"] = step_kernels(engine, b)
+                    say(rows[-1])
+                dec.overlap_shared = dev.type == "cuda"
+        del engine, dec
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
     for b in [int(x) for x in args.hf_batches.split(",") if x]:
         us = hf_step_us(model, b, ctx, cfg["vocab_size"])
         rows.append(dict(bench="decode", preset=preset, layers=args.layers, impl="transformers", experts="bf16",
@@ -203,10 +232,15 @@ def main(args) -> int:
             torch.cuda.empty_cache()
     steps = [r for r in rows if r["bench"] == "decode"]
     print_table(f"decode step (TP = {args.tp}, DCP = {args.dcp})", ["preset", "impl", "experts", "B", "overlap",
-                                                                      "us/step", "tok/s", "% floor", "ok"],
+                                                                      "invariant", "us/step", "tok/s", "% floor",
+                                                                      "ok"],
                 [[r["preset"], r["impl"], r["experts"], r["batch"], r.get("overlap_shared", ""),
-                  f"{r['us_per_step']:.1f}", f"{r['tokens_per_s']:.1f}",
+                  r.get("batch_invariant", ""), f"{r['us_per_step']:.1f}", f"{r['tokens_per_s']:.1f}",
                   f"{100 * r['frac_floor']:.1f}" if r.get("frac_floor") else "", r["ok"]] for r in steps])
+    pairs = _invariance_pairs(steps)
+    if pairs:
+        print_table("batch invariance: our step, invariant vs batch-dependent (same run)",
+                    ["preset", "experts", "B", "overlap", "invariant us", "batch-dependent us", "cost"], pairs)
     meta = metadata(args)
     out = args.out or default_out("decode", meta, args.tp, dry_run=args.dry_run)
     path = append_rows(out, [dict(r, copy_bandwidth_Bps=r.get("copy_bandwidth_Bps", bw)) for r in rows], meta)

@@ -46,9 +46,10 @@ def hf_model(preset: str, layers: int, device, *, agree_after: int | None = None
 
 
 def build(model, cfg, *, fmt: str, ops: str, batch: int, max_len: int, max_tokens: int, sharding=None,
-          comm=None):
+          comm=None, batch_invariant: bool = True):
     """(spec, decoder, engine) of our model on the transformers model's weights: one rank's
-    shard (`sharding`, default the whole model) over `comm` (None for one rank)."""
+    shard (`sharding`, default the whole model) over `comm` (None for one rank);
+    batch_invariant: the decoder's switch (see `Decoder`)."""
     from sparkinfer.engine import Engine
     from sparkinfer.models.config import load_spec
     from sparkinfer.models.decoder import Decoder, KVCache
@@ -61,7 +62,8 @@ def build(model, cfg, *, fmt: str, ops: str, batch: int, max_len: int, max_token
     sh = sharding or Sharding()
     weights = load_weights(TensorSource(model.state_dict()), spec, sh, device=dev, moe_format=fmt)
     cache = KVCache(spec.num_layers, batch + 1, max_len, weights.layers[0].attn.kv_heads, spec.head_dim, sh, dev)
-    dec = Decoder(spec, weights, sh, comm=comm, cache=cache, max_tokens=max_tokens, moe_format=fmt, ops=ops)
+    dec = Decoder(spec, weights, sh, comm=comm, cache=cache, max_tokens=max_tokens, moe_format=fmt, ops=ops,
+                  batch_invariant=batch_invariant)
     return spec, dec, Engine(dec, max_batch=batch, comm=comm)
 
 

@@ -19,10 +19,11 @@ __all__ = ["tp_rows"]
 
 def tp_rows(preset: str, args, say) -> list[dict]:
     """Rows of one preset at --tp ranks (see the module docstring)."""
+    from sparkinfer.bench.decode import build_modes
     from sparkinfer.runtime import run_ranks
 
     opt = dict(layers=args.layers, batches=[int(b) for b in args.batches.split(",")], context=args.context,
-               replays=args.replays, formats=args.formats.split(","), dcp=args.dcp, dry=args.dry_run)
+               replays=args.replays, builds=list(build_modes(args)), dcp=args.dcp, dry=args.dry_run)
     ranks = run_ranks(_rank_rows, args.tp, backend="cpu" if args.dry_run else "cuda", args=(preset, opt),
                       timeout_s=600 if args.dry_run else 1800)
     rows = []
@@ -62,26 +63,26 @@ def _rank_rows(world, preset: str, opt: dict) -> list[dict]:
                         channel_ids=("target",))
     rows = []
     try:
-        for fmt in opt["formats"]:
-            for ops in ("sparkinfer", "torch") if fmt == "bf16" else ("sparkinfer",):
-                _, dec, engine = build(model, cfg, fmt=fmt, ops=ops, batch=batch, max_len=ctx + 64,
-                                       max_tokens=max_tokens, comm=comm,
-                                       sharding=Sharding(world.rank, world.world_size, opt["dcp"]))
-                with torch.no_grad():
-                    logits = prefill_rows(engine, prompt, batch)
-                    err = ((logits.float() - ref).norm() / ref.norm()).item()
-                    for b in opt["batches"]:
-                        us, same = step_us(engine, b, ctx, opt["replays"])
-                        floor = floor_bytes(spec, dec.w, b, ctx, fmt) / bw * 1e6 if bw else None
-                        rows.append(dict(bench="decode", preset=preset, layers=spec.num_layers, impl=ops,
-                                         experts=fmt, tp=world.world_size, dcp=opt["dcp"], batch=b, context=ctx,
-                                         us_per_step=us, floor_us=floor, copy_bandwidth_Bps=bw,
-                                         replay_equals_eager=same, prefill_rel_err_vs_hf=err,
-                                         argmax_agrees_hf=int(logits.argmax()) == int(ref.argmax()),
-                                         logits_digest=_digest(logits)))
-                del engine, dec
-                if dev.type == "cuda":
-                    torch.cuda.empty_cache()
+        for fmt, ops, inv in opt["builds"]:
+            _, dec, engine = build(model, cfg, fmt=fmt, ops=ops, batch=batch, max_len=ctx + 64,
+                                   max_tokens=max_tokens, comm=comm, batch_invariant=inv,
+                                   sharding=Sharding(world.rank, world.world_size, opt["dcp"]))
+            with torch.no_grad():
+                logits = prefill_rows(engine, prompt, batch)
+                err = ((logits.float() - ref).norm() / ref.norm()).item()
+                for b in opt["batches"]:
+                    us, same = step_us(engine, b, ctx, opt["replays"])
+                    floor = floor_bytes(spec, dec.w, b, ctx, fmt) / bw * 1e6 if bw else None
+                    rows.append(dict(bench="decode", preset=preset, layers=spec.num_layers, impl=ops,
+                                     experts=fmt, tp=world.world_size, dcp=opt["dcp"], batch=b, context=ctx,
+                                     **({"batch_invariant": inv} if ops == "sparkinfer" else {}),
+                                     us_per_step=us, floor_us=floor, copy_bandwidth_Bps=bw,
+                                     replay_equals_eager=same, prefill_rel_err_vs_hf=err,
+                                     argmax_agrees_hf=int(logits.argmax()) == int(ref.argmax()),
+                                     logits_digest=_digest(logits)))
+            del engine, dec
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
     finally:
         comm.close()
     return rows

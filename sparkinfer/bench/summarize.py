@@ -240,11 +240,12 @@ def moe_tables(rows: list, machine: str, brief: bool) -> list[str]:
 
 def decode_tables(rows: list, machine: str, brief: bool) -> list[str]:
     """Decode step time and tokens/s per preset and batch, ours against the torch-ops build
-    of the same model and transformers; the shared-expert overlap and speculative rows."""
+    of the same model and transformers; the shared-expert overlap, batch invariance and
+    speculative rows."""
     steps = defaultdict(dict)
     for r in rows:
         if r.get("bench") == "decode" and r.get("overlap_shared", True) is not False and \
-                (not brief or r["batch"] in (1, 8, 64)):
+                r.get("batch_invariant", True) is not False and (not brief or r["batch"] in (1, 8, 64)):
             steps[(r["preset"], r.get("dcp", 1), r["batch"])][(r["impl"], r["experts"])] = r
     tp = max((r.get("tp", 1) for r in rows if r.get("bench") == "decode"), default=1)
     dcps = {k[1] for k in steps}
@@ -303,7 +304,8 @@ def decode_tables(rows: list, machine: str, brief: bool) -> list[str]:
     out += [""] + [f"{x}." for x in notes] if notes else []
     pairs = defaultdict(dict)
     for r in rows:
-        if r.get("bench") == "decode" and "overlap_shared" in r and r["impl"] == "sparkinfer":
+        if r.get("bench") == "decode" and "overlap_shared" in r and r["impl"] == "sparkinfer" and \
+                r.get("batch_invariant", True) is not False:
             pairs[(r["preset"], r["experts"], r["batch"])][r["overlap_shared"]] = r["us_per_step"]
     both = [(k, v) for k, v in sorted(pairs.items()) if len(v) == 2]
     if both and not brief:
@@ -311,6 +313,18 @@ def decode_tables(rows: list, machine: str, brief: bool) -> list[str]:
         out += _md(["preset", "experts", "B", "on", "off", "gain"],
                    [[p, e, b, f"{v[True]:.0f}", f"{v[False]:.0f}", f"{100 * (1 - v[True] / v[False]):.1f}%"]
                     for (p, e, b), v in both])
+    inv = defaultdict(dict)
+    for r in rows:
+        if r.get("bench") == "decode" and "batch_invariant" in r and r.get("overlap_shared", True) is not False:
+            inv[(r["preset"], r.get("tp", 1), r["experts"], r["batch"])][r["batch_invariant"]] = r["us_per_step"]
+    both = [(k, v) for k, v in sorted(inv.items()) if len(v) == 2]
+    if both and not brief:
+        out += ["", "Batch invariance (a row's logits the same bits beside any rows), µs per decode step of our "
+                    "decoder invariant / batch-dependent, timed in the same run (`bench decode --invariance "
+                    "both`):", ""]
+        out += _md(["preset", "TP", "experts", "B", "invariant", "batch-dependent", "cost"],
+                   [[p, tp, e, b, f"{v[True]:.0f}", f"{v[False]:.0f}", f"{100 * (v[True] / v[False] - 1):+.1f}%"]
+                    for (p, tp, e, b), v in both])
     spec = [r for r in rows if r.get("bench") == "decode_speculative"]
     if spec and not brief:
         out += ["", "Speculative decoding, batch 1, generation tokens/s (host loop included), self-draft of the "

@@ -30,10 +30,11 @@ def comm_capacity(spec, world: int, max_batch: int, max_tokens: int) -> int:
 
 def build_decoder(path, sharding: Sharding, *, comm=None, device="cpu", moe_format: str = "bf16",
                   max_batch: int = 8, max_len: int = 2048, max_tokens: int | None = None,
-                  progress=None) -> Decoder:
+                  progress=None, batch_invariant: bool = True) -> Decoder:
     """Load this rank's weights and build its decoder with a KV cache of max_batch + 1
     slots (one for padding) of max_len positions. max_tokens: the largest step
-    (default max(PREFILL_CHUNK, max_batch)). Allocates; not capture-legal."""
+    (default max(PREFILL_CHUNK, max_batch)); batch_invariant: see `Decoder`.
+    Allocates; not capture-legal."""
     import torch
 
     device = torch.device(device)
@@ -43,7 +44,8 @@ def build_decoder(path, sharding: Sharding, *, comm=None, device="cpu", moe_form
     kv = weights.layers[0].attn.kv_heads
     cache = KVCache(spec.num_layers, max_batch + 1, max_len, kv, spec.head_dim, sharding, device)
     return Decoder(spec, weights, sharding, comm=comm, cache=cache,
-                   max_tokens=max_tokens or max(PREFILL_CHUNK, max_batch), moe_format=moe_format)
+                   max_tokens=max_tokens or max(PREFILL_CHUNK, max_batch), moe_format=moe_format,
+                   batch_invariant=batch_invariant)
 
 
 def self_draft(target: Decoder, layers: int, *, max_batch: int, max_len: int) -> Decoder:
@@ -63,4 +65,5 @@ def self_draft(target: Decoder, layers: int, *, max_batch: int, max_len: int) ->
     cache = KVCache(layers, max_batch + 1, max_len, w.layers[0].attn.kv_heads, target.spec.head_dim,
                     target.sh, target.device)
     return Decoder(replace(target.spec, num_layers=layers), weights, target.sh, comm=target.comm, cache=cache,
-                   max_tokens=target.max_tokens, share_moe=target.moe[:layers])
+                   max_tokens=target.max_tokens, share_moe=target.moe[:layers],
+                   batch_invariant=target.batch_invariant)

@@ -14,6 +14,13 @@ token share, merged by log-sum-exp) -> o projection (a partial sum per rank)
 experts) or a dense MLP, partial per rank -> all-reduce + residual + RMSNorm
 with the next layer's input norm (the final norm after the last layer).
 Every rank holds bitwise the same hidden state after each layer.
+
+Batch invariance (`batch_invariant=True`, the default): a row's logits are the
+same bits whatever the other rows of its step hold and however many there are
+(decode and verify steps up to `moe.plan.INVARIANT_MAX_TOKENS` tokens): attention
+cuts a row's keys by its own context, the fused norm keeps rows whole, the MoE
+plan never splits a route's reductions (each kernel says why and at what cost).
+The projections and the LM head (`sparkinfer.linear`) keep their own order.
 """
 
 from __future__ import annotations
@@ -90,11 +97,16 @@ class Decoder:
     share_moe: another decoder's `moe` list whose layers this one reuses (a
     self-draft: the target's first layers, planned and prepared once; steps of
     the two must not run concurrently, as they share scratch).
+    batch_invariant: True (default): a row's logits do not depend on the other rows
+    of a step (module docstring); False: the faster batch-dependent choices of
+    attention splits, norm pieces and MoE reduction splits. Shared MoE layers keep
+    the choice of the decoder that planned them.
     Construction plans the MoE layers and prepares their weights: not capture-legal.
     """
 
     def __init__(self, spec, weights: ModelWeights, sharding: Sharding, *, comm=None, cache: KVCache,
-                 max_tokens: int, moe_format: str = "bf16", ops: str = "sparkinfer", share_moe=None):
+                 max_tokens: int, moe_format: str = "bf16", ops: str = "sparkinfer", share_moe=None,
+                 batch_invariant: bool = True):
         if sharding.world > 1 and comm is None:
             raise ShapeError(f"a decoder over {sharding.world} ranks needs a Communicator (comm=None given)")
         if ops not in ("sparkinfer", "torch") or (ops == "torch" and moe_format != "bf16"):
@@ -102,6 +114,7 @@ class Decoder:
         self.spec, self.w, self.sh, self.comm, self.cache = spec, weights, sharding, comm, cache
         self.torch_ops = TorchOps(spec, comm) if ops == "torch" else None
         self.max_tokens = max_tokens
+        self.batch_invariant = batch_invariant
         dev = weights.final_norm.device
         self.device = dev
         d = spec.head_dim
@@ -121,7 +134,7 @@ class Decoder:
                 continue
             caps = MoECaps(max_tokens=max_tokens, num_experts=spec.num_experts, top_k=spec.top_k,
                            hidden=spec.hidden, intermediate=_local_inter(m), tp_rank=0, tp_size=1,
-                           num_sms=num_sms)
+                           num_sms=num_sms, batch_invariant=batch_invariant)
             bias = m.correction_bias.float() if m.correction_bias is not None else None
             self.moe.append(MoELayer(caps, _moe_spec(spec, moe_format), (m.w1, m.w2), device=dev, bias=bias))
         for lw in weights.layers:
@@ -145,7 +158,7 @@ class Decoder:
             return self.torch_ops.norm(partial, residual, weight, eps)
         if self.sh.world == 1:
             return add_rms_norm(partial, residual, weight, eps)
-        return self.comm.all_reduce_add_rms_norm(partial, residual, weight, eps)
+        return self.comm.all_reduce_add_rms_norm(partial, residual, weight, eps, batch_invariant=self.batch_invariant)
 
     def _embed(self, tokens):
         w = self.w
@@ -194,12 +207,14 @@ class Decoder:
 
     def _attn_out(self, b: int, q: int, heads: int) -> dict:
         """out / lse buffers of one attention call (the kernel refuses to allocate them during
-        a capture; here they come from the graph's pool). None for the torch ops."""
+        a capture; here they come from the graph's pool), and the batch-invariance switch.
+        Nothing for the torch ops."""
         if self.torch_ops is not None:
             return {}
         d = self.spec.head_dim
         return dict(out=torch.empty((b, q, heads, d), dtype=torch.bfloat16, device=self.device),
-                    lse=torch.empty((b, q, heads), dtype=torch.float32, device=self.device))
+                    lse=torch.empty((b, q, heads), dtype=torch.float32, device=self.device),
+                    batch_invariant=self.batch_invariant)
 
     def _dense(self, m: DenseMLPWeights, x):
         """SiLU-gated MLP: the down projection applies silu(gate) * up as it loads its input."""

@@ -52,7 +52,10 @@ def scratch_specs(plan: MoEPlan) -> tuple[ScratchSpec, ...]:
     fp8_block: FC2's input rows are e4m3 with fp32 scales [rows, I/128]
     (`*_scale`), and the grouped family quantizes x once into x_fp8 / x_scale.
     NVFP4 plans with a dequantized bucket hold w_bf16: bf16 copies of
-    `dequant_experts` experts' larger matrix (`plan.dequant_chunk`)."""
+    `dequant_experts` experts' larger matrix (`plan.dequant_chunk`).
+    fc2_partial (micro's FC2 output per split) is fp32, or out_dtype in
+    batch-invariant plans whose FC2 never splits: the grouped family rounds its
+    route_out so too, and a route must round alike in both (plan.INVARIANT_MAX_TOKENS)."""
     c = plan.caps
     k, h, i, e = c.top_k, c.hidden, plan.intermediate, c.num_experts  # I as padded (plan.py)
     n1 = (2 if plan.spec.gated else 1) * i
@@ -65,9 +68,10 @@ def scratch_specs(plan: MoEPlan) -> tuple[ScratchSpec, ...]:
     if micro:
         s1 = max(cfg.split1 for _, cfg in micro)
         s2 = max(cfg.split2 for _, cfg in micro)
+        part2 = c.out_dtype if c.batch_invariant and s2 == 1 else torch.float32
         specs += [ScratchSpec("fc1_partial", (s1, rm, n1), torch.float32),
                   ScratchSpec("fc1_act", (rm, i), act),
-                  ScratchSpec("fc2_partial", (s2, rm, h), torch.float32)]
+                  ScratchSpec("fc2_partial", (s2, rm, h), part2)]
         if fp8:
             specs.append(ScratchSpec("fc1_act_scale", (rm, i // FP8_BLOCK), torch.float32))
     grouped = [(t, cfg) for t, cfg in plan.buckets if cfg.family == "grouped"]

@@ -181,6 +181,24 @@ FP8_BLOCK = 128
 # the per-column scales of this step and the next (`kernels/fp8.py`) do not
 # fit beside each other. BM 64 at 8 warps: 255 / 191 registers, no spill.
 FP8_MAX_BLOCK_M = 64
+# Batch invariance (MoECaps.batch_invariant): a token's output must not depend on
+# T up to INVARIANT_MAX_TOKENS (64 decode rows x 4 queries of a speculative verify
+# at k = 3). A route's sum over H (FC1) and over I (FC2) then runs unsplit in
+# every family: a split's partials add in another order, and the split count
+# follows T (more active experts fill the SMs). The kernels accumulate each K step
+# into one fp32 accumulator in K order whatever the tile (BM routed rows, BN weight
+# rows, BK), so micro and grouped tiles give a route the same FC1 and FC2 sums;
+# both round FC2's output to out_dtype (binding.scratch_specs) before the top-k
+# sum, which adds routes in k order (kernels/reduce.py). NVFP4's dequantized path
+# sums in the natural K order where its kernels use `k_order`: not inside the range.
+# What unsplit costs where the heuristic split, H200 micro sweep at b2e0991
+# (benchmarks/results/sweeps/moe_micro_sweep_h200.json), us at M = 1, bf16:
+# Qwen3-30B-A3B FC2 (2 splits planned) 27.6 planned vs 25.2 unsplit (3 stages),
+# faster; the DeepSeek-V3 TP8 shard FC1 (2) 34.0 vs 40.2 unsplit (4 stages),
+# +18%; NVFP4 TP8 shard FC1 (4) 22.8 vs 41.9 unsplit (moe_micro_ab_h200.json,
+# adfdd5d), +84%. Mixtral's FC2 (3 at M = 1, 2 at M = 2): not measured. The
+# decoder's presets split only there (Qwen3 M = 1, Mixtral M <= 2).
+INVARIANT_MAX_TOKENS = 256
 
 
 @dataclass(frozen=True)
@@ -261,9 +279,12 @@ class MoEPlan:
         return dataclasses.replace(self, buckets=((self.caps.max_tokens, config),))
 
 
-def _split(programs: int, chunks: int, num_sms: int, cap: int) -> int:
+def _split(programs: int, chunks: int, caps: MoECaps, cap: int) -> int:
+    """Programs per reduction: enough to launch PROGRAMS_PER_SM per SM, within
+    cap and the chunks; 1 for batch-invariant plans (INVARIANT_MAX_TOKENS)."""
+    num_sms = caps.num_sms
     want = PROGRAMS_PER_SM * num_sms
-    if programs >= want:
+    if programs >= want or caps.batch_invariant:
         return 1
     return max(1, min(cap, chunks, triton.cdiv(want, programs)))
 
@@ -304,9 +325,8 @@ def _fp8_config(caps: MoECaps, spec: MoESpec, tokens: int) -> TileConfig:
         bm = MICRO_BLOCK_M
         programs1 = active * triton.cdiv(caps.intermediate, ck)
         s1 = 1 if programs1 >= FC1_SPLIT_MAX_PROGRAMS_PER_SM * caps.num_sms else _split(
-            programs1, caps.hidden // ck, caps.num_sms, MAX_SPLIT1)
-        s2 = _split(active * triton.cdiv(caps.hidden, 64), caps.intermediate // ck,
-                    caps.num_sms, MAX_SPLIT)
+            programs1, caps.hidden // ck, caps, MAX_SPLIT1)
+        s2 = _split(active * triton.cdiv(caps.hidden, 64), caps.intermediate // ck, caps, MAX_SPLIT)
         fc1 = halves * _weight_bytes(ck, ck, False, True) + ck * bm * 2
         fc2 = _weight_bytes(64, ck, False, True) + ck * bm
         return TileConfig("micro", bm, ck, 64, s1, s2, num_warps=4,
@@ -330,7 +350,8 @@ def _config(caps: MoECaps, spec: MoESpec, tokens: int, chunk: int) -> TileConfig
     active = min(caps.num_experts, routes)
     nvfp4 = spec.weight_format == "nvfp4"
     experts = dequant_chunk(caps, spec) if nvfp4 else 0
-    if tokens > MICRO_MAX_TOKENS and experts and routes / active >= NVFP4_DEQUANT_MIN_ROWS:
+    invariant = caps.batch_invariant and tokens <= INVARIANT_MAX_TOKENS
+    if tokens > MICRO_MAX_TOKENS and experts and routes / active >= NVFP4_DEQUANT_MIN_ROWS and not invariant:
         bf16 = _config(caps, dataclasses.replace(spec, weight_format="bf16"), tokens, chunk)
         return dataclasses.replace(bf16, dequant_experts=experts)
     halves = 2 if spec.gated else 1  # FC1 weight tiles per step (gate, up)
@@ -338,15 +359,13 @@ def _config(caps: MoECaps, spec: MoESpec, tokens: int, chunk: int) -> TileConfig
         bn, bm = 64, MICRO_BLOCK_M
         programs1 = active * triton.cdiv(caps.intermediate, bn)
         s1 = 1 if programs1 >= FC1_SPLIT_MAX_PROGRAMS_PER_SM * caps.num_sms else _split(
-            programs1, caps.hidden // chunk, caps.num_sms, MAX_SPLIT1)
-        s2 = _split(active * triton.cdiv(caps.hidden, bn), caps.intermediate // chunk,
-                    caps.num_sms, MAX_SPLIT)
+            programs1, caps.hidden // chunk, caps, MAX_SPLIT1)
+        s2 = _split(active * triton.cdiv(caps.hidden, bn), caps.intermediate // chunk, caps, MAX_SPLIT)
         bn2 = bn
         if nvfp4 and active * triton.cdiv(caps.hidden, 2 * bn) >= (
                 MICRO_FC2_WIDE_MIN_PROGRAMS_PER_SM * caps.num_sms):
             bn2 = 2 * bn
-            s2 = _split(active * triton.cdiv(caps.hidden, bn2), caps.intermediate // chunk,
-                        caps.num_sms, MAX_SPLIT)
+            s2 = _split(active * triton.cdiv(caps.hidden, bn2), caps.intermediate // chunk, caps, MAX_SPLIT)
         fc1 = halves * _weight_bytes(bn, chunk, nvfp4) + chunk * bm * 2
         stages1 = _stages(fc1, SMEM_TWO_PER_SM)
         if not nvfp4:  # bf16: a deeper FC1 pipeline on small grids (MICRO_BF16_FC1_STAGES)

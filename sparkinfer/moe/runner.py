@@ -125,8 +125,8 @@ def run(b: MoEBinding) -> None:
     bh = next((bh for bh in REDUCE_BLOCKS_H if 2 * t * triton.cdiv(h, bh) >= c.num_sms),
               REDUCE_BLOCKS_H[-1])
     moe_reduce_kernel[(t, triton.cdiv(h, bh))](
-        part, b.topk_ids, b.topk_weights, b.out, h, splits, stride_ps, part.stride(-2),
-        b.out.stride(0), E=c.num_experts, K=c.top_k, KP=triton.next_power_of_2(c.top_k),
+        part, b.topk_ids, b.topk_weights, b.out, h, stride_ps, part.stride(-2),
+        b.out.stride(0), E=c.num_experts, K=c.top_k, S=splits,
         BH=bh, WEIGHT_AFTER=spec.router_weight_after_fc2, **(dict(PDL=True, launch_pdl=True) if pdl else {}))
 
 

@@ -1,9 +1,16 @@
 """Triton kernel: q/k head RMSNorm, rotate_half rotary on the first R dims, q out,
 k and v into the cache at (slot, position // KV_STRIDE) when this rank owns the
-position (position % KV_STRIDE == KV_OFFSET). One program per (token, head block)."""
+position (position % KV_STRIDE == KV_OFFSET). One program per (token, head block).
+
+The head norm's sum of squares is `norm.kernel.sum_squares`, exact up to one
+rounding: the launcher narrows the head blocks when a step has few tokens
+(launch.py), and a tl.sum over a [BLOCK_HEADS, D] tile rounds a head differently
+at another BLOCK_HEADS, so a token's q and k would depend on the batch."""
 
 import triton
 import triton.language as tl
+
+from sparkinfer.norm.kernel import sum_squares
 
 
 @triton.jit
@@ -25,7 +32,7 @@ def rope_qk_cache_kernel(p_qkv, p_pos, p_slot, p_cos, p_sin, p_qw, p_kw, p_q, p_
     b_xp = tl.load(p_row + o_pair[None, :], mask=m, other=0.0).to(tl.float32)
     is_q = (o_h < HQ)[:, None]
     if HAS_NORM:
-        b_rstd = (1.0 / tl.sqrt(tl.sum(b_x * b_x, axis=1) / D + eps))[:, None]
+        b_rstd = (1.0 / tl.sqrt(sum_squares(b_x, 1) / D + eps))[:, None]
         b_w = tl.where(is_q, tl.load(p_qw + o_d, mask=m_d, other=0.0).to(tl.float32)[None, :],
                        tl.load(p_kw + o_d, mask=m_d, other=0.0).to(tl.float32)[None, :])
         b_wp = tl.where(is_q, tl.load(p_qw + o_pair, mask=m_d, other=0.0).to(tl.float32)[None, :],

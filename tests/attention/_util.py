@@ -33,6 +33,7 @@ class Case:
     slots: tuple
     q_pos: tuple
     num_splits: int | None = None
+    batch_invariant: bool = True
 
 
 def make_inputs(c: Case, seed: int, *, kv_stride: int = 1, kv_offset: int = 0, strided: bool = False,

@@ -1,10 +1,11 @@
 """The launch configuration is a pure function of shapes: tiles per GQA group
-and query count, and the KV-split heuristic at the H200's decode shapes."""
+and query count, the KV-split heuristic at the H200's decode shapes, and the
+batch-invariant splits (the cut by a row's own context, the grid by B)."""
 
 import pytest
 
 from sparkinfer.attention import attention_config, num_splits_heuristic
-from sparkinfer.attention.config import MAX_SPLITS
+from sparkinfer.attention.config import MAX_SPLITS, SPLIT_KEYS
 
 # (Hq, KVH) of the models the decoder serves at TP = 1, D = 128
 QWEN3, GLM_AIR, MIXTRAL = (32, 4), (96, 8), (32, 8)
@@ -49,8 +50,8 @@ SPLITS = {  # B, (Hq, KVH), L -> splits on 132 SMs
 @pytest.mark.parametrize("b,heads,cache_len,want", SPLITS.values(), ids=SPLITS.keys())
 def test_decode_splits_fill_the_sms(b, heads, cache_len, want):
     c = attention_config(batch=b, q_len=1, num_q_heads=heads[0], num_kv_heads=heads[1], head_dim=128,
-                         cache_len=cache_len)
-    assert c.num_splits == want
+                         cache_len=cache_len, batch_invariant=False)
+    assert c.num_splits == want and c.split_slots == want and c.split_keys == 0
     programs = c.grid[0] * c.grid[1]
     assert programs < 2 * 132 or c.num_splits == 1  # never more than two programs per SM from splitting
     rows = b * heads[0]
@@ -70,5 +71,40 @@ def test_forced_splits_and_prefill_stays_unsplit():
     c = attention_config(batch=1, q_len=512, num_q_heads=32, num_kv_heads=4, head_dim=128, cache_len=4096)
     assert c.num_splits == 1 and c.grid == (128, 1)  # 4 heads x 32 query blocks
     f = attention_config(batch=1, q_len=1, num_q_heads=32, num_kv_heads=4, head_dim=64, cache_len=64,
-                         num_splits=7)
+                         num_splits=7, batch_invariant=False)
     assert f.num_splits == 7 and f.workspace_numel == 7 * 32 * 65 and f.block_d == 64
+
+
+INVARIANT = {  # B, (Hq, KVH), L -> (programs per row, partials per row) on 132 SMs
+    "b1-qwen3-8k": (1, QWEN3, 8192, (32, 32)),  # 8192 / 256 splits, each its own program
+    "b8-qwen3-4k": (8, QWEN3, 4096, (5, 16)),  # the heuristic's 5 programs walk 16 splits
+    "b64-qwen3-4k": (64, QWEN3, 4096, (1, 16)),  # one program walks them all; the combine still runs
+    "b64-qwen3-576": (64, QWEN3, 576, (1, 3)),  # the decode benchmark's cache (context 512 + 64)
+    "b1-glm-32k": (1, GLM_AIR, 32768, (17, MAX_SPLITS)),
+    "b4-mixtral-256": (4, MIXTRAL, 256, (1, 1)),  # a cache of one split: never split, at any B
+}
+
+
+@pytest.mark.parametrize("b,heads,cache_len,want", INVARIANT.values(), ids=INVARIANT.keys())
+def test_invariant_splits_depend_on_the_cache_not_on_b(b, heads, cache_len, want):
+    c = attention_config(batch=b, q_len=1, num_q_heads=heads[0], num_kv_heads=heads[1], head_dim=128,
+                         cache_len=cache_len)
+    assert (c.num_splits, c.split_slots) == want
+    assert c.split_keys == (SPLIT_KEYS if want[1] > 1 else 0)
+    assert c.workspace_numel == (want[1] * b * heads[0] * 129 if want[1] > 1 else 0)
+    for other in (1, 2, 16, 64, 128):  # what a row's partials need is the same at every B
+        o = attention_config(batch=other, q_len=1, num_q_heads=heads[0], num_kv_heads=heads[1], head_dim=128,
+                             cache_len=cache_len)
+        assert (o.split_keys, o.split_slots, o.block_m, o.block_n, o.num_warps) == \
+            (c.split_keys, c.split_slots, c.block_m, c.block_n, c.num_warps)
+
+
+def test_invariant_forced_splits_and_query_blocks():
+    """A forced split count is capped at a row's partials; prefill (query blocks > 1)
+    never splits, so its rows are invariant too."""
+    f = attention_config(batch=2, q_len=1, num_q_heads=32, num_kv_heads=4, head_dim=128, cache_len=600,
+                         num_splits=7)
+    assert (f.num_splits, f.split_slots) == (3, 3)
+    p = attention_config(batch=1, q_len=512, num_q_heads=32, num_kv_heads=4, head_dim=128, cache_len=8192,
+                         num_splits=4)
+    assert (p.num_splits, p.split_slots, p.workspace_numel) == (1, 1, 0)

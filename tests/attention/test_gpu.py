@@ -71,11 +71,11 @@ def test_gpu_dcp_shards_merge(world):
     assert_matches(o.view_as(ref_o), lse.view_as(ref_lse), ref_o, ref_lse)
 
 
-GRAPHS = {  # workspace kept by the launcher or given, splits the heuristic picks
+GRAPHS = {  # workspace kept by the launcher or given, programs per row the planner picks
     "decode-qwen3-b8-kept-ws": ("kept", 5, _case(8, 1, "qwen3", 4096, seed=8)),
     "decode-glm-air-b2-given-ws": ("given", 9, _case(2, 1, "glm-air", 8192, seed=9)),
-    "decode-glm-air-b64-unsplit": ("kept", 1, _case(64, 1, "glm-air", 2048, seed=10)),
-    "verify-q4-qwen3-b4-given-ws": ("given", 9, _case(4, 4, "qwen3", 2048, seed=11)),
+    "decode-glm-air-b64-one-program": ("kept", 1, _case(64, 1, "glm-air", 2048, seed=10)),  # walks 8 splits
+    "verify-q4-qwen3-b4-given-ws": ("given", 8, _case(4, 4, "qwen3", 2048, seed=11)),  # 2048 / 256 splits
 }
 
 

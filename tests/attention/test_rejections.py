@@ -60,12 +60,15 @@ REJECTIONS = {
     "lse-shape": (_set(lse=torch.zeros(B, Q, HQ + 1)), ShapeError, r"lse has shape \(2, 1, 5\)"),
     "splits-0": (_set(num_splits=0), PlanError, r"num_splits=0"),
     "splits-65": (_set(num_splits=65), PlanError, r"num_splits=65"),
-    "workspace-small": (_set(num_splits=4, workspace=torch.zeros(10)), CapacityError,
+    "workspace-small": (_set(num_splits=4, workspace=torch.zeros(10), batch_invariant=False), CapacityError,
                         r"workspace holds 10 fp32 elements; this call needs 2080"),
-    "workspace-bf16": (_set(num_splits=4, workspace=torch.zeros(4000, dtype=torch.bfloat16)), DTypeError,
-                       r"workspace dtype is torch.bfloat16"),
-    "workspace-2d": (_set(num_splits=4, workspace=torch.zeros(2, 4000)), LayoutError,
+    "workspace-bf16": (_set(num_splits=4, workspace=torch.zeros(4000, dtype=torch.bfloat16),
+                            batch_invariant=False), DTypeError, r"workspace dtype is torch.bfloat16"),
+    "workspace-2d": (_set(num_splits=4, workspace=torch.zeros(2, 4000), batch_invariant=False), LayoutError,
                      r"workspace has shape \(2, 4000\)"),
+    # batch-invariant: L = 512 holds 2 splits of 256 keys, whatever num_splits is
+    "workspace-small-invariant": (_set(workspace=torch.zeros(10)), CapacityError,
+                                  r"holds 10 fp32 elements; this call needs 1040 \(2 splits\)"),
 }
 
 
@@ -81,7 +84,8 @@ def test_rejects(mutate, error, match):
 @pytest.mark.parametrize("given,match", [
     ({}, r"out=None during CUDA graph capture"),
     ({"out": "given"}, r"lse=None during CUDA graph capture"),
-    ({"out": "given", "lse": "given", "num_splits": 5}, r"workspace of 2600 fp32 elements is not allocated"),
+    ({"out": "given", "lse": "given", "num_splits": 5, "batch_invariant": False},
+     r"workspace of 2600 fp32 elements is not allocated"),
 ], ids=["out", "lse", "workspace"])
 def test_capture_refuses_to_allocate(monkeypatch, given, match):
     """Under capture (simulated: no GPU here) nothing may be allocated."""

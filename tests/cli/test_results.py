@@ -111,6 +111,19 @@ def test_summarize_decode_floors_against_the_specified_rate_and_refuses_failed_s
     assert "| p | 64 |" not in out.out and "decode_h200.json: refused 1 rows" in out.err
 
 
+def test_summarize_pairs_the_invariance_modes_and_keeps_the_invariant_step_in_the_main_table(tmp_path, capsys):
+    """`bench decode --invariance both` rows: the main table shows the invariant step
+    (the decoder's default), a second table the pair and the invariance's cost."""
+    rows = [_decode_step(1, 103.0, 0.6, batch_invariant=True), _decode_step(1, 100.0, 0.62, batch_invariant=False),
+            _decode_step(64, 250.0, 0.9, batch_invariant=True)]
+    (tmp_path / "decode_h200.json").write_text(json.dumps(rows))
+    assert main(["bench", "summarize", "--results", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "| p | 1 | 103 | 50% (60%) |" in out and "| p | 1 | 100 |" not in out
+    assert "| p | 1 | bf16 | 1 | 103 | 100 | +3.0% |" in out  # preset, TP, experts, B, both times, cost
+    assert "| p | 1 | bf16 | 64 |" not in out  # timed one way only
+
+
 def test_summarize_tabulates_the_committed_results(capsys):
     assert main(["bench", "summarize", "--results", str(RESULTS)]) == 0
     out = capsys.readouterr()

@@ -51,6 +51,7 @@ class Case:
     path: str = "kernel"  # "kernel" | "nccl" (no peer access) | "over_capacity" (eager NCCL)
     algorithm: str = "auto"  # "auto" picks the LL kernel at these sizes; "fused" = flag-based kernel
     pieces: int = None  # force this many pieces per row (config=norm_config(..., pieces=)); None: the heuristic
+    invariant: bool = True  # batch_invariant= (False: the heuristic may split rows that fit a tile)
 
 
 # Interpreter configs (fused_norm.launch.norm_config): rows of < 8 KiB are one
@@ -157,12 +158,40 @@ def _ll_dirty_words(comm) -> int:
     return dirty
 
 
+INVARIANT_ROWS = (1, 3, 9)  # rows beside and including the probe
+
+
+def _invariance_inputs(W, seed):
+    g = torch.Generator().manual_seed(seed + 7)
+    n = max(INVARIANT_ROWS)
+    xs = [torch.randn(n, 3072, generator=g).bfloat16() for _ in range(W)]
+    return xs, (2 * torch.randn(n, 3072, generator=g)).bfloat16(), (1 + 0.5 * torch.randn(3072, generator=g)).bfloat16()
+
+
+def _invariance(comm, rank, W, seed):
+    """The last row of [T, 3072] bf16 at each T of INVARIANT_ROWS, over the LL kernel
+    ("auto" at these sizes) and the flag kernel ("fused"): (out, residual_out) packed.
+    Batch-invariant calls keep whole rows, whose exact sum of squares is the same
+    bits over either kernel's tile (norm.kernel.sum_squares)."""
+    xs, residual, weight = _invariance_inputs(W, seed)
+    n = max(INVARIANT_ROWS)
+    got = {}
+    for t in INVARIANT_ROWS:
+        for algorithm in ("auto", "fused"):
+            out, res_out = comm.all_reduce_add_rms_norm(xs[rank][n - t:], residual[n - t:], weight, EPS,
+                                                        algorithm=algorithm)
+            got[f"{algorithm}-t{t}"] = (pack(out[-1]), pack(res_out[-1]))
+    return got
+
+
 def _worker(world, cases, seed):
     from sparkinfer.comm import Communicator
 
     comm = Communicator(capacity_bytes=CAP, timeout_s=5)
     W, rank = world.world_size, world.rank
     results = {c.id: tuple(map(pack, _run_case(comm, c, rank, W, seed))) for c in cases}
+    if W == 2:
+        results["invariance"] = _invariance(comm, rank, W, seed)
     results["ll_dirty_words"] = _ll_dirty_words(comm)
     results["torch_ops"] = _torch_ops(comm, rank, W, seed)
     # Different hidden sizes at the same sequence number are detected, not mixed.
@@ -214,6 +243,22 @@ def test_matches_fp32_reference_and_ranks_agree_bitwise(ranks, world, case):
         assert torch.equal(res_out.view(torch.uint8), res0.view(torch.uint8)), f"residual_out of rank {rank} differs"
 
 
+def test_a_rows_bits_do_not_depend_on_the_rows_beside_it_nor_on_the_kernel(ranks):
+    """2 ranks: the probe row alone and beside 2 and 8 others, over the LL and the flag
+    kernel (the byte size picks one or the other on a GPU): one set of bits, on
+    both ranks, within the fp32 reference's tolerance."""
+    xs, residual, weight = _invariance_inputs(2, SEED)
+    ref_out, ref_res = all_reduce_add_rms_norm_reference([x[-1:] for x in xs], residual[-1:], weight, EPS)
+    want = tuple(map(unpack, ranks[2][0]["invariance"]["auto-t1"]))
+    assert_close_ulps(want[0], ref_out[0], 4, "probe out")
+    assert_close_ulps(want[1], ref_res[0], 2, "probe residual_out")
+    for rank, res in enumerate(ranks[2]):
+        for k, v in res["invariance"].items():
+            out, res_out = map(unpack, v)
+            assert torch.equal(out.view(torch.int16), want[0].view(torch.int16)), f"rank {rank}: {k} out differs"
+            assert torch.equal(res_out.view(torch.int16), want[1].view(torch.int16)), f"rank {rank}: {k} residual"
+
+
 @pytest.mark.parametrize("world", [2, 3])
 def test_ll_region_is_clean_after_every_case(ranks, world):
     assert [res["ll_dirty_words"] for res in ranks[world]] == [0] * world
@@ -229,11 +274,11 @@ def test_torch_ops_eager_and_compiled_match_the_direct_call(ranks, world):
 
 
 GRAPH_CASES = [  # seven ops in one graph (an odd count): LL (rows split on the GPU), flag with pieces, flag in place
-    Case("g_t1_h7168_ll", (1, 7168), torch.bfloat16),
-    Case("g_t2_h4096_fp16_ll", (2, 4096), torch.float16),  # GPU: 8 one-piece blocks per row
-    Case("g_t1_h2048_fp32_ll", (1, 2048), torch.float32),  # GPU: 8 one-piece blocks, one value per word
-    Case("g_t8_h4096_ll_inplace", (8, 4096), torch.bfloat16, inplace=True),
-    Case("g_t3_h7168_ll", (3, 7168), torch.bfloat16),
+    Case("g_t1_h7168_ll", (1, 7168), torch.bfloat16, invariant=False),
+    Case("g_t2_h4096_fp16_ll", (2, 4096), torch.float16, invariant=False),  # GPU: 8 one-piece blocks per row
+    Case("g_t1_h2048_fp32_ll", (1, 2048), torch.float32, invariant=False),  # GPU: 8 one-piece blocks, a value a word
+    Case("g_t8_h4096_ll_inplace", (8, 4096), torch.bfloat16, inplace=True, invariant=False),
+    Case("g_t3_h7168_ll", (3, 7168), torch.bfloat16, invariant=False),
     Case("g_t3_h7168_flag", (3, 7168), torch.bfloat16, algorithm="fused"),
     Case("g_t2_h1024_flag_inplace", (2, 1024), torch.bfloat16, inplace=True, algorithm="fused"),
 ]
@@ -263,7 +308,8 @@ def graph_ops(comm, world):
 
     def run():
         for c, x, res, w, o, r in bufs:
-            comm.all_reduce_add_rms_norm(x, res, w, EPS, out=o, residual_out=r, algorithm=c.algorithm)
+            comm.all_reduce_add_rms_norm(x, res, w, EPS, out=o, residual_out=r, algorithm=c.algorithm,
+                                         batch_invariant=c.invariant)
 
     return bufs, load, run
 
@@ -382,13 +428,17 @@ def _ll_splits(T, row_bytes):
     return (T == 1 or row_bytes >= LL_SPLIT_ROW_BYTES) and T * row_bytes < LL_SPLIT_MAX_BYTES
 
 
+@pytest.mark.parametrize("invariant", [False, True], ids=["heuristic", "batch-invariant"])
 @pytest.mark.parametrize("interpret", [False, True], ids=["h200", "interpreter"])
-def test_norm_config_covers_every_piece_once_on_co_resident_blocks(interpret):
+def test_norm_config_covers_every_piece_once_on_co_resident_blocks(interpret, invariant):
+    """Every config covers its rows on co-resident blocks; the heuristic splits rows
+    over blocks where it measured faster, batch-invariant configs keep every row that
+    fits a tile (16 KiB of LL words) whole at every T."""
     caps = TopologyCaps(2, True, "host" if interpret else "nvlink", 132, 64 << 20, interpret=interpret)
     for T in (1, 2, 3, 5, 8, 17, 64, 100, 133, 256, 1000):
         for H, isz in ((1024, 2), (2048, 2), (4096, 2), (5120, 2), (7168, 2), (8192, 2), (16384, 2), (3072, 4)):
             for ll in (False, True):
-                c = norm_config(caps, T, H, isz, ll=ll)
+                c = norm_config(caps, T, H, isz, ll=ll, batch_invariant=invariant)
                 check_config(c, caps, rows=T, hidden=H, itemsize=isz)
                 pieces = T * c.pieces
                 assert 1 <= c.grid <= (2 if interpret else 132), (T, H, c)
@@ -398,7 +448,9 @@ def test_norm_config_covers_every_piece_once_on_co_resident_blocks(interpret):
                 assert c.one_pass == (c.pieces == 1 and H <= c.block_h and (not ll or H * isz <= 16 << 10)), (T, H, c)
                 if c.one_pass:
                     assert c.block_w * 4 >= H * isz, (T, H, c)  # the LL kernel's tile holds the row
-                if interpret:  # blocks run one after another there: a row never spans two blocks
+                if invariant and H <= (4096 if interpret else 8192) and (not ll or H * isz <= 16 << 10):
+                    assert c.one_pass, (T, H, c)
+                elif interpret:  # blocks run one after another there: a row never spans two blocks
                     assert c.per % c.pieces == 0, (T, H, c)
                 elif H <= 8192 and (not _ll_splits(T, H * isz) if ll else T * H * isz >= SPLIT_MAX_BYTES):
                     assert c.pieces == 1 and (T > 132 or c.grid == T), (T, H, c)

@@ -57,11 +57,12 @@ def random_layer(caps, spec, seed=None):
     return p, prepare_weights(p, w1, w2), (w1, w2), allocate_scratch(p, "cpu")
 
 
-def run_case(spec, t, e, k, max_tokens=32, num_sms=132, h=64, i=32):
+def run_case(spec, t, e, k, max_tokens=32, num_sms=132, h=64, i=32, batch_invariant=True):
     """One random layer run on T tokens routed from random logits: (binding, fp32
-    reference computed with the reference's own routing)."""
+    reference computed with the reference's own routing). batch_invariant=False:
+    the heuristic plan, whose micro reductions split on many SMs."""
     caps = MoECaps(max_tokens=max_tokens, num_experts=e, top_k=k, hidden=h, intermediate=i,
-                   num_sms=num_sms)
+                   num_sms=num_sms, batch_invariant=batch_invariant)
     p, w, src, scratch = random_layer(caps, spec)
     x = torch.randn(t, h).bfloat16()
     logits = torch.randn(t, e)

@@ -50,8 +50,9 @@ def _errors(out, ref):
 
 
 def _run(spec, t, e=4, k=2, h=384, i=256, num_sms=132, tp=None, seed=None):
+    """One call under the heuristic plan (batch_invariant=False): splits on 132 SMs."""
     caps = MoECaps(max_tokens=32, num_experts=e, top_k=k, hidden=h, intermediate=i,
-                   num_sms=num_sms)
+                   num_sms=num_sms, batch_invariant=False)
     p, w, src, scratch = random_layer(caps, spec, seed)
     x = torch.randn(t, h).bfloat16()
     logits = torch.randn(t, e)

@@ -70,7 +70,7 @@ SPLITS = [  # id, format, T, num_sms: 132 SMs split tiny micro GEMMs, 1 SM does 
 @pytest.mark.parametrize("fmt,t,sms", [c[1:] for c in SPLITS], ids=[c[0] for c in SPLITS])
 def test_micro_with_and_without_reduction_splits(fmt, t, sms):
     spec = MoESpec(weight_format=fmt, router_weight_after_fc2=False, activation="swiglu_oai")
-    b, ref = run_case(spec, t, 8, 2, num_sms=sms)
+    b, ref = run_case(spec, t, 8, 2, num_sms=sms, batch_invariant=False)
     assert (b.config.split1 > 1) == (sms > 1)  # FC2's I = 32 is one chunk: never split
     assert_moe_close(b.out, ref)
 

@@ -1,10 +1,12 @@
-"""Planner decisions as a table, scratch specs, and every spec/caps/plan rejection."""
+"""Planner decisions as a table (the heuristic, and the batch-invariant plan's
+unsplit reductions), scratch specs, and every spec/caps/plan rejection."""
 
 import pytest
 import torch
 
 from sparkinfer.errors import CapacityError, DTypeError, PlanError
 from sparkinfer.moe import MoECaps, MoESpec, plan, plan_supports_aux_stream_overlap, scratch_specs
+from sparkinfer.moe.plan import INVARIANT_MAX_TOKENS
 
 DSV3 = dict(num_experts=256, top_k=8, hidden=7168, intermediate=2048)
 DSV3_TP8 = dict(num_experts=256, top_k=8, hidden=7168, intermediate=256)
@@ -32,10 +34,30 @@ DECISIONS = [
 @pytest.mark.parametrize("shape,t,family,bm,s1,s2", [d[1:] for d in DECISIONS],
                          ids=[d[0] for d in DECISIONS])
 def test_plan_decisions(shape, t, family, bm, s1, s2):
-    p = plan(MoECaps(max_tokens=4096, **shape), MoESpec(weight_format="nvfp4"))
+    p = plan(MoECaps(max_tokens=4096, batch_invariant=False, **shape), MoESpec(weight_format="nvfp4"))
     cfg = p.config_for(t)
     assert (cfg.family, cfg.block_m, cfg.split1, cfg.split2) == (family, bm, s1, s2)
     assert p.chunk == 128
+    inv = plan(MoECaps(max_tokens=4096, **shape), MoESpec(weight_format="nvfp4")).config_for(t)
+    assert (inv.family, inv.block_m, inv.split1, inv.split2) == (family, bm, 1, 1)  # never split
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "nvfp4"])
+@pytest.mark.parametrize("shape", [DSV3_TP8, QWEN3, MIXTRAL], ids=["dsv3tp8", "qwen3", "mixtral"])
+def test_batch_invariant_plans_never_split_nor_dequantize_in_the_decode_range(shape, fmt):
+    """Every bucket up to INVARIANT_MAX_TOKENS: unsplit FC1 and FC2, the NVFP4
+    kernels (not the dequantized bf16 path, whose K order differs); a small-expert
+    shape (E 8, K 8: 160 mean rows from T 160) would dequantize there otherwise."""
+    small = dict(num_experts=8, top_k=8, hidden=1024, intermediate=1024)
+    for sh in (shape, small):
+        p = plan(MoECaps(max_tokens=1024, **sh), MoESpec(weight_format=fmt))
+        for t, cfg in p.buckets:
+            if t <= INVARIANT_MAX_TOKENS:
+                assert (cfg.split1, cfg.split2, cfg.dequant_experts) == (1, 1, 0), (sh, t, cfg)
+    heur = plan(MoECaps(max_tokens=1024, batch_invariant=False, **small), MoESpec(weight_format="nvfp4"))
+    assert heur.config_for(256).dequant_experts > 0
+    specs = {s.name: s for s in scratch_specs(plan(MoECaps(max_tokens=64, **shape), MoESpec(weight_format=fmt)))}
+    assert specs["fc2_partial"].dtype == torch.bfloat16 and specs["route_out"].dtype == torch.bfloat16
 
 
 MICRO_FC2 = [  # id, shape, T, format, BN2, FC2 stages (MICRO_FC2_* in plan.py)
@@ -51,7 +73,7 @@ MICRO_FC2 = [  # id, shape, T, format, BN2, FC2 stages (MICRO_FC2_* in plan.py)
 @pytest.mark.parametrize("shape,t,fmt,bn2,stages2", [d[1:] for d in MICRO_FC2],
                          ids=[d[0] for d in MICRO_FC2])
 def test_micro_fc2_tiles(shape, t, fmt, bn2, stages2):
-    cfg = plan(MoECaps(max_tokens=16, **shape), MoESpec(weight_format=fmt)).config_for(t)
+    cfg = plan(MoECaps(max_tokens=16, batch_invariant=False, **shape), MoESpec(weight_format=fmt)).config_for(t)
     assert (cfg.family, cfg.block_n1, cfg.block_n2, cfg.stages2) == ("micro", 64, bn2, stages2)
 
 
@@ -64,9 +86,10 @@ def test_buckets_cover_every_token_count_in_order():
 
 
 def test_scratch_specs_follow_the_families_planned():
-    micro_only = plan(MoECaps(max_tokens=8, **QWEN3), MoESpec())
-    names = {s.name for s in scratch_specs(micro_only)}
-    assert names == {"topk_ids", "topk_weights", "fc1_partial", "fc1_act", "fc2_partial"}
+    micro_only = plan(MoECaps(max_tokens=8, batch_invariant=False, **QWEN3), MoESpec())
+    specs = {s.name: s for s in scratch_specs(micro_only)}
+    assert set(specs) == {"topk_ids", "topk_weights", "fc1_partial", "fc1_act", "fc2_partial"}
+    assert specs["fc2_partial"].shape == (2, 8 * 8, 2048) and specs["fc2_partial"].dtype == torch.float32
     both = plan(MoECaps(max_tokens=64, **QWEN3), MoESpec())
     specs = {s.name: s for s in scratch_specs(both)}
     assert specs["route_out"].shape == (64 * 8, 2048)

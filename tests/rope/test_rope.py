@@ -61,3 +61,26 @@ def test_rejections():
         rope_qk_cache(qkv, one, one, table, (kc.float(), kc), (2, 1, 16))
     with pytest.raises(ShapeError, match="rotary_dim must be even"):
         rotary_table(15, 1e4, 8, "cpu")
+
+
+def test_a_tokens_bits_do_not_depend_on_the_step(monkeypatch):
+    """Head blocks narrowed as on a GPU, at a scale the interpreter runs fast (16
+    programs wanted: 1 head a program at T = 1, 2 at T = 8): a token's q and its
+    cached k are the same bits either way; the head norm's sum of squares is exact
+    (norm.kernel.sum_squares), not a tree over the tile."""
+    monkeypatch.setattr(rope_launch, "_min_programs", lambda device: 16)
+    hq, kvh, d, t = 2, 1, 32, 8
+    g = torch.Generator().manual_seed(5)
+    qkv = torch.randn(t, (hq + 2 * kvh) * d, generator=g).bfloat16()
+    pos = torch.randperm(t, generator=g).int()
+    table = rotary_table(d, 10000.0, t, "cpu")
+    norms = ((1 + 0.1 * torch.randn(d, generator=g)).bfloat16(), (1 + 0.1 * torch.randn(d, generator=g)).bfloat16())
+    caches = [torch.full((2, t, kvh, d), float("nan"), dtype=torch.bfloat16) for _ in range(2)]
+    q_all = rope_qk_cache(qkv, pos, torch.zeros(t, dtype=torch.int32), table, caches, (hq, kvh, d), norms=norms)
+    probe = 5
+    one = [torch.full((2, t, kvh, d), float("nan"), dtype=torch.bfloat16) for _ in range(2)]
+    q_one = rope_qk_cache(qkv[probe:probe + 1], pos[probe:probe + 1], torch.ones(1, dtype=torch.int32), table, one,
+                          (hq, kvh, d), norms=norms)
+    p = int(pos[probe])
+    assert torch.equal(q_one[0].view(torch.int16), q_all[probe].view(torch.int16))
+    assert torch.equal(one[0][1, p].view(torch.int16), caches[0][0, p].view(torch.int16))

@@ -21,6 +21,14 @@ A piece only ever reads and writes its own elements, so out = x and
 residual_out = residual (in place) are safe; every rank and every block of a
 row adds the same bits in the same order, so all ranks agree bitwise.
 
+A whole row (ONE_PASS, either kernel) takes its sum of squares exactly up to one
+rounding (`norm.kernel.sum_squares`): the flag and the LL kernels hold a row in
+different tiles and warps, and the launcher picks between them by the tensor's
+bytes, so with a tree sum a row's bits would change with the number of rows
+beside it. Split rows add fp32 partials per piece (their count follows the
+rows, launch.norm_config), so batch-invariant calls never split a row that fits
+a tile.
+
 The LL kernel does the same over the LL transport (ll.py) for latency-bound
 sizes: pieces travel as int32 words inside int64 words carrying their flag, so
 step 1 has no separate flag round trip; values are handled as (lo, hi) halves
@@ -60,6 +68,7 @@ from sparkinfer.comm.protocol import (
     wait_local,
     wait_peers,
 )
+from sparkinfer.norm.kernel import sum_squares, sum_squares_2
 
 
 @triton.jit
@@ -107,7 +116,7 @@ def all_reduce_add_rms_norm_kernel(
                 o_n = row * H + o_h
                 b_r = _residual_tile(p_x, p_res, o_n, m_n, p_table, rank, epoch, stage_off, slot_bytes, lane_bytes, W)
                 tl.store(p_res_out + o_n, b_r.to(p_res_out.dtype.element_ty), mask=m_n)
-                rstd = tl.math.rsqrt(tl.sum(b_r * b_r, axis=0) / H + eps)
+                rstd = tl.math.rsqrt(sum_squares(b_r, 0) / H + eps)
                 _out_tile(b_r, rstd, b_w, p_out, o_n, m_n)
         else:
             tag = (fp.to(tl.int64) << 32) | ((epoch + 1) & LOW32)
@@ -246,7 +255,7 @@ def all_reduce_add_rms_norm_ll_kernel(
             r_lo, r_hi, st = _ll_residual_tile(p_x32, p_res32, o_n, m_n, flag, p_table, rank, epoch, deadline, ll_off,
                                                ll_slot_bytes, ll_lane_bytes, OP, W, HALF, DT, INTERPRET, SYNC)
             status = tl.maximum(status, st)
-            rstd = tl.math.rsqrt(tl.sum(r_lo * r_lo + r_hi * r_hi, axis=0) / H + eps)
+            rstd = tl.math.rsqrt(sum_squares_2(r_lo, r_hi) / H + eps)
             if status == 0:
                 tl.store(p_res_out32 + o_n, pack_out(r_lo, r_hi, HALF, DT), mask=m_n)
                 tl.store(p_out32 + o_n, pack_out(r_lo * rstd * b_wlo, r_hi * rstd * b_whi, HALF, DT), mask=m_n)

@@ -75,6 +75,18 @@ LL_PIECE_WARPS = 4
 FUSED_LL_MAX_BYTES = LL_MAX_BYTES
 LL_MAX_ROW_WORDS = 4096  # 8192 bf16: 64 B of LL words per thread at 16 warps
 LL_ROW_WORDS_PER_WARP = 256
+# batch_invariant=True (the default) keeps every row that fits a tile whole: a
+# split row sums fp32 partials per piece, and the pieces per row follow the row
+# count (split_pieces, LL_SPLIT_*), so a row's bits would follow the batch. Whole
+# rows take the exact sum of squares (kernel.py), the same bits over the flag and
+# the LL kernel, so the byte-size choice between them (FUSED_LL_MAX_BYTES) keeps
+# them too. What whole rows cost where the heuristic splits, 2x H200 hsweep above
+# (fused_ll_variants_2xh200.json), us whole vs split, H = 4096: T = 1 5.06 (4
+# warps) vs 4.37 (8 pieces); T = 2 4.97 vs 4.44; T = 4 5.01 vs 4.83; T = 8 5.18
+# vs 4.96; T = 16 5.75 vs 5.41. H = 7168 at T = 2: 8.56 at 4 warps vs 4.74 (14
+# pieces); its whole rows take 16 warps (LL_ROW_WORDS_PER_WARP), timed only at
+# T = 32 (8.78 us). Rows wider than a tile (H > 8192 bf16) still split, by H alone
+# where the flag kernel serves them; invariance is not promised there.
 
 
 @dataclass(frozen=True)
@@ -124,9 +136,13 @@ def split_pieces(caps: TopologyCaps, rows: int, hidden: int, itemsize: int, ll: 
     return s
 
 
-def _default_pieces(caps: TopologyCaps, rows: int, hidden: int, itemsize: int, ll: bool) -> int:
+def _default_pieces(caps: TopologyCaps, rows: int, hidden: int, itemsize: int, ll: bool,
+                    batch_invariant: bool) -> int:
     """1 (whole rows) where a row fits a tile and the tensor is >= SPLIT_MAX_BYTES
-    (the LL kernel: unless LL_SPLIT_* say split), else split_pieces."""
+    (the LL kernel: unless LL_SPLIT_* say split) or batch_invariant, else split_pieces."""
+    tile = MAX_TILE_INTERP if caps.interpret else MAX_TILE_GPU
+    if batch_invariant and hidden <= tile and (not ll or hidden * itemsize // 4 <= LL_MAX_ROW_WORDS):
+        return 1
     split = (rows == 1 or hidden * itemsize >= LL_SPLIT_ROW_BYTES) and rows * hidden * itemsize < LL_SPLIT_MAX_BYTES
     whole = not split if ll else rows * hidden * itemsize >= SPLIT_MAX_BYTES
     if not caps.interpret and hidden <= MAX_TILE_GPU and whole:
@@ -135,15 +151,20 @@ def _default_pieces(caps: TopologyCaps, rows: int, hidden: int, itemsize: int, l
 
 
 def norm_config(caps: TopologyCaps, rows: int, hidden: int, itemsize: int = 2, *, ll: bool = False,
-                pieces: int | None = None, num_warps: int | None = None) -> NormConfig:
+                pieces: int | None = None, num_warps: int | None = None,
+                batch_invariant: bool = True) -> NormConfig:
     """Pure heuristic: the launch shape for x: [rows, hidden] of `itemsize`-byte
     elements, for the LL kernel if `ll`. pieces / num_warps override the
     heuristic's choice (benchmark sweeps, tests); pieces is rounded so that
     every piece is a multiple of PIECE_ALIGN elements. Pieces are spread over
-    <= num_sms blocks (2 in the interpreter, with whole rows per block)."""
+    <= num_sms blocks (2 in the interpreter, with whole rows per block).
+    batch_invariant: whole rows wherever a row fits a tile, so a row's bits do
+    not depend on `rows` (see the constants above); False: split rows where the
+    sweeps found pieces faster."""
     interp = caps.interpret
     g_max = 2 if interp else min(caps.num_sms, MAX_BLOCKS)
-    s = _default_pieces(caps, rows, hidden, itemsize, ll) if pieces is None else max(1, min(pieces, hidden))
+    s = (_default_pieces(caps, rows, hidden, itemsize, ll, batch_invariant) if pieces is None
+         else max(1, min(pieces, hidden)))
     chunk = _piece_chunk(hidden, s)
     s = -(-hidden // chunk)
     if interp:  # whole rows per block
@@ -201,8 +222,9 @@ def candidate_configs(caps: TopologyCaps, rows: int, hidden: int, itemsize: int 
     """name -> (algorithm, NormConfig): the launch shapes worth timing for x: [rows,
     hidden] (`sparkinfer bench fused --sweep`; at most 6). ll_max_bytes: the most
     the channel's LL lanes carry (layout.ll_lane_bytes // 2). "auto" is what
-    all_reduce_add_rms_norm picks, named "auto=<twin>" when it equals a candidate
-    (left out then). ll_row_w8 / _w16: whole rows over LL; *_pieces: rows split by
+    all_reduce_add_rms_norm picks (batch-invariant), named "auto=<twin>" when it
+    equals a candidate (left out then); "heuristic": what batch_invariant=False
+    picks. ll_row_w8 / _w16: whole rows over LL; *_pieces: rows split by
     split_pieces (ll_pieces_half: twice as many pieces, still one per block);
     flag_row(_w8): whole rows over the flag kernel."""
     nbytes, s = rows * hidden * itemsize, split_pieces(caps, rows, hidden, itemsize, True)
@@ -214,8 +236,10 @@ def candidate_configs(caps: TopologyCaps, rows: int, hidden: int, itemsize: int 
         return "fused_ll" if ll else "fused", norm_config(caps, rows, hidden, itemsize, ll=ll, **kw)
 
     s2 = min(2 * s, max(1, min(caps.num_sms, MAX_BLOCKS) // rows))  # pieces of half the size
-    cands = dict(ll_row_w8=shape(True, pieces=1, num_warps=8), ll_row_w16=shape(True, pieces=1, num_warps=16),
-                 ll_pieces=shape(True, pieces=s), ll_pieces_half=shape(True, pieces=s2)) if ll_ok else {}
+    cands = dict(heuristic=shape(ll_auto, batch_invariant=False))
+    if ll_ok:
+        cands.update(ll_row_w8=shape(True, pieces=1, num_warps=8), ll_row_w16=shape(True, pieces=1, num_warps=16),
+                     ll_pieces=shape(True, pieces=s), ll_pieces_half=shape(True, pieces=s2))
     cands.update(flag_row=shape(False, pieces=1), flag_pieces=shape(False, pieces=s),
                  flag_row_w8=shape(False, pieces=1, num_warps=8))
     cands = {k: v for k, v in cands.items() if "pieces" not in k or v[1].pieces > 1}  # 1 piece: a row
@@ -250,7 +274,8 @@ def _check_like(name: str, t, x, device) -> None:
 
 
 def all_reduce_add_rms_norm(ctx, x, residual, weight, eps: float = 1e-6, *, out=None, residual_out=None,
-                            algorithm: str = "auto", config: NormConfig | None = None):
+                            algorithm: str = "auto", config: NormConfig | None = None,
+                            batch_invariant: bool = True):
     """residual_out = all_reduce(x) + residual;  out = rmsnorm(residual_out) * weight.
 
     x, residual: [*, H] bf16/fp16/fp32, contiguous, same dtype. weight: [H] (any of
@@ -272,6 +297,10 @@ def all_reduce_add_rms_norm(ctx, x, residual, weight, eps: float = 1e-6, *, out=
     must be built with ll=True for the LL kernel to get the LL kernel's warps);
     None: norm_config's heuristic. PlanError if it does not cover x. Every rank
     must pass the same config (it is part of the fingerprint).
+    batch_invariant: a row's out and residual_out are the same bits whatever the
+    other rows and T are, and whichever kernel the bytes pick (rows that fit a
+    tile: H <= 8192 for 16-bit dtypes on GPUs); False lets norm_config split rows
+    into pieces where that measured faster (up to 0.7 us at T = 1, H = 4096).
     """
     import torch
 
@@ -324,7 +353,8 @@ def all_reduce_add_rms_norm(ctx, x, residual, weight, eps: float = 1e-6, *, out=
             raise CapacityError(f"{OP} with algorithm='fused_ll' carries at most {ll_lane // 2} B on "
                                 f"this channel, got {nbytes} B; use algorithm='auto' or 'fused'")
         ll = False
-    cfg = norm_config(ctx.caps, T, H, x.element_size(), ll=ll) if config is None else config
+    cfg = norm_config(ctx.caps, T, H, x.element_size(), ll=ll, batch_invariant=batch_invariant) \
+        if config is None else config
     args = (x, residual, weight, out, residual_out, T, H, cfg.pieces, cfg.chunk, cfg.per, float(eps))
     # every field that changes the exchanged words or the order of the norm's sums (bitwise agreement)
     facts = (T, H, str(x.dtype), cfg.grid, cfg.pieces, cfg.per, cfg.one_pass, cfg.num_warps, cfg.block_w,

@@ -1,17 +1,22 @@
 """Weighted top-k sum: out[t, h] = sum_k w[t, k] * sum_s part[s, t*K + k, h].
 
-Legend: T tokens, K top-k (KP: next power of two), H hidden, S FC2 splits.
-Grid (T, cdiv(H, BH)). One [KP, BH] load per split (all K routes of the
-token at once, no branch per route: the ids and their validity are one
-vector), then a fixed-order tree sum over k: bitwise repeatable, no atomics.
-Routes whose expert id is outside [0, E) add nothing (their rows are masked,
-so stale or poisoned partials never reach the output). With WEIGHT_AFTER
-false the router weight was already applied before FC2.
+Legend: T tokens, K top-k, H hidden, S FC2 splits.
+Grid (T, cdiv(H, BH)). The K * S loads of a token are unrolled and independent
+(no branch per route: a route's validity is a mask), then the sums run
+elementwise in a fixed order, splits then routes k = 0..K-1: bitwise repeatable,
+no atomics, and the same bits at any BH. BH follows T (REDUCE_BLOCKS_H), and a
+tl.sum over a [K, BH] tile is a tree whose shape follows the tile's layout, so
+the earlier sum over k rounded a token's output differently at other T (batch
+invariance, plan.INVARIANT_MAX_TOKENS). Routes whose expert id is outside
+[0, E) add nothing (their rows are masked, so stale or poisoned partials never
+reach the output). With WEIGHT_AFTER false the router weight was already
+applied before FC2.
 
-The earlier form (a branch and a dependent load chain per route, BH 256) took
-3.87 us at T = 1 on the Qwen3 shape (S 2) where this one takes 2.41 at BH
-128, and 2.63 vs 1.79 at T = 1, H 7168 (benchmarks/results/sweeps/moe_reduce_h200.json;
-the runner picks BH per grid, REDUCE_BLOCKS_H).
+The form with a branch and a dependent load chain per route (BH 256) took
+3.87 us at T = 1 on the Qwen3 shape (S 2) where one [KP, BH] load per split
+took 2.41 at BH 128, and 2.63 vs 1.79 at T = 1, H 7168
+(benchmarks/results/sweeps/moe_reduce_h200.json); the unrolled loads here issue
+together like that one's. Not yet timed on the H200 (`bench_moe.py` covers it).
 """
 
 import triton
@@ -20,33 +25,33 @@ from triton.language.extra.cuda import gdc_wait
 
 
 @triton.jit
-def moe_reduce_kernel(p_part, p_ids, p_topk_w, p_out, H, S, stride_ps, stride_pr,
-                      stride_o, E: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
+def moe_reduce_kernel(p_part, p_ids, p_topk_w, p_out, H, stride_ps, stride_pr,
+                      stride_o, E: tl.constexpr, K: tl.constexpr, S: tl.constexpr,
                       BH: tl.constexpr, WEIGHT_AFTER: tl.constexpr, PDL: tl.constexpr = False):
     if PDL:  # launched early (programmatic dependent launch): FC2's partials after this
         gdc_wait()
     reduce_row(p_part, p_ids, p_topk_w, p_out, tl.program_id(0),
-               tl.program_id(1) * BH + tl.arange(0, BH), H, S, stride_ps, stride_pr, stride_o,
-               E, K, KP, WEIGHT_AFTER)
+               tl.program_id(1) * BH + tl.arange(0, BH), H, stride_ps, stride_pr, stride_o,
+               E, K, S, WEIGHT_AFTER)
 
 
 @triton.jit
-def reduce_row(p_part, p_ids, p_topk_w, p_out, t, o_h, H, S, stride_ps, stride_pr,
-               stride_o, E: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
+def reduce_row(p_part, p_ids, p_topk_w, p_out, t, o_h, H, stride_ps, stride_pr,
+               stride_o, E: tl.constexpr, K: tl.constexpr, S: tl.constexpr,
                WEIGHT_AFTER: tl.constexpr):
     """out[t, o_h] of token t (one program of moe_reduce_kernel)."""
     m_h = o_h < H
-    o_k = tl.arange(0, KP)
-    r = t * K + o_k
-    e = tl.load(p_ids + r, mask=o_k < K, other=-1)
-    ok = (o_k < K) & (e >= 0) & (e < E)
-    p_rows = p_part + r[:, None].to(tl.int64) * stride_pr + o_h[None, :]
-    m_rh = ok[:, None] & m_h[None, :]
-    b_r = tl.zeros([KP, o_h.shape[0]], dtype=tl.float32)
-    for s in range(S):
-        b_r += tl.load(p_rows + s * stride_ps, mask=m_rh, other=0.0).to(tl.float32)
-    if WEIGHT_AFTER:
-        b_r *= tl.load(p_topk_w + r, mask=ok, other=0.0)[:, None]
-    b_out = tl.sum(b_r, axis=0)
+    b_out = tl.zeros(o_h.shape, dtype=tl.float32)
+    for k in tl.static_range(K):
+        r = t * K + k
+        e = tl.load(p_ids + r)
+        ok = (e >= 0) & (e < E)
+        p_row = p_part + tl.cast(r, tl.int64) * stride_pr + o_h
+        b_r = tl.zeros(o_h.shape, dtype=tl.float32)
+        for s in tl.static_range(S):
+            b_r += tl.load(p_row + s * stride_ps, mask=m_h & ok, other=0.0).to(tl.float32)
+        if WEIGHT_AFTER:
+            b_r *= tl.where(ok, tl.load(p_topk_w + r), 0.0)
+        b_out += b_r
     tl.store(p_out + tl.cast(t, tl.int64) * stride_o + o_h, b_out.to(p_out.dtype.element_ty),
              mask=m_h)
