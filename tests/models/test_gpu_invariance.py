@@ -9,13 +9,11 @@ dims, bf16 and NVFP4, T = 1..256: micro, grouped at block_m 16 / 32 / 64, the wi
 bf16 tiles), the fused norm over the LL and the flag kernel (one rank), rope.
 The decoder: Qwen3-30B-A3B dimensions, 8 layers, random weights as `bench decode`
 makes them, TP 1, one CUDA graph per bucket 1..64, a 300-token probe (2 attention
-splits) over 4 decode steps beside random rows and padding rows, in three
-variants: "rowwise", the projections and the LM head one row at a time (cuBLAS at
-M = 1), which checks every other kernel; "linear-16", the projections as the
-decoder runs them (`sparkinfer.linear`, which serves up to 16 rows) and the LM head
-row at a time, at buckets up to 16; "decoder", everything as the decoder runs it
-(cuBLAS above 16 rows and for the LM head), expected to fail until those are
-row-invariant too (xfail, not strict).
+splits) over 4 decode steps beside random rows and padding rows, in two variants:
+"rowwise", the projections and the LM head one row at a time (cuBLAS at M = 1),
+which checks every other kernel alone; "decoder", everything as the decoder runs
+it (`sparkinfer.linear` for every projection, router and the LM head up to 128
+rows).
 """
 
 import os
@@ -232,10 +230,7 @@ class _RowwiseF:
         return getattr(F, name)
 
 
-@pytest.mark.parametrize("projections", [
-    "rowwise", "linear-16", pytest.param("decoder", marks=pytest.mark.xfail(
-        reason="sparkinfer.linear serves M <= 16 and cuBLAS the rest and the LM head: not row-invariant yet",
-        strict=False))])
+@pytest.mark.parametrize("projections", ["rowwise", "decoder"])
 def test_decoder_probe_logits_at_every_bucket(qwen3, monkeypatch, projections):
     dec = qwen3
     mod = sys.modules["sparkinfer.models.decoder"]
@@ -243,7 +238,7 @@ def test_decoder_probe_logits_at_every_bucket(qwen3, monkeypatch, projections):
         monkeypatch.setattr(mod, "linear", _rowwise)
     if projections != "decoder":
         monkeypatch.setattr(mod, "F", _RowwiseF())
-    buckets = tuple(b for b in BUCKETS if projections != "linear-16" or b <= 16)
+    buckets = BUCKETS
     g = torch.Generator().manual_seed(5)
     vocab = dec.spec.vocab_size
     prompt = torch.randint(0, vocab, (PROMPT,), generator=g)
