@@ -89,7 +89,8 @@ def _server_command(args, levels, model: str | None) -> list[str]:
 
 
 def _static_rows(args, meta) -> dict[int, dict]:
-    """bench decode's newest row per batch for this preset, layers, experts, TP and context."""
+    """bench decode's newest row per batch for this preset, layers, experts, TP and context, of the
+    batch-invariant decoder (the one `sparkinfer serve` runs)."""
     from sparkinfer.bench.common import default_out, load_rows
 
     path = args.decode_results or default_out("decode", meta, args.tp, dry_run=False)
@@ -97,7 +98,8 @@ def _static_rows(args, meta) -> dict[int, dict]:
     for r in load_rows(path):
         if (r.get("bench"), r.get("impl"), r.get("preset"), r.get("layers"), r.get("experts"), r.get("context"),
                 r.get("tp", 1)) == ("decode", "sparkinfer", args.preset, args.layers, args.moe_format,
-                                    args.input_len, args.tp) and r.get("ok", True):
+                                    args.input_len, args.tp) and r.get("ok", True) \
+                and r.get("batch_invariant", True):  # the server's decoder is the invariant one
             best[r["batch"]] = r  # the file is in run order: the last one wins
     return best
 
