@@ -42,6 +42,11 @@ __all__ = ["ServingEngine", "serve_on_rank", "default_max_context"]
 # chunk header, one a token); results 3 + tokens (+ logprobs: 1 + 2 * 20 words a token).
 _RING_SLOTS = 4
 _READY = 0x53504B59  # "SPKY": rank 0's first result-ring record, once every rank is ready
+# The step loop's waits poll this long before napping: the driver waits out a whole decode
+# step for rank 0's result (0.5-3 ms on an H200), a rank the driver's scheduling (tens of
+# us), and a nap wakes 75-140 us late (runtime/peers.py): at batch 1 that would be up to a
+# fifth of a step. A serving host has a core to spare for each (polls yield the core).
+_HOT_SPIN_S = 3e-3
 # While idle the driver refreshes the plan ring's heartbeat this often (the ranks wait
 # indefinitely on a fresh heartbeat; they give up after timeout_s without one).
 _IDLE_S = 0.05
@@ -99,7 +104,7 @@ def serve_on_rank(world, cfg: EngineConfig, max_context: int, plan_handle, resul
         if results is not None:
             beat.stop()
             results.publish(np.asarray([_READY, runner.max_context], dtype=np.int64))
-        while (rec := plans.read()) is not None:
+        while (rec := plans.read(spin_s=_HOT_SPIN_S)) is not None:
             plan = decode_plan(rec)
             if plan.shutdown:
                 break
@@ -145,7 +150,7 @@ class _RankExecutor:
 
     def execute(self, plan: StepPlan):
         self.plans.publish(encode_plan(plan))
-        rec = self.results.read(timeout_s=self.timeout_s)
+        rec = self.results.read(timeout_s=self.timeout_s, spin_s=_HOT_SPIN_S)
         if rec is None:
             raise EngineFailed("rank 0 closed its result ring mid-step")
         return decode_result(rec)

@@ -61,10 +61,10 @@ class Waiter:
     def pause(self) -> bool:
         """Wait a little. False while spinning; True after a nap (time to look at the peers)."""
         waited = time.monotonic() - self.start
-        if waited < SPIN_S:
+        if waited < self.spin_s:
             os.sched_yield()
             return False
-        if waited < FLAT_S:
+        if waited < max(FLAT_S, self.spin_s + FLAT_S - SPIN_S):
             self.nap = NAP_MIN_S
         else:
             self.nap = DEEP_NAP_S if waited >= DEEP_IDLE_S else min(2 * self.nap, NAP_MAX_S)

@@ -54,21 +54,22 @@ class RingReader(seg.Segment):
         self._line = self._rline(index)
         self._tail = self._q[self._line + seg.R_TAIL]  # records read
 
-    def read(self, timeout_s: float | None = None) -> bytes | None:
+    def read(self, timeout_s: float | None = None, *, spin_s: float | None = None) -> bytes | None:
         """The next record, as a copy (its slot is free again when this returns), or None once
         the writer closed the ring and every record was read (None again on later calls).
 
         Waits, spinning then napping, as long as the writer is alive and has published or
         heartbeat within timeout_s (default: the writer's, from the handle): an idle writer is
         waited on indefinitely. RingPeerGone naming the writer within 0.1 s of its death (once
-        no record is left); RingTimeout naming it when it is alive but silent for timeout_s."""
+        no record is left); RingTimeout naming it when it is alive but silent for timeout_s.
+        spin_s: how long to poll before the first nap (default `peers.SPIN_S`)."""
         if self._closed:
             raise LifecycleError(f"read on reader {self.index} of ring {self.name!r} after close()")
         q, t = self._q, self._tail
         w = q[seg.HEAD]
         if (w & seg.COUNT) <= t:
             if not w & seg.SHUT:
-                w = self._wait(t, timeout_s)
+                w = self._wait(t, timeout_s, spin_s)
             if (w & seg.COUNT) <= t:
                 return None
         if self._fence is not None:
@@ -93,12 +94,13 @@ class RingReader(seg.Segment):
         self._q[self._line + seg.R_STATE] = seg.CLOSED
         self._unmap()
 
-    def _wait(self, t: int, timeout_s) -> int:
+    def _wait(self, t: int, timeout_s, spin_s) -> int:
         """The head word once it passed t or the writer closed."""
         timeout = seg.timeout_s(timeout_s) if timeout_s is not None else self.handle.timeout_s
         # the writer's process is looked up after 100 ms of waiting, not at once: a busy step
         # loop's waits are shorter and never pay the /proc read
-        q, waiter, next_check = self._q, Waiter(), time.monotonic_ns() + LIVENESS_NS
+        waiter = Waiter() if spin_s is None else Waiter(spin_s)
+        q, next_check = self._q, time.monotonic_ns() + LIVENESS_NS
         while True:
             w = q[seg.HEAD]
             if (w & seg.COUNT) > t or w & seg.SHUT:
