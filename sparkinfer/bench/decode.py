@@ -67,16 +67,6 @@ def add_arguments(p) -> None:
     p.add_argument("--dry-run", action="store_true", help="a tiny preset on the CPU (logic check only)")
 
 
-def build_modes(args):
-    """(format, ops, batch_invariant) of each decoder to build and time, in order: the
-    invariance modes of one configuration back to back; the torch ops have none."""
-    modes = {"on": (True,), "off": (False,), "both": (True, False)}[args.invariance]
-    for fmt in args.formats.split(","):
-        for ops in ("sparkinfer", "torch") if fmt == "bf16" else ("sparkinfer",):
-            for inv in modes if ops == "sparkinfer" else (True,):
-                yield fmt, ops, inv
-
-
 def _invariance_pairs(rows) -> list[list]:
     """[preset, experts, B, overlap, invariant us, batch-dependent us, cost] of each
     configuration timed both ways."""
@@ -94,6 +84,7 @@ def _rows_for(preset, args, dev, bw, say) -> list[dict]:
 
     from sparkinfer.bench.decode_model import (
         build,
+        build_modes,
         floor_bytes,
         hf_model,
         hf_step_us,

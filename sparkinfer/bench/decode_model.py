@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 __all__ = ["hf_model", "build", "prefill_rows", "floor_bytes", "copy_bandwidth", "step_us", "hf_step_us",
-           "step_kernels"]
+           "step_kernels", "build_modes"]
 
 
 def hf_model(preset: str, layers: int, device, *, agree_after: int | None = None):
@@ -197,3 +197,13 @@ def step_kernels(engine, batch: int, replays: int = 20) -> list[dict]:
             a[1] += ev.device_time_total
     return [dict(name=n, per_step=c / replays, us_per_step=t / replays)
             for n, (c, t) in sorted(agg.items(), key=lambda kv: -kv[1][1])]
+
+
+def build_modes(args):
+    """(format, ops, batch_invariant) of each decoder to build and time, in order: the
+    invariance modes of one configuration back to back; the torch ops have none."""
+    modes = {"on": (True,), "off": (False,), "both": (True, False)}[args.invariance]
+    for fmt in args.formats.split(","):
+        for ops in ("sparkinfer", "torch") if fmt == "bf16" else ("sparkinfer",):
+            for inv in modes if ops == "sparkinfer" else (True,):
+                yield fmt, ops, inv

@@ -19,7 +19,7 @@ __all__ = ["tp_rows"]
 
 def tp_rows(preset: str, args, say) -> list[dict]:
     """Rows of one preset at --tp ranks (see the module docstring)."""
-    from sparkinfer.bench.decode import build_modes
+    from sparkinfer.bench.decode_model import build_modes
     from sparkinfer.runtime import run_ranks
 
     opt = dict(layers=args.layers, batches=[int(b) for b in args.batches.split(",")], context=args.context,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import torch.nn.functional as F
 import triton
@@ -13,6 +15,10 @@ from sparkinfer.linear.kernel import linear_preload_kernel, linear_stream_kernel
 from sparkinfer.runtime.devices import cuda_sm_count
 
 __all__ = ["linear", "linear_sync", "LINEAR_MAX_ROWS", "LINEAR_PDL"]
+
+# Features per program under the interpreter (see `linear`): 5-12 programs a tiny preset's
+# projection become 1-2.
+INTERPRET_BLOCK_N = 512
 
 LINEAR_MAX_ROWS = MAX_ROWS
 # Programmatic dependent launch on CUDA devices: the weight slice loads while the
@@ -110,6 +116,12 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
     elem = w.element_size()
     if tile is None:
         tile = linear_tile(n, k, elem, _num_sms(x.device) if sync is not None else 1)
+        if x.device.type == "cpu" and tile.stream and tile.split == 1:
+            # the interpreter runs programs one after another at ~5 ms each whatever their
+            # width (tiny presets: 99 launches, a quarter of a decode step's 21 s): one
+            # program per INTERPRET_BLOCK_N features. Each output's sum is the same K loop
+            # at any width, and the width follows N alone, so rows stay batch-invariant.
+            tile = replace(tile, block_n=min(INTERPRET_BLOCK_N, max(BLOCK_N, triton.next_power_of_2(n))))
     if tile.split > 1 and sync is None:
         raise LayoutError(f"linear: a tile split {tile.split} ways needs the call site's semaphores; pass "
                           "sync=linear_sync(w)")

@@ -8,7 +8,7 @@ with a self-draft (the target's first layer) must reproduce the plain greedy
 tokens for each k, with max_new_tokens ending sequences mid-proposal. At TP 1
 every k runs with a stop token that ends one prompt early (so each k also ends a
 sequence on a stop token mid-proposal) while the other runs to max_new_tokens; at
-TP 2 no stop token, so both sequences are compared in full. The stop logic runs
+TP 2 (k = 3 only) no stop token, so both sequences are compared in full. The stop logic runs
 on the host, the same at any TP; separate stop-token runs cost about a third of
 CI's slowest tests.
 
@@ -31,10 +31,13 @@ from sparkinfer.runtime import run_ranks
 NEW = 8
 # (family, TP ranks, DCP, speculative k values): every family at TP 1, 2 and 3 and at
 # DCP 2 (Qwen3 and Mixtral split their KV heads, GLM's one KV head is replicated);
-# speculative k = 1, 3, 5 at TP 1 and 2
+# speculative k = 1, 3, 5 at TP 1, k = 3 at TP 2. A round's logic (proposals, acceptance,
+# the cut at max_new_tokens) runs on the host, the same at any TP; at TP 2 one k checks
+# that the draft's and the target's graphs and collectives interleave on two ranks (CI,
+# 2 cores: TP 2 with three k took 224-321 s a family, the slowest tests of the suite).
 K = (1, 3, 5)
-CASES = [(fam, w, 1, K) for w in (1, 2) for fam in SEEDS] + [(fam, 3, 1, ()) for fam in SEEDS] + \
-    [(fam, 2, 2, ()) for fam in SEEDS]
+CASES = [(fam, 1, 1, K) for fam in SEEDS] + [(fam, 2, 1, (3,)) for fam in SEEDS] + \
+    [(fam, 3, 1, ()) for fam in SEEDS] + [(fam, 2, 2, ()) for fam in SEEDS]
 STOPS_AT = 1  # the TP at which stop tokens are checked (see the module docstring)
 
 

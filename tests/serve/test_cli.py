@@ -53,7 +53,7 @@ def test_flags_map_to_engine_config_and_a_failed_engine_exits_2_naming_the_rank(
                                  max_batch=16, max_context=2048, max_waiting=7, backend="cpu", timeout_s=9.0,
                                  name="m")]
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1] == "sparkinfer serve: the engine failed: rank 1 died (exit code -9)"
+    assert err[-1] == "sparkinfer serve: EngineFailed: the engine failed: rank 1 died (exit code -9)"
 
 
 def test_unset_flags_keep_the_engine_defaults(monkeypatch, tmp_path):

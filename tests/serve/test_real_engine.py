@@ -1,13 +1,14 @@
 """`sparkinfer serve`'s server over the real engine: a tiny checkpoint on 1 and on 2 CPU
 ranks, through the real openai client.
 
-One launch per TP of a one-layer checkpoint runs every check in order (a launch
-costs tens of seconds under the interpreter, a forward about a second):
-completions and chat, streamed and not, against each other; 16 concurrent clients
-whose greedy outputs (text and every token's log-probability, so the logits
-themselves) equal each prompt served alone; a cancelled stream frees its slot; a
-burst beyond max_batch + max_waiting is answered 429 for the excess while every
-accepted request completes; bad inputs get their 400 and the next request is
+One launch per TP of a one-layer checkpoint runs the checks in order (a launch
+costs tens of seconds under the interpreter, a forward about a second). At both
+TPs: completions and chat, streamed and not, against each other; 16 concurrent
+clients whose greedy outputs (text and every token's log-probability, so the
+logits themselves) equal each prompt served alone. At TP 1 (the driver's logic is
+the same at any TP; a forward is half the TP 2 one): a cancelled stream frees its
+slot; a burst beyond max_batch + max_waiting is answered 429 for the excess while
+every accepted request completes; bad inputs get their 400 and the next request is
 served; /metrics counts what was sent. At TP 2 the test then kills rank 1 mid-stream:
 the request ends with an error, /health turns 503, and the server stops with
 EngineFailed naming rank 1, within the rank timeout; no rank and no /dev/shm name
@@ -77,7 +78,7 @@ def _scrape(live) -> dict:
             for fam in text_string_to_metric_families(text) for s in fam.samples}
 
 
-def _checks(live: LiveServer) -> None:
+def _checks(live: LiveServer, full: bool) -> None:
     client, model = live.openai(timeout=STEP_DEADLINE_S), live.engine.model_name
     # streamed and whole agree, for completions and chat
     alone = {p: _greedy(client, model, p) for p in PROMPTS}
@@ -93,6 +94,8 @@ def _checks(live: LiveServer) -> None:
     with ThreadPoolExecutor(16) as pool:
         together = list(pool.map(lambda p: _greedy(client, model, p), asked))
     assert together == [alone[p] for p in asked]
+    if not full:
+        return
     # a cancelled stream frees its slot
     with live.http(timeout=STEP_DEADLINE_S) as http, http.stream("POST", "/v1/completions", json={
             "model": model, "prompt": "abc", "max_tokens": 40, "ignore_eos": True, "stream": True}) as r:
@@ -142,7 +145,7 @@ def test_the_server_over_the_real_engine(tp):
     engine = _launch(tp)
     live = LiveServer(engine)
     try:
-        _checks(live)
+        _checks(live, full=tp == 1)
         if tp == 1:
             return
         pids = engine.rank_pids()
