@@ -30,7 +30,7 @@ __all__ = ["add_parser", "engine_config", "serve_engine"]
 _ENGINE_FIELDS = {"tp": "tp", "dcp": "dcp", "moe_format": "moe_format", "draft": "draft",
                   "self_draft": "self_draft", "spec_k": "spec_k", "max_batch": "max_batch",
                   "max_context": "max_context", "max_waiting": "max_waiting", "backend": "backend",
-                  "timeout": "timeout_s", "served_model_name": "name"}
+                  "timeout": "timeout_s", "served_model_name": "name", "batch_invariant": "batch_invariant"}
 
 
 def engine_config(args, model: str):
@@ -76,11 +76,7 @@ def run(args) -> int:
             model = str(make_checkpoint(args.preset, tmp / args.preset, seed=SEEDS.get(args.preset, 0)))
             print(f"wrote a tiny random {args.preset} checkpoint (transformers save_pretrained) to {model}")
         config = engine_config(args, model)
-        try:
-            from sparkinfer.engine.serving import ServingEngine
-        except ImportError as e:
-            print(f"sparkinfer serve: this version of sparkinfer has no serving engine ({e})", file=sys.stderr)
-            return 2
+        from sparkinfer.engine.serving import ServingEngine
         print(f"starting the engine: {config.tp} rank(s), backend {config.backend}, {config.model}", flush=True)
         engine = ServingEngine.launch(config)  # EngineFailed / SetupError: one line (cli.main)
         return serve_engine(engine, _options(args))
@@ -107,6 +103,9 @@ def add_parser(sub) -> None:
     p.add_argument("--backend", default=None, choices=("auto", "cpu", "cuda", "cuda_shared"))
     p.add_argument("--timeout", type=float, default=None, metavar="S",
                    help="seconds a rank may stall before the engine fails and names it")
+    p.add_argument("--batch-dependent", dest="batch_invariant", action="store_false", default=None,
+                   help="let a request's logits depend on its neighbours for speed: cuBLAS projections "
+                        "(default: batch-invariant, docs/performance.md says what it costs)")
     p.add_argument("--served-model-name", default=None, help="the model name clients send (default: the directory's)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8000, help="port (0: any free port; the URL is printed)")

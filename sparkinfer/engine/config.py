@@ -29,7 +29,10 @@ class EngineConfig:
     "cuda_shared" (`sparkinfer.runtime.run_ranks`). timeout_s: how long a rank may
     stall before the engine fails every request and names it. graphs: decode steps
     in CUDA graphs (None: on a GPU). name: the model name served (None: the
-    directory's name)."""
+    directory's name). batch_invariant: a request's logits are the same bits
+    whatever runs beside it (every kernel's sums follow the row alone); False takes
+    cuBLAS for the projections, faster by the margin `bench decode --invariance
+    both` measures (docs/performance.md)."""
 
     model: str
     tp: int = 1
@@ -47,6 +50,7 @@ class EngineConfig:
     timeout_s: float = 60.0
     graphs: bool | None = None
     name: str | None = None
+    batch_invariant: bool = True
 
     @property
     def speculative(self) -> bool:

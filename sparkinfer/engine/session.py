@@ -59,11 +59,11 @@ class ModelSession:
         self = cls.__new__(cls)
         self._build(world, cfg.model, batch=cfg.max_batch, max_len=max_context, moe_format=cfg.moe_format,
                     dcp=cfg.dcp, draft=cfg.draft, self_draft=cfg.self_draft, spec_k=cfg.spec_k, graphs=cfg.graphs,
-                    progress=progress, chunk=cfg.prefill_chunk)
+                    progress=progress, chunk=cfg.prefill_chunk, batch_invariant=cfg.batch_invariant)
         return self
 
     def _build(self, world, path, *, batch, max_len, moe_format, dcp, draft, self_draft, spec_k, graphs,
-               progress, chunk=None):
+               progress, chunk=None, batch_invariant=True):
         from sparkinfer.models.build import PREFILL_CHUNK, build_decoder, comm_capacity
         from sparkinfer.models.config import load_spec
         from sparkinfer.models.weights import Sharding
@@ -84,7 +84,7 @@ class ModelSession:
         sharding = Sharding(world.rank, w, dcp)
         self.decoder = build_decoder(path, sharding, comm=self.comm, device=world.device,
                                      moe_format=moe_format, max_batch=batch, max_len=max_len,
-                                     max_tokens=tokens, progress=progress)
+                                     max_tokens=tokens, progress=progress, batch_invariant=batch_invariant)
         self.engine = Engine(self.decoder, max_batch=batch, comm=self.comm, graphs=graphs)
         self.speculative = None
         if speculative:
@@ -94,7 +94,7 @@ class ModelSession:
             if draft is not None:
                 dft = build_decoder(draft, sharding, comm=self.comm, device=world.device,
                                     moe_format=moe_format, max_batch=batch, max_len=max_len,
-                                    max_tokens=tokens)
+                                    max_tokens=tokens, batch_invariant=batch_invariant)
             else:
                 dft = make_self_draft(self.decoder, self_draft, max_batch=batch, max_len=max_len)
             draft_engine = Engine(dft, max_batch=batch, comm=self.comm, graphs=graphs, channel="draft")

@@ -19,8 +19,12 @@ Batch invariance (`batch_invariant=True`, the default): a row's logits are the
 same bits whatever the other rows of its step hold and however many there are
 (decode and verify steps up to `moe.plan.INVARIANT_MAX_TOKENS` tokens): attention
 cuts a row's keys by its own context, the fused norm keeps rows whole, the MoE
-plan never splits a route's reductions (each kernel says why and at what cost).
-The projections and the LM head (`sparkinfer.linear`) keep their own order.
+plan never splits a route's reductions, and the projections, routers and LM head
+run `sparkinfer.linear` (a sum order per weight, at any row count up to 128). With
+`batch_invariant=False` the projections take cuBLAS instead, whose kernel (and sum
+order) follows the row count: on an H200 at 3c3e10b the invariant projections cost
++48 us of a 795 us Qwen3-30B-A3B step at batch 1 and most of its +41% at batch 64
+(`bench decode --invariance both`, benchmarks/results/decode_h200.json).
 """
 
 from __future__ import annotations
@@ -199,9 +203,10 @@ class Decoder:
 
     def _linear(self, x, w, bias=None):
         """A projection (attention, MLPs, routers, LM head): `sparkinfer.linear` (up to 128
-        rows: a row's result is the same bits in any batch; prefill chunks: torch),
-        F.linear for the torch ops."""
-        if self.torch_ops is not None:
+        rows: a row's result is the same bits in any batch; prefill chunks: torch), or
+        cuBLAS for the torch ops and when batch_invariant is False (faster at every
+        measured batch; its sums follow the row count)."""
+        if self.torch_ops is not None or not self.batch_invariant:
             return F.linear(x.to(w.dtype), w, bias)
         return linear(x, w, bias, sync=self._sync.get(w.data_ptr()))
 
@@ -218,7 +223,7 @@ class Decoder:
 
     def _dense(self, m: DenseMLPWeights, x):
         """SiLU-gated MLP: the down projection applies silu(gate) * up as it loads its input."""
-        if self.torch_ops is not None:
+        if self.torch_ops is not None or not self.batch_invariant:
             g, u = F.linear(x, m.gate_up).chunk(2, dim=-1)
             return F.linear(F.silu(g) * u, m.down)
         gate_up = self._linear(x, m.gate_up)  # [T, 2 I_l]

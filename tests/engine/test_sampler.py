@@ -21,12 +21,12 @@ from sparkinfer.errors import ShapeError
 V = 300
 
 
-def _draw(logits, params, counters, filtered=None, stream=STREAM_TARGET):
+def _draw(logits, params, counters, filtered=None, stream=STREAM_TARGET, chunk=None):
     rows = RowSampling.alloc(logits.shape[0], "cpu")
     rows.fill(params, counters)
     out = torch.full((logits.shape[0],), -7, dtype=torch.int64)  # poisoned
     filt = RowSampling.needs_filter(params) if filtered is None else filtered
-    return sample_rows(logits, rows, filtered=filt, stream=stream, out=out).tolist()
+    return sample_rows(logits, rows, filtered=filt, stream=stream, out=out, chunk=chunk).tolist()
 
 
 def _reference(x, p: SP, counter, stream=STREAM_TARGET):
@@ -56,6 +56,8 @@ def test_kernel_matches_the_reference_per_row():
     got = _draw(logits, params, counters)
     want = [_reference(logits[i], params[i], counters[i]) for i in range(6)]
     assert got == want
+    # the GPU's split of a row over programs (chunks of 64 and 100 tokens here) draws the same
+    assert _draw(logits, params, counters, chunk=64) == want == _draw(logits, params, counters, chunk=100)
     assert got[0] == int(logits[0].float().argmax()) and got[5] == int(logits[5].float().argmax())
     # another stream draws other variates (the draft's proposals vs the target's draws)
     other = _draw(logits, params, counters, stream=STREAM_DRAFT)
