@@ -100,14 +100,18 @@ def paths(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("family,world,dcp", CASES, ids=[f"{c[0]}_tp{c[1]}_dcp{c[2]}" for c in CASES])
 def test_requests_give_their_solo_tokens_and_logits_beside_others(paths, family, world, dcp):
-    results = run_ranks(_worker, world, backend="cpu", args=(paths[family], dcp), timeout_s=900)
+    check_results(run_ranks(_worker, world, backend="cpu", args=(paths[family], dcp), timeout_s=900))
+
+
+def check_results(results) -> None:
+    """The assertions of one launch's results (every rank's), on any device."""
     alone, (tokens, logits, reasons, plans), spec = results[0]
     for other in results[1:]:  # every rank ran the same plans and got the same bits
-        assert other[1][0] == tokens and all(torch.equal(other[1][1][i], logits[i]) for i in logits)
+        assert other[1][0] == tokens and all(torch.equal(other[1][1][i].cpu(), logits[i].cpu()) for i in logits)
     kept = [i for i, s in enumerate(SCHEDULE) if s[3] is None]
     for (a_tokens, a_logits, _, _), i in zip(alone, kept):
         assert tokens[i] == a_tokens[0], f"request {i}: tokens beside others differ from alone"
-        assert torch.equal(logits[i], a_logits[0]), f"request {i}: logits beside others differ from alone"
+        assert torch.equal(logits[i].cpu(), a_logits[0].cpu()), f"request {i}: logits beside others differ from alone"
         assert reasons[i] is FinishReason.LENGTH and len(tokens[i]) == SCHEDULE[i][2].max_new_tokens
     assert reasons[1] is FinishReason.ABORT
     # admission in arrival order; the aborted request's slot goes to the waiting one at the next step
