@@ -18,7 +18,6 @@ from sparkinfer.engine.core import EngineCore, LocalExecutor
 from sparkinfer.engine.runner import ModelRunner
 from sparkinfer.engine.scheduler import SchedulerCaps
 from sparkinfer.engine.session import ModelSession
-from sparkinfer.models.presets import make_checkpoint
 from sparkinfer.runtime import run_ranks
 
 CHUNK, SLOTS, CONTEXT = 8, 2, 32
@@ -87,14 +86,6 @@ def _worker(world, path, dcp):
         return alone, mixed, spec
     finally:
         s.close()
-
-
-@pytest.fixture(scope="module")
-def paths(tmp_path_factory):
-    # a dense and a MoE layer where the family has dense layers (qwen3, glm), one MoE layer for mixtral
-    layers = {"qwen3_moe-tiny": 2, "glm4_moe-tiny": 2, "mixtral-tiny": 1}
-    return {fam: make_checkpoint(fam, tmp_path_factory.mktemp(fam), num_hidden_layers=layers[fam])
-            for fam, _, _ in CASES}
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from sparkinfer.runtime import run_ranks
-from tests.engine.test_continuous import _worker, check_results, paths  # noqa: F401 - paths: the fixture
+from tests.engine.test_continuous import _worker, check_results
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
