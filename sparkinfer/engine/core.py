@@ -142,6 +142,11 @@ class EngineCore:
                 if r is not None:
                     self._finish(rid, FinishReason.ABORT)
             plan = self.sched.schedule()
+            if plan is not None:
+                for c in plan.prefill:  # admitted: the handle says so until its first token
+                    live = self._live.get(c.request)
+                    if live is not None and live.handle.state is RequestState.WAITING:
+                        live.handle.state = RequestState.PREFILLING
         if plan is None:
             return False
         t1 = time.perf_counter()
@@ -168,7 +173,7 @@ class EngineCore:
                 reason = FinishReason.STOP
                 self.sched.abort(u.request, FinishReason.STOP)  # frees the slot for the next step
         live.completion += len(u.tokens)
-        if live.handle.state is RequestState.WAITING:
+        if live.handle.state is not RequestState.FINISHED:
             live.handle.state = RequestState.RUNNING
         out = RequestOutput(live.handle.request_id, u.tokens, text, u.logprobs, reason is not None, reason, None,
                             len(live.sched.prompt), live.completion)

@@ -164,3 +164,25 @@ def test_random_arrivals_every_request_finishes_in_order(arrivals, slots, budget
     assert admitted == sorted(admitted, key=lambda i: (arrivals[i][0], i))
     for r in reqs.values():
         assert r.finish is FinishReason.ABORT or 1 <= len(r.out) <= r.params.max_new_tokens
+
+
+def test_a_handle_reports_waiting_prefilling_running_finished():
+    from sparkinfer.engine.core import EngineCore
+
+    class Instant:
+        def execute(self, plan):
+            return _fake(plan)
+
+    core = EngineCore(Instant(), SchedulerCaps(slots=1, max_context=64, chunk=4, step_tokens=4))
+    a = core.submit(list(range(10)), SamplingParams(max_new_tokens=2))
+    b = core.submit([1, 2], SamplingParams(max_new_tokens=1))
+    assert a.state is RequestState.WAITING and b.state is RequestState.WAITING
+    core.step()  # a's first chunk of three
+    assert a.state is RequestState.PREFILLING and b.state is RequestState.WAITING
+    core.step()
+    core.step()  # a's last chunk: its first token
+    assert a.state is RequestState.RUNNING
+    while core.step():
+        pass
+    assert a.finished and b.finished and a.finish_reason is FinishReason.LENGTH
+    assert [o.token_ids for o in a.result()] == [(10,), (11,)]
