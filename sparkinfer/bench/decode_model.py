@@ -143,7 +143,7 @@ def step_us(engine, batch: int, ctx: int, replays: int) -> tuple[float, bool]:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             for _ in range(replays):
-                run(params)
+                run()
             end.record()
             torch.cuda.synchronize()
             times.append(start.elapsed_time(end) * 1e3 / replays)
@@ -187,7 +187,7 @@ def step_kernels(engine, batch: int, replays: int = 20) -> list[dict]:
     _, run = engine._graph_step(engine.bucket(batch), 1, SamplingParams())
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(replays):
-            run(SamplingParams())
+            run()
         torch.cuda.synchronize()
     agg = collections.defaultdict(lambda: [0, 0.0])
     for ev in prof.events():

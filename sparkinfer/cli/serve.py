@@ -30,7 +30,8 @@ __all__ = ["add_parser", "engine_config", "serve_engine"]
 _ENGINE_FIELDS = {"tp": "tp", "dcp": "dcp", "moe_format": "moe_format", "draft": "draft",
                   "self_draft": "self_draft", "spec_k": "spec_k", "max_batch": "max_batch",
                   "max_context": "max_context", "max_waiting": "max_waiting", "backend": "backend",
-                  "timeout": "timeout_s", "served_model_name": "name", "batch_invariant": "batch_invariant"}
+                  "timeout": "timeout_s", "served_model_name": "name", "batch_invariant": "batch_invariant",
+                  "prefill_chunk": "prefill_chunk", "step_tokens": "step_tokens"}
 
 
 def engine_config(args, model: str):
@@ -100,6 +101,10 @@ def add_parser(sub) -> None:
     p.add_argument("--max-context", type=int, default=None, help="cache positions per request (prompt + new tokens)")
     p.add_argument("--max-waiting", type=int, default=None,
                    help="requests queued for a slot before new ones get 429")
+    p.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
+                   help="prompt tokens per prefill row (default 256)")
+    p.add_argument("--step-tokens", type=int, default=None, metavar="N",
+                   help="prompt tokens prefilled per engine step, in one forward of N / chunk rows (default 2048)")
     p.add_argument("--backend", default=None, choices=("auto", "cpu", "cuda", "cuda_shared"))
     p.add_argument("--timeout", type=float, default=None, metavar="S",
                    help="seconds a rank may stall before the engine fails and names it")

@@ -22,10 +22,11 @@ class EngineConfig:
     positions per request (prompt + new tokens); None: the checkpoint's
     max_position_embeddings, capped at 4096. max_waiting: requests queued beyond
     max_batch before submit refuses (EngineOverloaded). prefill_chunk: prompt
-    tokens per prefill forward (a request's chunks start at multiples of it, so its
-    logits do not depend on its neighbours). step_tokens: prompt tokens prefilled
-    per engine step at most (at least one chunk), so running requests keep
-    decoding while a long prompt comes in. backend: "auto" | "cpu" | "cuda" |
+    tokens per prefill row (a request's chunks start at multiples of it). step_tokens:
+    prompt tokens prefilled per engine step at most (at least one chunk), so running
+    requests keep decoding while a long prompt comes in; a step's chunks run as rows
+    of one forward (step_tokens // prefill_chunk rows at most; a forward reads every
+    expert's weights once however many rows it has). backend: "auto" | "cpu" | "cuda" |
     "cuda_shared" (`sparkinfer.runtime.run_ranks`). timeout_s: how long a rank may
     stall before the engine fails every request and names it. graphs: decode steps
     in CUDA graphs (None: on a GPU). name: the model name served (None: the
@@ -45,7 +46,7 @@ class EngineConfig:
     max_context: int | None = None
     max_waiting: int = 64
     prefill_chunk: int = 256
-    step_tokens: int = 512
+    step_tokens: int = 2048
     backend: str = "auto"
     timeout_s: float = 60.0
     graphs: bool | None = None

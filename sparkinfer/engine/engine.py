@@ -39,11 +39,13 @@ class _Inputs:
     """Fixed-address inputs of one bucket's step (B rows of Q queries, T = B * Q tokens),
     views into one packed device buffer that one copy from a pinned host twin fills.
 
-    int64: tokens, seed, counter [T]; int32: positions, slots, top_k [T], row_slots,
-    q_pos [B]; fp32: temperature, top_p, thr [T]. `step` is the decoder's Step over
-    them, `sampling` the sampler's RowSampling, `ids` the sampled ids [T]."""
+    int64: tokens, seed, counter [T], logit_rows [B]; int32: positions, slots, top_k [T],
+    row_slots, q_pos [B]; fp32: temperature, top_p, thr [T]. `step` is the decoder's Step
+    over them (every token's logits), `prefill` the same with the logits of logit_rows
+    only, `sampling` the sampler's RowSampling, `ids` the sampled ids [T]."""
 
     _LAYOUT = (("tokens", torch.int64, "t"), ("seed", torch.int64, "t"), ("counter", torch.int64, "t"),
+               ("logit_rows", torch.int64, "b"),
                ("positions", torch.int32, "t"), ("slots", torch.int32, "t"), ("top_k", torch.int32, "t"),
                ("row_slots", torch.int32, "b"), ("q_pos", torch.int32, "b"),
                ("temperature", torch.float32, "t"), ("top_p", torch.float32, "t"), ("thr", torch.float32, "t"))
@@ -66,6 +68,8 @@ class _Inputs:
             setattr(self, name, self.dev[o:o + size].view(dt))
             self.h[name] = host_np[o:o + size].view(torch.empty(0, dtype=dt).numpy().dtype)
         self.step = Step(self.tokens, self.positions, self.slots, self.row_slots, self.q_pos, q_len)
+        self.prefill = Step(self.tokens, self.positions, self.slots, self.row_slots, self.q_pos, q_len,
+                            self.logit_rows)
         self.sampling = RowSampling(seed=self.seed, counter=self.counter, top_k=self.top_k,
                                     temperature=self.temperature, top_p=self.top_p, thr=self.thr)
         self.ids = torch.zeros(t, dtype=torch.int64, device=device)
@@ -84,6 +88,27 @@ class _Inputs:
         h["row_slots"][:] = h["slots"][::q]
         h["q_pos"][:] = h["positions"][::q]
         RowSampling.write(h, params, [p + 1 for p in positions])
+        self.dev.copy_(self.host, non_blocking=self._cuda)
+
+    def fill_chunks(self, chunks: list[tuple[list[int], int, int]], pad_slot: int) -> None:
+        """Row r <- chunk r (tokens, start, slot): its tokens at start.., padded to Q with
+        tokens that write the padding slot (at positions start + len.., so every row's
+        positions stay consecutive); rows past the chunks pad whole. logit_rows: each row's
+        last real token. One copy to the device."""
+        h, q = self.h, self.q_len
+        tokens, positions, slots = h["tokens"], h["positions"], h["slots"]
+        tokens[:] = 0
+        slots[:] = pad_slot
+        h["row_slots"][:] = pad_slot
+        h["q_pos"][:] = 0
+        for r in range(self.rows):
+            toks, start, slot = chunks[r] if r < len(chunks) else ((), 0, pad_slot)
+            n, o = len(toks), r * q
+            tokens[o:o + n] = toks
+            positions[o:o + q] = range(start, start + q)
+            slots[o:o + n] = slot
+            h["row_slots"][r], h["q_pos"][r] = slot, start
+            h["logit_rows"][r] = o + max(n, 1) - 1
         self.dev.copy_(self.host, non_blocking=self._cuda)
 
 
@@ -114,6 +139,7 @@ class Engine:
         self.stream_id = STREAM_DRAFT if channel == "draft" else STREAM_TARGET
         self._steps: dict[tuple[int, int, bool], tuple] = {}
         self._one = RowSampling.alloc(1, self.device)
+        self._rows: dict[int, RowSampling] = {}
 
     # ------------------------------------------------------------------ steps
     def bucket(self, rows: int) -> int:
@@ -134,13 +160,11 @@ class Engine:
         if key not in self._steps:
             inp = _Inputs(rows, q_len, self.device)
             inp.fill([], [], [], [], self.pad_slot)
-            if not self.graphs:
-                self._steps[key] = (inp, lambda *_: self._eager_step(inp, filtered))
-            else:
-                self._steps[key] = (inp, self._capture(inp, filtered))
+            forward = lambda: self._eager_step(inp, filtered)  # noqa: E731
+            self._steps[key] = (inp, self._capture(forward) if self.graphs else forward)
         return self._steps[key]
 
-    def _capture(self, inp: _Inputs, filtered: bool):
+    def _capture(self, forward):
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         graph = torch.cuda.CUDAGraph()
@@ -150,29 +174,33 @@ class Engine:
             # every bucket's graph shares the channel; they replay in one stream order
             scope = pool.capture(stream, self.channel, reuse=True) if pool is not None else _nothing()
             with torch.cuda.stream(stream), scope:
-                self._eager_step(inp, filtered)  # warm-up: compiles, plans, on the scope's channel
+                forward()  # warm-up: compiles, plans, on the scope's channel
                 with torch.cuda.graph(graph, stream=stream):
-                    out = self._eager_step(inp, filtered)
+                    out = forward()
         except BaseException:
             if pool is not None:
                 pool.rollback(mark)  # a failed capture leaves no channel behind
             raise
         torch.cuda.current_stream(self.device).wait_stream(stream)
 
-        def run(*_):
+        def run():
             graph.replay()
             return out
         return run
 
-    def capture_all(self, q_lens=(1,)) -> None:
+    def capture_all(self, q_lens=(1,), prefill_len: int | None = None) -> None:
         """Capture (or, without graphs, warm up) every bucket's step for each Q, plain and
-        filtered, so serving never compiles or captures mid-stream. Collective."""
+        filtered, and with prefill_len every prefill bucket's forward of rows of that many
+        tokens, so serving never compiles or captures mid-stream. Collective."""
         for q in q_lens:
             for b in self.buckets:
                 if b * q > self.dec.max_tokens:
                     continue
                 for filtered in (False, True):
                     self._graph_step(b, q, filtered)
+        if prefill_len is not None and self.graphs:  # eager forwards need no warm-up (compiles aside)
+            for r in self.prefill_buckets(prefill_len):
+                self._prefill_step(r, prefill_len)
 
     def step(self, tokens: list[list[int]], first_pos: list[int], slots: list[int],
              params: SamplingParams | list[SamplingParams]) -> tuple[torch.Tensor, list[int]]:
@@ -192,6 +220,49 @@ class Engine:
         return logits[:n * q], ids[:n * q].tolist()
 
     # ------------------------------------------------------------------ prefill
+    def prefill_buckets(self, q_len: int) -> tuple[int, ...]:
+        """Row counts of the prefill forwards of rows of q_len tokens: powers of two up to
+        the decoder's max_tokens // q_len (at least 1)."""
+        most = max(1, self.dec.max_tokens // q_len)
+        return tuple(1 << i for i in range(most.bit_length()) if 1 << i <= most)
+
+    def _prefill_step(self, rows: int, q_len: int):
+        key = ("prefill", rows, q_len)
+        if key not in self._steps:
+            inp = _Inputs(rows, q_len, self.device)
+            inp.fill_chunks([], self.pad_slot)
+            forward = lambda: self.dec(inp.prefill)  # noqa: E731
+            self._steps[key] = (inp, self._capture(forward) if self.graphs else forward)
+        return self._steps[key]
+
+    def prefill_rows(self, chunks: list[tuple[list[int], int, int]], q_len: int) -> torch.Tensor:
+        """One forward of prompt chunks (tokens, start, slot), a row each padded to q_len
+        tokens, the rows padded to a prefill bucket; the logits [len(chunks), V] of each
+        chunk's last token. A CUDA graph per (bucket, q_len) on a GPU. A row's logits and
+        cache entries are the same bits in any bucket beside any rows (batch invariance:
+        see `Decoder`); the padding writes the padding slot, at positions up to the row's
+        start + q_len, which must lie in the cache."""
+        n = len(chunks)
+        fits = [r for r in self.prefill_buckets(q_len) if r >= n]
+        if not fits or any(len(c[0]) > q_len or not c[0] for c in chunks):
+            raise CapacityError(f"prefill_rows: {n} chunks of 1..{q_len} tokens; at most "
+                                f"{self.prefill_buckets(q_len)[-1]} rows of {q_len} fit max_tokens="
+                                f"{self.dec.max_tokens}")
+        inp, run = self._prefill_step(fits[0], q_len)
+        inp.fill_chunks(chunks, self.pad_slot)
+        return run()[:n]
+
+    def sample_many(self, logits: torch.Tensor, params: list[SamplingParams], counters: list[int]) -> list[int]:
+        """The tokens drawn from logits [N, V], row i by params[i] for position counters[i] (the
+        draws a decode step makes for those rows)."""
+        n = len(params)
+        rows = self._rows.get(n)
+        if rows is None:
+            rows = self._rows[n] = RowSampling.alloc(n, self.device)
+        rows.fill(params, counters)
+        return sample_rows(logits[:n], rows, filtered=RowSampling.needs_filter(params),
+                           stream=self.stream_id).tolist()
+
     def prefill_chunk(self, tokens: list[int], start: int, slot: int, *, last: bool = True):
         """Run tokens at positions start.. into `slot`'s cache (eager); the logits [1, V] of the
         chunk's last token when `last`, else None (no LM head)."""

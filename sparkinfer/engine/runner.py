@@ -35,10 +35,14 @@ __all__ = ["ModelRunner"]
 class ModelRunner:
     """target: the `Engine` of the model; draft: the draft model's `Engine` (same slots
     and vocabulary) for speculative rounds of k proposals, or None. keep_logits:
-    return each new token's fp32 logits (checks; in-process only).
+    return each new token's fp32 logits (checks; in-process only). max_context: the
+    positions a request may use (default: what the caches hold). prefill_chunk: prompt
+    tokens per prefill row (default: the decoders' max_tokens, one row a forward); a
+    step's chunks share forwards of up to max_tokens // prefill_chunk rows.
     Not thread-safe: one plan at a time."""
 
-    def __init__(self, target, draft=None, k: int = 0, *, keep_logits: bool = False):
+    def __init__(self, target, draft=None, k: int = 0, *, keep_logits: bool = False,
+                 max_context: int | None = None, prefill_chunk: int | None = None):
         if draft is not None:
             if k < 1:
                 raise ShapeError(f"k={k}; a speculative round proposes at least one token")
@@ -54,16 +58,20 @@ class ModelRunner:
         # positions a request may use: the verify forward writes up to P + k
         caches = [target.dec.cache.max_len] + ([draft.dec.cache.max_len] if draft is not None else [])
         self.max_context = min(caches) - (self.k + 2 if draft is not None else 0)
-        self.prefill_chunk = target.dec.max_tokens if draft is None else min(target.dec.max_tokens,
-                                                                            draft.dec.max_tokens)
+        if max_context is not None:  # a cache rounded up to whole prefill chunks holds more
+            self.max_context = min(self.max_context, max_context)
+        most = target.dec.max_tokens if draft is None else min(target.dec.max_tokens, draft.dec.max_tokens)
+        if prefill_chunk is not None and not 1 <= prefill_chunk <= most:
+            raise CapacityError(f"prefill_chunk={prefill_chunk}: 1..the decoders' max_tokens={most}")
+        self.prefill_chunk = prefill_chunk or most
 
     def warm_up(self) -> None:
         """Capture every decode graph this runner can replay (collective)."""
         if self.draft is None:
-            self.target.capture_all((1,))
+            self.target.capture_all((1,), self.prefill_chunk)
         else:
-            self.target.capture_all((self.k + 1,))
-            self.draft.capture_all((1, 2))
+            self.target.capture_all((self.k + 1,), self.prefill_chunk)
+            self.draft.capture_all((1, 2), self.prefill_chunk)
 
     def execute(self, plan: StepPlan) -> StepResult:
         kept = {} if self.keep_logits else None
@@ -76,7 +84,7 @@ class ModelRunner:
                 decode = self._speculative(plan.decode)
                 proposed = self.k * len(plan.decode)
                 accepted = sum(len(r.tokens) - 1 for r in decode)
-        prefill = tuple(self._prefill(c, kept) for c in plan.prefill)
+        prefill = self._prefill(plan.prefill, kept) if plan.prefill else ()
         return StepResult(plan.step, decode, prefill, proposed, accepted, kept)
 
     # ------------------------------------------------------------------ pieces
@@ -89,20 +97,52 @@ class ModelRunner:
                 kept[r.request] = [logits[i].float().cpu()]
         return tuple(RowResult((ids[i],), None if lps[i] is None else (lps[i],)) for i in range(len(rows)))
 
-    def _prefill(self, c: PrefillChunk, kept) -> RowResult:
-        logits = self.target.prefill_chunk(list(c.tokens), c.start, c.slot, last=c.last)
+    def _forwards(self, engine, chunks: list[tuple]) -> list:
+        """The prefill forwards of `chunks` (tokens, start, slot) through `engine`; each chunk's
+        last-token logits [V]. Rows of Q tokens: the chunk size with graphs (one captured
+        forward per row bucket), else the longest chunk (no padding to compute); a chunk
+        whose padded row would pass the cache's end (start + Q > its positions: a cache not
+        sized in whole chunks, `ModelSession` sizes it so) runs at its own length. Any Q
+        gives a row the same bits (batch invariance). As many rows a forward as the largest
+        bucket holds."""
+        room = engine.dec.cache.max_len
+        q = self.prefill_chunk if engine.graphs else max(len(c[0]) for c in chunks)
+        groups: dict[int, list[int]] = {}
+        for i, c in enumerate(chunks):
+            groups.setdefault(q if c[1] + q <= room else len(c[0]), []).append(i)
+        out = [None] * len(chunks)
+        for ql, idx in groups.items():
+            most = engine.prefill_buckets(ql)[-1]
+            for j in range(0, len(idx), most):
+                part = idx[j:j + most]
+                for i, lg in zip(part, engine.prefill_rows([chunks[i] for i in part], ql)):
+                    out[i] = lg
+        return out
+
+    def _prefill(self, chunks: tuple[PrefillChunk, ...], kept) -> tuple[RowResult, ...]:
+        """Every chunk of the step in as few forwards as the prefill buckets allow (chunks of
+        one request may share a forward: a layer writes the forward's keys and values
+        before it attends), then one draw for the chunks that end their prompts."""
+        logits = self._forwards(self.target, [(list(c.tokens), c.start, c.slot) for c in chunks])
         if self.draft is not None:
             # the draft's cache stops one short: a round's first draft forward writes the last prompt token
-            toks = c.tokens[:-1] if c.last else c.tokens
-            if toks:
-                self.draft.prefill_chunk(list(toks), c.start, c.slot, last=False)
-        if not c.last:
-            return RowResult()
-        tok = self.target.sample_one(logits, c.params, c.start + len(c.tokens))
-        if kept is not None:
-            kept[c.request] = [logits[0].float().cpu()]
-        lp = _logprobs(logits, [tok], [c.params.logprobs])[0]
-        return RowResult((tok,), None if lp is None else (lp,))
+            rows = [(list(c.tokens[:-1] if c.last else c.tokens), c.start, c.slot) for c in chunks]
+            rows = [r for r in rows if r[0]]
+            if rows:
+                self._forwards(self.draft, rows)
+        last = [i for i, c in enumerate(chunks) if c.last]
+        results = [RowResult()] * len(chunks)
+        if not last:
+            return tuple(results)
+        lg = torch.stack([logits[i] for i in last])
+        toks = self.target.sample_many(lg, [chunks[i].params for i in last],
+                                       [chunks[i].start + len(chunks[i].tokens) for i in last])
+        lps = _logprobs(lg, toks, [chunks[i].params.logprobs for i in last])
+        for j, i in enumerate(last):
+            if kept is not None:
+                kept[chunks[i].request] = [lg[j].float().cpu()]
+            results[i] = RowResult((toks[j],), None if lps[j] is None else (lps[j],))
+        return tuple(results)
 
     def _speculative(self, rows: tuple[DecodeRow, ...]) -> tuple[RowResult, ...]:
         tgt, dft, k = self.target, self.draft, self.k

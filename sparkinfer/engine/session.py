@@ -59,11 +59,12 @@ class ModelSession:
         self = cls.__new__(cls)
         self._build(world, cfg.model, batch=cfg.max_batch, max_len=max_context, moe_format=cfg.moe_format,
                     dcp=cfg.dcp, draft=cfg.draft, self_draft=cfg.self_draft, spec_k=cfg.spec_k, graphs=cfg.graphs,
-                    progress=progress, chunk=cfg.prefill_chunk, batch_invariant=cfg.batch_invariant)
+                    progress=progress, chunk=cfg.prefill_chunk, step_tokens=cfg.step_tokens,
+                    batch_invariant=cfg.batch_invariant)
         return self
 
     def _build(self, world, path, *, batch, max_len, moe_format, dcp, draft, self_draft, spec_k, graphs,
-               progress, chunk=None, batch_invariant=True):
+               progress, chunk=None, step_tokens=0, batch_invariant=True):
         from sparkinfer.models.build import PREFILL_CHUNK, build_decoder, comm_capacity
         from sparkinfer.models.config import load_spec
         from sparkinfer.models.weights import Sharding
@@ -71,8 +72,15 @@ class ModelSession:
         w = world.world_size
         speculative = draft is not None or self_draft > 0
         self.spec_k = spec_k if speculative else 0
+        self.max_context = max_len
         max_len = max_len + (spec_k + 2 if speculative else 0)
-        tokens = max(chunk or PREFILL_CHUNK, batch * (spec_k + 1))
+        # serving: a prefill forward runs up to step_tokens // chunk rows of a chunk each,
+        # padded to whole chunks, so the cache holds whole chunks (a padded row stays inside)
+        self.chunk = chunk or PREFILL_CHUNK
+        rows = max(1, step_tokens // self.chunk)
+        if chunk is not None:
+            max_len = -(-max_len // self.chunk) * self.chunk
+        tokens = max(self.chunk * rows, batch * (spec_k + 1))
         self.comm = None
         if w > 1:
             from sparkinfer.comm import Communicator
@@ -104,9 +112,10 @@ class ModelSession:
         """A ModelRunner over this session's engines (speculative when it has a draft)."""
         from sparkinfer.engine.runner import ModelRunner
 
+        opts = dict(keep_logits=keep_logits, max_context=self.max_context, prefill_chunk=self.chunk)
         if self.speculative is None:
-            return ModelRunner(self.engine, keep_logits=keep_logits)
-        return ModelRunner(self.engine, self.speculative.draft, self.spec_k, keep_logits=keep_logits)
+            return ModelRunner(self.engine, **opts)
+        return ModelRunner(self.engine, self.speculative.draft, self.spec_k, **opts)
 
     def close(self) -> None:
         if self.comm is not None:

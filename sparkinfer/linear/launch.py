@@ -78,7 +78,7 @@ def _check(x, w, bias, out, sync, gated):
 
 def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
            out: torch.Tensor | None = None, sync: torch.Tensor | None = None, tile: LinearTile | None = None,
-           pdl: bool | None = None, gated: bool = False) -> torch.Tensor:
+           pdl: bool | None = None, gated: bool = False, invariant: bool = False) -> torch.Tensor:
     """x [M, K] @ w [N, K].T (+ bias [N]) -> [M, N] in w's dtype (bf16, fp16 or fp32,
     x alike; or fp32 weights and a 16-bit x, which the kernel upcasts exactly as it
     loads it: GLM-4.5's fp32 router without a conversion kernel before it).
@@ -90,8 +90,11 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
     fp32 accumulation (fp32 weights: tf32x3 products, see `_precision`) in one order per output
     element that depends on the weight and the device only, so a row's result is
     the same bits at any M and whatever the other rows hold. Larger M (prefill)
-    runs torch's matmul. sync (`linear_sync(w)`, owned by this call site) lets the
-    kernel split K over more programs; without it, one program per 64 features.
+    runs torch's matmul, whose sums follow M; with `invariant`, the kernel on
+    pieces of 128 rows in turn instead, so a row keeps those bits at any M (a
+    batch of prefill chunks; the weights are read once per piece). sync
+    (`linear_sync(w)`, owned by this call site) lets the kernel split K
+    over more programs; without it, one program per 64 features.
     tile: a launch other than `linear_tile`'s (benchmarks, tests); keep it fixed
     per weight, or rows lose their batch invariance. pdl: programmatic dependent
     launch (default LINEAR_PDL on CUDA; never under the interpreter).
@@ -105,6 +108,10 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
     n = w.shape[0]
     if out is None:
         out = torch.empty((m, n), dtype=w.dtype, device=x.device)
+    if m > MAX_ROWS and invariant and w.stride(1) == 1:
+        for i in range(0, m, MAX_ROWS):  # in stream order: each piece resets `sync` for the next
+            linear(x[i:i + MAX_ROWS], w, bias, out=out[i:i + MAX_ROWS], sync=sync, tile=tile, pdl=pdl, gated=gated)
+        return out
     if m > MAX_ROWS or w.stride(1) != 1:
         if gated:
             g, u = x.chunk(2, dim=-1)

@@ -17,10 +17,11 @@ Every rank holds bitwise the same hidden state after each layer.
 
 Batch invariance (`batch_invariant=True`, the default): a row's logits are the
 same bits whatever the other rows of its step hold and however many there are
-(decode and verify steps up to `moe.plan.INVARIANT_MAX_TOKENS` tokens): attention
-cuts a row's keys by its own context, the fused norm keeps rows whole, the MoE
-plan never splits a route's reductions, and the projections, routers and LM head
-run `sparkinfer.linear` (a sum order per weight, at any row count up to 128). With
+(decode and verify steps, and prefill forwards of several requests' chunks):
+attention cuts a row's keys by its own context, the fused norm keeps rows whole,
+the MoE plan never splits a route's reductions, and the projections, routers and
+LM head run `sparkinfer.linear` (a sum order per weight at any row count: 128-row
+pieces beyond 128). With
 `batch_invariant=False` the projections take cuBLAS instead, whose kernel (and sum
 order) follows the row count: on an H200 at 3c3e10b the invariant projections cost
 +48 us of a 795 us Qwen3-30B-A3B step at batch 1 and most of its +41% at batch 64
@@ -202,13 +203,14 @@ class Decoder:
         return self._linear(out, a.o)
 
     def _linear(self, x, w, bias=None):
-        """A projection (attention, MLPs, routers, LM head): `sparkinfer.linear` (up to 128
-        rows: a row's result is the same bits in any batch; prefill chunks: torch), or
+        """A projection (attention, MLPs, routers, LM head): `sparkinfer.linear` (a row's
+        result is the same bits in any batch: a prefill forward of many chunks runs it on
+        128-row pieces), or
         cuBLAS for the torch ops and when batch_invariant is False (faster at every
         measured batch; its sums follow the row count)."""
         if self.torch_ops is not None or not self.batch_invariant:
             return F.linear(x.to(w.dtype), w, bias)
-        return linear(x, w, bias, sync=self._sync.get(w.data_ptr()))
+        return linear(x, w, bias, sync=self._sync.get(w.data_ptr()), invariant=True)
 
     def _attn_out(self, b: int, q: int, heads: int) -> dict:
         """out / lse buffers of one attention call (the kernel refuses to allocate them during
@@ -227,7 +229,7 @@ class Decoder:
             g, u = F.linear(x, m.gate_up).chunk(2, dim=-1)
             return F.linear(F.silu(g) * u, m.down)
         gate_up = self._linear(x, m.gate_up)  # [T, 2 I_l]
-        return linear(gate_up, m.down, sync=self._sync.get(m.down.data_ptr()), gated=True)
+        return linear(gate_up, m.down, sync=self._sync.get(m.down.data_ptr()), gated=True, invariant=True)
 
     def _mlp(self, i: int, x):
         m = self.w.layers[i].mlp

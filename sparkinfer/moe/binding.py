@@ -55,7 +55,7 @@ def scratch_specs(plan: MoEPlan) -> tuple[ScratchSpec, ...]:
     `dequant_experts` experts' larger matrix (`plan.dequant_chunk`).
     fc2_partial (micro's FC2 output per split) is fp32, or out_dtype in
     batch-invariant plans whose FC2 never splits: the grouped family rounds its
-    route_out so too, and a route must round alike in both (plan.INVARIANT_MAX_TOKENS)."""
+    route_out so too, and a route must round alike in both (plan.py: batch invariance)."""
     c = plan.caps
     k, h, i, e = c.top_k, c.hidden, plan.intermediate, c.num_experts  # I as padded (plan.py)
     n1 = (2 if plan.spec.gated else 1) * i

@@ -182,15 +182,17 @@ FP8_BLOCK = 128
 # fit beside each other. BM 64 at 8 warps: 255 / 191 registers, no spill.
 FP8_MAX_BLOCK_M = 64
 # Batch invariance (MoECaps.batch_invariant): a token's output must not depend on
-# T up to INVARIANT_MAX_TOKENS (64 decode rows x 4 queries of a speculative verify
-# at k = 3). A route's sum over H (FC1) and over I (FC2) then runs unsplit in
-# every family: a split's partials add in another order, and the split count
+# T, at decode sizes (rows of a step, queries of a speculative verify) as at
+# prefill sizes (a forward of several requests' prompt chunks). A route's sum
+# over H (FC1) and over I (FC2) then runs unsplit in every family: a split's
+# partials add in another order, and the split count
 # follows T (more active experts fill the SMs). The kernels accumulate each K step
 # into one fp32 accumulator in K order whatever the tile (BM routed rows, BN weight
 # rows, BK), so micro and grouped tiles give a route the same FC1 and FC2 sums;
 # both round FC2's output to out_dtype (binding.scratch_specs) before the top-k
 # sum, which adds routes in k order (kernels/reduce.py). NVFP4's dequantized path
-# sums in the natural K order where its kernels use `k_order`: not inside the range.
+# sums in the natural K order where its kernels use `k_order`, and is chosen by the
+# mean rows per expert (so by T): invariant plans never take it.
 # What unsplit costs where the heuristic split, H200 micro sweep at b2e0991
 # (benchmarks/results/sweeps/moe_micro_sweep_h200.json), us at M = 1, bf16:
 # Qwen3-30B-A3B FC2 (2 splits planned) 27.6 planned vs 25.2 unsplit (3 stages),
@@ -198,7 +200,6 @@ FP8_MAX_BLOCK_M = 64
 # +18%; NVFP4 TP8 shard FC1 (4) 22.8 vs 41.9 unsplit (moe_micro_ab_h200.json,
 # adfdd5d), +84%. Mixtral's FC2 (3 at M = 1, 2 at M = 2): not measured. The
 # decoder's presets split only there (Qwen3 M = 1, Mixtral M <= 2).
-INVARIANT_MAX_TOKENS = 256
 
 
 @dataclass(frozen=True)
@@ -281,7 +282,7 @@ class MoEPlan:
 
 def _split(programs: int, chunks: int, caps: MoECaps, cap: int) -> int:
     """Programs per reduction: enough to launch PROGRAMS_PER_SM per SM, within
-    cap and the chunks; 1 for batch-invariant plans (INVARIANT_MAX_TOKENS)."""
+    cap and the chunks; 1 for batch-invariant plans."""
     num_sms = caps.num_sms
     want = PROGRAMS_PER_SM * num_sms
     if programs >= want or caps.batch_invariant:
@@ -350,8 +351,8 @@ def _config(caps: MoECaps, spec: MoESpec, tokens: int, chunk: int) -> TileConfig
     active = min(caps.num_experts, routes)
     nvfp4 = spec.weight_format == "nvfp4"
     experts = dequant_chunk(caps, spec) if nvfp4 else 0
-    invariant = caps.batch_invariant and tokens <= INVARIANT_MAX_TOKENS
-    if tokens > MICRO_MAX_TOKENS and experts and routes / active >= NVFP4_DEQUANT_MIN_ROWS and not invariant:
+    if tokens > MICRO_MAX_TOKENS and experts and routes / active >= NVFP4_DEQUANT_MIN_ROWS and \
+            not caps.batch_invariant:
         bf16 = _config(caps, dataclasses.replace(spec, weight_format="bf16"), tokens, chunk)
         return dataclasses.replace(bf16, dequant_experts=experts)
     halves = 2 if spec.gated else 1  # FC1 weight tiles per step (gate, up)

@@ -76,6 +76,7 @@ def _run(runner, schedule, speculative=False):
 
 def _worker(world, path, dcp):
     cfg = EngineConfig(model=str(path), tp=world.world_size, dcp=dcp, max_batch=SLOTS, prefill_chunk=CHUNK,
+                       step_tokens=CHUNK,
                        self_draft=1 if world.world_size == 1 else 0, spec_k=2)
     s = ModelSession.for_config(world, cfg, CONTEXT)
     try:

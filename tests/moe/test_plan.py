@@ -6,7 +6,6 @@ import torch
 
 from sparkinfer.errors import CapacityError, DTypeError, PlanError
 from sparkinfer.moe import MoECaps, MoESpec, plan, plan_supports_aux_stream_overlap, scratch_specs
-from sparkinfer.moe.plan import INVARIANT_MAX_TOKENS
 
 DSV3 = dict(num_experts=256, top_k=8, hidden=7168, intermediate=2048)
 DSV3_TP8 = dict(num_experts=256, top_k=8, hidden=7168, intermediate=256)
@@ -44,16 +43,15 @@ def test_plan_decisions(shape, t, family, bm, s1, s2):
 
 @pytest.mark.parametrize("fmt", ["bf16", "nvfp4"])
 @pytest.mark.parametrize("shape", [DSV3_TP8, QWEN3, MIXTRAL], ids=["dsv3tp8", "qwen3", "mixtral"])
-def test_batch_invariant_plans_never_split_nor_dequantize_in_the_decode_range(shape, fmt):
-    """Every bucket up to INVARIANT_MAX_TOKENS: unsplit FC1 and FC2, the NVFP4
+def test_batch_invariant_plans_never_split_nor_dequantize(shape, fmt):
+    """Every bucket, decode and prefill sizes: unsplit FC1 and FC2, the NVFP4
     kernels (not the dequantized bf16 path, whose K order differs); a small-expert
     shape (E 8, K 8: 160 mean rows from T 160) would dequantize there otherwise."""
     small = dict(num_experts=8, top_k=8, hidden=1024, intermediate=1024)
     for sh in (shape, small):
         p = plan(MoECaps(max_tokens=1024, **sh), MoESpec(weight_format=fmt))
         for t, cfg in p.buckets:
-            if t <= INVARIANT_MAX_TOKENS:
-                assert (cfg.split1, cfg.split2, cfg.dequant_experts) == (1, 1, 0), (sh, t, cfg)
+            assert (cfg.split1, cfg.split2, cfg.dequant_experts) == (1, 1, 0), (sh, t, cfg)
     heur = plan(MoECaps(max_tokens=1024, batch_invariant=False, **small), MoESpec(weight_format="nvfp4"))
     assert heur.config_for(256).dequant_experts > 0
     specs = {s.name: s for s in scratch_specs(plan(MoECaps(max_tokens=64, **shape), MoESpec(weight_format=fmt)))}

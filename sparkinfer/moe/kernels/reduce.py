@@ -7,7 +7,7 @@ elementwise in a fixed order, splits then routes k = 0..K-1: bitwise repeatable,
 no atomics, and the same bits at any BH. BH follows T (REDUCE_BLOCKS_H), and a
 tl.sum over a [K, BH] tile is a tree whose shape follows the tile's layout, so
 the earlier sum over k rounded a token's output differently at other T (batch
-invariance, plan.INVARIANT_MAX_TOKENS). Routes whose expert id is outside
+invariance, plan.py). Routes whose expert id is outside
 [0, E) add nothing (their rows are masked, so stale or poisoned partials never
 reach the output). With WEIGHT_AFTER false the router weight was already
 applied before FC2.
