@@ -2,7 +2,8 @@
 schedule of test_continuous.py with compiled kernels and CUDA-graph decode steps,
 two ranks sharing one GPU (`cuda_shared`; correctness only, MPS optional): every
 request gives its solo tokens and logits beside the others, bitwise, at TP 2 and at
-TP 2 + DCP 2, with the abort, the queue order and the chunking checked as on the CPU.
+TP 2 + DCP 2, with the abort, the queue order and the chunking checked as on the CPU;
+and a prompt chunk's solo bits in captured prefill forwards of several chunks (one rank).
 """
 
 import os
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 from sparkinfer.runtime import run_ranks
+from tests.engine import test_prefill_rows
 from tests.engine.test_continuous import _worker, check_results
 
 pytestmark = pytest.mark.skipif(
@@ -22,3 +24,9 @@ pytestmark = pytest.mark.skipif(
 def test_gpu_requests_give_their_solo_tokens_and_logits_on_two_ranks(paths, family, dcp):
     results = run_ranks(_worker, 2, backend="cuda_shared", args=(paths[family], dcp), timeout_s=600)
     check_results(results)
+
+
+def test_gpu_a_chunk_gives_its_solo_bits_in_any_captured_prefill_forward(paths):
+    """test_prefill_rows.py's chunks through captured prefill forwards on one rank."""
+    test_prefill_rows.check(run_ranks(test_prefill_rows._worker, 1, backend="cuda",
+                                      args=(paths["qwen3_moe-tiny"], True), timeout_s=600)[0])

@@ -2,7 +2,7 @@
 values it writes are the same bits as when it runs alone, whatever shares its forward (other
 requests' chunks, the same request's next chunk), however its row is padded (to the longest
 chunk or to a whole chunk) and in whatever row bucket. On one CPU rank through the
-interpreter (the GPU run of the same schedule: tests/engine/test_gpu_continuous.py).
+interpreter; on a GPU (test_gpu_continuous.py) with compiled kernels and CUDA graphs.
 """
 
 import pytest
@@ -23,8 +23,8 @@ def _cache(dec, slot: int, n: int):
     return dec.cache.k[:, slot, :n].clone(), dec.cache.v[:, slot, :n].clone()
 
 
-def _worker(world, path):
-    cfg = EngineConfig(model=str(path), max_batch=3, prefill_chunk=CHUNK, step_tokens=CHUNK * ROWS, graphs=False)
+def _worker(world, path, graphs=False):
+    cfg = EngineConfig(model=str(path), max_batch=3, prefill_chunk=CHUNK, step_tokens=CHUNK * ROWS, graphs=graphs)
     s = ModelSession.for_config(world, cfg, CONTEXT)
     eng, dec = s.engine, s.decoder
     try:
@@ -54,13 +54,19 @@ def _worker(world, path):
 
 @pytest.mark.slow
 def test_a_chunk_gives_its_solo_bits_in_any_prefill_forward(paths):
-    alone, together, paired, over = run_ranks(_worker, 1, backend="cpu", args=(paths["qwen3_moe-tiny"],),
-                                              timeout_s=600)[0]
+    check(run_ranks(_worker, 1, backend="cpu", args=(paths["qwen3_moe-tiny"],), timeout_s=600)[0])
+
+
+def check(result) -> None:
+    """The assertions of one rank's result, on any device."""
+    alone, together, paired, over = result
     for name, (logits, (k, v)) in alone.items():
         t_logits, (tk, tv) = together[name]
+        logits, k, v = logits.cpu(), k.cpu(), v.cpu()
+        t_logits, tk, tv = t_logits.cpu(), tk.cpu(), tv.cpu()
         assert torch.isfinite(logits).all() and logits.abs().max() > 0
         assert torch.equal(t_logits, logits), f"{name}: last-token logits in a forward of four chunks"
         assert torch.equal(tk, k) and torch.equal(tv, v), f"{name}: cache entries in a forward of four chunks"
         if name in paired:
-            assert torch.equal(paired[name], logits), f"{name}: logits beside one other chunk"
+            assert torch.equal(paired[name].cpu(), logits), f"{name}: logits beside one other chunk"
     assert over is not None and "rows" in over, "five rows where four fit must be refused"
