@@ -5,6 +5,7 @@
     sparkinfer bench moe --shapes qwen3    # the MoE layer on one GPU
     sparkinfer bench attention --sweep     # decode attention and its split sweep on one GPU
     sparkinfer bench decode ...            # generation, tokens/s
+    sparkinfer bench prefill ...           # prefill forwards of several prompt chunks (1 GPU)
     sparkinfer bench broadcast             # the step-plan ring to N rank processes and back (CPU)
     sparkinfer bench serve ...             # the OpenAI server under load
     sparkinfer bench scheduler             # the serving loop's host time per engine step (CPU)
@@ -28,6 +29,7 @@ BENCHMARKS = {
     "moe": "the fused MoE layer against the HBM floor and torch._grouped_mm (1 GPU)",
     "attention": "decode attention against flash-attn and torch SDPA, GB/s of KV read (1 GPU)",
     "decode": "model generation: tokens/s per batch size",
+    "prefill": "prefill forwards of R prompt chunks, invariant (gemm) vs cuBLAS, and the projections (1 GPU)",
     "broadcast": "the shared-memory step-plan ring to N rank processes and back, us per step (CPU)",
     "serve": "the OpenAI server under load: TTFT, TPOT, ITL, throughput (any URL, or a server it starts)",
     "scheduler": "the serving loop's host time per step against a decode step (CPU)",

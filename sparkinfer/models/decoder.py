@@ -20,8 +20,8 @@ same bits whatever the other rows of its step hold and however many there are
 (decode and verify steps, and prefill forwards of several requests' chunks):
 attention cuts a row's keys by its own context, the fused norm keeps rows whole,
 the MoE plan never splits a route's reductions, and the projections, routers and
-LM head run `sparkinfer.linear` (a sum order per weight at any row count: 128-row
-pieces beyond 128). With
+LM head run `sparkinfer.linear` in decode and verify steps and `sparkinfer.linear.gemm`
+in prefill forwards (each a sum order per weight at any row count). With
 `batch_invariant=False` the projections take cuBLAS instead, whose kernel (and sum
 order) follows the row count: on an H200 at 3c3e10b the invariant projections cost
 +48 us of a 795 us Qwen3-30B-A3B step at batch 1 and most of its +41% at batch 64
@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from sparkinfer.attention import decode_attention
 from sparkinfer.errors import CapacityError, ShapeError
 from sparkinfer.layers.aux_stream import CudaStreamOps, moe_with_shared_experts
-from sparkinfer.linear import linear, linear_sync
+from sparkinfer.linear import gemm, linear, linear_sync
 from sparkinfer.models.torch_ops import TorchOps
 from sparkinfer.models.weights import DenseMLPWeights, ExpertWeights, ModelWeights, Sharding
 from sparkinfer.moe import MoECaps, MoELayer, MoESpec, plan_supports_aux_stream_overlap
@@ -152,6 +152,7 @@ class Decoder:
         # shared experts overlap the routed ones on an auxiliary stream (GPU only; the
         # switch is for A/B runs and debugging)
         self.overlap_shared = dev.type == "cuda"
+        self._prefill = False  # set by each forward: prefill forwards take `gemm` (see `_linear`)
         self._aux = torch.cuda.Stream(dev) if dev.type == "cuda" else None
         self._streams = CudaStreamOps(dev) if dev.type == "cuda" else None
 
@@ -203,13 +204,15 @@ class Decoder:
         return self._linear(out, a.o)
 
     def _linear(self, x, w, bias=None):
-        """A projection (attention, MLPs, routers, LM head): `sparkinfer.linear` (a row's
-        result is the same bits in any batch: a prefill forward of many chunks runs it on
-        128-row pieces), or
-        cuBLAS for the torch ops and when batch_invariant is False (faster at every
+        """A projection (attention, MLPs, routers, LM head), a row's result the same bits in
+        any batch: `sparkinfer.linear` in decode and verify steps, `gemm` in prefill
+        forwards (a 16-bit weight; GLM's fp32 router: `linear` on 128-row pieces, a few
+        MB). cuBLAS for the torch ops and when batch_invariant is False (faster at every
         measured batch; its sums follow the row count)."""
         if self.torch_ops is not None or not self.batch_invariant:
             return F.linear(x.to(w.dtype), w, bias)
+        if self._prefill and w.dtype != torch.float32:
+            return gemm(x, w, bias)
         return linear(x, w, bias, sync=self._sync.get(w.data_ptr()), invariant=True)
 
     def _attn_out(self, b: int, q: int, heads: int) -> dict:
@@ -229,6 +232,9 @@ class Decoder:
             g, u = F.linear(x, m.gate_up).chunk(2, dim=-1)
             return F.linear(F.silu(g) * u, m.down)
         gate_up = self._linear(x, m.gate_up)  # [T, 2 I_l]
+        if self._prefill:
+            g, u = gate_up.chunk(2, dim=-1)
+            return gemm(F.silu(g) * u, m.down)  # rounded as `linear`'s gated load rounds it
         return linear(gate_up, m.down, sync=self._sync.get(m.down.data_ptr()), gated=True, invariant=True)
 
     def _mlp(self, i: int, x):
@@ -257,6 +263,7 @@ class Decoder:
         on every rank. Writes this step's keys and values into the cache. No host
         sync; capture-legal (torch ops allocate from the graph's pool)."""
         t = step.tokens.shape[0]
+        self._prefill = step.logit_rows is not None  # a prefill forward (chunks), not decode rows
         if t > self.max_tokens:
             raise CapacityError(f"step of {t} tokens exceeds the decoder's max_tokens={self.max_tokens}; "
                                 "prefill in chunks or build the decoder with a larger max_tokens")

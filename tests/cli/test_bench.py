@@ -223,3 +223,13 @@ def test_bench_decode_dry_run_sets_the_interpreter_itself(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert json.loads((tmp_path / "decode.json").read_text())[0]["ok"] is True
+
+
+@pytest.mark.slow
+def test_bench_prefill_dry_run(tmp_path):
+    rows = _run(tmp_path, "prefill")
+    fwd = [r for r in rows if r["kind"] == "prefill"]
+    assert {(r["batch_invariant"], r["rows"]) for r in fwd} == {(i, n) for i in (True, False) for n in (1, 2)}
+    assert all(r["row_equals_alone"] and r["ok"] for r in fwd if r["batch_invariant"])
+    assert {r["name"] for r in rows if r["kind"] == "projection"} == {"qkv", "o", "lm_head"}
+    assert all(r["rel_err_vs_torch"] < 1e-2 for r in rows if r["kind"] == "projection")

@@ -1,0 +1,99 @@
+"""`gemm(x, w, bias)`: y = x @ w.T (+ bias) for prefill rows, a row's result the same
+bits at any M.
+
+Legend: M rows of x, N output features, K reduction; BM x BN the output tile of a
+program, BK the K of one pipelined step, G row tiles per group of the launch order.
+
+`linear` serves decode rows (M <= 128, weights streamed at the copy rate); a
+prefill forward of several requests' chunks has hundreds to thousands of rows and
+is compute-bound, where cuBLAS picks its kernel (and so each sum's order) by M.
+Here the tile is fixed per (N, K) (`GEMM_TILE`), every output element is one fp32
+accumulator stepped through K in BK steps in K order, and rows beyond M load as
+zero, so no row's sum sees M or the other rows. Tiles are launched in groups of G
+row tiles per feature column so a weight tile is reused from L2.
+
+One H200 (prefill forwards of R rows x 256 tokens of an 8-layer Qwen3-30B-A3B,
+.gpu probes at 41c264f): `linear` on 128-row pieces took a 2,048-token forward to
+30.0 ms against 6.55 ms with cuBLAS (14.7 vs 3.2 us a token); this kernel replaces
+the pieces (its own numbers: docs/performance.md, benchmarks/results/prefill_h200.json).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from sparkinfer.envs import triton_interpret
+from sparkinfer.errors import DTypeError, LayoutError, ShapeError
+
+__all__ = ["gemm", "GEMM_TILE"]
+
+# (BM, BN, BK, stages, warps, G): 128 x 128 tiles of bf16 in 64-deep steps, 4 stages
+# (128 KiB of shared memory on sm_90's 227), 8 warps (two warpgroups of m64n128k16).
+GEMM_TILE = (128, 128, 64, 4, 8, 8)
+_DTYPES = (torch.bfloat16, torch.float16)
+
+
+@triton.jit(do_not_specialize=["M"])  # one compiled kernel at every M
+def gemm_kernel(p_x, p_w, p_b, p_out, M, N, K, stride_xm, stride_wn, stride_om,
+                BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, G: tl.constexpr,
+                HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr):
+    pid = tl.program_id(0)
+    tiles_m = tl.cdiv(M, BM)
+    tiles_n = tl.cdiv(N, BN)
+    per_group = G * tiles_n
+    first_m = (pid // per_group) * G
+    rows_here = min(tiles_m - first_m, G)
+    t_m = first_m + (pid % per_group) % rows_here
+    t_n = (pid % per_group) // rows_here
+    o_m = t_m * BM + tl.arange(0, BM)
+    o_n = t_n * BN + tl.arange(0, BN)
+    o_k = tl.arange(0, BK)
+    m_m = o_m < M
+    m_n = o_n < N
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        m_k = k0 + o_k < K
+        b_x = tl.load(p_x + o_m[:, None] * stride_xm + (k0 + o_k)[None, :], mask=m_m[:, None] & m_k[None, :],
+                      other=0.0)
+        b_w = tl.load(p_w + o_n[None, :] * stride_wn + (k0 + o_k)[:, None], mask=m_n[None, :] & m_k[:, None],
+                      other=0.0)
+        if UPCAST:  # the interpreter's 16-bit dots are fp16 ones: exact fp32 products instead
+            acc = tl.dot(b_x.to(tl.float32), b_w.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(b_x, b_w, acc)
+    if HAS_BIAS:
+        acc += tl.load(p_b + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]
+    tl.store(p_out + o_m[:, None] * stride_om + o_n[None, :], acc.to(p_out.dtype.element_ty),
+             mask=m_m[:, None] & m_n[None, :])
+
+
+def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
+         out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] @ w [N, K].T (+ bias [N]) -> [M, N] in w's dtype (bf16 or fp16, x alike,
+    unit stride along K), fp32 accumulation in K order with one tile per weight shape:
+    a row's result is the same bits at any M and whatever the other rows hold. No host
+    sync; capture-legal once the shape's kernel has compiled."""
+    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
+        raise ShapeError(f"gemm: x [M, K] and w [N, K] with the same K; got {tuple(x.shape)} and {tuple(w.shape)}")
+    if w.dtype not in _DTYPES or x.dtype != w.dtype:
+        raise DTypeError(f"gemm: x and w must share a 16-bit float dtype (bf16, fp16); got {x.dtype} and {w.dtype}")
+    if x.stride(1) != 1 or w.stride(1) != 1:
+        raise LayoutError(f"gemm: x and w need a unit stride along K; got strides {x.stride()} and {w.stride()}")
+    m, n = x.shape[0], w.shape[0]
+    if bias is not None and (bias.shape != (n,) or bias.dtype != w.dtype):
+        raise ShapeError(f"gemm: bias must be [N={n}] {w.dtype}; got {tuple(bias.shape)} {bias.dtype}")
+    if out is None:
+        out = torch.empty((m, n), dtype=w.dtype, device=x.device)
+    elif tuple(out.shape) != (m, n) or out.stride(1) != 1 or out.dtype != w.dtype:
+        raise LayoutError(f"gemm: out must be [M, N] = {(m, n)} {w.dtype} with a contiguous last dim; got "
+                          f"{tuple(out.shape)} {out.dtype}")
+    if m == 0:
+        return out
+    bm, bn, bk, stages, warps, group = GEMM_TILE
+    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
+    gemm_kernel[grid](x, w, bias if bias is not None else w, out, m, n, w.shape[1], x.stride(0), w.stride(0),
+                      out.stride(0), BM=bm, BN=bn, BK=bk, G=group, HAS_BIAS=bias is not None,
+                      UPCAST=triton_interpret(), num_warps=warps, num_stages=stages)
+    return out

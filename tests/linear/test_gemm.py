@@ -1,0 +1,55 @@
+"""`gemm`, the prefill projection: against an fp32 reference on random inputs (bias, ragged
+M, N and K), and a row's result the same bits at any M beside any rows (batch invariance)."""
+
+import pytest
+import torch
+
+from sparkinfer.errors import DTypeError, LayoutError, ShapeError
+from sparkinfer.linear import gemm
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter on CPU (TRITON_INTERPRET=1)
+
+
+def _ref(x, w, bias=None):
+    y = x.float() @ w.float().T
+    return y + bias.float() if bias is not None else y
+
+
+@pytest.mark.parametrize("m,n,k,bias", [(1, 64, 64, False), (200, 96, 80, True), (130, 300, 136, False)],
+                         ids=["row", "ragged-bias", "two-row-tiles"])
+def test_matches_the_fp32_reference(m, n, k, bias):
+    g = torch.Generator().manual_seed(m + n + k)
+    x = torch.randn(m, k, generator=g).to(torch.bfloat16).to(DEV)
+    w = (torch.randn(n, k, generator=g) / k ** 0.5).to(torch.bfloat16).to(DEV)
+    b = torch.randn(n, generator=g).to(torch.bfloat16).to(DEV) if bias else None
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=DEV)  # poisoned: every element written
+    y = gemm(x, w, b, out=out)
+    ref = _ref(x, w, b)
+    assert y is out and torch.isfinite(y).all()
+    # fp32 sums rounded once to bf16: within one bf16 ulp (2**-7 relative: the interpreter's
+    # casts truncate, the GPU's round to nearest, half that), plus the fp32 sum's own rounding
+    assert torch.allclose(y.float(), ref, rtol=2 ** -7, atol=1e-5 * k), (y.float() - ref).abs().max()
+
+
+def test_a_row_is_the_same_bits_at_any_m_beside_any_rows():
+    g = torch.Generator().manual_seed(1)
+    k, n = 96, 160
+    w = (torch.randn(n, k, generator=g) / k ** 0.5).to(torch.bfloat16).to(DEV)
+    probe = torch.randn(1, k, generator=g).to(torch.bfloat16).to(DEV)
+    alone = gemm(probe, w)
+    for m, at in ((2, 1), (130, 129), (257, 0), (300, 200), (4096, 3000)):
+        x = (torch.randn(m, k, generator=g).to(torch.bfloat16) * 30).to(DEV)  # neighbours of another scale
+        x[at] = probe[0]
+        assert torch.equal(gemm(x, w)[at], alone[0]), (m, at)
+
+
+def test_bad_inputs_are_refused():
+    x, w = torch.zeros(4, 32, dtype=torch.bfloat16), torch.zeros(16, 32, dtype=torch.bfloat16)
+    with pytest.raises(ShapeError):
+        gemm(x, torch.zeros(16, 48, dtype=torch.bfloat16))
+    with pytest.raises(DTypeError):
+        gemm(x.float(), w.float())
+    with pytest.raises(LayoutError):
+        gemm(x, torch.zeros(32, 16, dtype=torch.bfloat16).T)
+    with pytest.raises(ShapeError):
+        gemm(x, w, torch.zeros(8, dtype=torch.bfloat16))
