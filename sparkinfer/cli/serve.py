@@ -31,7 +31,8 @@ _ENGINE_FIELDS = {"tp": "tp", "dcp": "dcp", "moe_format": "moe_format", "draft":
                   "self_draft": "self_draft", "spec_k": "spec_k", "max_batch": "max_batch",
                   "max_context": "max_context", "max_waiting": "max_waiting", "backend": "backend",
                   "timeout": "timeout_s", "served_model_name": "name", "batch_invariant": "batch_invariant",
-                  "prefill_chunk": "prefill_chunk", "step_tokens": "step_tokens"}
+                  "prefill_chunk": "prefill_chunk", "step_tokens": "step_tokens",
+                  "prefill_wait_steps": "prefill_wait_steps"}
 
 
 def engine_config(args, model: str):
@@ -105,6 +106,8 @@ def add_parser(sub) -> None:
                    help="prompt tokens per prefill row (default 256)")
     p.add_argument("--step-tokens", type=int, default=None, metavar="N",
                    help="prompt tokens prefilled per engine step, in one forward of N / chunk rows (default 2048)")
+    p.add_argument("--prefill-wait-steps", type=int, default=None, metavar="W",
+                   help="while requests decode, prefill waits up to W steps for a fuller forward (default 8; 0: never)")
     p.add_argument("--backend", default=None, choices=("auto", "cpu", "cuda", "cuda_shared"))
     p.add_argument("--timeout", type=float, default=None, metavar="S",
                    help="seconds a rank may stall before the engine fails and names it")

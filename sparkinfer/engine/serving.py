@@ -221,7 +221,7 @@ class ServingEngine:
             raise self._failure(e) from None
         caps = SchedulerCaps(slots=config.max_batch, max_context=int(rec[1]), chunk=chunk,
                              step_tokens=max(config.step_tokens, chunk), max_waiting=config.max_waiting,
-                             speculative=config.speculative)
+                             speculative=config.speculative, prefill_wait_steps=config.prefill_wait_steps)
         self.max_context = caps.max_context
         self.core = EngineCore(_RankExecutor(plans, self._results, self), caps, tokenizer=self.tokenizer,
                                eos_ids=self.eos_token_ids, vocab_size=spec.vocab_size)

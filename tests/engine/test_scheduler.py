@@ -81,6 +81,24 @@ def test_decode_keeps_stepping_while_a_long_prompt_prefills():
     assert [len(p.prefill) for p in plans[:10]] == [1] * 10  # 160 / 16 chunks, one a step
 
 
+def test_prefill_waits_for_a_fuller_forward_only_while_requests_decode():
+    s = Scheduler(SchedulerCaps(slots=4, max_context=256, chunk=16, step_tokens=64, prefill_wait_steps=3))
+    s.add(_req(0, 4, new=30))
+    p = s.schedule()
+    assert len(p.prefill) == 1 and not p.decode  # nothing decodes: no wait
+    s.update(p, _fake(p))
+    s.add(_req(1, 20, new=2))  # 2 chunks of a forward's 4, while request 0 decodes: they wait 3 steps
+    waited = []
+    for _ in range(4):
+        p = s.schedule()
+        waited.append((len(p.decode), len(p.prefill)))
+        s.update(p, _fake(p))
+    assert waited == [(1, 0), (1, 0), (1, 0), (1, 2)]
+    s.add(_req(2, 64, new=2))  # 4 chunks fill a forward: no wait
+    p = s.schedule()
+    assert [c.request for c in p.prefill] == [2] * 4
+
+
 def test_stops_and_context_limit():
     s = Scheduler(SchedulerCaps(slots=2, max_context=12, chunk=8))
     a = _req(0, 4, new=50, stops={6})      # tokens 4, 5, 6: stops at 6 (kept)
@@ -129,12 +147,13 @@ def test_rejections():
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 6), st.integers(1, 40), st.integers(1, 6), st.booleans()),
                 min_size=1, max_size=12),
-       st.integers(1, 3), st.integers(1, 50), st.integers(1, 4))
-def test_random_arrivals_every_request_finishes_in_order(arrivals, slots, budget, spec_tokens):
+       st.integers(1, 3), st.integers(1, 50), st.integers(1, 4), st.integers(0, 3))
+def test_random_arrivals_every_request_finishes_in_order(arrivals, slots, budget, spec_tokens, wait):
     """Requests arrive at random steps (with random lengths, aborts): every one ends once,
-    slots are never shared, chunks start at multiples of C, admission keeps arrival order."""
+    slots are never shared, chunks start at multiples of C, admission keeps arrival order,
+    with or without prefill waiting for fuller forwards."""
     s = Scheduler(SchedulerCaps(slots=slots, max_context=64, chunk=8, step_tokens=budget, max_waiting=100,
-                                speculative=spec_tokens > 1))
+                                speculative=spec_tokens > 1, prefill_wait_steps=wait))
     pending = sorted(enumerate(arrivals), key=lambda x: x[1][0])
     reqs, admitted, step = {}, [], 0
     while pending or s.has_work:

@@ -96,7 +96,8 @@ def _tiny_engine(tp: int):
     path = make_checkpoint("qwen3_moe-tiny", Path(tempfile.mkdtemp(prefix="serve_tiny_")) / "qwen3_moe-tiny",
                            seed=SEEDS["qwen3_moe-tiny"])
     return serving.ServingEngine.launch(EngineConfig(model=str(path), tp=tp, backend="cpu", max_batch=16,
-                                                     max_context=256, max_waiting=64))
+                                                     max_context=256, max_waiting=64, step_tokens=512,
+                                                     prefill_wait_steps=0))
 
 
 ENGINES = {

@@ -52,7 +52,8 @@ def _launch(tp: int):
     path = make_checkpoint("mixtral-tiny", Path(tempfile.mkdtemp(prefix="serve_real_")) / "ckpt",
                            seed=SEEDS["mixtral-tiny"], num_hidden_layers=1)
     return ServingEngine.launch(EngineConfig(model=str(path), tp=tp, backend="cpu", max_batch=SLOTS, max_context=64,
-                                             max_waiting=WAITING, prefill_chunk=16, timeout_s=TIMEOUT_S))
+                                             max_waiting=WAITING, prefill_chunk=16, step_tokens=64,
+                                             prefill_wait_steps=0, timeout_s=TIMEOUT_S))
 
 
 def _greedy(client, model, prompt, stream=False):
