@@ -107,7 +107,7 @@ def add_parser(sub) -> None:
     p.add_argument("--step-tokens", type=int, default=None, metavar="N",
                    help="prompt tokens prefilled per engine step, in one forward of N / chunk rows (default 2048)")
     p.add_argument("--prefill-wait-steps", type=int, default=None, metavar="W",
-                   help="while requests decode, prefill waits up to W steps for a fuller forward (default 8; 0: never)")
+                   help="while requests decode, prefill waits up to W steps for a fuller forward (default 0: never)")
     p.add_argument("--backend", default=None, choices=("auto", "cpu", "cuda", "cuda_shared"))
     p.add_argument("--timeout", type=float, default=None, metavar="S",
                    help="seconds a rank may stall before the engine fails and names it")

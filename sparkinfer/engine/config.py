@@ -28,7 +28,8 @@ class EngineConfig:
     of one forward (step_tokens // prefill_chunk rows at most; a forward reads every
     expert's weights once however many rows it has). prefill_wait_steps: while
     requests decode, a step's prompt chunks may wait up to this many steps for a
-    fuller forward (0: prefill every step; `engine.scheduler` has the numbers). backend: "auto" | "cpu" | "cuda" |
+    fuller forward (0, the default: prefill every step; 8 measured no faster under
+    load on an H200, docs/serving.md). backend: "auto" | "cpu" | "cuda" |
     "cuda_shared" (`sparkinfer.runtime.run_ranks`). timeout_s: how long a rank may
     stall before the engine fails every request and names it. graphs: decode steps
     in CUDA graphs (None: on a GPU). name: the model name served (None: the
@@ -49,7 +50,7 @@ class EngineConfig:
     max_waiting: int = 64
     prefill_chunk: int = 256
     step_tokens: int = 2048
-    prefill_wait_steps: int = 8
+    prefill_wait_steps: int = 0
     backend: str = "auto"
     timeout_s: float = 60.0
     graphs: bool | None = None

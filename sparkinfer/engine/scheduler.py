@@ -26,7 +26,9 @@ Policy:
   of 8 chunks of 256 tokens took 6.9 ms and one of 1 chunk 2.9. So with
   `prefill_wait_steps` W > 0, while requests decode, prefill waits until its chunks fill
   a forward (step_tokens // C chunks) or the oldest has waited W steps; with nothing
-  decoding it never waits (the GPU would idle). W = 0: every step prefills what it can.
+  decoding it never waits (the GPU would idle). W = 0: every step prefills what it can
+  (the serving default: W = 8 was no faster in `bench serve` on an H200, where a step
+  at concurrency 64 is bound by the host, not by its prefill; docs/serving.md).
 - A request's chunks start at multiples of C (0, C, 2C, ...), whatever else runs, so
   its prefill forwards and hence its logits depend on the request alone (batch
   invariance); the budget decides only how many chunks run in a step.
