@@ -6,7 +6,6 @@
 | SPARKINFER_TIMEOUT_S | default device-side wait deadline in seconds (default 10; `generate`'s CPU ranks 300) |
 | SPARKINFER_LOG | `debug` prints pool/channel lifecycle events, and failed ranks' tracebacks, to stderr |
 | SPARKINFER_COMMIT | commit recorded in benchmark rows, for trees copied without their `.git` |
-| SPARKINFER_SWITCH_INTERVAL_US | `sparkinfer serve`'s thread switch interval, us (default 200; Python's 5000) |
 """
 
 from __future__ import annotations
@@ -50,20 +49,3 @@ def debug_log() -> bool:
 def bench_commit() -> str | None:
     """The commit benchmark rows record instead of `git rev-parse HEAD`, if set."""
     return os.environ.get("SPARKINFER_COMMIT") or None
-
-
-SERVE_SWITCH_INTERVAL_US = 200.0
-
-
-def serve_switch_interval_s() -> float:
-    """SPARKINFER_SWITCH_INTERVAL_US in seconds (SERVE_SWITCH_INTERVAL_US when unset or
-    empty); SetupError quoting a value that is not a positive number."""
-    raw = os.environ.get("SPARKINFER_SWITCH_INTERVAL_US", "").strip()
-    try:
-        value = float(raw) if raw else SERVE_SWITCH_INTERVAL_US
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise SetupError(f"SPARKINFER_SWITCH_INTERVAL_US={raw!r} is not a positive number of microseconds; set it "
-                         f"to e.g. 200, or unset it for the default ({SERVE_SWITCH_INTERVAL_US:g})")
-    return value * 1e-6

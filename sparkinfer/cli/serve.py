@@ -64,14 +64,6 @@ def _options(args):
 
 
 def run(args) -> int:
-    from sparkinfer.envs import serve_switch_interval_s
-
-    # The engine's loop and the HTTP event loop share this process's interpreter lock.
-    # While a step runs, the loop polls the result ring, letting go of the lock at each
-    # poll and taking it straight back, so a thread waiting for it (the event loop, with
-    # a step's streamed chunks to send) may wait out a whole switch interval before it is
-    # forced through: Python's 5 ms is two decode steps at batch 64.
-    sys.setswitchinterval(serve_switch_interval_s())
     with contextlib.ExitStack() as stack:
         model = args.model
         if args.demo:
