@@ -8,7 +8,7 @@ with a self-draft (the target's first layer) must reproduce the plain greedy
 tokens for each k, with max_new_tokens ending sequences mid-proposal. At TP 1
 every k runs with a stop token that ends one prompt early (so each k also ends a
 sequence on a stop token mid-proposal) while the other runs to max_new_tokens; at
-TP 2 (k = 3 only) no stop token, so both sequences are compared in full. The stop logic runs
+TP 2 (Qwen3, k = 3 only) no stop token, so both sequences are compared in full. The stop logic runs
 on the host, the same at any TP; separate stop-token runs cost about a third of
 CI's slowest tests.
 
@@ -33,12 +33,13 @@ NEW = 8
 # (an odd world size; every family's per-rank shapes at TP 1, 2 and 4: test_shapes.py) and
 # GLM at DCP 2 (its one KV head is replicated; Mixtral's split KV heads at DCP 2:
 # tests/engine/test_continuous.py, Qwen3's: the decode bench's dry run); speculative k = 1 and 4 at TP 1 (4 ends
-# sequences mid-proposal at 8 new tokens), k = 3 at TP 2. A round's logic (proposals,
-# acceptance, the cut at max_new_tokens) runs on the host, the same at any TP; at TP 2 one
-# k checks that the draft's and the target's graphs and collectives interleave on two ranks
-# (CI, 2 cores: TP 2 with three k took 224-321 s a family, the slowest tests of the suite).
+# sequences mid-proposal at 8 new tokens), k = 3 at TP 2 for Qwen3. A round's logic
+# (proposals, acceptance, the cut at max_new_tokens) runs on the host, the same at any TP and
+# family; at TP 2 one k on one family checks that the draft's and the target's graphs and
+# collectives interleave on two ranks (CI, 2 cores: TP 2 with three k took 224-321 s a
+# family, the slowest tests of the suite).
 K = (1, 4)
-CASES = [(fam, 1, 1, K) for fam in SEEDS] + [(fam, 2, 1, (3,)) for fam in SEEDS] + \
+CASES = [(fam, 1, 1, K) for fam in SEEDS] + [(fam, 2, 1, (3,) if fam == "qwen3_moe-tiny" else ()) for fam in SEEDS] + \
     [("qwen3_moe-tiny", 3, 1, ()), ("glm4_moe-tiny", 2, 2, ())]
 STOPS_AT = 1  # the TP at which stop tokens are checked (see the module docstring)
 

@@ -185,7 +185,8 @@ def test_nvfp4_dequantized_path_matches_the_kernel_path_and_the_reference():
 
 
 def test_planner_takes_the_dequantized_path_from_160_rows_per_expert():
-    mixtral = dict(num_experts=8, top_k=2, hidden=4096, intermediate=14336)
+    """In batch-dependent plans (invariant ones never take it: tests/moe/test_plan.py)."""
+    mixtral = dict(num_experts=8, top_k=2, hidden=4096, intermediate=14336, batch_invariant=False)
     p = plan(MoECaps(max_tokens=4096, **mixtral), MoESpec(weight_format="nvfp4"))
     # T 512: 128 mean rows per expert (NVFP4 kernels); T 1024: 256 (bf16 tiles on copies)
     assert p.config_for(512).dequant_experts == 0 and p.config_for(512).block_n1 == 64

@@ -200,7 +200,7 @@ def test_gpu_nvfp4_dequantized_path_matches_the_kernels():
     graph replay bitwise."""
     dims = SHAPES["qwen3"]
     spec = MoESpec(weight_format="nvfp4")
-    caps = MoECaps(max_tokens=4096, **dims)
+    caps = MoECaps(max_tokens=4096, batch_invariant=False, **dims)  # invariant plans never decode to bf16
     p, off = plan(caps, spec), plan(dataclasses.replace(caps, dequant_scratch_bytes=0), spec)
     assert p.config_for(4096).dequant_experts == 85 and not off.config_for(4096).dequant_experts
     e, h, i = dims["num_experts"], dims["hidden"], dims["intermediate"]
@@ -259,7 +259,8 @@ def test_gpu_padded_nvfp4_dequantized_path():
     """The NVFP4 path that decodes experts to bf16 (8 experts, top-2, T 1024: 256 rows per
     expert) at I 176, padded to 192, against the reference."""
     spec = MoESpec(weight_format="nvfp4")
-    p = plan(MoECaps(max_tokens=1024, num_experts=8, top_k=2, hidden=4096, intermediate=176), spec)
+    p = plan(MoECaps(max_tokens=1024, num_experts=8, top_k=2, hidden=4096, intermediate=176,
+                     batch_invariant=False), spec)
     assert p.config_for(1024).dequant_experts > 0 and p.intermediate == 192
     gen = torch.Generator(device="cuda").manual_seed(7)
     _padded_case(p, (_random_nvfp4(8, 352, 4096, gen), _random_nvfp4(8, 4096, 176, gen)), 1024, spec)
