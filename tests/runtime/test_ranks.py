@@ -17,6 +17,11 @@ def _ok(world, base):
 
 
 def _raise_on_1(world):
+    import torch.distributed as dist
+
+    # every rank is up first: a rank that raises while the others still connect gloo's mesh
+    # makes them fail too ("connectFullMesh failed"), a second cause within the grace second
+    dist.barrier()
     if world.rank == 1:
         raise ValueError("rank one is unhappy")
     time.sleep(30)  # the others would wait; the launcher must not
@@ -38,6 +43,9 @@ def _die_on_0(world):
 
 
 def _die_on_0_and_1_complains(world):
+    import torch.distributed as dist
+
+    dist.barrier()  # both up: rank 1's report is this error, not a gloo one from a half-built mesh
     if world.rank == 0:
         os._exit(3)
     time.sleep(0.1)  # rank 0 is gone; rank 1's report still reaches the queue first
