@@ -138,7 +138,6 @@ class Engine:
         self.graphs = (self.device.type == "cuda") if graphs is None else graphs
         self.stream_id = STREAM_DRAFT if channel == "draft" else STREAM_TARGET
         self._steps: dict[tuple[int, int, bool], tuple] = {}
-        self._one = RowSampling.alloc(1, self.device)
         self._rows: dict[int, RowSampling] = {}
 
     # ------------------------------------------------------------------ steps
@@ -288,9 +287,7 @@ class Engine:
     def sample_one(self, logits: torch.Tensor, params: SamplingParams, counter: int) -> int:
         """The token drawn from logits [1, V] by `params` for position `counter` (the same draw
         a decode step makes for that row)."""
-        self._one.fill([params], [counter])
-        ids = sample_rows(logits, self._one, filtered=RowSampling.needs_filter([params]), stream=self.stream_id)
-        return int(ids[0])
+        return self.sample_many(logits, [params], [counter])[0]
 
     # ------------------------------------------------------------------ generation
     def generate(self, prompts: list[list[int]], params: SamplingParams | None = None, *,

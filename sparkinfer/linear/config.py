@@ -7,7 +7,7 @@ program, S = ceil(K / KS) slices per feature block, NB = ceil(N / BN) feature
 blocks, P = NB * S programs.
 
 The choice, by the numbers it rests on (H200, 132 SMs, 4.8 TB/s specified; the
-2026-12-03 PDL measurements in /work/shared/MEASURED.md, f64ac5d's split sweep
+2026-12-03 PDL measurements in shared/MEASURED.md (the design brief's measurements), f64ac5d's split sweep
 in benchmarks/results/sweeps/linear_split_sweep_h200.json):
 - A decode projection moves a few MB to a few tens of MB: its time is the
   latency until the weight bytes are in flight, plus the slowest SM's share. So
