@@ -21,7 +21,14 @@ import uuid
 from collections import deque
 from typing import Protocol
 
-from sparkinfer.engine.request import EngineStats, FinishReason, RequestOutput, RequestState, SamplingParams
+from sparkinfer.engine.request import (
+    EngineStats,
+    FinishReason,
+    RequestOutput,
+    RequestState,
+    SamplingParams,
+    merge_outputs,
+)
 
 __all__ = ["EngineClient", "RequestHandle", "new_request_id"]
 
@@ -82,6 +89,9 @@ class RequestHandle:
                 return
 
     async def __aiter__(self):
+        """Outputs that queued up while the reader was busy come as one (their tokens,
+        text and logprobs joined): a server behind on a stream sends one chunk, not a
+        backlog of them."""
         loop = asyncio.get_running_loop()
         event = asyncio.Event()
         with self._cond:
@@ -89,7 +99,7 @@ class RequestHandle:
         try:
             while True:
                 with self._cond:
-                    out = self._items.popleft() if self._items else None
+                    out = merge_outputs([self._items.popleft() for _ in range(len(self._items))])
                     if out is None:
                         event.clear()
                 if out is None:

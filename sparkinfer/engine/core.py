@@ -33,10 +33,26 @@ from sparkinfer.engine.request import (
     RequestState,
     SamplingParams,
 )
-from sparkinfer.engine.scheduler import SchedRequest, Scheduler, SchedulerCaps, Update
+from sparkinfer.engine.scheduler import SchedRequest, Scheduler, SchedulerCaps, Update, check_prompt
 from sparkinfer.errors import EngineFailed, ShapeError
 
-__all__ = ["EngineCore", "LocalExecutor", "GenerationResult", "generate_static"]
+__all__ = ["EngineCore", "LocalExecutor", "GenerationResult", "generate_static", "check_request"]
+
+
+def check_request(prompt, params: SamplingParams, *, vocab_size: int | None, tokenizer,
+                  max_context: int | None = None) -> list[int]:
+    """The prompt as a list of ints, once it is one the engine can run: ShapeError for a
+    token id outside the vocabulary or stop strings without a tokenizer; with
+    max_context, the scheduler's own refusals (`Scheduler.check_prompt`) too."""
+    prompt = [int(t) for t in prompt]
+    if vocab_size is not None and any(not 0 <= t < vocab_size for t in prompt):
+        bad = next(t for t in prompt if not 0 <= t < vocab_size)
+        raise ShapeError(f"prompt token id {bad} is outside the vocabulary [0, {vocab_size})")
+    if params.stop and tokenizer is None:
+        raise ShapeError(f"stop={params.stop!r}: stop strings need the checkpoint's tokenizer")
+    if max_context is not None:
+        check_prompt(len(prompt), max_context)
+    return prompt
 
 
 class LocalExecutor:
@@ -68,10 +84,14 @@ class EngineCore:
     """executor: runs a StepPlan on every rank and returns rank 0's StepResult; caps:
     the scheduler's capacities; tokenizer: for text and stop strings (None: text
     stays empty and stop strings are refused); eos_ids: end-of-sequence tokens;
-    vocab_size: token ids a prompt may hold (None: unchecked)."""
+    vocab_size: token ids a prompt may hold (None: unchecked); handle_type: the
+    `RequestHandle` class submit() returns (the engine process's relays each output
+    to the caller's process)."""
 
-    def __init__(self, executor, caps: SchedulerCaps, *, tokenizer=None, eos_ids=(), vocab_size: int | None = None):
+    def __init__(self, executor, caps: SchedulerCaps, *, tokenizer=None, eos_ids=(), vocab_size: int | None = None,
+                 handle_type=RequestHandle):
         self.executor, self.caps, self.tokenizer = executor, caps, tokenizer
+        self.handle_type = handle_type
         self.eos_ids = tuple(eos_ids)
         self.vocab_size = vocab_size
         self.sched = Scheduler(caps)
@@ -90,18 +110,13 @@ class EngineCore:
         """Queue a request; raises as `EngineClient.submit` says. Never blocks on the model."""
         if self.error is not None:
             raise EngineFailed(f"the engine stopped: {self.error}")
-        prompt = [int(t) for t in prompt]
-        if self.vocab_size is not None and any(not 0 <= t < self.vocab_size for t in prompt):
-            bad = next(t for t in prompt if not 0 <= t < self.vocab_size)
-            raise ShapeError(f"prompt token id {bad} is outside the vocabulary [0, {self.vocab_size})")
-        if params.stop and self.tokenizer is None:
-            raise ShapeError(f"stop={params.stop!r}: stop strings need the checkpoint's tokenizer")
+        prompt = check_request(prompt, params, vocab_size=self.vocab_size, tokenizer=self.tokenizer)
         if params.seed is None:
             params = replace(params, seed=self._rng.randrange(MAX_SEED))
         stops = set(params.stop_ids) | (set() if params.ignore_eos else set(self.eos_ids))
         rid = next(self._ids)
         key = request_id or new_request_id()
-        handle = RequestHandle(key, prompt, params)
+        handle = self.handle_type(key, prompt, params)
         sr = SchedRequest(rid, prompt, params, frozenset(stops))
         text = TextStream(self.tokenizer, prompt, params.stop) if self.tokenizer is not None else None
         with self._lock:

@@ -60,13 +60,21 @@ class _Inputs:
             off += -(-size // 8) * 8  # 8-byte aligned fields
         cuda = torch.device(device).type == "cuda"
         self.dev = torch.zeros(off, dtype=torch.uint8, device=device)
-        self.host = torch.zeros(off, dtype=torch.uint8, pin_memory=cuda)
+        # Two pinned host twins, used in turn: a step may be filled while the previous
+        # fill's copy still waits in the stream (the runner launches the next decode step
+        # before it reads this one's ids); a twin is written only once its last copy ran.
+        self._hosts = [torch.zeros(off, dtype=torch.uint8, pin_memory=cuda) for _ in range(2)]
+        self._copied = [None, None]
+        self._turn = 0
         self._cuda = cuda
-        host_np = self.host.numpy()
-        self.h = {}
+        self._views = []
+        for host in self._hosts:
+            host_np = host.numpy()
+            self._views.append({name: host_np[o:o + size].view(torch.empty(0, dtype=dt).numpy().dtype)
+                                for name, (o, size, dt) in spans.items()})
         for name, (o, size, dt) in spans.items():
             setattr(self, name, self.dev[o:o + size].view(dt))
-            self.h[name] = host_np[o:o + size].view(torch.empty(0, dtype=dt).numpy().dtype)
+        self.h = self._views[0]
         self.step = Step(self.tokens, self.positions, self.slots, self.row_slots, self.q_pos, q_len)
         self.prefill = Step(self.tokens, self.positions, self.slots, self.row_slots, self.q_pos, q_len,
                             self.logit_rows)
@@ -74,11 +82,27 @@ class _Inputs:
                                     temperature=self.temperature, top_p=self.top_p, thr=self.thr)
         self.ids = torch.zeros(t, dtype=torch.int64, device=device)
 
+    def _begin(self) -> dict:
+        """The host twin to write next (its last copy done), as numpy views by field."""
+        ev = self._copied[self._turn]
+        if ev is not None:
+            ev.synchronize()
+        self.h = self._views[self._turn]
+        return self.h
+
+    def _commit(self) -> None:
+        self.dev.copy_(self._hosts[self._turn], non_blocking=self._cuda)
+        if self._cuda:
+            ev = self._copied[self._turn] or torch.cuda.Event()
+            ev.record()
+            self._copied[self._turn] = ev
+        self._turn ^= 1
+
     def fill(self, tokens: list[int], positions: list[int], slots: list[int], params: list[SamplingParams],
              pad_slot: int) -> None:
         """Flat per-token lists (n <= T), padded with the padding slot; one copy to the device.
         Each token draws the token after it: counter = its position + 1."""
-        h, n, q = self.h, len(tokens), self.q_len
+        h, n, q = self._begin(), len(tokens), self.q_len
         h["tokens"][:n] = tokens
         h["tokens"][n:] = 0
         h["positions"][:n] = positions
@@ -88,14 +112,14 @@ class _Inputs:
         h["row_slots"][:] = h["slots"][::q]
         h["q_pos"][:] = h["positions"][::q]
         RowSampling.write(h, params, [p + 1 for p in positions])
-        self.dev.copy_(self.host, non_blocking=self._cuda)
+        self._commit()
 
     def fill_chunks(self, chunks: list[tuple[list[int], int, int]], pad_slot: int) -> None:
         """Row r <- chunk r (tokens, start, slot): its tokens at start.., padded to Q with
         tokens that write the padding slot (at positions start + len.., so every row's
         positions stay consecutive); rows past the chunks pad whole. logit_rows: each row's
         last real token. One copy to the device."""
-        h, q = self.h, self.q_len
+        h, q = self._begin(), self.q_len
         tokens, positions, slots = h["tokens"], h["positions"], h["slots"]
         tokens[:] = 0
         slots[:] = pad_slot
@@ -109,7 +133,7 @@ class _Inputs:
             slots[o:o + n] = slot
             h["row_slots"][r], h["q_pos"][r] = slot, start
             h["logit_rows"][r] = o + max(n, 1) - 1
-        self.dev.copy_(self.host, non_blocking=self._cuda)
+        self._commit()
 
 
 class Engine:
@@ -139,6 +163,7 @@ class Engine:
         self.stream_id = STREAM_DRAFT if channel == "draft" else STREAM_TARGET
         self._steps: dict[tuple[int, int, bool], tuple] = {}
         self._rows: dict[int, RowSampling] = {}
+        self.launches = 0  # forwards launched: an output of launch() is current while this holds
 
     # ------------------------------------------------------------------ steps
     def bucket(self, rows: int) -> int:
@@ -208,15 +233,31 @@ class Engine:
         SamplingParams). Returns (logits [rows * Q, V], the sampled ids of every token:
         the draw for the position after it). A CUDA graph replay per (bucket, Q, filtered)
         on a GPU; the one host sync is reading the ids."""
+        logits, ids = self.launch(tokens, first_pos, slots, params)
+        return logits, ids.tolist()
+
+    def launch(self, tokens: list[list[int]], first_pos: list[int], slots: list[int],
+               params: SamplingParams | list[SamplingParams],
+               device_tokens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`step` without the host sync: (logits [rows * Q, V], ids [rows * Q]) on the device,
+        valid until this bucket's next launch. device_tokens: int64 [rows] on the device
+        that replace `tokens` (rows of one token; the ids of an earlier launch, so a step
+        can follow the one before it without the host reading its ids in between)."""
         q, n = len(tokens[0]), len(tokens)
         per_row = params if isinstance(params, list) else [params] * n
         if len(per_row) != n:
             raise ShapeError(f"step: {n} rows and {len(per_row)} SamplingParams")
+        if device_tokens is not None and (q != 1 or device_tokens.shape != (n,)):
+            raise ShapeError(f"launch: device_tokens of shape {tuple(device_tokens.shape)} for {n} rows of {q} "
+                             "tokens; they replace rows of one token")
         inp, run = self._graph_step(self.bucket(n), q, RowSampling.needs_filter(per_row))
         inp.fill([t for row in tokens for t in row], [p + j for p in first_pos for j in range(q)],
                  [s for s in slots for _ in range(q)], [p for p in per_row for _ in range(q)], self.pad_slot)
+        if device_tokens is not None:
+            inp.tokens[:n].copy_(device_tokens)
+        self.launches += 1
         logits, ids = run()
-        return logits[:n * q], ids[:n * q].tolist()
+        return logits[:n * q], ids[:n * q]
 
     # ------------------------------------------------------------------ prefill
     def prefill_buckets(self, q_len: int) -> tuple[int, ...]:
@@ -249,18 +290,20 @@ class Engine:
                                 f"{self.dec.max_tokens}")
         inp, run = self._prefill_step(fits[0], q_len)
         inp.fill_chunks(chunks, self.pad_slot)
+        self.launches += 1
         return run()[:n]
 
-    def sample_many(self, logits: torch.Tensor, params: list[SamplingParams], counters: list[int]) -> list[int]:
+    def sample_many(self, logits: torch.Tensor, params: list[SamplingParams], counters: list[int],
+                    *, on_device: bool = False) -> list[int] | torch.Tensor:
         """The tokens drawn from logits [N, V], row i by params[i] for position counters[i] (the
-        draws a decode step makes for those rows)."""
+        draws a decode step makes for those rows); on_device: as an int64 tensor, no sync."""
         n = len(params)
         rows = self._rows.get(n)
         if rows is None:
             rows = self._rows[n] = RowSampling.alloc(n, self.device)
         rows.fill(params, counters)
-        return sample_rows(logits[:n], rows, filtered=RowSampling.needs_filter(params),
-                           stream=self.stream_id).tolist()
+        ids = sample_rows(logits[:n], rows, filtered=RowSampling.needs_filter(params), stream=self.stream_id)
+        return ids if on_device else ids.tolist()
 
     def prefill_chunk(self, tokens: list[int], start: int, slot: int, *, last: bool = True):
         """Run tokens at positions start.. into `slot`'s cache (eager); the logits [1, V] of the

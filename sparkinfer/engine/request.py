@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from sparkinfer.errors import ShapeError
 
 __all__ = ["SamplingParams", "RequestState", "FinishReason", "TokenLogprob", "RequestOutput", "EngineStats",
-           "MAX_LOGPROBS", "MAX_SEED"]
+           "merge_outputs", "MAX_LOGPROBS", "MAX_SEED"]
 
 # top-n logprobs a request may ask for (OpenAI's completions API allows 5, chat 20).
 MAX_LOGPROBS = 20
@@ -145,6 +145,17 @@ class RequestOutput:
     error: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+
+
+def merge_outputs(outs: list[RequestOutput]) -> RequestOutput | None:
+    """Consecutive outputs of one request as one: their tokens, text and logprobs joined,
+    the last one's finish and counts. None for none."""
+    if len(outs) <= 1:
+        return outs[0] if outs else None
+    last = outs[-1]
+    lps = None if all(o.logprobs is None for o in outs) else tuple(t for o in outs for t in o.logprobs or ())
+    return RequestOutput(last.request_id, tuple(t for o in outs for t in o.token_ids), "".join(o.text for o in outs),
+                         lps, last.finished, last.finish_reason, last.error, last.prompt_tokens, last.completion_tokens)
 
 
 @dataclass(frozen=True)

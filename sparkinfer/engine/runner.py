@@ -39,10 +39,13 @@ class ModelRunner:
     positions a request may use (default: what the caches hold). prefill_chunk: prompt
     tokens per prefill row (default: the decoders' max_tokens, one row a forward); a
     step's chunks share forwards of up to max_tokens // prefill_chunk rows.
+    lookahead: after each step, launch the next step's decode of the rows that continue
+    before reading this step's ids (`_look_ahead`), so the GPU never waits for the
+    host between steps (not with a draft: a round's rows need the host's accept rule).
     Not thread-safe: one plan at a time."""
 
     def __init__(self, target, draft=None, k: int = 0, *, keep_logits: bool = False,
-                 max_context: int | None = None, prefill_chunk: int | None = None):
+                 max_context: int | None = None, prefill_chunk: int | None = None, lookahead: bool = True):
         if draft is not None:
             if k < 1:
                 raise ShapeError(f"k={k}; a speculative round proposes at least one token")
@@ -64,6 +67,9 @@ class ModelRunner:
         if prefill_chunk is not None and not 1 <= prefill_chunk <= most:
             raise CapacityError(f"prefill_chunk={prefill_chunk}: 1..the decoders' max_tokens={most}")
         self.prefill_chunk = prefill_chunk or most
+        self.lookahead = lookahead and draft is None
+        self._ahead: _Ahead | None = None
+        self.ahead_launched = self.ahead_used = 0  # steps launched ahead; those a plan took
 
     def warm_up(self) -> None:
         """Capture every decode graph this runner can replay (collective)."""
@@ -75,27 +81,69 @@ class ModelRunner:
 
     def execute(self, plan: StepPlan) -> StepResult:
         kept = {} if self.keep_logits else None
-        proposed = accepted = 0
-        decode: tuple[RowResult, ...] = ()
+        ahead, self._ahead = self._ahead, None
+        if self.draft is not None:
+            decode = self._speculative(plan.decode) if plan.decode else ()
+            prefill = self._prefill(plan.prefill, kept) if plan.prefill else ()
+            return StepResult(plan.step, decode, prefill, self.k * len(plan.decode),
+                              sum(len(r.tokens) - 1 for r in decode), kept)
+        step = _Launched(self.max_context)
         if plan.decode:
-            if self.draft is None:
-                decode = self._decode(plan.decode, kept)
-            else:
-                decode = self._speculative(plan.decode)
-                proposed = self.k * len(plan.decode)
-                accepted = sum(len(r.tokens) - 1 for r in decode)
-        prefill = self._prefill(plan.prefill, kept) if plan.prefill else ()
-        return StepResult(plan.step, decode, prefill, proposed, accepted, kept)
+            self._decode(plan.decode, ahead, step)
+        if plan.prefill:
+            self._prefill_launch(plan.prefill, step)
+        # logprobs and kept logits read the decode step's logits, which the next launch overwrites
+        reads_logits = kept is not None or any(r.params.logprobs is not None for r in plan.decode + plan.prefill)
+        if self.lookahead and not reads_logits:
+            self._ahead = self._look_ahead(plan, step)
+        decode, prefill, fed = step.finish(plan, kept)
+        if self.lookahead and reads_logits:
+            self._ahead = self._look_ahead(plan, step)
+        if self._ahead is not None:
+            self._ahead.tokens = fed
+        return StepResult(plan.step, decode, prefill, 0, 0, kept)
 
     # ------------------------------------------------------------------ pieces
-    def _decode(self, rows: tuple[DecodeRow, ...], kept) -> tuple[RowResult, ...]:
-        logits, ids = self.target.step([[r.token] for r in rows], [r.position for r in rows],
-                                       [r.slot for r in rows], [r.params for r in rows])
-        lps = _logprobs(logits, ids, [r.params.logprobs for r in rows])
-        if kept is not None:
-            for i, r in enumerate(rows):
-                kept[r.request] = [logits[i].float().cpu()]
-        return tuple(RowResult((ids[i],), None if lps[i] is None else (lps[i],)) for i in range(len(rows)))
+    def _decode(self, rows: tuple[DecodeRow, ...], ahead: _Ahead | None, step: _Launched) -> None:
+        """The decode rows' draws: the step launched ahead when it holds every row (same slot,
+        position, token and sampling), else one launched now."""
+        picked = ahead.pick(rows, self.target.launches) if ahead is not None else None
+        if picked is not None:
+            self.ahead_used += 1
+            step.decode = (ahead.logits, ahead.ids, picked, ahead.host)
+            return
+        logits, ids = self.target.launch([[r.token] for r in rows], [r.position for r in rows],
+                                         [r.slot for r in rows], [r.params for r in rows])
+        step.decode = (logits, ids, list(range(len(rows))), _to_host(ids))
+
+    def _look_ahead(self, plan: StepPlan, step: _Launched) -> _Ahead | None:
+        """Launch the next step's decode before this one's ids reach the host: every row that
+        continues (this step's decode rows and the chunks that end their prompts), fed its
+        draw on the device. The next plan usually holds these rows, or some of them (a
+        request finished); a row's draws do not depend on its neighbours (batch
+        invariance), so the plan's rows take theirs from this launch. A row that ended
+        wrote one cache entry past its end, which a later owner of the slot rewrites
+        before reading (attention reads positions up to the query's)."""
+        rows, feeds = [], []
+        if step.decode is not None:
+            _, ids, picked, _ = step.decode
+            for r, i in zip(plan.decode, picked):
+                if r.position + 1 < self.max_context:
+                    rows.append((r.slot, r.position + 1, r.params))
+                    feeds.append(ids[i:i + 1])
+        if step.prefill is not None:
+            ends, ids, _ = step.prefill
+            for j, i in enumerate(ends):
+                c = plan.prefill[i]
+                if c.start + len(c.tokens) < self.max_context:
+                    rows.append((c.slot, c.start + len(c.tokens), c.params))
+                    feeds.append(ids[j:j + 1])
+        if not rows:
+            return None
+        logits, ids = self.target.launch([[0]] * len(rows), [r[1] for r in rows], [r[0] for r in rows],
+                                         [r[2] for r in rows], device_tokens=torch.cat(feeds))
+        self.ahead_launched += 1
+        return _Ahead(rows, logits, ids, _to_host(ids), self.target.launches)
 
     def _forwards(self, engine, chunks: list[tuple]) -> list:
         """The prefill forwards of `chunks` (tokens, start, slot) through `engine`; each chunk's
@@ -118,6 +166,19 @@ class ModelRunner:
                 for i, lg in zip(part, engine.prefill_rows([chunks[i] for i in part], ql)):
                     out[i] = lg
         return out
+
+    def _prefill_launch(self, chunks: tuple[PrefillChunk, ...], step: _Launched) -> None:
+        """Every chunk of the step in as few forwards as the prefill buckets allow, then one
+        draw (on the device) for the chunks that end their prompts."""
+        logits = self._forwards(self.target, [(list(c.tokens), c.start, c.slot) for c in chunks])
+        ends = [i for i, c in enumerate(chunks) if c.last]
+        if not ends:
+            return
+        lg = torch.stack([logits[i] for i in ends])
+        ids = self.target.sample_many(lg, [chunks[i].params for i in ends],
+                                      [chunks[i].start + len(chunks[i].tokens) for i in ends], on_device=True)
+        step.prefill = (ends, ids, lg)
+        step.prefill_host = _to_host(ids)
 
     def _prefill(self, chunks: tuple[PrefillChunk, ...], kept) -> tuple[RowResult, ...]:
         """Every chunk of the step in as few forwards as the prefill buckets allow (chunks of
@@ -169,6 +230,98 @@ class ModelRunner:
             lps = _logprobs(vlogits[i, :len(new)], new, [r.params.logprobs] * len(new))
             out.append(RowResult(tuple(new), None if r.params.logprobs is None else tuple(lps)))
         return tuple(out)
+
+
+def _to_host(ids: torch.Tensor):
+    """A copy of ids on the host, taken in stream order (before a later launch overwrites
+    them) without waiting: (tensor, event to wait on, or None on the CPU)."""
+    if ids.device.type != "cuda":
+        return ids.clone(), None
+    host = ids.to("cpu", non_blocking=True)
+    ev = torch.cuda.Event()
+    ev.record()
+    return host, ev
+
+
+def _host_list(host) -> list[int]:
+    t, ev = host
+    if ev is not None:
+        ev.synchronize()
+    return t.tolist()
+
+
+class _Ahead:
+    """A decode step launched before its plan: rows (slot, position, sampling), its
+    device logits and ids, the ids' host copy, and the engine's launch count after it
+    (its outputs are current while the count holds)."""
+
+    def __init__(self, rows: list[tuple], logits, ids, host, launches: int):
+        self.rows, self.logits, self.ids, self.host, self.launches = rows, logits, ids, host, launches
+        self.at = {r[0]: i for i, r in enumerate(rows)}
+        self.tokens: list[int] | None = None  # the rows' fed tokens, once the step before is read
+
+    def pick(self, rows: tuple[DecodeRow, ...], launches: int) -> list[int] | None:
+        """Each plan row's index here, or None if any row is not one of these."""
+        if launches != self.launches or self.tokens is None:
+            return None
+        out = []
+        for r in rows:
+            i = self.at.get(r.slot)
+            if i is None:
+                return None
+            slot, pos, params = self.rows[i]
+            if pos != r.position or self.tokens[i] != r.token or not (params is r.params or params == r.params):
+                return None
+            out.append(i)
+        return out
+
+
+class _Launched:
+    """One step's launched work, read back by `finish`: decode (logits, ids, row indices
+    into them, host copy of the ids) and prefill (the chunks that end their prompts,
+    their ids, their logits)."""
+
+    def __init__(self, max_context: int):
+        self.max_context = max_context
+        self.decode: tuple | None = None
+        self.prefill: tuple | None = None
+        self.prefill_host = None
+
+    def finish(self, plan: StepPlan, kept):
+        """The plan's RowResults (decode, prefill) and the draws fed to the step launched
+        ahead (in `_look_ahead`'s row order)."""
+        decode: tuple[RowResult, ...] = ()
+        fed: list[int] = []
+        if self.decode is not None:
+            logits, _, picked, host = self.decode
+            every = _host_list(host)
+            ids = [every[i] for i in picked]
+            decode = _results(plan.decode, logits[picked] if kept is not None or _logprobs_wanted(plan.decode)
+                              else None, ids, kept)
+            fed += [t for r, t in zip(plan.decode, ids) if r.position + 1 < self.max_context]
+        prefill = [RowResult()] * len(plan.prefill)
+        if self.prefill is not None:
+            ends, _, lg = self.prefill
+            ids = _host_list(self.prefill_host)
+            done = _results([plan.prefill[i] for i in ends], lg, ids, kept)
+            for j, i in enumerate(ends):
+                prefill[i] = done[j]
+                c = plan.prefill[i]
+                if c.start + len(c.tokens) < self.max_context:
+                    fed.append(ids[j])
+        return decode, tuple(prefill), fed
+
+
+def _logprobs_wanted(rows) -> bool:
+    return any(r.params.logprobs is not None for r in rows)
+
+
+def _results(rows, logits, ids: list[int], kept) -> tuple[RowResult, ...]:
+    lps = _logprobs(logits, ids, [r.params.logprobs for r in rows])
+    if kept is not None:
+        for i, r in enumerate(rows):
+            kept[r.request] = [logits[i].float().cpu()]
+    return tuple(RowResult((ids[i],), None if lps[i] is None else (lps[i],)) for i in range(len(rows)))
 
 
 def _keep_probs(q: list, logits, params: list[SamplingParams], sampled: list[bool]) -> None:

@@ -44,7 +44,18 @@ from sparkinfer.engine.plan import DecodeRow, PrefillChunk, StepPlan, StepResult
 from sparkinfer.engine.request import FinishReason, RequestState, SamplingParams, TokenLogprob
 from sparkinfer.errors import CapacityError, EngineOverloaded, ShapeError
 
-__all__ = ["SchedulerCaps", "SchedRequest", "Update", "Scheduler"]
+__all__ = ["SchedulerCaps", "SchedRequest", "Update", "Scheduler", "check_prompt"]
+
+
+def check_prompt(n: int, max_context: int) -> None:
+    """ShapeError for an empty prompt, CapacityError for one of n tokens that leaves no
+    room for a new token in max_context positions."""
+    if n == 0:
+        raise ShapeError("the prompt is empty: give at least one token")
+    if n + 1 > max_context:
+        raise CapacityError(f"a prompt of {n} tokens leaves no room for a new token in a context of "
+                            f"{max_context}; shorten it to at most {max_context - 1} "
+                            "tokens or serve with a larger --max-context")
 
 
 @dataclass(frozen=True)
@@ -116,13 +127,7 @@ class Scheduler:
     def add(self, req: SchedRequest) -> None:
         """Queue a request; CapacityError / ShapeError if it can never run, EngineOverloaded
         if the queue is full."""
-        n = len(req.prompt)
-        if n == 0:
-            raise ShapeError("the prompt is empty: give at least one token")
-        if n + 1 > self.caps.max_context:
-            raise CapacityError(f"a prompt of {n} tokens leaves no room for a new token in a context of "
-                                f"{self.caps.max_context}; shorten it to at most {self.caps.max_context - 1} "
-                                "tokens or serve with a larger --max-context")
+        check_prompt(len(req.prompt), self.caps.max_context)
         if len(self.waiting) >= self.caps.max_waiting + max(0, len(self.free)):
             raise EngineOverloaded(f"{len(self.waiting)} requests are waiting (the bound is "
                                    f"{self.caps.max_waiting} beyond the free slots); retry later",

@@ -80,11 +80,19 @@ def _worker(world, path, dcp):
                        self_draft=1 if world.world_size == 1 else 0, spec_k=2)
     s = ModelSession.for_config(world, cfg, CONTEXT)
     try:
-        runner = ModelRunner(s.engine, keep_logits=True)  # plain decoding, with or without a draft
-        alone = [_run(runner, [(0, p, params, None)]) for _, p, params, abort in SCHEDULE if abort is None]
+        # alone: each step read back before the next is launched; mixed: each step's decode
+        # launched ahead of its plan (logits kept, so launched after the reads); fast: launched
+        # before the reads (no logits kept), as served
+        ref = ModelRunner(s.engine, keep_logits=True, lookahead=False)
+        alone = [_run(ref, [(0, p, params, None)]) for _, p, params, abort in SCHEDULE if abort is None]
+        runner = ModelRunner(s.engine, keep_logits=True)
         mixed = _run(runner, SCHEDULE)
+        fast = None
+        if world.world_size == 2 and dcp == 1:
+            quick = ModelRunner(s.engine)
+            fast = (_run(quick, SCHEDULE)[0], quick.ahead_used)
         spec = _run(s.runner(), SCHEDULE, speculative=True) if s.speculative is not None else None
-        return alone, mixed, spec
+        return alone, mixed, spec, (ref.ahead_launched, runner.ahead_used, fast)
     finally:
         s.close()
 
@@ -97,7 +105,10 @@ def test_requests_give_their_solo_tokens_and_logits_beside_others(paths, family,
 
 def check_results(results) -> None:
     """The assertions of one launch's results (every rank's), on any device."""
-    alone, (tokens, logits, reasons, plans), spec = results[0]
+    alone, (tokens, logits, reasons, plans), spec, (ref_ahead, used, fast) = results[0]
+    assert ref_ahead == 0 and used > 0, "the mixed run took no step launched ahead"
+    if fast is not None:
+        assert fast[0] == tokens and fast[1] > 0, "steps launched before their reads give other tokens"
     for other in results[1:]:  # every rank ran the same plans and got the same bits
         assert other[1][0] == tokens and all(torch.equal(other[1][1][i].cpu(), logits[i].cpu()) for i in logits)
     kept = [i for i, s in enumerate(SCHEDULE) if s[3] is None]
