@@ -63,6 +63,8 @@ def add_arguments(p) -> None:
     p.add_argument("--vocab", type=int, default=None,
                    help="prompt token ids are drawn from [0, vocab) (default: --preset's vocabulary, else 256, "
                         "which every checkpoint's vocabulary holds)")
+    p.add_argument("--client-procs", type=int, default=None,
+                   help="load-generator processes (default: one per 8 streams, at most half the cores)")
     p.add_argument("--decode-results", default=None,
                    help="bench decode's rows to compare with (default benchmarks/results/decode_<machine>.json)")
     p.add_argument("--startup-timeout", type=float, default=1800.0, help="seconds for the server to load and answer")
@@ -106,7 +108,7 @@ def _static_rows(args, meta) -> dict[int, dict]:
 
 def _run_levels(args, url: str, model: str, levels, static, con) -> list[dict]:
     from sparkinfer.bench.report import progress
-    from sparkinfer.bench.serve_load import LoadSpec, run_load, summarize
+    from sparkinfer.bench.serve_load import LoadSpec, client_procs, engine_steps, run_load, run_load_procs, summarize
 
     rows = []
     for conc, rate in levels:
@@ -119,11 +121,16 @@ def _run_levels(args, url: str, model: str, levels, static, con) -> list[dict]:
                                           output_len=min(args.output_len, 16), requests=warm,
                                           concurrency=conc or warm, vocab=args.vocab, seed=1)))
         label = f"C={conc}" if rate is None else f"rate={rate:g}/s"
+        procs = args.client_procs or client_procs(conc)
+        steps0 = engine_steps(url)
         with progress(total=n, label=label) as advance:
-            results, wall = asyncio.run(run_load(spec, on_done=lambda r: advance("ok" if r.ok else "failed")))
+            results, wall = run_load_procs(spec, procs, on_done=lambda r: advance("ok" if r.ok else "failed"))
+        steps1 = engine_steps(url)
         row = dict(bench="serve", target=args.url or args.model or args.preset or "demo", preset=args.preset,
                    layers=args.layers if args.preset else None, tp=args.tp, experts=args.moe_format,
-                   model=model, **summarize(results, wall, spec))
+                   model=model, client_procs=procs, **summarize(results, wall, spec))
+        if steps0 is not None and steps1 is not None and steps1 > steps0:  # the server's side of the level
+            row.update(engine_steps=steps1 - steps0, ms_per_engine_step=wall * 1e3 / (steps1 - steps0))
         if rate is None and conc in static:
             s = static[conc]
             tok_s = s.get("tokens_per_s") or conc / s["us_per_step"] * 1e6

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import time
 from dataclasses import dataclass, field
 
-__all__ = ["LoadSpec", "RequestResult", "run_load", "summarize", "served_model"]
+__all__ = ["LoadSpec", "RequestResult", "run_load", "run_load_procs", "client_procs", "summarize", "served_model",
+           "engine_steps"]
 
 
 @dataclass(frozen=True)
@@ -106,12 +108,12 @@ async def _one(client, spec: LoadSpec, prompt: list[int]) -> RequestResult:
     return res
 
 
-async def run_load(spec: LoadSpec, on_done=None) -> tuple[list[RequestResult], float]:
-    """(every request's result in sending order, wall seconds from the first sending to
-    the last completion). on_done(result) after each request."""
+async def _run_load(spec: LoadSpec, todo: list[list[int]], on_done=None) -> tuple[list[RequestResult], float, float]:
+    """(every request's result in sending order, perf_counter at the first sending and at
+    the last completion)."""
     import httpx
 
-    limit = spec.concurrency or spec.requests
+    limit = spec.concurrency or len(todo)
     sem = asyncio.Semaphore(limit)
     rng = random.Random(spec.seed + 1)
     timeout = httpx.Timeout(spec.timeout_s, connect=60.0)
@@ -127,12 +129,78 @@ async def run_load(spec: LoadSpec, on_done=None) -> tuple[list[RequestResult], f
 
         t0 = time.perf_counter()
         tasks = []
-        for prompt in prompts(spec):
+        for prompt in todo:
             tasks.append(asyncio.create_task(bounded(prompt)))
             if spec.rate:
                 await asyncio.sleep(rng.expovariate(spec.rate))
         results = await asyncio.gather(*tasks)
-        return list(results), time.perf_counter() - t0
+        return list(results), t0, time.perf_counter()
+
+
+async def run_load(spec: LoadSpec, on_done=None) -> tuple[list[RequestResult], float]:
+    """(every request's result in sending order, wall seconds from the first sending to
+    the last completion). on_done(result) after each request."""
+    results, t0, t1 = await _run_load(spec, prompts(spec), on_done)
+    return results, t1 - t0
+
+
+def client_procs(concurrency: int | None, cpus: int | None = None) -> int:
+    """Load-generator processes for a level: one per 8 streams, at most half the host's
+    cores. One asyncio client parses about 10,000 SSE chunks a second on an H200 host
+    (its ITL at concurrency 32 and 64 was that rate, `serve_h200.json` at ff983b8): a
+    level beyond it measures the client, not the server."""
+    cpus = cpus or os.cpu_count() or 2
+    return max(1, min(-(-(concurrency or 8) // 8), cpus // 2))
+
+
+def _client(spec: LoadSpec, todo: list[list[int]], queue) -> None:
+    """One load-generator process: its share of the level; each completion, then its
+    results, onto `queue`."""
+    results, t0, t1 = asyncio.run(_run_load(spec, todo, on_done=lambda r: queue.put(("done", r.ok))))
+    queue.put(("results", results, t0, t1))
+
+
+def run_load_procs(spec: LoadSpec, procs: int, on_done=None, timeout_s: float | None = None):
+    """`run_load` split over `procs` processes (concurrency, requests and rate shared
+    evenly; perf_counter is one clock for every process of the host): (results, wall s)."""
+    import multiprocessing as mp
+    import queue as queues
+    from dataclasses import replace
+
+    todo = prompts(spec)
+    if procs <= 1:
+        return asyncio.run(run_load(spec, on_done))
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    workers = []
+    for i in range(procs):
+        part = todo[i::procs]
+        conc = None if spec.concurrency is None else max(1, spec.concurrency // procs + (i < spec.concurrency % procs))
+        sub = replace(spec, concurrency=conc, rate=spec.rate / procs if spec.rate else None, seed=spec.seed + i)
+        workers.append(ctx.Process(target=_client, args=(sub, part, q), daemon=True))
+    for w in workers:
+        w.start()
+    deadline = time.monotonic() + (timeout_s or spec.timeout_s * max(1, len(todo)))
+    parts = []
+    while len(parts) < procs:
+        try:
+            msg = q.get(timeout=1.0)
+        except queues.Empty:
+            if time.monotonic() > deadline or not all(w.is_alive() for w in workers[len(parts):]) and q.empty():
+                for w in workers:
+                    w.kill()
+                raise RuntimeError(f"a load-generator process died or stalled ({len(parts)} of {procs} "
+                                   "reported)") from None
+            continue
+        if msg[0] == "done":
+            if on_done is not None:
+                on_done(RequestResult(ok=msg[1]))
+        else:
+            parts.append(msg[1:])
+    for w in workers:
+        w.join()
+    results = [r for p in parts for r in p[0]]
+    return results, max(p[2] for p in parts) - min(p[1] for p in parts)
 
 
 def served_model(url: str, timeout_s: float = 30.0) -> str:
@@ -170,3 +238,20 @@ def summarize(results: list[RequestResult], wall_s: float, spec: LoadSpec) -> di
         **_pcts([g for r in done for g in r.itl_s], "itl_ms"), **_pcts([r.e2e_s for r in done], "e2e_ms"),
         errors=errors[:5],
         ok=len(done) == len(results) and all(r.output_tokens == spec.output_len for r in done))
+
+
+def engine_steps(url: str, timeout_s: float = 10.0) -> int | None:
+    """The server's `sparkinfer_engine_steps_total` from GET /metrics (None from a server
+    that does not export it)."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        text = httpx.get(f"{url}/metrics", timeout=timeout_s).text
+        for fam in text_string_to_metric_families(text):
+            for sample in fam.samples:
+                if sample.name == "sparkinfer_engine_steps_total":
+                    return int(sample.value)
+    except (httpx.HTTPError, ValueError):
+        return None
+    return None

@@ -139,9 +139,11 @@ def _runs(t):
     if shape and stride[-1] == 1:
         run = shape.pop()
         stride.pop()
-    off = torch.zeros((), dtype=torch.int64)
+    # host arithmetic on addresses: on the CPU whatever the caller's default device (there,
+    # on a GPU it synced per check; the meta device cannot compute it at all)
+    off = torch.zeros((), dtype=torch.int64, device="cpu")
     for n, st in zip(shape, stride):
-        off = off.unsqueeze(-1) + torch.arange(n, dtype=torch.int64) * st
+        off = off.unsqueeze(-1) + torch.arange(n, dtype=torch.int64, device="cpu") * st
     starts = t.data_ptr() + off.flatten() * t.element_size()
     return starts, starts + run * t.element_size()
 

@@ -191,7 +191,9 @@ class ChannelPool:
         self._drop_peer_names(handles)
         bases = [slab.ptr if r == group.rank else peers[r].ptr for r in range(group.size)]
         cuda = self.device.type == "cuda"
-        errors = torch.zeros(ERR_WORDS, dtype=torch.int64, pin_memory=cuda)
+        # host words the kernels write through a mapped pointer: device="cpu" so that a caller's
+        # `with torch.device(...)` cannot move them (tests/comm/test_default_device.py)
+        errors = torch.zeros(ERR_WORDS, dtype=torch.int64, device="cpu", pin_memory=cuda)
         table = torch.tensor(bases + [errors.data_ptr()], dtype=torch.int64, device=self.device)
         self._channels[cid] = Channel(cid, group.rank, layout, slab, peers, table, errors, serial=self._serial)
         _log(group, f"channel {cid!r} #{self._serial}: {layout.nbytes} B slab, {len(peers)} peer mappings")

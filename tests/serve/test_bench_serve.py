@@ -1,6 +1,6 @@
 """`sparkinfer bench serve` end to end against a server over the fake engine
-(`--url`): fixed concurrency and Poisson arrivals, every request measured, rows with
-provenance and no machine paths."""
+(`--url`): fixed concurrency and Poisson arrivals, from one load-generator process or
+two, every request measured, rows with provenance and no machine paths."""
 
 from __future__ import annotations
 
@@ -23,8 +23,12 @@ def test_bench_serve_against_a_url(fake_server, tmp_path, capsys):
               "--vocab", "200", "--out", str(out)]
     assert main(["bench", "serve", *common, "--concurrency", "1,4", "--warmup", "1"]) == 0
     assert main(["bench", "serve", *common, "--rate", "200", "--max-concurrency", "4", "--warmup", "0"]) == 0
+    assert main(["bench", "serve", *common, "--concurrency", "4", "--client-procs", "2", "--warmup", "0"]) == 0
     rows = json.loads(out.read_text())
-    assert [(r["concurrency"], r["rate"]) for r in rows] == [(1, None), (4, None), (4, 200.0)]
+    assert [(r["concurrency"], r["rate"], r["client_procs"]) for r in rows] == [(1, None, 1), (4, None, 1),
+                                                                               (4, 200.0, 1), (4, None, 2)]
+    # the server's side: its engine's steps over the level (the fake's stats count them)
+    assert all(r["engine_steps"] > 0 and r["ms_per_engine_step"] > 0 for r in rows)
     for r in rows:
         assert r["ok"] and (r["completed"], r["failed"], r["model"]) == (8, 0, "fake-model")
         assert r["output_tokens_per_s"] > 0 and r["request_throughput"] > 0
@@ -32,7 +36,7 @@ def test_bench_serve_against_a_url(fake_server, tmp_path, capsys):
         assert {"gpu", "torch", "commit", "date", "command"} <= set(r) and not ABS_PATH.search(json.dumps(r))
     # warm-up (1 request, 6 tokens) and two measured levels of 8: all reached the engine as asked
     sent = fake_server.engine.submitted
-    assert len(sent) == 1 + 8 + 1 + 8 + 8 and all(len(p) == 16 and max(p) < 200 for _, p, _ in sent)
+    assert len(sent) == 1 + 8 + 1 + 8 + 8 + 8 and all(len(p) == 16 and max(p) < 200 for _, p, _ in sent)
     assert all(params.ignore_eos and params.temperature == 0 for _, _, params in sent)
     shown = capsys.readouterr().out
     assert "serving fake-model: 16-token prompts, 6-token outputs" in shown and "TTFT p50" in shown
