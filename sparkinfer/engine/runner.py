@@ -127,21 +127,22 @@ class ModelRunner:
         rows, feeds = [], []
         if step.decode is not None:
             _, ids, picked, _ = step.decode
-            for r, i in zip(plan.decode, picked):
-                if r.position + 1 < self.max_context:
-                    rows.append((r.slot, r.position + 1, r.params))
-                    feeds.append(ids[i:i + 1])
+            keep = [i for r, i in zip(plan.decode, picked) if r.position + 1 < self.max_context]
+            rows += [(r.slot, r.position + 1, r.params) for r in plan.decode if r.position + 1 < self.max_context]
+            if keep:
+                feeds.append(_gather(ids, keep))
         if step.prefill is not None:
             ends, ids, _ = step.prefill
-            for j, i in enumerate(ends):
-                c = plan.prefill[i]
-                if c.start + len(c.tokens) < self.max_context:
-                    rows.append((c.slot, c.start + len(c.tokens), c.params))
-                    feeds.append(ids[j:j + 1])
+            keep = [j for j, i in enumerate(ends)
+                    if plan.prefill[i].start + len(plan.prefill[i].tokens) < self.max_context]
+            rows += [(c.slot, c.start + len(c.tokens), c.params) for c in (plan.prefill[ends[j]] for j in keep)]
+            if keep:
+                feeds.append(_gather(ids, keep))
         if not rows:
             return None
         logits, ids = self.target.launch([[0]] * len(rows), [r[1] for r in rows], [r[0] for r in rows],
-                                         [r[2] for r in rows], device_tokens=torch.cat(feeds))
+                                         [r[2] for r in rows],
+                                         device_tokens=feeds[0] if len(feeds) == 1 else torch.cat(feeds))
         self.ahead_launched += 1
         return _Ahead(rows, logits, ids, _to_host(ids), self.target.launches)
 
@@ -230,6 +231,15 @@ class ModelRunner:
             lps = _logprobs(vlogits[i, :len(new)], new, [r.params.logprobs] * len(new))
             out.append(RowResult(tuple(new), None if r.params.logprobs is None else tuple(lps)))
         return tuple(out)
+
+
+def _gather(ids: torch.Tensor, idx: list[int]) -> torch.Tensor:
+    """ids[idx] on the device: a view when idx is 0..n-1 (every row continues, the usual
+    step), else one index_select (not a slice a row: each costs host time at every step)."""
+    if idx == list(range(len(idx))):
+        return ids[:len(idx)]
+    index = torch.tensor(idx, dtype=torch.int64, pin_memory=ids.device.type == "cuda")
+    return ids.index_select(0, index.to(ids.device, non_blocking=True))
 
 
 def _to_host(ids: torch.Tensor):
