@@ -194,6 +194,7 @@ class Driver:
                                    timeout)
         self._plans = plans
         self._results = None
+        self.ring_names = (plans.handle.name, result_handle.name)  # for a caller that outlives this process
         self._start_ranks(backend, (config, max_context, plans.handle, result_handle))
         try:
             self._results = self._attach_results(result_handle, ready_timeout_s)

@@ -42,10 +42,12 @@ class ModelRunner:
     lookahead: after each step, launch the next step's decode of the rows that continue
     before reading this step's ids (`_look_ahead`), so the GPU never waits for the
     host between steps (not with a draft: a round's rows need the host's accept rule).
+    None: on a GPU only; on the CPU a launch runs the forward before it returns, so
+    launching ahead overlaps nothing and only adds the forwards of rows that ended.
     Not thread-safe: one plan at a time."""
 
     def __init__(self, target, draft=None, k: int = 0, *, keep_logits: bool = False,
-                 max_context: int | None = None, prefill_chunk: int | None = None, lookahead: bool = True):
+                 max_context: int | None = None, prefill_chunk: int | None = None, lookahead: bool | None = None):
         if draft is not None:
             if k < 1:
                 raise ShapeError(f"k={k}; a speculative round proposes at least one token")
@@ -67,6 +69,8 @@ class ModelRunner:
         if prefill_chunk is not None and not 1 <= prefill_chunk <= most:
             raise CapacityError(f"prefill_chunk={prefill_chunk}: 1..the decoders' max_tokens={most}")
         self.prefill_chunk = prefill_chunk or most
+        if lookahead is None:
+            lookahead = torch.device(target.device).type == "cuda"
         self.lookahead = lookahead and draft is None
         self._ahead: _Ahead | None = None
         self.ahead_launched = self.ahead_used = 0  # steps launched ahead; those a plan took

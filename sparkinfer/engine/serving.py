@@ -61,12 +61,17 @@ class ServingEngine:
     def __init__(self, config: EngineConfig):
         self.config = config
         self._handles: dict[str, RequestHandle] = {}
-        self._lock = threading.Lock()  # _handles, the pipe's sending end, the counters
+        self._lock = threading.Lock()  # _handles and the counters; the reader thread takes only this one
+        # the pipe's sending end. Never held with the reader waiting on it: a send blocks while the
+        # engine process is busy, and the engine process may block sending outputs until the reader
+        # drains them, so a reader waiting on a sender would close a cycle.
+        self._send_lock = threading.Lock()
         self._running = self._steps = 0
         self._error: tuple[str, int | None] | None = None
         self._closed: tuple | None = None
         self._stopping = False
         self._pids: list[int] = []
+        self._rings: tuple[str, ...] = ()
 
     # ------------------------------------------------------------------ start
     @classmethod
@@ -106,7 +111,7 @@ class ServingEngine:
         if msg[0] != "ready":
             self._proc.join(_EXIT_S)
             raise EngineFailed(msg[1], rank=msg[2])
-        _, self.max_context, self._pids = msg
+        _, self.max_context, self._pids, self._rings = msg
         self._reader = threading.Thread(target=self._read, name="sparkinfer-engine-reader", daemon=True)
         self._reader.start()
         return self
@@ -142,6 +147,10 @@ class ServingEngine:
         except (EOFError, OSError):
             self._proc.join(_EXIT_S)
             self._fail(f"the engine process exited unexpectedly (exit code {self._proc.exitcode})", None)
+            from sparkinfer.runtime.ring_segment import unlink
+
+            for name in self._rings:  # its rings' names, which it can no longer remove (its ranks exit
+                unlink(name)          # on their own once their launcher is gone)
 
     def _deliver(self, packed: list[tuple]) -> None:
         for p in packed:
@@ -173,19 +182,29 @@ class ServingEngine:
         key = request_id or new_request_id()
         handle = RequestHandle(key, prompt, params)
         bound = self.config.max_batch + self.config.max_waiting
-        with self._lock:
-            if len(self._handles) >= bound:  # the scheduler's bound: max_waiting beyond the free slots
-                waiting = len(self._handles) - self._running
-                raise EngineOverloaded(f"{waiting} requests are waiting (the bound is {self.config.max_waiting} "
-                                       "beyond the free slots); retry later", retry_after_s=1.0)
-            self._handles[key] = handle
-            self._conn.send(("submit", key, prompt, params))
+        with self._send_lock:  # registered and sent in one piece: an abort of it cannot go first
+            with self._lock:
+                if len(self._handles) >= bound:  # the scheduler's bound: max_waiting beyond the free slots
+                    waiting = len(self._handles) - self._running
+                    raise EngineOverloaded(f"{waiting} requests are waiting (the bound is "
+                                           f"{self.config.max_waiting} beyond the free slots); retry later",
+                                           retry_after_s=1.0)
+                self._handles[key] = handle
+            try:
+                self._conn.send(("submit", key, prompt, params))
+            except OSError:  # the engine process is gone; the reader ends the handles it knows
+                with self._lock:
+                    self._handles.pop(key, None)
+                raise EngineFailed("the engine process is gone") from None
         return handle
 
     def abort(self, request_id: str) -> None:
-        with self._lock:
+        with self._send_lock:
             if request_id in self._handles and not self._stopping:
-                self._conn.send(("abort", request_id))
+                try:
+                    self._conn.send(("abort", request_id))
+                except OSError:  # the engine process is gone: every request ends with its error
+                    pass
 
     def stats(self) -> EngineStats:
         with self._lock:
@@ -210,7 +229,7 @@ class ServingEngine:
         if self._stopping:
             return
         self._stopping = True
-        with self._lock:
+        with self._send_lock:
             try:
                 self._conn.send(("close", timeout_s))
             except OSError:  # the engine process is gone: the reader has seen it
@@ -261,7 +280,7 @@ def _engine_main(conn, config: EngineConfig, ready_timeout_s: float) -> None:
         conn.send(("failed", describe(e), getattr(e, "rank", None)))
         return
     try:
-        conn.send(("ready", driver.caps.max_context, driver.rank_pids()))
+        conn.send(("ready", driver.caps.max_context, driver.rank_pids(), driver.ring_names))
         _loop(conn, driver, outbox)
     except (EOFError, OSError):  # the caller is gone
         try:

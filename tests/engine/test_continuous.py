@@ -85,11 +85,11 @@ def _worker(world, path, dcp):
         # before the reads (no logits kept), as served
         ref = ModelRunner(s.engine, keep_logits=True, lookahead=False)
         alone = [_run(ref, [(0, p, params, None)]) for _, p, params, abort in SCHEDULE if abort is None]
-        runner = ModelRunner(s.engine, keep_logits=True)
+        runner = ModelRunner(s.engine, keep_logits=True, lookahead=True)  # on the CPU too (default: GPU only)
         mixed = _run(runner, SCHEDULE)
         fast = None
         if world.world_size == 2 and dcp == 1:
-            quick = ModelRunner(s.engine)
+            quick = ModelRunner(s.engine, lookahead=True)
             fast = (_run(quick, SCHEDULE)[0], quick.ahead_used)
         spec = _run(s.runner(), SCHEDULE, speculative=True) if s.speculative is not None else None
         return alone, mixed, spec, (ref.ahead_launched, runner.ahead_used, fast)
