@@ -9,7 +9,8 @@ logits themselves) equal each prompt served alone. At TP 1 (the driver's logic i
 the same at any TP; a forward is half the TP 2 one): a cancelled stream frees its
 slot; a burst beyond max_batch + max_waiting is answered 429 for the excess while
 every accepted request completes; bad inputs get their 400 and the next request is
-served; /metrics counts what was sent. At TP 2 the test then kills rank 1 mid-stream:
+served; /metrics counts what was sent; then the engine process is killed mid-stream: the
+request ends with an error and the server stops. At TP 2 the test then kills rank 1 mid-stream:
 the request ends with an error, /health turns 503, and the server stops with
 EngineFailed naming rank 1, within the rank timeout; no rank and no /dev/shm name
 is left.
@@ -148,6 +149,7 @@ def test_the_server_over_the_real_engine(tp):
     try:
         _checks(live, full=tp == 1)
         if tp == 1:
+            _engine_process_killed(engine, live)
             return
         pids = engine.rank_pids()
         model = engine.model_name
@@ -169,9 +171,25 @@ def test_the_server_over_the_real_engine(tp):
         live.stop()
         try:
             engine.close()
-        except EngineFailed:
-            assert tp == 2
+        except EngineFailed:  # both end failed: rank 1 killed at TP 2, the engine process at TP 1
+            pass
     assert _shm_names() <= before, "a /dev/shm name was left"
+
+
+def _engine_process_killed(engine, live) -> None:
+    """The engine process killed mid-stream: the stream ends with an error naming it, the
+    server stops with EngineFailed, and the rank exits (its launcher is gone)."""
+    pids, model = engine.rank_pids(), engine.model_name
+    with live.http() as http, http.stream("POST", "/v1/completions", json={
+            "model": model, "prompt": "abc", "max_tokens": 60, "ignore_eos": True, "stream": True}) as r:
+        lines = r.iter_lines()
+        next(line for line in lines if line.startswith("data: "))
+        os.kill(engine._proc.pid, signal.SIGKILL)
+        rest = list(lines)
+    assert any('"error"' in line and "engine process exited" in line for line in rest), rest[-3:]
+    assert live.exited(DEADLINE_S), "the server did not stop after the engine process died"
+    assert isinstance(live.error, EngineFailed) and "engine process" in str(live.error)
+    wait_until(lambda: all(not _alive(p) for p in pids), "the rank to exit")
 
 
 def _alive(pid: int) -> bool:
