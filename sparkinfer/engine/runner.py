@@ -88,7 +88,11 @@ class ModelRunner:
         ahead, self._ahead = self._ahead, None
         if self.draft is not None:
             decode = self._speculative(plan.decode) if plan.decode else ()
-            prefill = self._prefill(plan.prefill, kept) if plan.prefill else ()
+            step = _Launched(self.max_context)
+            if plan.prefill:
+                self._prefill_launch(plan.prefill, step)
+                self._draft_prefill(plan.prefill)
+            _, prefill, _ = step.finish(plan, kept)
             return StepResult(plan.step, decode, prefill, self.k * len(plan.decode),
                               sum(len(r.tokens) - 1 for r in decode), kept)
         step = _Launched(self.max_context)
@@ -185,30 +189,13 @@ class ModelRunner:
         step.prefill = (ends, ids, lg)
         step.prefill_host = _to_host(ids)
 
-    def _prefill(self, chunks: tuple[PrefillChunk, ...], kept) -> tuple[RowResult, ...]:
-        """Every chunk of the step in as few forwards as the prefill buckets allow (chunks of
-        one request may share a forward: a layer writes the forward's keys and values
-        before it attends), then one draw for the chunks that end their prompts."""
-        logits = self._forwards(self.target, [(list(c.tokens), c.start, c.slot) for c in chunks])
-        if self.draft is not None:
-            # the draft's cache stops one short: a round's first draft forward writes the last prompt token
-            rows = [(list(c.tokens[:-1] if c.last else c.tokens), c.start, c.slot) for c in chunks]
-            rows = [r for r in rows if r[0]]
-            if rows:
-                self._forwards(self.draft, rows)
-        last = [i for i, c in enumerate(chunks) if c.last]
-        results = [RowResult()] * len(chunks)
-        if not last:
-            return tuple(results)
-        lg = torch.stack([logits[i] for i in last])
-        toks = self.target.sample_many(lg, [chunks[i].params for i in last],
-                                       [chunks[i].start + len(chunks[i].tokens) for i in last])
-        lps = _logprobs(lg, toks, [chunks[i].params.logprobs for i in last])
-        for j, i in enumerate(last):
-            if kept is not None:
-                kept[chunks[i].request] = [lg[j].float().cpu()]
-            results[i] = RowResult((toks[j],), None if lps[j] is None else (lps[j],))
-        return tuple(results)
+    def _draft_prefill(self, chunks: tuple[PrefillChunk, ...]) -> None:
+        """The chunks through the draft model. Its cache stops one short: a round's first draft
+        forward writes the last prompt token."""
+        rows = [(list(c.tokens[:-1] if c.last else c.tokens), c.start, c.slot) for c in chunks]
+        rows = [r for r in rows if r[0]]
+        if rows:
+            self._forwards(self.draft, rows)
 
     def _speculative(self, rows: tuple[DecodeRow, ...]) -> tuple[RowResult, ...]:
         tgt, dft, k = self.target, self.draft, self.k
