@@ -60,10 +60,13 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--m", default="1024,4096", help="comma list of token counts")
     ap.add_argument("--shapes", default=None, help="comma list of bench_moe shapes (default all)")
-    ap.add_argument("--formats", default="bf16", help="bf16 and/or nvfp4")
+    ap.add_argument("--formats", default="bf16", help="bf16, fp8_block and/or nvfp4")
     ap.add_argument("--budget-s", type=float, default=240.0,
                     help="start no timing after this many seconds (default 240)")
     ap.add_argument("--reps", type=int, default=5, help="timed graph replays (median)")
+    ap.add_argument("--orders", default=None, help="comma list of group_m values: time the "
+                    "planned tiles in those grouped program orders and with TMA loads "
+                    "(tuning.order_candidates) instead of the tile table")
     ap.add_argument("--sm90", action="store_true", help="CPU only: compile every candidate for "
                     "sm_90 and report registers, spills, shared memory, wgmma shapes")
     ap.add_argument("--dry-run", action="store_true", help="CPU, interpreter, tiny shapes")
@@ -147,12 +150,12 @@ def breakdown(ctx, call, reps: int) -> dict:
             for n in ("fc1", "fc2", "all")}
 
 
-def time_shape(ctx, layer, fmt, ms, lim) -> list[dict]:
+def time_shape(ctx, layer, fmt, ms, lim, orders=None) -> list[dict]:
     """Rows of every candidate of one shape and format at each M."""
     torch = ctx.torch
     from sparkinfer.moe import allocate_scratch, bind, moe_reference, run
     from sparkinfer.moe.reference import compare_to_reference
-    from sparkinfer.moe.tuning import tile_candidates
+    from sparkinfer.moe.tuning import order_candidates, tile_candidates
 
     p0, w0, _, src = layer.build(fmt)
     rows = []
@@ -164,7 +167,8 @@ def time_shape(ctx, layer, fmt, ms, lim) -> list[dict]:
         ref = moe_reference(x, src, routings[0], spec=p0.spec)
         f1, f2 = gemm_flops(p0.caps, p0.spec, m)
         planned_out, planned_us = None, None
-        for name, p in tile_candidates(p0, m):
+        cands = order_candidates(p0, m, orders) if orders else tile_candidates(p0, m)
+        for name, p in cands:
             if ctx.over_budget():
                 print(f"budget: skipping {layer.name} {fmt} M={m} {name}", flush=True)
                 continue
@@ -263,13 +267,13 @@ def sm90_usage(compiled, warps: int) -> dict:
                 programs_per_sm=per_sm)
 
 
-def sm90_report(shapes, formats, ms) -> list[dict]:
+def sm90_report(shapes, formats, ms, orders=None) -> list[dict]:
     """Compile every candidate's FC1 and FC2 at real dims (meta tensors) for sm_90."""
     import torch
 
     from sparkinfer.bench import moe_cases
     from sparkinfer.moe import MoECaps, allocate_scratch, bind, plan
-    from sparkinfer.moe.tuning import tile_candidates
+    from sparkinfer.moe.tuning import order_candidates, tile_candidates
     from tests.moe._util import meta_weights
     from tests.moe.sm90_compile import compile_sm90, record_launches
 
@@ -281,7 +285,8 @@ def sm90_report(shapes, formats, ms) -> list[dict]:
                                         fmt)
             p0 = plan(MoECaps(max_tokens=max(ms), **shape), spec)
             for m in ms:
-                for name, p in tile_candidates(p0, m):
+                cands = order_candidates(p0, m, orders) if orders else tile_candidates(p0, m)
+                for name, p in cands:
                     meta = dict(dtype=torch.bfloat16, device="meta")
                     b = bind(p, allocate_scratch(p, "meta"), meta_weights(p),
                              x=torch.empty(m, shape["hidden"], **meta),
@@ -329,10 +334,11 @@ def main(argv=None):
         shapes = {s: bench_moe.SHAPES[s] for s in args.shapes.split(",")}
     ms = DRY_M if args.dry_run else tuple(int(v) for v in args.m.split(","))
     formats = args.formats.split(",")
+    orders = tuple(int(g) for g in args.orders.split(",")) if args.orders else None
     meta = common.metadata(None if argv is None else
                            types.SimpleNamespace(argv=["python3", "benchmarks/sweeps/moe_tile_sweep.py", *argv]))
     if args.sm90:
-        rows = sm90_report(shapes, formats, ms)
+        rows = sm90_report(shapes, formats, ms, orders)
         bad = [r for r in rows if r.get("spill", 1) or r.get("programs_per_sm", 0) < 1]
         common.append_rows(args.out, rows, meta)
         print(f"\nwrote {args.out}; {len(rows)} kernels, {len(bad)} spill, fail or do not fit")
@@ -357,7 +363,7 @@ def main(argv=None):
         layer = Layer(ctx, name, shape, max(ms))
         rows = []
         for fmt in formats:
-            rows += time_shape(ctx, layer, fmt, ms, lim)
+            rows += time_shape(ctx, layer, fmt, ms, lim, orders)
         common.append_rows(args.out, rows, meta)
         all_rows += rows
         del layer

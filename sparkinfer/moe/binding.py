@@ -232,6 +232,12 @@ def bind(plan: MoEPlan, scratch: dict, weights: MoEWeights, *, x: torch.Tensor,
         raise PlanError(f"bind: fp8_block plan with chunk {plan.chunk}, block_n1 "
                         f"{cfg.block_n1}; both must be {FP8_BLOCK}: a K step is one scale block "
                         "and an FC1 program quantizes whole 128-column groups of its output")
+    if (cfg.group_m or cfg.tma) and cfg.family != "grouped" or cfg.group_m < 0:
+        raise PlanError(f"bind: config group_m={cfg.group_m}, tma={cfg.tma} for the {cfg.family!r} "
+                        "family; only grouped configs take them, group_m >= 0")
+    if cfg.tma and fmt == "nvfp4" and not cfg.dequant_experts:
+        raise PlanError("bind: config tma=True for NVFP4 kernels, whose weights are prepared "
+                        "tiles a descriptor cannot walk; use tma=False (or dequant_experts > 0)")
     bk = cfg.block_k
     dense = fmt == "bf16" or cfg.dequant_experts > 0  # plain bf16 rows: any step
     if bk and (not dense or bk % 32 or c.hidden % bk or plan.intermediate % bk):

@@ -47,15 +47,6 @@ PAD_MULTIPLE = 32
 # Families whose kernels never wait for other programs (safe beside work on an
 # auxiliary stream, `plan_supports_aux_stream_overlap`): both.
 OVERLAP_SAFE_FAMILIES = ("micro", "grouped")
-# An I that no chunk divides is padded to a multiple of this, the smallest chunk
-# (the tensor-core K step, and two NVFP4 scale groups). Not a multiple of 128,
-# which would allow the 128 chunk: a decode step reads every weight byte, and at
-# I = 176 padding to 192 reads 9% more than the checkpoint's experts, to 256
-# 45% more. But chunk 64 leaves NVFP4 FC2's scale tile at BN 64 a synchronous
-# load (tests/moe/test_compile_sm90.py), so which is faster is a measurement:
-# `sparkinfer bench moe --shapes glm_air_tp8,glm_air_tp8_i256` times 192
-# (against the floor of the unpadded bytes) beside 256. Not yet run on a GPU.
-PAD_MULTIPLE = 32
 
 # micro serves every token of a batch in one tile of BM = 16 rows (the
 # smallest tensor-core N), so it stops at 16 tokens; below that it beats
@@ -227,6 +218,14 @@ class TileConfig:
     (tests/moe/test_gpu.py, 12 passed) and was faster at every NVFP4 point of
     `bench_moe.py --quick` (moe_h200.json vs moe_h200_arith_ac6412e.json; e.g.
     Mixtral M = 8: 342 vs 398 us, DeepSeek-V3 M = 4096: 15542 vs 17308 us).
+    group_m (grouped only): 0 launches a (tile, weight block) grid, tiles first, so
+    one wave of programs covers every tile at a few weight blocks and re-reads the
+    activations for each block; G > 0 launches one program per (tile, block) in
+    groups of G consecutive tiles (one or a few experts) times every weight block,
+    tiles first within a group, so a wave shares both its weight tiles and its
+    activation rows in L2. Same sums, same bits. tma (grouped only, bf16 /
+    fp8_block weights or NVFP4's dequantized copies): weight tiles (and FC2's
+    activation rows) arrive by TMA descriptors instead of per-thread loads.
     """
 
     family: str
@@ -241,6 +240,8 @@ class TileConfig:
     decode: str = "ptx"
     block_k: int = 0
     dequant_experts: int = 0
+    group_m: int = 0
+    tma: bool = False
 
 
 @dataclass(frozen=True)

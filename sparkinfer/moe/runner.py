@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 import triton
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from sparkinfer.moe.binding import _ACT, MoEBinding, max_tiles, sort_chunk
 from sparkinfer.moe.kernels.common import NVFP4_TILE_ROWS
@@ -151,7 +152,7 @@ def _micro(b: MoEBinding, w1: _Weights, w2: _Weights, common: dict):
     p2 = s["fc2_partial"]
     p1s = (p1.stride(0), p1.stride(1)) if split else (0, p1.stride(0))
     moe_fc1_kernel[(routes, triton.cdiv(i, cfg.block_n1), sp1)](
-        b.x, b.x, w1.w, w1.s, w1.g, ids, tw, ids, ids, p1, a_s, t, i, h // bk, cps1, 0,
+        b.x, b.x, w1.w, w1.s, w1.g, ids, tw, ids, ids, p1, a_s, w1.w, t, i, h // bk, cps1, 0,
         c.num_experts, b.x.stride(0), *w1.strides, *p1s, alpha, limit,
         BM=cfg.block_m, BN=cfg.block_n1, MICRO=True, PARTIALS=split, X_FP8=False,
         num_stages=cfg.stages1, **common, **trigger)
@@ -161,7 +162,8 @@ def _micro(b: MoEBinding, w1: _Weights, w2: _Weights, common: dict):
             BI=bk, S1=sp1, GATED=common["GATED"], ACT=common["ACT"],
             WEIGHT_BEFORE=common["WEIGHT_BEFORE"], FP8=fp8, INTERPRET=common["INTERPRET"], **on)
     moe_fc2_kernel[(routes, triton.cdiv(h, cfg.block_n2), sp2)](
-        a, a_s, w2.w, w2.s, w2.g, ids, tw, ids, ids, p2, t, h, i // bk, cps2, 0, c.num_experts,
+        a, a_s, w2.w, w2.s, w2.g, ids, tw, ids, ids, p2, w2.w, a, t, h, i // bk, cps2, 0,
+        c.num_experts,
         a.stride(0), *w2.strides, p2.stride(0), p2.stride(1), BM=cfg.block_m,
         BN=cfg.block_n2, MICRO=True, X_FP8=True, num_stages=cfg.stages2, **common, **on)
     return p2, sp2
@@ -196,18 +198,39 @@ def _grouped(b: MoEBinding, w1: _Weights, w2: _Weights, common: dict):
         ww1, ww2 = w1, w2
         if chunk:
             ww1 = _decoded(b, w1, wb, e_lo, e_hi, n1, h)
-        moe_fc1_kernel[(tiles, triton.cdiv(i, cfg.block_n1), 1)](
-            x, xs, ww1.w, ww1.s, ww1.g, ids, tw, srt, te, inter, inter_s, t, i, h // bk, h // bk,
+        moe_fc1_kernel[_grid(cfg, tiles, i, cfg.block_n1)](
+            x, xs, ww1.w, ww1.s, ww1.g, ids, tw, srt, te, inter, inter_s,
+            _desc(cfg, ww1, e_hi - e_lo, n1, h, cfg.block_n1, bk), t, i, h // bk, h // bk,
             e_lo, e_hi, x.stride(0), *ww1.strides, 0, inter.stride(0), alpha, limit,
             BM=cfg.block_m, BN=cfg.block_n1, MICRO=False, PARTIALS=False, X_FP8=True,
-            num_stages=cfg.stages1, **common)
+            num_stages=cfg.stages1, GROUP=cfg.group_m, TMA=cfg.tma, **common)
         if chunk:
             ww2 = _decoded(b, w2, wb, e_lo, e_hi, h, i)
-        moe_fc2_kernel[(tiles, triton.cdiv(h, cfg.block_n2), 1)](
-            inter, inter_s, ww2.w, ww2.s, ww2.g, ids, tw, srt, te, ro, t, h, i // bk, i // bk,
+        d_a = TensorDescriptor(inter, list(inter.shape), list(inter.stride()),
+                               [cfg.block_m, bk]) if cfg.tma else inter
+        moe_fc2_kernel[_grid(cfg, tiles, h, cfg.block_n2)](
+            inter, inter_s, ww2.w, ww2.s, ww2.g, ids, tw, srt, te, ro,
+            _desc(cfg, ww2, e_hi - e_lo, h, i, cfg.block_n2, bk), d_a, t, h, i // bk, i // bk,
             e_lo, e_hi, inter.stride(0), *ww2.strides, 0, ro.stride(0), BM=cfg.block_m,
-            BN=cfg.block_n2, MICRO=False, X_FP8=True, num_stages=cfg.stages2, **common)
+            BN=cfg.block_n2, MICRO=False, X_FP8=True, num_stages=cfg.stages2,
+            GROUP=cfg.group_m, TMA=cfg.tma, **common)
     return ro
+
+
+def _grid(cfg, tiles: int, n: int, bn: int) -> tuple[int, int, int]:
+    """A grouped GEMM's grid: (tiles, weight blocks) or, group_m > 0, their
+    product on one axis (kernels/common.py grouped_ids)."""
+    blocks = triton.cdiv(n, bn)
+    return (tiles * blocks, 1, 1) if cfg.group_m else (tiles, blocks, 1)
+
+
+def _desc(cfg, wt: _Weights, experts: int, n: int, r: int, bn: int, bk: int):
+    """TMA descriptor over experts x [n, r] weights (block [1, bn, bk]) when the
+    config loads weights by TMA, else the weights (the kernel ignores them)."""
+    if not cfg.tma:
+        return wt.w
+    return TensorDescriptor(wt.w, [experts, n, r], [wt.strides[0], wt.strides[1], 1],
+                            [1, bn, bk])
 
 
 def _decoded(b: MoEBinding, wt: _Weights, wb, e_lo: int, e_hi: int, n: int, r: int) -> _Weights:

@@ -27,7 +27,7 @@ from sparkinfer.moe.plan import (
     plan,
 )
 
-__all__ = ["candidates", "grouped_config", "tile_candidates", "TILE_STAGE_CAP"]
+__all__ = ["candidates", "grouped_config", "tile_candidates", "order_candidates", "TILE_STAGE_CAP"]
 
 TILE_STAGE_CAP = 4
 # Large-batch tiles around the grouped plan (bf16): (name, BM, BN1, BN2, warps,
@@ -199,3 +199,20 @@ def tile_candidates(p: MoEPlan, tokens: int) -> tuple[tuple[str, MoEPlan], ...]:
             seen.add((tp.chunk, tp.buckets[0][1]))
             out.append((name, tp))
     return tuple(out[:12])
+
+
+def order_candidates(p: MoEPlan, tokens: int, groups: tuple[int, ...] = (8,)) -> tuple[tuple[str, MoEPlan], ...]:
+    """(name, plan) to time at a grouped batch of `tokens`: ("planned", p), then
+    the planned tiles in each grouped program order of `groups` (TileConfig.group_m),
+    with TMA loads, and both (where the weights allow TMA: not the NVFP4
+    kernels' prepared tiles). Pure."""
+    chosen = p.config_for(tokens)
+    if chosen.family != "grouped":
+        return (("planned", p),)
+    out = [("planned", p)]
+    out += [(f"group{g}", p.forced(dataclasses.replace(chosen, group_m=g))) for g in groups]
+    if p.spec.weight_format != "nvfp4" or chosen.dequant_experts:
+        out.append(("tma", p.forced(dataclasses.replace(chosen, tma=True))))
+        out += [(f"tma-group{g}", p.forced(dataclasses.replace(chosen, tma=True, group_m=g)))
+                for g in groups]
+    return tuple((n, q) for n, q in out if n == "planned" or q.config_for(tokens) != chosen)

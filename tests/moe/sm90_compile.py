@@ -90,6 +90,8 @@ def compile_sm90(launch: Launch):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+    from triton.runtime.jit import mangle_type
+    from triton.tools.tensor_descriptor import TensorDescriptor
 
     fn = launch.fn
     names = fn.arg_names
@@ -101,7 +103,9 @@ def compile_sm90(launch: Launch):
         # the launcher's specialization: 16-aligned pointers and ints divisible by 16
         if isinstance(val, torch.Tensor) or (type(val) is int and val % 16 == 0):
             attrs[(idx,)] = [["tt.divisibility", 16]]
-        if isinstance(val, torch.Tensor):
+        if isinstance(val, TensorDescriptor):  # TMA: the launcher's own type string
+            sig[name] = mangle_type(val)
+        elif isinstance(val, torch.Tensor):
             sig[name] = _PTR[val.dtype]
         elif isinstance(val, bool):
             sig[name] = "i1"

@@ -328,6 +328,33 @@ def program_rows(p_ids, p_sorted, p_tile_e, i_m, T, E: tl.constexpr, K: tl.const
 
 
 @triton.jit
+def grouped_ids(N, BN: tl.constexpr, GROUP: tl.constexpr):
+    """(tile, weight block) of this grouped program. GROUP 0: the grid's two axes.
+    GROUP G: a 1-D grid of tiles x cdiv(N, BN) blocks, walked in groups of G
+    consecutive tiles times every block, tiles first inside a group (TileConfig.group_m)."""
+    if GROUP == 0:
+        return tl.program_id(0), tl.program_id(1)
+    nb = tl.cdiv(N, BN)
+    pid = tl.program_id(0)
+    per_group = GROUP * nb
+    first = (pid // per_group) * GROUP
+    size = tl.minimum(tl.num_programs(0) // nb - first, GROUP)
+    return first + (pid % per_group) % size, (pid % per_group) // size
+
+
+@triton.jit
+def tma_weight_tile(d_w, e_w, row0, c, BN: tl.constexpr, BK: tl.constexpr,
+                    INTERPRET: tl.constexpr):
+    """Weight tile [BN, BK] of expert e_w, rows row0.., reduction elements c*BK..
+    through the TMA descriptor d_w over [E, N, R] (block [1, BN, BK]; rows past N
+    read as zeros) as the dot's left operand (fp32 values under the interpreter)."""
+    w = tl.reshape(d_w.load([e_w, row0, c * BK]), [BN, BK])
+    if INTERPRET:
+        w = w.to(tl.float32)
+    return w
+
+
+@triton.jit
 def split_chunks(i_s, chunks_per_split, num_chunks):
     """[lo, hi) chunks of reduction split i_s. The runner's split maths gives
     every split at least one chunk; saying so (tl.assume) removes the loop's

@@ -23,11 +23,13 @@ from triton.language.extra.cuda import gdc_launch_dependents
 from sparkinfer.moe.kernels.common import (
     DECODE_UNSCALE,
     activation,
+    grouped_ids,
     k_order,
     load_scales,
     load_scales_2,
     program_rows,
     split_chunks,
+    tma_weight_tile,
     weight_tile,
 )
 from sparkinfer.moe.kernels.fp8 import act_operand, scaled_dot, step_scales, store_act
@@ -35,7 +37,7 @@ from sparkinfer.moe.kernels.fp8 import act_operand, scaled_dot, step_scales, sto
 
 @triton.jit
 def moe_fc1_kernel(
-    p_x, p_xs, p_w, p_s, p_gs, p_ids, p_topk_w, p_sorted, p_tile_e, p_out, p_os,
+    p_x, p_xs, p_w, p_s, p_gs, p_ids, p_topk_w, p_sorted, p_tile_e, p_out, p_os, d_w,
     T, I, num_chunks, chunks_per_split, e_lo, e_hi,
     stride_x, stride_we, stride_wn, stride_se, stride_os, stride_or,
     alpha, limit,
@@ -44,31 +46,34 @@ def moe_fc1_kernel(
     MICRO: tl.constexpr, PARTIALS: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr,
     NVFP4: tl.constexpr, FP8: tl.constexpr, X_FP8: tl.constexpr, GSCALE: tl.constexpr,
     WEIGHT_BEFORE: tl.constexpr, PTX_DECODE: tl.constexpr,
-    INTERPRET: tl.constexpr, PDL: tl.constexpr = False,
+    INTERPRET: tl.constexpr, PDL: tl.constexpr = False, GROUP: tl.constexpr = 0,
+    TMA: tl.constexpr = False,
 ):
-    e, route, o_row = program_rows(p_ids, p_sorted, p_tile_e, tl.program_id(0), T, E, K, BM,
-                                   KP, RP, MICRO)
+    i_m, i_n = grouped_ids(I, BN, GROUP)
+    e, route, o_row = program_rows(p_ids, p_sorted, p_tile_e, i_m, T, E, K, BM, KP, RP, MICRO)
     if (e >= e_lo) & (e < e_hi):
-        fc1_tile(p_x, p_xs, p_w, p_s, p_gs, p_topk_w, p_out, p_os, e, e - e_lo, route, o_row,
-                 tl.program_id(1), tl.program_id(2), I, num_chunks, chunks_per_split,
+        fc1_tile(p_x, p_xs, p_w, p_s, p_gs, p_topk_w, p_out, p_os, d_w, e, e - e_lo, route,
+                 o_row, i_n, tl.program_id(2), I, num_chunks, chunks_per_split,
                  stride_x, stride_we, stride_wn, stride_se, stride_os, stride_or, alpha, limit,
                  K, BM, BN, BK, PARTIALS, GATED, ACT, NVFP4, FP8, X_FP8, GSCALE, WEIGHT_BEFORE,
-                 PTX_DECODE, INTERPRET, PDL)
+                 PTX_DECODE, INTERPRET, PDL, TMA)
 
 
 @triton.jit
-def fc1_tile(p_x, p_xs, p_w, p_s, p_gs, p_topk_w, p_out, p_os, e, e_w, route, o_row, i_n, i_s,
+def fc1_tile(p_x, p_xs, p_w, p_s, p_gs, p_topk_w, p_out, p_os, d_w, e, e_w, route, o_row, i_n,
+             i_s,
              I, num_chunks, chunks_per_split, stride_x, stride_we, stride_wn, stride_se,
              stride_os, stride_or, alpha, limit, K: tl.constexpr, BM: tl.constexpr,
              BN: tl.constexpr, BK: tl.constexpr, PARTIALS: tl.constexpr, GATED: tl.constexpr,
              ACT: tl.constexpr, NVFP4: tl.constexpr, FP8: tl.constexpr, X_FP8: tl.constexpr,
              GSCALE: tl.constexpr, WEIGHT_BEFORE: tl.constexpr, PTX_DECODE: tl.constexpr,
-             INTERPRET: tl.constexpr, PDL: tl.constexpr):
+             INTERPRET: tl.constexpr, PDL: tl.constexpr, TMA: tl.constexpr):
     """One FC1 tile: expert e (>= 0; its weights at index e_w of p_w / p_s), rows
     route [BM] (-1: inactive) stored at rows o_row, weight rows i_n*BN..,
     reduction split i_s (one program of moe_fc1_kernel). FP8: x is e4m3 with
     scales p_xs [T, H/BK] when X_FP8, else bf16 quantized per step here; the
-    activation is stored as e4m3 with scales p_os [rows, I/BK] (BN == BK)."""
+    activation is stored as e4m3 with scales p_os [rows, I/BK] (BN == BK). TMA: the
+    weight tiles come through the descriptor d_w over p_w [E, N1, H]."""
     m_row = route >= 0
     tok = tl.where(m_row, route // K, 0)
     o_n = i_n * BN + tl.arange(0, BN)
@@ -104,12 +109,19 @@ def fc1_tile(p_x, p_xs, p_w, p_s, p_gs, p_topk_w, p_out, p_os, e, e_w, route, o_
                                            X_FP8)
             b_cg = b_xs * b_wg
             b_cu = b_xs * b_wu
-        b_g = scaled_dot(weight_tile(p_we, b_sg, o_n, m_n, c, stride_wn, num_chunks, BN, BK,
-                                     NVFP4, FP8, PTX_DECODE, INTERPRET), b_x, b_g, b_cg, FP8)
+        if TMA:
+            b_wt = tma_weight_tile(d_w, e_w, i_n * BN, c, BN, BK, INTERPRET)
+        else:
+            b_wt = weight_tile(p_we, b_sg, o_n, m_n, c, stride_wn, num_chunks, BN, BK, NVFP4,
+                               FP8, PTX_DECODE, INTERPRET)
+        b_g = scaled_dot(b_wt, b_x, b_g, b_cg, FP8)
         if GATED:
-            b_u = scaled_dot(weight_tile(p_we, b_su, o_n + I, m_n, c, stride_wn, num_chunks, BN,
-                                         BK, NVFP4, FP8, PTX_DECODE, INTERPRET), b_x, b_u, b_cu,
-                             FP8)
+            if TMA:
+                b_wt = tma_weight_tile(d_w, e_w, I + i_n * BN, c, BN, BK, INTERPRET)
+            else:
+                b_wt = weight_tile(p_we, b_su, o_n + I, m_n, c, stride_wn, num_chunks, BN, BK,
+                                   NVFP4, FP8, PTX_DECODE, INTERPRET)
+            b_u = scaled_dot(b_wt, b_x, b_u, b_cu, FP8)
     if PDL:  # the next kernel's blocks may launch now, to wait in gdc_wait (its prologue overlaps)
         gdc_launch_dependents()
     if GSCALE:  # NVFP4's global scale, once per output instead of once per weight

@@ -27,10 +27,12 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from sparkinfer.moe.kernels.common import (
     DECODE_UNSCALE,
     activation,
+    grouped_ids,
     k_order,
     load_scales,
     program_rows,
     split_chunks,
+    tma_weight_tile,
     weight_tile,
 )
 from sparkinfer.moe.kernels.fp8 import act_operand, scaled_dot, step_scales, store_act
@@ -80,7 +82,7 @@ def moe_act_kernel(p_a, p_topk_w, p_out, p_os, R, I, stride_as, stride_ar, strid
 
 @triton.jit
 def moe_fc2_kernel(
-    p_a, p_as, p_w, p_s, p_gs, p_ids, p_topk_w, p_sorted, p_tile_e, p_out,
+    p_a, p_as, p_w, p_s, p_gs, p_ids, p_topk_w, p_sorted, p_tile_e, p_out, d_w, d_a,
     T, H, num_chunks, chunks_per_split, e_lo, e_hi,
     stride_ar, stride_we, stride_wn, stride_se, stride_os, stride_or,
     E: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, RP: tl.constexpr,
@@ -88,27 +90,30 @@ def moe_fc2_kernel(
     GATED: tl.constexpr, ACT: tl.constexpr, WEIGHT_BEFORE: tl.constexpr,  # FC1's (unused)
     NVFP4: tl.constexpr, FP8: tl.constexpr, X_FP8: tl.constexpr,  # X_FP8: FC1's (unused)
     GSCALE: tl.constexpr, PTX_DECODE: tl.constexpr, INTERPRET: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, GROUP: tl.constexpr = 0, TMA: tl.constexpr = False,
 ):
-    e, route, o_arow = program_rows(p_ids, p_sorted, p_tile_e, tl.program_id(0), T, E, K,
-                                    BM, KP, RP, MICRO)
+    i_m, i_n = grouped_ids(H, BN, GROUP)
+    e, route, o_arow = program_rows(p_ids, p_sorted, p_tile_e, i_m, T, E, K, BM, KP, RP, MICRO)
     if (e >= e_lo) & (e < e_hi):
-        fc2_tile(p_a, p_as, p_w, p_s, p_gs, p_out, e, e - e_lo, route, o_arow, tl.program_id(1),
-                 tl.program_id(2), H, num_chunks, chunks_per_split, stride_ar, stride_we,
-                 stride_wn, stride_se, stride_os, stride_or, BM, BN, BK, NVFP4, FP8, GSCALE,
-                 PTX_DECODE, INTERPRET, PDL)
+        fc2_tile(p_a, p_as, p_w, p_s, p_gs, p_out, d_w, d_a, e, e - e_lo, route, o_arow,
+                 i_m * BM, i_n, tl.program_id(2), H, num_chunks, chunks_per_split, stride_ar,
+                 stride_we, stride_wn, stride_se, stride_os, stride_or, BM, BN, BK, NVFP4, FP8,
+                 GSCALE, PTX_DECODE, INTERPRET, PDL, TMA)
 
 
 @triton.jit
-def fc2_tile(p_a, p_as, p_w, p_s, p_gs, p_out, e, e_w, route, o_arow, i_n, i_s, H, num_chunks,
-             chunks_per_split, stride_ar, stride_we, stride_wn, stride_se, stride_os, stride_or,
-             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, NVFP4: tl.constexpr,
-             FP8: tl.constexpr, GSCALE: tl.constexpr, PTX_DECODE: tl.constexpr,
-             INTERPRET: tl.constexpr, PDL: tl.constexpr):
+def fc2_tile(p_a, p_as, p_w, p_s, p_gs, p_out, d_w, d_a, e, e_w, route, o_arow, a_row0, i_n,
+             i_s, H, num_chunks, chunks_per_split, stride_ar, stride_we, stride_wn, stride_se,
+             stride_os, stride_or, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+             NVFP4: tl.constexpr, FP8: tl.constexpr, GSCALE: tl.constexpr,
+             PTX_DECODE: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr,
+             TMA: tl.constexpr):
     """One FC2 tile: expert e (>= 0; its weights at index e_w), activation rows
     o_arow for routes `route` [BM] (-1: inactive; FP8: e4m3 with scales p_as
     [rows, I/BK]), weight rows i_n*BN.., reduction split i_s; stores
-    out[i_s, route, n] (one program of moe_fc2_kernel)."""
+    out[i_s, route, n] (one program of moe_fc2_kernel). TMA (grouped: the tile's
+    rows are a_row0..a_row0+BM): weight tiles through d_w over p_w [E, H, I],
+    activation tiles through d_a over p_a [rows, I] (block [BM, BK])."""
     m_row = route >= 0
     o_n = i_n * BN + tl.arange(0, BN)
     m_n = o_n < H
@@ -124,7 +129,13 @@ def fc2_tile(p_a, p_as, p_w, p_s, p_gs, p_out, e, e_w, route, o_arow, i_n, i_s, 
         n_w, _, n_as = step_scales(p_se, i_n * BN, 0, p_as, o_arow, m_row, c_lo, num_chunks, BK,
                                    False, True)
     for c in range(c_lo, c_hi):
-        b_a, _ = act_operand(p_a, o_arow, m_row, o_k, c, stride_ar, BK, FP8, False, INTERPRET)
+        if TMA:
+            b_a = tl.trans(d_a.load([a_row0, c * BK]))
+            if INTERPRET:
+                b_a = b_a.to(tl.float32)
+        else:
+            b_a, _ = act_operand(p_a, o_arow, m_row, o_k, c, stride_ar, BK, FP8, False,
+                                 INTERPRET)
         b_s = 0  # NVFP4: scale bytes [BN, BK/16]
         b_c = 0  # FP8: w_scale * a_scale per column
         if NVFP4:
@@ -133,8 +144,12 @@ def fc2_tile(p_a, p_as, p_w, p_s, p_gs, p_out, e, e_w, route, o_arow, i_n, i_s, 
             b_c = n_as * n_w
             n_w, _, n_as = step_scales(p_se, i_n * BN, 0, p_as, o_arow, m_row,
                                        tl.minimum(c + 1, c_hi - 1), num_chunks, BK, False, True)
-        b_acc = scaled_dot(weight_tile(p_we, b_s, o_n, m_n, c, stride_wn, num_chunks, BN, BK,
-                                       NVFP4, FP8, PTX_DECODE, INTERPRET), b_a, b_acc, b_c, FP8)
+        if TMA:
+            b_wt = tma_weight_tile(d_w, e_w, i_n * BN, c, BN, BK, INTERPRET)
+        else:
+            b_wt = weight_tile(p_we, b_s, o_n, m_n, c, stride_wn, num_chunks, BN, BK, NVFP4,
+                               FP8, PTX_DECODE, INTERPRET)
+        b_acc = scaled_dot(b_wt, b_a, b_acc, b_c, FP8)
     if PDL:
         gdc_launch_dependents()
     if GSCALE:  # NVFP4's global scale, once per output instead of once per weight
