@@ -22,7 +22,7 @@ from sparkinfer.moe.plan import FAMILIES, FP8_BLOCK, MICRO_BLOCK_M, MoEPlan, Til
 from sparkinfer.moe.weights import MoEWeights, nvfp4_shapes
 
 __all__ = ["ScratchSpec", "MoEBinding", "scratch_specs", "allocate_scratch", "bind",
-           "sort_chunk", "max_tiles"]
+           "sort_chunk", "sort_split", "max_tiles"]
 
 _ACT = {"silu": ACT_SILU, "relu2": ACT_RELU2, "swiglu_oai": ACT_SWIGLU_OAI}
 
@@ -39,6 +39,20 @@ class ScratchSpec:
 def sort_chunk(num_experts: int) -> int:
     """Routes per counting-sort chunk: keeps the [CH, E] one-hot tile at <= 8192 elements."""
     return max(16, min(1024, 8192 // triton.next_power_of_2(num_experts)))
+
+
+# One-hot tiles per counting-sort program: enough that about SORT_PROGRAMS
+# programs cover the routes (kernels/sort.py: the offsets kernel walks one
+# row of counts per program, serially), at most SORT_MAX_SUB.
+SORT_PROGRAMS = 128
+SORT_MAX_SUB = 16
+
+
+def sort_split(routes: int, num_experts: int) -> tuple[int, int]:
+    """(one-hot tiles per sort program, programs) for `routes` routes. Pure."""
+    tiles = triton.cdiv(routes, sort_chunk(num_experts))
+    sub = max(1, min(SORT_MAX_SUB, tiles // SORT_PROGRAMS))
+    return sub, triton.cdiv(tiles, sub)
 
 
 def max_tiles(routes: int, num_experts: int, block_m: int) -> int:

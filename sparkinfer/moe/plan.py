@@ -143,6 +143,16 @@ GROUPED_BLOCK_M_LARGE = 128
 # NVFP4 keeps BN1 64 and the plan's chunk (the sweep's NVFP4 tiles: moe_tile_sweep_h200.json).
 BF16_WIDE_MIN_ROWS = 16
 BF16_WIDE_BM64_MAX_ROWS = 96
+# The wide bf16 tiles and the fp8_block tiles above BF16_WIDE_MIN_ROWS run in
+# groups of GROUP_M tiles (TileConfig.group_m) with TMA loads. H200 at 36cdf87
+# (benchmarks/results/sweeps/moe_order_sweep_h200.json), us planned -> both:
+# bf16 M = 4096 DeepSeek-V3 8872 -> 8018, TP8 shard 1506 -> 1398, Qwen3 812 ->
+# 739, Mixtral 5418 -> 5020 (TMA alone 4997); M = 1024 6007 -> 5597, 874 -> 841,
+# 414 -> 390, 1517 -> 1394. fp8_block M = 4096 8327 -> 7839, Qwen3 1009 -> 977,
+# Mixtral 6530 -> 6336, but the TP8 shard 1718 -> 1783 (TMA slows its FC2,
+# 864 -> 974 us); M = 1024 3748 -> 3341, 627 -> 623, 345 -> 340, 1799 -> 1776.
+# Same bits in every case. Below, the narrow tiles keep the plain order (not measured).
+GROUP_M = 8
 # NVFP4 from NVFP4_DEQUANT_MIN_ROWS mean routed rows per active expert: the call
 # dequantizes its experts to bf16 once (`kernels/convert.py`, a chunk of experts
 # at a time within MoECaps.dequant_scratch_bytes) and runs the bf16 grouped
@@ -341,8 +351,10 @@ def _fp8_config(caps: MoECaps, spec: MoESpec, tokens: int) -> TileConfig:
     budget, warps = (SMEM_TWO_PER_SM, 4) if bm <= 32 else (SMEM_ONE_PER_SM, 8)
     fc1 = halves * _weight_bytes(ck, ck, False, True) + ck * bm
     fc2 = _weight_bytes(bn2, ck, False, True) + ck * bm
+    wide = mean_rows > BF16_WIDE_MIN_ROWS  # GROUP_M
     return TileConfig("grouped", bm, ck, bn2, num_warps=warps,
-                      stages1=min(4, _stages(fc1, budget)), stages2=min(4, _stages(fc2, budget)))
+                      stages1=min(4, _stages(fc1, budget)), stages2=min(4, _stages(fc2, budget)),
+                      group_m=GROUP_M if wide else 0, tma=wide)
 
 
 def _config(caps: MoECaps, spec: MoESpec, tokens: int, chunk: int) -> TileConfig:
@@ -389,7 +401,8 @@ def _config(caps: MoECaps, spec: MoESpec, tokens: int, chunk: int) -> TileConfig
     mean_rows = routes / active
     if not nvfp4 and mean_rows > BF16_WIDE_MIN_ROWS and caps.hidden % 64 == 0 and caps.intermediate % 64 == 0:
         bm = 64 if mean_rows <= BF16_WIDE_BM64_MAX_ROWS else 128
-        return TileConfig("grouped", bm, 128, 256, num_warps=8, stages1=4, stages2=4, block_k=64)
+        return TileConfig("grouped", bm, 128, 256, num_warps=8, stages1=4, stages2=4, block_k=64,
+                          group_m=GROUP_M, tma=True)
     table = GROUPED_BLOCK_M if nvfp4 else GROUPED_BLOCK_M_BF16
     bm = next((b for limit, b in table if mean_rows <= limit), GROUPED_BLOCK_M_LARGE)
     if bm <= 32:

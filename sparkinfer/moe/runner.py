@@ -23,7 +23,7 @@ import torch
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from sparkinfer.moe.binding import _ACT, MoEBinding, max_tiles, sort_chunk
+from sparkinfer.moe.binding import _ACT, MoEBinding, max_tiles, sort_chunk, sort_split
 from sparkinfer.moe.kernels.common import NVFP4_TILE_ROWS
 from sparkinfer.moe.kernels.convert import moe_quant_kernel, nvfp4_dequant_kernel
 from sparkinfer.moe.kernels.fc1 import moe_fc1_kernel
@@ -68,16 +68,17 @@ def _splits(chunks: int, split: int) -> tuple[int, int]:
 def _sort(b: MoEBinding, routes: int, block_m: int, tiles: int) -> None:
     c, s = b.plan.caps, b.scratch
     ch = sort_chunk(c.num_experts)
-    nch = triton.cdiv(routes, ch)
+    sub, nch = sort_split(routes, c.num_experts)
     ep = triton.next_power_of_2(c.num_experts)
-    ids = b.topk_ids
-    sort_count_kernel[(nch,)](ids, s["sort_counts"], routes, E=c.num_experts, EP=ep, CH=ch)
-    sort_offsets_kernel[(1,)](s["sort_counts"], s["sort_base"], s["tile_expert"],
-                              s["sorted_route"], nch, tiles, E=c.num_experts, EP=ep,
-                              CB=max(1, 8192 // ep), BM=block_m, FILL=1024,
+    ids, rows = b.topk_ids, tiles * block_m
+    sort_count_kernel[(nch,)](ids, s["sort_counts"], s["sorted_route"], routes, sub,
+                              triton.cdiv(rows, nch), rows, E=c.num_experts, EP=ep, CH=ch,
+                              FILL=1024)
+    sort_offsets_kernel[(1,)](s["sort_counts"], s["sort_base"], s["tile_expert"], nch, tiles,
+                              E=c.num_experts, EP=ep, CB=max(1, 8192 // ep), BM=block_m,
                               TB=max(1, 8192 // ep), num_warps=8)
-    sort_scatter_kernel[(nch,)](ids, s["sort_base"], s["sorted_route"], routes, E=c.num_experts,
-                                EP=ep, CH=ch)
+    sort_scatter_kernel[(nch,)](ids, s["sort_base"], s["sorted_route"], routes, sub,
+                                E=c.num_experts, EP=ep, CH=ch)
 
 
 @dataclass(frozen=True)

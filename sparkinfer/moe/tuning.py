@@ -203,16 +203,17 @@ def tile_candidates(p: MoEPlan, tokens: int) -> tuple[tuple[str, MoEPlan], ...]:
 
 def order_candidates(p: MoEPlan, tokens: int, groups: tuple[int, ...] = (8,)) -> tuple[tuple[str, MoEPlan], ...]:
     """(name, plan) to time at a grouped batch of `tokens`: ("planned", p), then
-    the planned tiles in each grouped program order of `groups` (TileConfig.group_m),
+    the planned tiles in the launch order ("plain"), in each grouped program order of `groups` (TileConfig.group_m),
     with TMA loads, and both (where the weights allow TMA: not the NVFP4
     kernels' prepared tiles). Pure."""
     chosen = p.config_for(tokens)
     if chosen.family != "grouped":
         return (("planned", p),)
-    out = [("planned", p)]
-    out += [(f"group{g}", p.forced(dataclasses.replace(chosen, group_m=g))) for g in groups]
+    out = [("planned", p), ("plain", p.forced(dataclasses.replace(chosen, group_m=0, tma=False)))]
+    out += [(f"group{g}", p.forced(dataclasses.replace(chosen, group_m=g, tma=False)))
+            for g in groups]
     if p.spec.weight_format != "nvfp4" or chosen.dequant_experts:
-        out.append(("tma", p.forced(dataclasses.replace(chosen, tma=True))))
+        out.append(("tma", p.forced(dataclasses.replace(chosen, tma=True, group_m=0))))
         out += [(f"tma-group{g}", p.forced(dataclasses.replace(chosen, tma=True, group_m=g)))
                 for g in groups]
     return tuple((n, q) for n, q in out if n == "planned" or q.config_for(tokens) != chosen)

@@ -25,7 +25,7 @@ def _outputs(fmt, configs, **caps_kw):
     x = torch.randn(T, caps.hidden).bfloat16()
     logits = torch.randn(T, caps.num_experts)
     ref = moe_reference(x, src, route_reference(logits, spec, caps.top_k), spec=spec)
-    base = p.config_for(T)
+    base = dataclasses.replace(p.config_for(T), group_m=0, tma=False)  # the plain order
     assert base.family == "grouped", base
     outs = []
     for change in configs:
@@ -41,7 +41,7 @@ def _outputs(fmt, configs, **caps_kw):
 @pytest.mark.parametrize("fmt,caps_kw", [("bf16", {}), ("fp8_block", {}),
                                          ("nvfp4", dict(dequant_scratch_bytes=1 << 30))])
 def test_orders_and_tma_give_the_plain_configs_bits(fmt, caps_kw):
-    changes = [{}, dict(group_m=1), dict(group_m=4), dict(group_m=4, tma=True)]
+    changes = [{}, dict(group_m=3), dict(group_m=4, tma=True)]
     if fmt == "nvfp4":  # the dequantized path (bf16 copies) is the one TMA can read
         changes = [dict(dequant_experts=2), dict(dequant_experts=2, group_m=4),
                    dict(dequant_experts=2, group_m=4, tma=True)]
@@ -55,8 +55,8 @@ def test_orders_and_tma_give_the_plain_configs_bits(fmt, caps_kw):
 
 
 @pytest.mark.parametrize("change,match", [
-    (dict(family="micro", block_m=16, group_m=2), "group_m=2, tma=False for the 'micro'"),
-    (dict(group_m=-1), "group_m >= 0"),
+    (dict(family="micro", block_m=16, group_m=2, tma=False), "group_m=2, tma=False for the 'micro'"),
+    (dict(group_m=-1, tma=False), "group_m >= 0"),
     (dict(tma=True), "tma=True for NVFP4 kernels"),
 ])
 def test_bind_refuses_orders_and_tma_where_they_do_not_apply(change, match):
