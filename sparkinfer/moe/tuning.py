@@ -47,7 +47,7 @@ TILES_LARGE = (("bn1-128", 128, 128, 128, 8, 1, 128), ("bk64", 128, 64, 128, 8, 
                ("bk64-wide", 128, 128, 256, 8, 1, 64), ("bk64-2cta", 128, 64, 128, 8, 2, 64),
                ("bm256", 256, 64, 128, 8, 1, 128), ("bm64", 64, 64, 128, 8, 1, 128),
                ("bm64-wide", 64, 128, 256, 8, 1, 128), ("bm64-bk64-wide", 64, 128, 256, 8, 1, 64),
-               ("w4", 128, 64, 128, 4, 1, 128))
+               ("w4", 128, 64, 128, 4, 1, 128), ("bm256-bk64", 256, 64, 128, 8, 1, 64))
 # Planned BM <= 32 (memory-bound batches): wider BN cuts the activation
 # re-reads (one per BN block); BM 64 doubles the rows that share a weight tile.
 TILES_SMALL = (("bm16", 16, 64, 64, 4, 2, 128), ("bn2-128", 32, 64, 128, 4, 2, 128),
@@ -151,7 +151,8 @@ def _other_nvfp4_path(p: MoEPlan, tokens: int) -> tuple[str, TileConfig]:
 
 
 def _tile(p: MoEPlan, bm: int, bn1: int, bn2: int, warps: int, per_sm: int, bk: int,
-          decode: str) -> MoEPlan:
+          chosen: TileConfig) -> MoEPlan:
+    """p forced to these tiles, with the chosen config's decode, program order and loads."""
     nvfp4 = p.spec.weight_format == "nvfp4"
     fp8 = p.spec.weight_format == "fp8_block"
     halves = 2 if p.spec.gated else 1
@@ -165,7 +166,8 @@ def _tile(p: MoEPlan, bm: int, bn1: int, bn2: int, warps: int, per_sm: int, bk: 
     fc1 = halves * _weight_bytes(bn1, bk, nvfp4, fp8) + bk * bm * act
     fc2 = _weight_bytes(bn2, bk, nvfp4, fp8) + bk * bm * act
     cfg = TileConfig("grouped", bm, bn1, bn2, num_warps=warps, stages1=stages(fc1),
-                       stages2=stages(fc2), decode=decode)
+                     stages2=stages(fc2), decode=chosen.decode, group_m=chosen.group_m,
+                     tma=chosen.tma)
     return dataclasses.replace(p.forced(cfg), chunk=bk)
 
 
@@ -176,7 +178,7 @@ def tile_candidates(p: MoEPlan, tokens: int) -> tuple[tuple[str, MoEPlan], ...]:
     step needs (one or two programs per SM). A plan's chunk is BK: a BK 64 plan
     needs weights prepared for it (bf16: the same tensors). Tiles whose BK does
     not divide H and I (or exceeds the plan's chunk), and repeats of an earlier
-    (BK, config), are left out; at most 12. Pure: no device, no compilation.
+    (BK, config), are left out; at most 13. Pure: no device, no compilation.
     """
     chosen = p.config_for(tokens)
     if chosen.family != "grouped":
@@ -191,14 +193,14 @@ def tile_candidates(p: MoEPlan, tokens: int) -> tuple[tuple[str, MoEPlan], ...]:
             continue
         if p.spec.weight_format == "fp8_block" and (bk, bn1) != (FP8_BLOCK, FP8_BLOCK):
             continue  # a K step is one scale block; FC1 programs hold whole activation groups
-        tp = _tile(p, bm, bn1, bn2, warps, per_sm, bk, chosen.decode)
+        tp = _tile(p, bm, bn1, bn2, warps, per_sm, bk, chosen)
         if name == "deep":  # the plan's tiles, one stage deeper where shared memory allows
             tp = p.forced(dataclasses.replace(chosen, stages1=tp.buckets[0][1].stages1,
                                               stages2=tp.buckets[0][1].stages2))
         if (tp.chunk, tp.buckets[0][1]) not in seen:
             seen.add((tp.chunk, tp.buckets[0][1]))
             out.append((name, tp))
-    return tuple(out[:12])
+    return tuple(out[:13])
 
 
 def order_candidates(p: MoEPlan, tokens: int, groups: tuple[int, ...] = (8,)) -> tuple[tuple[str, MoEPlan], ...]:
