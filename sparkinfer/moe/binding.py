@@ -252,6 +252,10 @@ def bind(plan: MoEPlan, scratch: dict, weights: MoEWeights, *, x: torch.Tensor,
     if cfg.tma and fmt == "nvfp4" and not cfg.dequant_experts:
         raise PlanError("bind: config tma=True for NVFP4 kernels, whose weights are prepared "
                         "tiles a descriptor cannot walk; use tma=False (or dequant_experts > 0)")
+    if fmt == "fp8_block" and (cfg.block_n2 > FP8_BLOCK or FP8_BLOCK % cfg.block_n2):
+        raise PlanError(f"bind: fp8_block config with block_n2 {cfg.block_n2}; FC2 programs take "
+                        f"one weight scale per K step, so block_n2 must divide {FP8_BLOCK} (one "
+                        "128-row scale block)")
     bk = cfg.block_k
     dense = fmt == "bf16" or cfg.dequant_experts > 0  # plain bf16 rows: any step
     if bk and (not dense or bk % 32 or c.hidden % bk or plan.intermediate % bk):

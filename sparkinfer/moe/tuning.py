@@ -193,6 +193,8 @@ def tile_candidates(p: MoEPlan, tokens: int) -> tuple[tuple[str, MoEPlan], ...]:
             continue
         if p.spec.weight_format == "fp8_block" and (bk, bn1) != (FP8_BLOCK, FP8_BLOCK):
             continue  # a K step is one scale block; FC1 programs hold whole activation groups
+        if p.spec.weight_format == "fp8_block" and FP8_BLOCK % bn2:
+            continue  # an FC2 tile takes one weight scale a step: its rows lie in one block
         tp = _tile(p, bm, bn1, bn2, warps, per_sm, bk, chosen)
         if name == "deep":  # the plan's tiles, one stage deeper where shared memory allows
             tp = p.forced(dataclasses.replace(chosen, stages1=tp.buckets[0][1].stages1,

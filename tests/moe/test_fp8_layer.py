@@ -280,3 +280,6 @@ def test_bind_rejects(fp8_layer):
     dq = p.forced(dataclasses.replace(p.config_for(3), family="grouped", dequant_experts=2))
     with pytest.raises(PlanError, match="dequant_experts=2 for fp8_block"):
         bind(dq, allocate_scratch(dq, "cpu"), w, **_args())
+    wide = p.forced(dataclasses.replace(p.config_for(3), family="grouped", block_n2=256))
+    with pytest.raises(PlanError, match="block_n2 256; .* must divide 128"):
+        bind(wide, allocate_scratch(wide, "cpu"), w, **_args())
