@@ -39,12 +39,13 @@ _ABS_PATH = re.compile(r"(?<![\w.:/~-])(?:/[^\s/\"'`:,;=()\[\]]+)+/(?=[^\s/\"'`:
 
 # Specified peaks, shown beside the rates each run measures (a measured rate is
 # a floor a kernel may beat; the specified one is the part's bound). NVIDIA
-# H200 SXM datasheet: 4.8 TB/s HBM3e, 989 TFLOP/s dense bf16 (1,979 sparse).
-SPEC_PEAKS = {"NVIDIA H200": dict(spec_hbm_gbs=4800.0, spec_bf16_tflops=989.0)}
+# H200 SXM datasheet: 4.8 TB/s HBM3e, 989 TFLOP/s dense bf16 (1,979 sparse), 1,979
+# TFLOP/s dense FP8 (3,958 sparse).
+SPEC_PEAKS = {"NVIDIA H200": dict(spec_hbm_gbs=4800.0, spec_bf16_tflops=989.0, spec_fp8_tflops=1979.0)}
 
 
 def spec_peaks(gpu: str | None) -> dict:
-    """{"spec_hbm_gbs", "spec_bf16_tflops"} for a GPU name starting with a known
+    """{"spec_hbm_gbs", "spec_bf16_tflops", "spec_fp8_tflops"} for a GPU name starting with a known
     part ("NVIDIA H200", "NVIDIA H200 NVL" ...), else {}."""
     for name, peaks in SPEC_PEAKS.items():
         if gpu and gpu.startswith(name):

@@ -1,6 +1,7 @@
 """Decode tokens/s of whole models on one GPU (TP = 1), beside the baselines, in one run.
 
-    sparkinfer bench decode [--presets qwen3-30b-a3b,glm-4.5-air,mixtral-8x7b] [--layers 8]
+    sparkinfer bench decode [--presets qwen3-30b-a3b,glm-4.5-air,mixtral-8x7b] [--layers 8 | --full-depth]
+                            [--weights transformers|random-direct] [--impls sparkinfer,torch]
                             [--batches 1,8,32,64] [--formats bf16,nvfp4] [--context 512] [--tp 2 [--dcp 2]]
                             [--overlap-batches 1,8,32] [--spec-k 3] [--invariance on|off|both] [--profile]
                             [--dry-run]
@@ -30,6 +31,19 @@ N ranks, ours beside the torch ops with NCCL all-reduces (`bench/decode_tp.py`).
 batch-dependent choices (off), or both, each configuration built and timed once per
 mode in the same run; rows carry `batch_invariant`, and `both` prints the pairs with
 the invariance's cost (docs/design.md, batch invariance).
+
+`--weights random-direct`: the weights are drawn straight on the GPU, one tensor at
+a time, with the same distributions (`models/random_source.py`), and go through the
+same loader; no transformers model is built, so there are no transformers rows and
+no prefill error against it, and a preset fits at its real depth (`--full-depth`:
+each preset's own layer count; Qwen3-30B-A3B's 48 layers are 61 GB of bf16, and
+the transformers path would hold them twice). Before anything is built, each preset
+and format is checked against the device's free memory (`bench/decode_memory.py`):
+one that cannot fit (GLM-4.5-Air at 46 layers in bf16: 214 GB of weights) raises
+CapacityError naming both numbers. Rows carry `weights` (the source) and `layers`,
+and on a GPU `mem_estimate_bytes` beside the measured `peak_mem_bytes`.
+`--dry-run`: a tiny preset on the CPU with small sizes; options given explicitly
+keep their values.
 """
 
 from __future__ import annotations
@@ -45,26 +59,91 @@ __all__ = ["add_arguments", "main"]
 # (tests/models) and the MoE layer against its dequantized reference (tests/moe).
 
 
+# Defaults of a GPU run and of `--dry-run` (a tiny preset on the CPU, logic only); an
+# option given on the command line keeps its value in both.
+_GPU_DEFAULTS = dict(presets="qwen3-30b-a3b,glm-4.5-air,mixtral-8x7b", layers=8, batches="1,8,32,64",
+                     formats="bf16,nvfp4", context=512, replays=30, hf_batches="1,8", spec_k=0)
+_DRY_DEFAULTS = dict(presets="qwen3_moe-tiny", layers=2, batches="1,2", formats="bf16", context=8, replays=2,
+                     hf_batches="1", spec_k=2)
+WEIGHTS = ("transformers", "random-direct")
+
+
 def add_arguments(p) -> None:
-    p.add_argument("--presets", default="qwen3-30b-a3b,glm-4.5-air,mixtral-8x7b")
-    p.add_argument("--layers", type=int, default=8, help="decoder layers of every preset")
-    p.add_argument("--batches", default="1,8,32,64")
-    p.add_argument("--formats", default="bf16,nvfp4")
-    p.add_argument("--context", type=int, default=512, help="prompt tokens before the timed steps")
-    p.add_argument("--replays", type=int, default=30)
-    p.add_argument("--hf-batches", default="1,8", help="batches for transformers' generate (slow)")
+    p.add_argument("--presets", default=None, help=f"default {_GPU_DEFAULTS['presets']}")
+    p.add_argument("--layers", type=int, default=None, help="decoder layers of every preset (default 8)")
+    p.add_argument("--full-depth", action="store_true",
+                   help="each preset at its own layer count (qwen3-30b-a3b 48, glm-4.5-air 46, mixtral-8x7b 32)")
+    p.add_argument("--weights", choices=WEIGHTS, default="transformers",
+                   help="random weights from transformers' model class (and its rows), or drawn directly on the "
+                        "device through the loader (random-direct: one copy, no transformers rows)")
+    p.add_argument("--impls", default="sparkinfer,torch", help="our decoder, and the torch-ops baseline with bf16")
+    p.add_argument("--batches", default=None, help="default 1,8,32,64")
+    p.add_argument("--formats", default=None, help="default bf16,nvfp4")
+    p.add_argument("--context", type=int, default=None, help="prompt tokens before the timed steps (default 512)")
+    p.add_argument("--replays", type=int, default=None, help="default 30")
+    p.add_argument("--hf-batches", default=None, help="batches for transformers' generate (slow; default 1,8)")
     p.add_argument("--overlap-batches", default="1,8,32", help="shared-expert overlap on/off at these batches")
     p.add_argument("--profile", action="store_true",
                    help="record the kernels of one decode step (CUDA profiler) in each of our rows")
-    p.add_argument("--spec-k", type=int, default=0, help="speculative decoding tokens/s with k draft tokens")
+    p.add_argument("--spec-k", type=int, default=None, help="speculative decoding tokens/s with k draft tokens")
     p.add_argument("--tp", type=int, default=1,
                    help="ranks (one GPU each; CPU ranks with --dry-run): ours and the torch ops with NCCL, "
                         "slowest rank's time; no transformers, overlap or speculative rows")
     p.add_argument("--dcp", type=int, default=1, help="decode-context parallelism with --tp: 1 or the rank count")
     p.add_argument("--invariance", choices=("on", "off", "both"), default="on",
                    help="our decoder batch-invariant (on), batch-dependent (off), or both in paired rows")
-    p.add_argument("--out", default=None, help="default benchmarks/results/decode_<machine>.json")
+    p.add_argument("--out", default=None, help="default benchmarks/results/decode_<machine>.json "
+                                               "(decode_full_depth_<machine>.json with --full-depth)")
     p.add_argument("--dry-run", action="store_true", help="a tiny preset on the CPU (logic check only)")
+
+
+def resolve(args) -> str | None:
+    """Fill the options left unset from the GPU or dry-run defaults (in place); returns
+    why the combination is refused, or None."""
+    if args.full_depth and args.layers is not None:
+        return f"--full-depth with --layers {args.layers}: give one of them"
+    explicit_hf = args.hf_batches
+    for k, v in (_DRY_DEFAULTS if args.dry_run else _GPU_DEFAULTS).items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    if args.weights == "random-direct":
+        if explicit_hf:
+            return f"--hf-batches {explicit_hf} with --weights random-direct: there is no transformers model"
+        args.hf_batches = ""
+    impls = args.impls.split(",")
+    if not impls or not set(impls) <= {"sparkinfer", "torch"}:
+        return f"--impls {args.impls}: a comma-separated subset of sparkinfer,torch"
+    return None
+
+
+def preset_layers(args) -> int | None:
+    """Decoder layers of every preset: None (each preset's own count) with --full-depth."""
+    return None if args.full_depth else args.layers
+
+
+def check_memory(args, free_bytes: int) -> None:
+    """Refuse (CapacityError, `decode_memory.check_fits`) before anything is built when a
+    preset and format of this run would not fit in `free_bytes` of one device."""
+    from sparkinfer.bench.decode_memory import check_fits, memory_need
+    from sparkinfer.models.config import load_spec
+    from sparkinfer.models.presets import preset_config
+    from sparkinfer.models.weights import Sharding
+
+    batch = max(int(b) for b in args.batches.split(","))
+    for preset in args.presets.split(","):
+        spec = load_spec(preset_config(preset, layers=preset_layers(args)))
+        for fmt in args.formats.split(","):
+            need = memory_need(spec, fmt, source=args.weights, batch=batch, max_len=max_cache_len(args),
+                               sharding=Sharding(0, args.tp, args.dcp))
+            check_fits(need, free_bytes, f"{preset} at {spec.num_layers} layers with {fmt} experts and "
+                                         f"--weights {args.weights}" + (f" (one of {args.tp} ranks)" if args.tp > 1
+                                                                        else ""))
+
+
+def max_cache_len(args) -> int:
+    """Positions of the longest KV cache the run builds: the prompt and 64 decode steps, or
+    speculative generation's 128 new tokens + 16."""
+    return args.context + (144 if args.spec_k else 64)
 
 
 def _invariance_pairs(rows) -> list[list]:
@@ -89,66 +168,92 @@ def _rows_for(preset, args, dev, bw, say) -> list[dict]:
         hf_model,
         hf_step_us,
         prefill_rows,
+        random_model,
         step_kernels,
         step_us,
     )
 
     batches = [int(b) for b in args.batches.split(",")]
     ctx = args.context
-    model, cfg = hf_model(preset, args.layers, dev)
+    cuda = dev.type == "cuda"
+    if args.weights == "transformers":
+        model, cfg = hf_model(preset, preset_layers(args), dev)
+    else:
+        model, cfg = random_model(preset, preset_layers(args), dev)
     prompt = torch.randint(0, cfg["vocab_size"], (ctx,)).tolist()
-    with torch.no_grad():
-        ref = model(torch.tensor([prompt], device=dev)).logits[0, -1].float()
+    ref = None
+    if args.weights == "transformers":
+        with torch.no_grad():
+            ref = model(torch.tensor([prompt], device=dev)).logits[0, -1].float()
     rows = []
     for fmt, ops, inv in build_modes(args):
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(dev)
         spec, dec, engine = build(model, cfg, fmt=fmt, ops=ops, batch=max(batches), max_len=ctx + 64,
                                   max_tokens=max(max(batches), min(ctx, 512)), batch_invariant=inv)
+        mem = _memory_fields(args, spec, fmt, dev)
         with torch.no_grad():
             logits = prefill_rows(engine, prompt, max(batches)).float()
-            err = ((logits - ref).norm() / ref.norm()).item()
+            err = ((logits - ref).norm() / ref.norm()).item() if ref is not None else None
+            agrees = int(logits.argmax()) == int(ref.argmax()) if ref is not None else None
             has_shared = any(getattr(lw.mlp, "shared", None) is not None for lw in dec.w.layers)
             for b in batches:
                 modes = [True, False] if has_shared and ops == "sparkinfer" and str(b) in \
-                    args.overlap_batches.split(",") and dev.type == "cuda" else [dec.overlap_shared]
+                    args.overlap_batches.split(",") and cuda else [dec.overlap_shared]
                 for overlap in modes:
                     dec.overlap_shared = overlap
                     engine._steps.clear()  # recapture with this setting
                     us, same = step_us(engine, b, ctx, args.replays)
                     floor = floor_bytes(spec, dec.w, b, ctx, fmt) / bw * 1e6 if bw else None
-                    rows.append(dict(bench="decode", preset=preset, layers=spec.num_layers, impl=ops,
-                                     experts=fmt, batch=b, context=ctx, overlap_shared=overlap,
+                    rows.append(dict(bench="decode", preset=preset, layers=spec.num_layers, weights=args.weights,
+                                     impl=ops, experts=fmt, batch=b, context=ctx, overlap_shared=overlap,
                                      **({"batch_invariant": inv} if ops == "sparkinfer" else {}),
                                      us_per_step=us, tokens_per_s=b / us * 1e6, floor_us=floor,
                                      frac_floor=floor / us if floor else None, prefill_rel_err_vs_hf=err,
-                                     argmax_agrees_hf=int(logits.argmax()) == int(ref.argmax()),
-                                     replay_equals_eager=same,
+                                     argmax_agrees_hf=agrees, replay_equals_eager=same,
                                      ok=(same or ops == "torch") and bool(torch.isfinite(logits).all())))
                     if args.profile and engine.graphs:
                         rows[-1]["kernels"] = step_kernels(engine, b)
+                    rows[-1].update(mem, peak_mem_bytes=torch.cuda.max_memory_allocated(dev) if cuda else None)
                     say(rows[-1])
-                dec.overlap_shared = dev.type == "cuda"
+                dec.overlap_shared = cuda
         del engine, dec
-        if dev.type == "cuda":
+        if cuda:
             torch.cuda.empty_cache()
     for b in [int(x) for x in args.hf_batches.split(",") if x]:
         us = hf_step_us(model, b, ctx, cfg["vocab_size"])
-        rows.append(dict(bench="decode", preset=preset, layers=args.layers, impl="transformers", experts="bf16",
-                         batch=b, context=ctx, us_per_step=us, tokens_per_s=b / us * 1e6, ok=True))
+        rows.append(dict(bench="decode", preset=preset, layers=cfg["num_hidden_layers"], weights=args.weights,
+                         impl="transformers", experts="bf16", batch=b, context=ctx, us_per_step=us,
+                         tokens_per_s=b / us * 1e6, ok=True))
         say(rows[-1])
     return rows
+
+
+def _memory_fields(args, spec, fmt, dev) -> dict:
+    """The run's estimate of one device's bytes (`decode_memory`), to set beside the
+    measured peak on a GPU; {} on the CPU."""
+    if dev.type != "cuda":
+        return {}
+    from sparkinfer.bench.decode_memory import memory_need
+
+    need = memory_need(spec, fmt, source=args.weights, batch=max(int(b) for b in args.batches.split(",")),
+                       max_len=max_cache_len(args))
+    return dict(mem_estimate_bytes=need.total)
 
 
 def _speculative(preset, args, dev, say) -> list[dict]:
     """Plain vs speculative generation tokens/s at batch 1 (see the module docstring)."""
     import torch
 
-    from sparkinfer.bench.decode_model import build, hf_model
+    from sparkinfer.bench.decode_model import build, hf_model, random_model
     from sparkinfer.engine import Engine, SamplingParams
     from sparkinfer.engine.speculative import SpeculativeEngine
     from sparkinfer.models.build import self_draft
+    from sparkinfer.models.presets import preset_config
 
-    half = max(1, args.layers // 2)
-    model, cfg = hf_model(preset, args.layers, dev, agree_after=half)
+    half = max(1, preset_config(preset, layers=preset_layers(args))["num_hidden_layers"] // 2)
+    make = hf_model if args.weights == "transformers" else random_model
+    model, cfg = make(preset, preset_layers(args), dev, agree_after=half)
     new = 16 if args.dry_run else 128
     spec, dec, engine = build(model, cfg, fmt="bf16", ops="sparkinfer", batch=1, max_len=args.context + new + 16,
                               max_tokens=max(args.context, 8))
@@ -161,7 +266,8 @@ def _speculative(preset, args, dev, say) -> list[dict]:
     spec_engine = SpeculativeEngine(engine, draft, args.spec_k)
     spec_engine.generate(prompt, SamplingParams(max_new_tokens=8))
     fast = spec_engine.generate(prompt, params)
-    row = dict(bench="decode_speculative", preset=preset, layers=spec.num_layers, draft_layers=half, batch=1,
+    row = dict(bench="decode_speculative", preset=preset, layers=spec.num_layers, weights=args.weights,
+               draft_layers=half, batch=1,
                k=args.spec_k, context=args.context, new_tokens=new, plain_tokens_per_s=plain.decode_tokens_per_s,
                spec_tokens_per_s=fast.decode_tokens_per_s, acceptance=fast.acceptance,
                speedup=fast.decode_tokens_per_s / plain.decode_tokens_per_s, same_tokens=fast.tokens == plain.tokens,
@@ -190,15 +296,17 @@ def main(args) -> int:
     if args.tp < 1 or args.dcp not in (1, args.tp):
         con.print(f"[red]--tp {args.tp} --dcp {args.dcp}: --tp >= 1, and --dcp is 1 or --tp")
         return 2
+    refused = resolve(args)
+    if refused:
+        con.print(f"[red]{refused}")
+        return 2
     cuda = torch.cuda.is_available() and not args.dry_run
-    if args.dry_run:
-        args.presets, args.layers, args.batches, args.formats = "qwen3_moe-tiny", 2, "1,2", "bf16"
-        args.context, args.replays, args.hf_batches = 8, 2, "1"
-        args.spec_k = args.spec_k or 2
-    elif not cuda or torch.cuda.device_count() < args.tp:
+    if not args.dry_run and (not cuda or torch.cuda.device_count() < args.tp):
         con.print(f"[red]the decode benchmark needs {args.tp} GPU(s); --dry-run checks its logic on the CPU")
         return 2
     dev = torch.device("cuda" if cuda else "cpu")
+    if cuda and args.tp == 1:  # --tp: each rank checks its own device before it builds
+        check_memory(args, torch.cuda.mem_get_info(dev)[0])
     bw = copy_bandwidth() if cuda and args.tp == 1 else None  # --tp: each rank measures its own
     if bw:
         con.print(f"copy bandwidth {bw / 1e12:.2f} TB/s (read + write)")
@@ -222,10 +330,9 @@ def main(args) -> int:
         if cuda:
             torch.cuda.empty_cache()
     steps = [r for r in rows if r["bench"] == "decode"]
-    print_table(f"decode step (TP = {args.tp}, DCP = {args.dcp})", ["preset", "impl", "experts", "B", "overlap",
-                                                                      "invariant", "us/step", "tok/s", "% floor",
-                                                                      "ok"],
-                [[r["preset"], r["impl"], r["experts"], r["batch"], r.get("overlap_shared", ""),
+    print_table(f"decode step (TP = {args.tp}, DCP = {args.dcp}), weights {args.weights}",
+                ["preset", "L", "impl", "experts", "B", "overlap", "invariant", "us/step", "tok/s", "% floor", "ok"],
+                [[r["preset"], r.get("layers", ""), r["impl"], r["experts"], r["batch"], r.get("overlap_shared", ""),
                   r.get("batch_invariant", ""), f"{r['us_per_step']:.1f}", f"{r['tokens_per_s']:.1f}",
                   f"{100 * r['frac_floor']:.1f}" if r.get("frac_floor") else "", r["ok"]] for r in steps])
     pairs = _invariance_pairs(steps)
@@ -233,7 +340,9 @@ def main(args) -> int:
         print_table("batch invariance: our step, invariant vs batch-dependent (same run)",
                     ["preset", "experts", "B", "overlap", "invariant us", "batch-dependent us", "cost"], pairs)
     meta = metadata(args)
-    out = args.out or default_out("decode", meta, args.tp, dry_run=args.dry_run)
+    # full-depth rows in a file of their own: the docs' decode table keys rows by preset and batch
+    out = args.out or default_out("decode_full_depth" if args.full_depth else "decode", meta, args.tp,
+                                  dry_run=args.dry_run)
     path = append_rows(out, [dict(r, copy_bandwidth_Bps=r.get("copy_bandwidth_Bps", bw)) for r in rows], meta)
     con.print(f"rows -> {path}")
     return 0 if all(r["ok"] for r in rows) else 1

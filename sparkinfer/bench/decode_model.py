@@ -1,6 +1,11 @@
 """The pieces of the decode benchmark: a realistic model with random weights, the
 floor of a decode step, and timers for graph replays and whole generations.
 
+Weights come from transformers' own model class (`hf_model`: a reference to compare
+logits with, and a second copy of every weight) or straight from a `RandomSource`
+(`random_model`: the same distributions drawn tensor by tensor on the device, so a
+preset fits at its full depth). Either goes through the checkpoint loader (`build`).
+
 Legend: B rows in a decode step, L layers, E experts, K top-k, H hidden, I expert
 intermediate, V vocabulary.
 """
@@ -9,8 +14,8 @@ from __future__ import annotations
 
 import time
 
-__all__ = ["hf_model", "build", "prefill_rows", "floor_bytes", "copy_bandwidth", "step_us", "hf_step_us",
-           "step_kernels", "build_modes"]
+__all__ = ["hf_model", "random_model", "build", "prefill_rows", "floor_bytes", "copy_bandwidth", "step_us",
+           "hf_step_us", "step_kernels", "build_modes"]
 
 
 def hf_model(preset: str, layers: int, device, *, agree_after: int | None = None):
@@ -45,26 +50,88 @@ def hf_model(preset: str, layers: int, device, *, agree_after: int | None = None
     return model, cfg
 
 
+def random_model(preset: str, layers: int | None, device, *, agree_after: int | None = None):
+    """(a `RandomSource` of `preset` with `layers` decoder layers (None: the preset's own
+    count) drawing on `device`, its config dict): `hf_model`'s distributions without a
+    transformers model; agree_after as there. Allocates nothing until read."""
+    from sparkinfer.models.presets import preset_config
+    from sparkinfer.models.random_source import RandomSource
+
+    cfg = preset_config(preset, layers=layers)
+    return RandomSource(cfg, seed=0, device=device, zero_from=agree_after), cfg
+
+
 def build(model, cfg, *, fmt: str, ops: str, batch: int, max_len: int, max_tokens: int, sharding=None,
           comm=None, batch_invariant: bool = True):
-    """(spec, decoder, engine) of our model on the transformers model's weights: one rank's
-    shard (`sharding`, default the whole model) over `comm` (None for one rank);
-    batch_invariant: the decoder's switch (see `Decoder`)."""
+    """(spec, decoder, engine) of our model on `model`'s weights: a transformers model
+    (its state dict is read) or a `RandomSource` (`random_model`); one rank's shard
+    (`sharding`, default the whole model) over `comm` (None for one rank);
+    batch_invariant: the decoder's switch (see `Decoder`). Allocates on the model's device.
+
+    Our kernels' MoE layers keep a prepared copy of each layer's experts (w1 is always
+    re-laid out: `moe/weights.prepare_weights`), so they are made here one layer at a
+    time and the loaded experts of that layer dropped (`_moe_layers`): peak memory
+    is the model plus one layer's copy, not the model plus every w1 (Mixtral-8x7B at
+    32 layers: 93 GB of weights and 60 GB of w1, more than an H200 holds)."""
     from sparkinfer.engine import Engine
     from sparkinfer.models.config import load_spec
     from sparkinfer.models.decoder import Decoder, KVCache
     from sparkinfer.models.loader import load_weights
+    from sparkinfer.models.random_source import RandomSource
     from sparkinfer.models.tensor_source import TensorSource
     from sparkinfer.models.weights import Sharding
 
-    dev = next(model.parameters()).device
+    dev = model.device
+    src = model if isinstance(model, RandomSource) else TensorSource(model.state_dict())
     spec = load_spec(cfg)
     sh = sharding or Sharding()
-    weights = load_weights(TensorSource(model.state_dict()), spec, sh, device=dev, moe_format=fmt)
+    weights = load_weights(src, spec, sh, device=dev, moe_format=fmt)
     cache = KVCache(spec.num_layers, batch + 1, max_len, weights.layers[0].attn.kv_heads, spec.head_dim, sh, dev)
+    moe = _moe_layers(spec, weights, fmt, max_tokens=max_tokens, batch_invariant=batch_invariant) \
+        if ops == "sparkinfer" else None
     dec = Decoder(spec, weights, sh, comm=comm, cache=cache, max_tokens=max_tokens, moe_format=fmt, ops=ops,
-                  batch_invariant=batch_invariant)
+                  batch_invariant=batch_invariant, share_moe=moe)
     return spec, dec, Engine(dec, max_batch=batch, comm=comm)
+
+
+def _moe_layers(spec, weights, fmt: str, *, max_tokens: int, batch_invariant: bool) -> list:
+    """The `MoELayer` of each layer (None for dense ones), planned exactly as
+    `Decoder.__init__` plans its own; after each, that layer's loaded w1 / w2 become
+    meta tensors of the same shape (the MoE layer holds its prepared copy; shapes stay
+    for `floor_bytes`), so their memory returns before the next layer is prepared."""
+    from sparkinfer.models.decoder import _moe_spec  # the decoder's own MoESpec of a model
+    from sparkinfer.models.weights import ExpertWeights
+    from sparkinfer.moe import MoECaps, MoELayer
+    from sparkinfer.runtime.devices import cuda_sm_count
+
+    dev = weights.final_norm.device
+    num_sms = cuda_sm_count(dev) if dev.type == "cuda" else 1  # as the decoder: one "SM" in the interpreter
+    out = []
+    for lw in weights.layers:
+        m = lw.mlp
+        if not isinstance(m, ExpertWeights):
+            out.append(None)
+            continue
+        caps = MoECaps(max_tokens=max_tokens, num_experts=spec.num_experts, top_k=spec.top_k, hidden=spec.hidden,
+                       intermediate=int(m.w2.shape[-1]), tp_rank=0, tp_size=1, num_sms=num_sms,
+                       batch_invariant=batch_invariant)
+        bias = m.correction_bias.float() if m.correction_bias is not None else None
+        out.append(MoELayer(caps, _moe_spec(spec, fmt), (m.w1, m.w2), device=dev, bias=bias))
+        if spec.routing == "sigmoid_grouped":
+            m.router = m.router.float()  # the decoder's own step when it plans (GLM routes in fp32)
+        m.w1, m.w2 = _on_meta(m.w1), _on_meta(m.w2)
+    return out
+
+
+def _on_meta(t):
+    """A tensor (or NVFP4Tensor) of t's shape and dtype on the meta device: no memory."""
+    import torch
+
+    from sparkinfer.quant.nvfp4 import NVFP4Tensor
+
+    if isinstance(t, NVFP4Tensor):
+        return NVFP4Tensor(*(_on_meta(x) for x in (t.packed, t.scales, t.global_scale)))
+    return torch.empty(t.shape, dtype=t.dtype, device="meta")
 
 
 def prefill_rows(engine, prompt: list[int], batch: int):
@@ -201,9 +268,11 @@ def step_kernels(engine, batch: int, replays: int = 20) -> list[dict]:
 
 def build_modes(args):
     """(format, ops, batch_invariant) of each decoder to build and time, in order: the
-    invariance modes of one configuration back to back; the torch ops have none."""
+    invariance modes of one configuration back to back; the torch ops (bf16 only, when
+    `args.impls` names them) have none."""
     modes = {"on": (True,), "off": (False,), "both": (True, False)}[args.invariance]
+    impls = getattr(args, "impls", "sparkinfer,torch").split(",")
     for fmt in args.formats.split(","):
-        for ops in ("sparkinfer", "torch") if fmt == "bf16" else ("sparkinfer",):
+        for ops in [o for o in ("sparkinfer", "torch") if o in impls and (o == "sparkinfer" or fmt == "bf16")]:
             for inv in modes if ops == "sparkinfer" else (True,):
                 yield fmt, ops, inv

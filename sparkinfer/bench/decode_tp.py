@@ -2,14 +2,16 @@
 ranks (one GPU each; CPU ranks through the interpreter with --dry-run), ours beside
 the same decoder on torch ops with NCCL all-reduces, in one launch.
 
-Every rank builds the same random model (transformers' class, the same seed), keeps
-its shard (`Sharding(rank, N, dcp)`), prefills the same prompt and times the same
-bucket graphs in lockstep; a row holds the slowest rank's time (each rank's in
+Every rank checks its device's free memory for its shard (`decode_memory`), builds
+the same random model (transformers' class, the same seed; or with `--weights
+random-direct` a `RandomSource`, whose tensors every rank draws alike and slices),
+keeps its shard (`Sharding(rank, N, dcp)`), prefills the same prompt and times the
+same bucket graphs in lockstep; a row holds the slowest rank's time (each rank's in
 us_per_rank), its floor is one rank's bytes (its weights, the experts a batch hits on
 its shard of I, its KV heads) at the copy bandwidth that rank measured, and its `ok`
 needs every rank's replay to equal its eager step and every rank's logits to be the
 same bits (the decoder's contract). The prefill logits' error against transformers'
-bf16 forward is recorded, not gated (see `decode.py`).
+bf16 forward is recorded, not gated (see `decode.py`); random-direct rows have none.
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ __all__ = ["tp_rows"]
 
 def tp_rows(preset: str, args, say) -> list[dict]:
     """Rows of one preset at --tp ranks (see the module docstring)."""
+    from sparkinfer.bench.decode import max_cache_len, preset_layers
     from sparkinfer.bench.decode_model import build_modes
     from sparkinfer.runtime import run_ranks
 
-    opt = dict(layers=args.layers, batches=[int(b) for b in args.batches.split(",")], context=args.context,
-               replays=args.replays, builds=list(build_modes(args)), dcp=args.dcp, dry=args.dry_run)
+    opt = dict(layers=preset_layers(args), batches=[int(b) for b in args.batches.split(",")], context=args.context,
+               replays=args.replays, builds=list(build_modes(args)), dcp=args.dcp, dry=args.dry_run,
+               weights=args.weights, max_len=max_cache_len(args))
     ranks = run_ranks(_rank_rows, args.tp, backend="cpu" if args.dry_run else "cuda", args=(preset, opt),
                       timeout_s=600 if args.dry_run else 1800)
     rows = []
@@ -43,21 +47,41 @@ def tp_rows(preset: str, args, say) -> list[dict]:
 def _rank_rows(world, preset: str, opt: dict) -> list[dict]:
     import torch
 
-    from sparkinfer.bench.decode_model import build, copy_bandwidth, floor_bytes, hf_model, prefill_rows, step_us
+    from sparkinfer.bench.decode_memory import check_fits, memory_need
+    from sparkinfer.bench.decode_model import (
+        build,
+        copy_bandwidth,
+        floor_bytes,
+        hf_model,
+        prefill_rows,
+        random_model,
+        step_us,
+    )
     from sparkinfer.comm import Communicator
     from sparkinfer.models.build import comm_capacity
     from sparkinfer.models.config import load_spec
+    from sparkinfer.models.presets import preset_config
     from sparkinfer.models.weights import Sharding
 
     dev = world.device
-    model, cfg = hf_model(preset, opt["layers"], dev)
-    spec = load_spec(cfg)
+    sharding = Sharding(world.rank, world.world_size, opt["dcp"])
+    spec = load_spec(preset_config(preset, layers=opt["layers"]))
     batch, ctx = max(opt["batches"]), opt["context"]
+    if dev.type == "cuda":  # before this rank allocates anything
+        for fmt in dict.fromkeys(f for f, _, _ in opt["builds"]):
+            need = memory_need(spec, fmt, source=opt["weights"], batch=batch, max_len=opt["max_len"],
+                               sharding=sharding)
+            check_fits(need, torch.cuda.mem_get_info(dev)[0], f"rank {world.rank} of {preset} at "
+                       f"{spec.num_layers} layers with {fmt} experts and --weights {opt['weights']}")
+    make = hf_model if opt["weights"] == "transformers" else random_model
+    model, cfg = make(preset, opt["layers"], dev)
     max_tokens = max(batch, min(ctx, 512))
     gen = torch.Generator().manual_seed(1)
     prompt = torch.randint(0, spec.vocab_size, (ctx,), generator=gen).tolist()
-    with torch.no_grad():
-        ref = model(torch.tensor([prompt], device=dev)).logits[0, -1].float()
+    ref = None
+    if opt["weights"] == "transformers":
+        with torch.no_grad():
+            ref = model(torch.tensor([prompt], device=dev)).logits[0, -1].float()
     bw = copy_bandwidth() if dev.type == "cuda" else None
     comm = Communicator(device=dev, capacity_bytes=comm_capacity(spec, world.world_size, batch, max_tokens),
                         channel_ids=("target",))
@@ -65,20 +89,19 @@ def _rank_rows(world, preset: str, opt: dict) -> list[dict]:
     try:
         for fmt, ops, inv in opt["builds"]:
             _, dec, engine = build(model, cfg, fmt=fmt, ops=ops, batch=batch, max_len=ctx + 64,
-                                   max_tokens=max_tokens, comm=comm, batch_invariant=inv,
-                                   sharding=Sharding(world.rank, world.world_size, opt["dcp"]))
+                                   max_tokens=max_tokens, comm=comm, batch_invariant=inv, sharding=sharding)
             with torch.no_grad():
                 logits = prefill_rows(engine, prompt, batch)
-                err = ((logits.float() - ref).norm() / ref.norm()).item()
+                err = ((logits.float() - ref).norm() / ref.norm()).item() if ref is not None else None
+                agrees = int(logits.argmax()) == int(ref.argmax()) if ref is not None else None
                 for b in opt["batches"]:
                     us, same = step_us(engine, b, ctx, opt["replays"])
                     floor = floor_bytes(spec, dec.w, b, ctx, fmt) / bw * 1e6 if bw else None
-                    rows.append(dict(bench="decode", preset=preset, layers=spec.num_layers, impl=ops,
-                                     experts=fmt, tp=world.world_size, dcp=opt["dcp"], batch=b, context=ctx,
-                                     **({"batch_invariant": inv} if ops == "sparkinfer" else {}),
+                    rows.append(dict(bench="decode", preset=preset, layers=spec.num_layers, weights=opt["weights"],
+                                     impl=ops, experts=fmt, tp=world.world_size, dcp=opt["dcp"], batch=b,
+                                     context=ctx, **({"batch_invariant": inv} if ops == "sparkinfer" else {}),
                                      us_per_step=us, floor_us=floor, copy_bandwidth_Bps=bw,
-                                     replay_equals_eager=same, prefill_rel_err_vs_hf=err,
-                                     argmax_agrees_hf=int(logits.argmax()) == int(ref.argmax()),
+                                     replay_equals_eager=same, prefill_rel_err_vs_hf=err, argmax_agrees_hf=agrees,
                                      logits_digest=_digest(logits)))
             del engine, dec
             if dev.type == "cuda":

@@ -26,7 +26,7 @@ ALL_REDUCE_TARGET_US = {2 << 10: 4, 32 << 10: 4, 128 << 10: 5, 512 << 10: 6.5, 2
                         32 << 20: 95}
 # --brief: the rows of one short table per op (fused norm at the largest H, dcp at D 128 replicated)
 BRIEF_T = (1, 8, 64, 256)
-BRIEF_M = (1, 8, 64, 4096)
+BRIEF_M = (1, 8, 64, 1024, 4096)
 
 
 def add_arguments(p) -> None:
@@ -163,11 +163,10 @@ def fused_tables(rows: list, machine: str, brief: bool) -> list[str]:
 
 
 def _spec(r: dict, rows: list) -> dict:
-    """The GPU's specified peaks for a row: the row's own (newer runs record them),
-    else looked up by the GPU name its file records."""
-    if "spec_hbm_gbs" in r:
-        return r
-    return spec_peaks(next((x.get("gpu") for x in rows if x.get("gpu")), None))
+    """The GPU's specified peaks for a row: the row's own where it records them (newer
+    runs do), else looked up by the GPU name its file records."""
+    peaks = spec_peaks(next((x.get("gpu") for x in rows if x.get("gpu")), None))
+    return {**peaks, **{k: r[k] for k in peaks if k in r}}
 
 
 def _pct_flag(frac: float, over: str) -> str:
@@ -184,14 +183,16 @@ def moe_tables(rows: list, machine: str, brief: bool) -> list[str]:
     gbs = " / ".join(f"{d.get('copy_gbs', 0):.0f}" for d in devs)
     tfl = " / ".join(f"{d.get('bf16_tflops', 0):.0f}" for d in devs)
     peaks = _spec(devs[0], rows)
-    hbm, tc = peaks.get("spec_hbm_gbs"), peaks.get("spec_bf16_tflops")
+    hbm, tc, tc8 = peaks.get("spec_hbm_gbs"), peaks.get("spec_bf16_tflops"), peaks.get("spec_fp8_tflops")
     hbm_s = f"{hbm / 1000:g} TB/s" if hbm else "? GB/s"
     tc_s = f"{tc:g}" if tc else "?"
+    tc8_s = f"{tc8:g}" if tc8 else "?"
     parts = ", one per part" if len(devs) > 1 else ""
     out = [f"MoE layer, µs per call in a CUDA graph; HBM = active experts' weight bytes at the GPU's specified "
            f"{hbm_s}, as a fraction of the time taken (in brackets: at the copy rate measured in the same "
            f"run, {gbs} GB/s counting read + write{parts}); tc = fraction of the specified {tc_s} TFLOP/s dense "
-           f"bf16 (in brackets: of the {tfl} TFLOP/s an 8192³ matmul reached in the same run); torch = the faster "
+           f"bf16 (in brackets: of the {tfl} TFLOP/s an 8192³ matmul reached in the same run), for fp8 of the "
+           f"specified {tc8_s} TFLOP/s dense FP8, for nvfp4 (bf16 MMAs on Hopper) of the bf16 rate; torch = the faster "
            f"of `torch._grouped_mm` (g) and a per-expert loop (l), bf16; {provenance(rows, machine, brief)}:", ""]
     body, over = [], set()
 
@@ -202,6 +203,9 @@ def moe_tables(rows: list, machine: str, brief: bool) -> list[str]:
         copy = _pct_flag(r["frac_floor"], "†")
         return f"{_pct_flag(spec_frac, '‡')} ({copy})" if spec_frac else f"– ({copy})"
 
+    def tc_cell(r: dict, peak) -> str:
+        return f"{100 * r['tflops'] / peak:.1f}%" if peak and "tflops" in r else "–"
+
     for (shape, m), d in sorted(t.items()):
         n, b = d.get(("sparkinfer", "nvfp4")), d.get(("sparkinfer", "bf16"))
         if not (n and b):
@@ -210,19 +214,19 @@ def moe_tables(rows: list, machine: str, brief: bool) -> list[str]:
                 if (r := d.get((key, "bf16")))]
         best, tag = min(base) if base else (float("nan"), "")
         cells = [shape, m]
-        for r in (n, b):
-            cells += [f"{r['us']:.1f}", hbm_cell(r)]
+        cells += [f"{n['us']:.1f}", hbm_cell(n), tc_cell(n, tc), f"{b['us']:.1f}", hbm_cell(b)]
         spec_tc = b["tflops"] / tc if tc and "tflops" in b else None
         measured = f"({100 * b['frac_tc']:.1f}%)"
         cells.append(f"{100 * spec_tc:.1f}% {measured}" if spec_tc else f"– {measured}")
         cells += [f"{best:.1f} {tag}", f"{best / b['us']:.2f}x", f"{best / n['us']:.2f}x"]
         f8 = d.get(("sparkinfer", "fp8_block"))
-        cells += [f"{f8['us']:.1f}", hbm_cell(f8), f"{b['us'] / f8['us']:.2f}x"] if f8 else ["–", "–", "–"]
+        cells += ([f"{f8['us']:.1f}", hbm_cell(f8), tc_cell(f8, tc8), f"{b['us'] / f8['us']:.2f}x"] if f8
+                  else ["–"] * 4)
         body.append(cells)
     over_copy, over_spec = "†" in over, "‡" in over
-    out += _md(["shape", "M", "nvfp4 µs", "nvfp4 % HBM (% copy)", "bf16 µs", "bf16 % HBM (% copy)",
+    out += _md(["shape", "M", "nvfp4 µs", "nvfp4 % HBM (% copy)", "nvfp4 % tc", "bf16 µs", "bf16 % HBM (% copy)",
                 "bf16 % tc (% measured)", "torch bf16 µs", "bf16 vs torch", "nvfp4 vs torch", "fp8 µs",
-                "fp8 % HBM (% copy)", "fp8 vs bf16"], body)
+                "fp8 % HBM (% copy)", "fp8 % tc", "fp8 vs bf16"], body)
     notes = []
     if any(r.get("impl") == "torch_loop" and r.get("mode") == "graph" for r in rows):
         notes.append("l: in this run the loop's routing setup (which experts, which rows) ran on the host outside "

@@ -18,7 +18,7 @@ T = 40  # 80 routes over 4 experts: 2 + 4 tiles of BM 32 or 64, so group_m 4 lea
 
 
 def _outputs(fmt, configs, **caps_kw):
-    caps = MoECaps(max_tokens=64, num_experts=4, top_k=2, hidden=256, intermediate=256,
+    caps = MoECaps(max_tokens=64, num_experts=4, top_k=2, hidden=256, intermediate=128,
                    batch_invariant=False, **caps_kw)
     spec = MoESpec(weight_format=fmt)
     p, w, src, _ = random_layer(caps, spec)
