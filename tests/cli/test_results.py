@@ -85,7 +85,8 @@ def test_summarize_refuses_a_moe_timing_whose_graph_output_failed_its_check(tmp_
     (tmp_path / "moe_h200.json").write_text(json.dumps(moe))
     assert main(["bench", "summarize", "--results", str(tmp_path)]) == 0
     out = capsys.readouterr()
-    assert "| mixtral | 1 | 10.0 | 50% (90%) | 0.1% | 20.0 | 50% (102%†) | 0.1% (1.0%) | 40.0 l | 2.00x | 4.00x |" in out.out
+    assert ("| mixtral | 1 | 10.0 | 50% (90%) | 0.1% | 20.0 | 50% (102%†) | 0.1% (1.0%) | 40.0 l | 2.00x | 4.00x |"
+            in out.out)
     assert "| mixtral | 8 |" not in out.out and "† above the copy rate measured" in out.out
     assert "moe_h200.json: refused 1 rows" in out.err
 
