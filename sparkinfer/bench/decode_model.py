@@ -70,10 +70,11 @@ def build(model, cfg, *, fmt: str, ops: str, batch: int, max_len: int, max_token
 
     Our kernels' MoE layers keep a prepared copy of each layer's experts (w1 is always
     re-laid out: `moe/weights.prepare_weights`), so they are made here one layer at a
-    time and the loaded experts of that layer dropped (`_moe_layers`): peak memory
+    time and the loaded experts of that layer dropped (`models.build.prepare_moe`): peak memory
     is the model plus one layer's copy, not the model plus every w1 (Mixtral-8x7B at
     32 layers: 93 GB of weights and 60 GB of w1, more than an H200 holds)."""
     from sparkinfer.engine import Engine
+    from sparkinfer.models.build import prepare_moe
     from sparkinfer.models.config import load_spec
     from sparkinfer.models.decoder import Decoder, KVCache
     from sparkinfer.models.loader import load_weights
@@ -87,51 +88,11 @@ def build(model, cfg, *, fmt: str, ops: str, batch: int, max_len: int, max_token
     sh = sharding or Sharding()
     weights = load_weights(src, spec, sh, device=dev, moe_format=fmt)
     cache = KVCache(spec.num_layers, batch + 1, max_len, weights.layers[0].attn.kv_heads, spec.head_dim, sh, dev)
-    moe = _moe_layers(spec, weights, fmt, max_tokens=max_tokens, batch_invariant=batch_invariant) \
+    moe = prepare_moe(spec, weights, moe_format=fmt, max_tokens=max_tokens, batch_invariant=batch_invariant) \
         if ops == "sparkinfer" else None
     dec = Decoder(spec, weights, sh, comm=comm, cache=cache, max_tokens=max_tokens, moe_format=fmt, ops=ops,
                   batch_invariant=batch_invariant, share_moe=moe)
     return spec, dec, Engine(dec, max_batch=batch, comm=comm)
-
-
-def _moe_layers(spec, weights, fmt: str, *, max_tokens: int, batch_invariant: bool) -> list:
-    """The `MoELayer` of each layer (None for dense ones), planned exactly as
-    `Decoder.__init__` plans its own; after each, that layer's loaded w1 / w2 become
-    meta tensors of the same shape (the MoE layer holds its prepared copy; shapes stay
-    for `floor_bytes`), so their memory returns before the next layer is prepared."""
-    from sparkinfer.models.decoder import _moe_spec  # the decoder's own MoESpec of a model
-    from sparkinfer.models.weights import ExpertWeights
-    from sparkinfer.moe import MoECaps, MoELayer
-    from sparkinfer.runtime.devices import cuda_sm_count
-
-    dev = weights.final_norm.device
-    num_sms = cuda_sm_count(dev) if dev.type == "cuda" else 1  # as the decoder: one "SM" in the interpreter
-    out = []
-    for lw in weights.layers:
-        m = lw.mlp
-        if not isinstance(m, ExpertWeights):
-            out.append(None)
-            continue
-        caps = MoECaps(max_tokens=max_tokens, num_experts=spec.num_experts, top_k=spec.top_k, hidden=spec.hidden,
-                       intermediate=int(m.w2.shape[-1]), tp_rank=0, tp_size=1, num_sms=num_sms,
-                       batch_invariant=batch_invariant)
-        bias = m.correction_bias.float() if m.correction_bias is not None else None
-        out.append(MoELayer(caps, _moe_spec(spec, fmt), (m.w1, m.w2), device=dev, bias=bias))
-        if spec.routing == "sigmoid_grouped":
-            m.router = m.router.float()  # the decoder's own step when it plans (GLM routes in fp32)
-        m.w1, m.w2 = _on_meta(m.w1), _on_meta(m.w2)
-    return out
-
-
-def _on_meta(t):
-    """A tensor (or NVFP4Tensor) of t's shape and dtype on the meta device: no memory."""
-    import torch
-
-    from sparkinfer.quant.nvfp4 import NVFP4Tensor
-
-    if isinstance(t, NVFP4Tensor):
-        return NVFP4Tensor(*(_on_meta(x) for x in (t.packed, t.scales, t.global_scale)))
-    return torch.empty(t.shape, dtype=t.dtype, device="meta")
 
 
 def prefill_rows(engine, prompt: list[int], batch: int):

@@ -46,7 +46,7 @@ from sparkinfer.norm import add_rms_norm, rms_norm
 from sparkinfer.rope import rope_qk_cache, rotary_table
 from sparkinfer.runtime.devices import cuda_sm_count
 
-__all__ = ["Step", "KVCache", "Decoder"]
+__all__ = ["Step", "KVCache", "Decoder", "moe_layer"]
 
 
 @dataclass(frozen=True)
@@ -88,6 +88,17 @@ def _moe_spec(spec, fmt: str) -> MoESpec:
                    renormalize=spec.renormalize, n_group=spec.n_group if grouped else 1,
                    topk_group=spec.topk_group if grouped else 1,
                    routed_scaling_factor=spec.routed_scaling_factor)
+
+
+def moe_layer(spec, m: ExpertWeights, *, moe_format: str, max_tokens: int, num_sms: int,
+              batch_invariant: bool) -> MoELayer:
+    """The `MoELayer` of one layer's loaded experts `m` (plans, prepares a copy of the
+    weights the kernels read). Allocates; not capture-legal."""
+    caps = MoECaps(max_tokens=max_tokens, num_experts=spec.num_experts, top_k=spec.top_k,
+                   hidden=spec.hidden, intermediate=_local_inter(m), tp_rank=0, tp_size=1,
+                   num_sms=num_sms, batch_invariant=batch_invariant)
+    bias = m.correction_bias.float() if m.correction_bias is not None else None
+    return MoELayer(caps, _moe_spec(spec, moe_format), (m.w1, m.w2), device=m.router.device, bias=bias)
 
 
 class Decoder:
@@ -137,11 +148,8 @@ class Decoder:
             if not isinstance(m, ExpertWeights) or self.torch_ops is not None:
                 self.moe.append(None)
                 continue
-            caps = MoECaps(max_tokens=max_tokens, num_experts=spec.num_experts, top_k=spec.top_k,
-                           hidden=spec.hidden, intermediate=_local_inter(m), tp_rank=0, tp_size=1,
-                           num_sms=num_sms, batch_invariant=batch_invariant)
-            bias = m.correction_bias.float() if m.correction_bias is not None else None
-            self.moe.append(MoELayer(caps, _moe_spec(spec, moe_format), (m.w1, m.w2), device=dev, bias=bias))
+            self.moe.append(moe_layer(spec, m, moe_format=moe_format, max_tokens=max_tokens, num_sms=num_sms,
+                                      batch_invariant=batch_invariant))
         for lw in weights.layers:
             if isinstance(lw.mlp, ExpertWeights) and spec.routing == "sigmoid_grouped" and share_moe is None:
                 lw.mlp.router = lw.mlp.router.float()  # transformers routes GLM-4.5 in fp32

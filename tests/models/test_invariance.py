@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from sparkinfer.models.build import build_decoder
-from sparkinfer.models.decoder import Decoder, KVCache, Step
+from sparkinfer.models.decoder import Step
 from sparkinfer.models.presets import make_checkpoint
 from sparkinfer.models.weights import Sharding
 
@@ -67,9 +67,9 @@ def decoders(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(sys.modules["sparkinfer.moe.plan"], "MICRO_MAX_TOKENS", 2)  # the package exports plan()
         dec = build_decoder(path, Sharding(), device="cpu", max_batch=MAX_BATCH, max_len=MAX_LEN, max_tokens=16)
-        cache = KVCache(dec.spec.num_layers, MAX_BATCH + 1, MAX_LEN, dec.w.layers[0].attn.kv_heads,
-                        dec.spec.head_dim, Sharding(), "cpu")
-        dependent = Decoder(dec.spec, dec.w, Sharding(), cache=cache, max_tokens=16, batch_invariant=False)
+        # its own load of the same checkpoint: build_decoder releases the loaded experts it prepared
+        dependent = build_decoder(path, Sharding(), device="cpu", max_batch=MAX_BATCH, max_len=MAX_LEN,
+                                  max_tokens=16, batch_invariant=False)
     assert dec.moe[1].plan.config_for(4).family == "grouped" and dec.moe[1].plan.config_for(2).family == "micro"
     return dec, dependent
 
