@@ -78,6 +78,7 @@ class _Live:
     text: TextStream | None
     sched: SchedRequest
     completion: int = 0
+    prompt_tokens: int = 0
 
 
 class EngineCore:
@@ -101,6 +102,7 @@ class EngineCore:
         self._inbox: list = []
         self._lock = threading.Condition()
         self._rng = random.SystemRandom()
+        self._singles: dict[int, str] = {}  # each token's text alone, shared by the requests' TextStreams
         self.error: str | None = None
         self.steps = 0
         self.sched_s = 0.0  # host time in schedule() + update() + output processing, summed
@@ -118,10 +120,10 @@ class EngineCore:
         key = request_id or new_request_id()
         handle = self.handle_type(key, prompt, params)
         sr = SchedRequest(rid, prompt, params, frozenset(stops))
-        text = TextStream(self.tokenizer, prompt, params.stop) if self.tokenizer is not None else None
+        text = TextStream(self.tokenizer, prompt, params.stop, self._singles) if self.tokenizer is not None else None
         with self._lock:
             self.sched.add(sr)  # raises CapacityError / EngineOverloaded before anything is kept
-            self._live[rid] = _Live(handle, text, sr)
+            self._live[rid] = _Live(handle, text, sr, 0, len(prompt))
             self._by_key[key] = rid
             self._lock.notify_all()
         return handle
@@ -183,18 +185,19 @@ class EngineCore:
         reason = u.finish
         text = ""
         if live.text is not None:
-            text, stopped = live.text.push(list(u.tokens), final=reason is not None)
+            text, stopped = live.text.push(u.tokens, final=reason is not None)
             if stopped and reason is None:
                 reason = FinishReason.STOP
                 self.sched.abort(u.request, FinishReason.STOP)  # frees the slot for the next step
         live.completion += len(u.tokens)
-        if live.handle.state is not RequestState.FINISHED:
-            live.handle.state = RequestState.RUNNING
-        out = RequestOutput(live.handle.request_id, u.tokens, text, u.logprobs, reason is not None, reason, None,
-                            len(live.sched.prompt), live.completion)
+        handle = live.handle
+        if handle.state is not RequestState.FINISHED:
+            handle.state = RequestState.RUNNING
         if reason is not None:
             self._drop(u.request)
-        live.handle._push(out)
+        # a RequestOutput's fields: the engine process's handles send them as they are
+        handle._push_fields((handle.request_id, u.tokens, text, u.logprobs, reason is not None, reason, None,
+                             live.prompt_tokens, live.completion))
 
     def _finish(self, rid: int, reason: FinishReason, error: str | None = None) -> None:
         live = self._live.get(rid)

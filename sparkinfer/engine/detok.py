@@ -19,39 +19,56 @@ __all__ = ["TextStream"]
 # Prompt tokens decoded before the first new one, so its leading space or joined
 # characters come out as they would in the middle of the text.
 _CONTEXT = 5
+# Tokens whose text `singles` keeps at most (a vocabulary: Qwen3's has 151,936 ids).
+_SINGLES = 1 << 18
 
 
 class TextStream:
     """tokenizer: anything with decode(ids) -> str; prompt: the request's prompt ids;
-    stop: stop strings."""
+    stop: stop strings; singles: a dict {token id: its text alone} shared by the streams
+    of one tokenizer (decode is a pure function of the ids), or None."""
 
-    def __init__(self, tokenizer, prompt: list[int], stop: tuple[str, ...] = ()):
+    def __init__(self, tokenizer, prompt: list[int], stop: tuple[str, ...] = (), singles: dict | None = None):
         self.tok, self.stop = tokenizer, tuple(stop)
         self.ids = list(prompt[-_CONTEXT:])
         self.prefix, self.read = 0, len(self.ids)
-        self.text = ""      # the output's text so far (not yet cut at a stop)
+        self.text = ""      # the output's text so far (not yet cut at a stop), kept with stop strings only
         self.shown = 0      # characters of `text` handed out
         self.stopped = False
+        self.singles = {} if singles is None else singles
 
-    def push(self, ids: list[int], final: bool = False) -> tuple[str, bool]:
+    def push(self, ids, final: bool = False) -> tuple[str, bool]:
         """Add new token ids; return (text to show now, whether a stop string matched).
         final: the request ends here, so nothing is held back."""
         if self.stopped:
             return "", True
         self.ids += ids
-        before = self.tok.decode(self.ids[self.prefix:self.read])
+        # Decoding one token at a time, the window before the new ones is one token: its
+        # text comes from `singles` (one decode a token a step, not two).
+        if self.read - self.prefix == 1:
+            t = self.ids[self.prefix]
+            before = self.singles.get(t)
+            if before is None:
+                if len(self.singles) >= _SINGLES:
+                    self.singles.clear()
+                before = self.singles[t] = self.tok.decode([t])
+        else:
+            before = self.tok.decode(self.ids[self.prefix:self.read])
         now = self.tok.decode(self.ids[self.prefix:])
+        new = ""
         if len(now) > len(before) and (final or not now.endswith("\ufffd")):
-            self.text += now[len(before):]
+            new = now[len(before):]
             self.prefix, self.read = self.read, len(self.ids)
+        if not self.stop:  # every new character is shown at once
+            return new, False
+        self.text += new
         end = len(self.text)
-        if self.stop:
-            hit = self._match()
-            if hit is not None:
-                self.stopped = True
-                end = hit
-            elif not final:
-                end -= self._held()
+        hit = self._match()
+        if hit is not None:
+            self.stopped = True
+            end = hit
+        elif not final:
+            end -= self._held()
         delta = self.text[self.shown:max(end, self.shown)]
         self.shown = max(end, self.shown)
         return delta, self.stopped

@@ -29,7 +29,7 @@ import numpy as np
 
 from sparkinfer.engine.config import EngineConfig
 from sparkinfer.engine.core import EngineCore
-from sparkinfer.engine.plan import StepPlan, decode_plan, decode_result, encode_plan, encode_result
+from sparkinfer.engine.plan import RESULT_HEAD, StepPlan, decode_plan, decode_result, encode_plan, encode_result
 from sparkinfer.engine.scheduler import SchedulerCaps
 from sparkinfer.errors import CheckpointError, EngineFailed, RankFailed, RingError, SetupError
 
@@ -65,7 +65,7 @@ class _Geometry:
         plan = 8 * (6 + 10 * (rows + tokens) + tokens)
         per_token = 1 + 2 * 20
         new = cfg.spec_k + 1 if cfg.speculative else 1
-        result = 8 * (6 + (3 + new * (1 + per_token)) * (2 * rows + tokens))
+        result = 8 * (RESULT_HEAD + (3 + new * (1 + per_token)) * (2 * rows + tokens))
         return cls(plan, result)
 
 

@@ -23,8 +23,10 @@ Every row samples with its own parameters inside the graph (`sampler.py`);
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
+from sparkinfer.engine.plan import SamplingColumns
 from sparkinfer.engine.request import SamplingParams
 from sparkinfer.engine.sampler import STREAM_DRAFT, STREAM_TARGET, RowSampling, sample_rows
 from sparkinfer.errors import CapacityError, ShapeError
@@ -81,6 +83,7 @@ class _Inputs:
         self.sampling = RowSampling(seed=self.seed, counter=self.counter, top_k=self.top_k,
                                     temperature=self.temperature, top_p=self.top_p, thr=self.thr)
         self.ids = torch.zeros(t, dtype=torch.int64, device=device)
+        self._pad_positions = np.arange(t, dtype=np.int32) % q_len  # padding tokens: positions 0..Q-1 a row
 
     def _begin(self) -> dict:
         """The host twin to write next (its last copy done), as numpy views by field."""
@@ -98,20 +101,22 @@ class _Inputs:
             self._copied[self._turn] = ev
         self._turn ^= 1
 
-    def fill(self, tokens: list[int], positions: list[int], slots: list[int], params: list[SamplingParams],
-             pad_slot: int) -> None:
-        """Flat per-token lists (n <= T), padded with the padding slot; one copy to the device.
-        Each token draws the token after it: counter = its position + 1."""
-        h, n, q = self._begin(), len(tokens), self.q_len
-        h["tokens"][:n] = tokens
-        h["tokens"][n:] = 0
+    def fill(self, tokens, positions, slots, params: list[SamplingParams] | SamplingColumns, pad_slot: int) -> None:
+        """Flat per-token values (n <= T: lists or int arrays, written in bulk; tokens None:
+        zeros, for tokens copied in on the device), padded with the padding slot; params
+        one a token. One copy to the device. Each token draws the token after it: counter =
+        its position + 1."""
+        h, n, q = self._begin(), len(positions), self.q_len
+        h["tokens"][:n] = 0 if tokens is None else tokens
         h["positions"][:n] = positions
-        h["positions"][n:] = [i % q for i in range(self.t - n)]
         h["slots"][:n] = slots
-        h["slots"][n:] = pad_slot
+        if n < self.t:  # padding
+            h["tokens"][n:] = 0
+            h["positions"][n:] = self._pad_positions[:self.t - n]
+            h["slots"][n:] = pad_slot
         h["row_slots"][:] = h["slots"][::q]
         h["q_pos"][:] = h["positions"][::q]
-        RowSampling.write(h, params, [p + 1 for p in positions])
+        RowSampling.write(h, params, h["positions"][:n] + 1)
         self._commit()
 
     def fill_chunks(self, chunks: list[tuple[list[int], int, int]], pad_slot: int) -> None:
@@ -247,12 +252,25 @@ class Engine:
         per_row = params if isinstance(params, list) else [params] * n
         if len(per_row) != n:
             raise ShapeError(f"step: {n} rows and {len(per_row)} SamplingParams")
+        positions = (np.asarray(first_pos, dtype=np.int64)[:, None] + np.arange(q)).ravel()
+        return self._launch(q, np.asarray(tokens, dtype=np.int64).ravel(), positions, np.repeat(slots, q),
+                            SamplingColumns.of(per_row).repeat(q), device_tokens)
+
+    def launch_decode(self, slots: np.ndarray, positions: np.ndarray, sampling: SamplingColumns, *,
+                      tokens: np.ndarray | None = None,
+                      device_tokens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`launch` of R rows of one token from columns, written in bulk: row r's token
+        (tokens[r], or device_tokens[r]) at positions[r] in slots[r] (int [R]), drawn with
+        sampling row r. Returns (logits [R, V], ids [R]) on the device; no host sync."""
+        return self._launch(1, tokens, positions, slots, sampling, device_tokens)
+
+    def _launch(self, q: int, tokens, positions, slots, sampling: SamplingColumns, device_tokens):
+        n = len(positions) // q
         if device_tokens is not None and (q != 1 or device_tokens.shape != (n,)):
             raise ShapeError(f"launch: device_tokens of shape {tuple(device_tokens.shape)} for {n} rows of {q} "
                              "tokens; they replace rows of one token")
-        inp, run = self._graph_step(self.bucket(n), q, RowSampling.needs_filter(per_row))
-        inp.fill([t for row in tokens for t in row], [p + j for p in first_pos for j in range(q)],
-                 [s for s in slots for _ in range(q)], [p for p in per_row for _ in range(q)], self.pad_slot)
+        inp, run = self._graph_step(self.bucket(n), q, sampling.filtered)
+        inp.fill(tokens, positions, slots, sampling, self.pad_slot)
         if device_tokens is not None:
             inp.tokens[:n].copy_(device_tokens)
         self.launches += 1

@@ -18,13 +18,32 @@ A speculative round over rows whose last token t sits at P after token u at P - 
    TARGET, ACCEPT and RESIDUAL at the drawn token's position.
 Caches need no rollback: positions past the accepted ones are rewritten before any
 query attends to them (attention reads positions <= the query's).
+
+A plain decode step is host work in bulk over the plan's columns (`DecodeRows`): the
+step launched ahead is taken by one compare of whole rows, the next one is launched
+from the rows advanced by one position, and the draws go back as one id array
+(`TokenRows`). With objects a row (a list a row for the launch, a SamplingParams a row
+for the sampling inputs, a RowResult a row) a rank's share of a batch-64 step (the plan
+decoded, run, the result encoded) took 280 us on the 2-core CI machine; in bulk it
+takes 66-77 us at any batch (`sparkinfer bench scheduler`, `rank_us`; docs/serving.md).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from sparkinfer.engine.plan import DecodeRow, PrefillChunk, RowResult, StepPlan, StepResult
+from sparkinfer.engine.plan import (
+    DecodeRow,
+    DecodeRows,
+    PrefillChunk,
+    RowResult,
+    SamplingColumns,
+    StepPlan,
+    StepResult,
+    TokenRows,
+    sampling_words,
+)
 from sparkinfer.engine.request import SamplingParams, TokenLogprob
 from sparkinfer.engine.sampler import STREAM_ACCEPT, STREAM_RESIDUAL, row_probabilities, uniforms
 from sparkinfer.errors import CapacityError, ShapeError
@@ -101,28 +120,32 @@ class ModelRunner:
         if plan.prefill:
             self._prefill_launch(plan.prefill, step)
         # logprobs and kept logits read the decode step's logits, which the next launch overwrites
-        reads_logits = kept is not None or any(r.params.logprobs is not None for r in plan.decode + plan.prefill)
+        reads_logits = (kept is not None or plan.decode.logprobs_wanted
+                        or any(c.params.logprobs is not None for c in plan.prefill))
         if self.lookahead and not reads_logits:
             self._ahead = self._look_ahead(plan, step)
         decode, prefill, fed = step.finish(plan, kept)
         if self.lookahead and reads_logits:
             self._ahead = self._look_ahead(plan, step)
         if self._ahead is not None:
-            self._ahead.tokens = fed
+            self._ahead.feed(fed)
         return StepResult(plan.step, decode, prefill, 0, 0, kept)
 
     # ------------------------------------------------------------------ pieces
-    def _decode(self, rows: tuple[DecodeRow, ...], ahead: _Ahead | None, step: _Launched) -> None:
-        """The decode rows' draws: the step launched ahead when it holds every row (same slot,
-        position, token and sampling), else one launched now."""
+    def _decode(self, rows: DecodeRows, ahead: _Ahead | None, step: _Launched) -> None:
+        """The decode rows' draws: the step launched ahead when it holds every row (same
+        request, slot, position, tokens and sampling), else one launched now."""
+        go = rows.position < self.max_context - 1  # [R]: the rows that continue after this step
+        step.go = None if go.all() else go
         picked = ahead.pick(rows, self.target.launches) if ahead is not None else None
         if picked is not None:
             self.ahead_used += 1
             step.decode = (ahead.logits, ahead.ids, picked, ahead.host)
+            if isinstance(picked, slice):  # these rows' sampling is the launch's: so is its filter
+                step.filtered = ahead.sampling.filtered
             return
-        logits, ids = self.target.launch([[r.token] for r in rows], [r.position for r in rows],
-                                         [r.slot for r in rows], [r.params for r in rows])
-        step.decode = (logits, ids, list(range(len(rows))), _to_host(ids))
+        logits, ids = self.target.launch_decode(rows.slot, rows.position, rows.sampling, tokens=rows.token)
+        step.decode = (logits, ids, slice(0, len(rows)), _to_host(ids))
 
     def _look_ahead(self, plan: StepPlan, step: _Launched) -> _Ahead | None:
         """Launch the next step's decode before this one's ids reach the host: every row that
@@ -132,27 +155,34 @@ class ModelRunner:
         invariance), so the plan's rows take theirs from this launch. A row that ended
         wrote one cache entry past its end, which a later owner of the slot rewrites
         before reading (attention reads positions up to the query's)."""
-        rows, feeds = [], []
+        nexts, feeds = [], []  # the next plan's rows as `DecodeRows` columns (tokens once fed)
         if step.decode is not None:
             _, ids, picked, _ = step.decode
-            keep = [i for r, i in zip(plan.decode, picked) if r.position + 1 < self.max_context]
-            rows += [(r.slot, r.position + 1, r.params) for r in plan.decode if r.position + 1 < self.max_context]
-            if keep:
-                feeds.append(_gather(ids, keep))
+            go = step.go
+            rows = plan.decode.cols.copy() if go is None else plan.decode.cols[go]
+            rows[:, _PREV] = rows[:, _TOKEN]
+            rows[:, _POS] += 1
+            nexts.append(rows)
+            if len(rows):
+                feeds.append(_gather(ids, picked if go is None else np.arange(ids.shape[0])[picked][go]))
         if step.prefill is not None:
             ends, ids, _ = step.prefill
-            keep = [j for j, i in enumerate(ends)
-                    if plan.prefill[i].start + len(plan.prefill[i].tokens) < self.max_context]
-            rows += [(c.slot, c.start + len(c.tokens), c.params) for c in (plan.prefill[ends[j]] for j in keep)]
+            keep = [j for j, i in enumerate(ends) if _prompt_end(plan.prefill[i]) < self.max_context]
+            chunks = [plan.prefill[ends[j]] for j in keep]
+            nexts.append(np.array([[c.request, c.slot, _prompt_end(c), 0, c.tokens[-1], *sampling_words(c.params)]
+                                   for c in chunks], dtype=np.int64).reshape(-1, 10))
             if keep:
-                feeds.append(_gather(ids, keep))
-        if not rows:
+                feeds.append(_gather(ids, slice(0, len(keep)) if keep[-1] == len(keep) - 1 else np.array(keep)))
+        if not feeds:
             return None
-        logits, ids = self.target.launch([[0]] * len(rows), [r[1] for r in rows], [r[0] for r in rows],
-                                         [r[2] for r in rows],
-                                         device_tokens=feeds[0] if len(feeds) == 1 else torch.cat(feeds))
+        rows = nexts[0] if len(nexts) == 1 else np.concatenate(nexts)
+        # the plan's own decode rows, every one continuing: their sampling, so their filter if known
+        same = step.decode is not None and step.go is None and len(rows) == len(plan.decode)
+        sampling = SamplingColumns(rows[:, 5:], step.filtered if same else None)
+        logits, ids = self.target.launch_decode(rows[:, 1], rows[:, _POS], sampling,
+                                                device_tokens=feeds[0] if len(feeds) == 1 else torch.cat(feeds))
         self.ahead_launched += 1
-        return _Ahead(rows, logits, ids, _to_host(ids), self.target.launches)
+        return _Ahead(rows, sampling, (logits, ids, _to_host(ids)), self.target.launches, self.target.dec.cache.slots)
 
     def _forwards(self, engine, chunks: list[tuple]) -> list:
         """The prefill forwards of `chunks` (tokens, start, slot) through `engine`; each chunk's
@@ -197,7 +227,8 @@ class ModelRunner:
         if rows:
             self._forwards(self.draft, rows)
 
-    def _speculative(self, rows: tuple[DecodeRow, ...]) -> tuple[RowResult, ...]:
+    def _speculative(self, rows: DecodeRows) -> tuple[RowResult, ...]:
+        rows = tuple(rows)  # a round's host work is per row anyway (the accept rule)
         tgt, dft, k = self.target, self.draft, self.k
         n = len(rows)
         pos = [r.position for r in rows]
@@ -224,11 +255,18 @@ class ModelRunner:
         return tuple(out)
 
 
-def _gather(ids: torch.Tensor, idx: list[int]) -> torch.Tensor:
-    """ids[idx] on the device: a view when idx is 0..n-1 (every row continues, the usual
+_POS, _TOKEN, _PREV = 2, 3, 4  # `DecodeRows` columns
+
+
+def _prompt_end(c: PrefillChunk) -> int:
+    return c.start + len(c.tokens)
+
+
+def _gather(ids: torch.Tensor, idx: np.ndarray | slice) -> torch.Tensor:
+    """ids[idx] on the device: a view for a slice (every row continues in order, the usual
     step), else one index_select (not a slice a row: each costs host time at every step)."""
-    if idx == list(range(len(idx))):
-        return ids[:len(idx)]
+    if isinstance(idx, slice):
+        return ids[idx]
     index = torch.tensor(idx, dtype=torch.int64, pin_memory=ids.device.type == "cuda")
     return ids.index_select(0, index.to(ids.device, non_blocking=True))
 
@@ -244,77 +282,85 @@ def _to_host(ids: torch.Tensor):
     return host, ev
 
 
-def _host_list(host) -> list[int]:
+def _host_ids(host) -> np.ndarray:
+    """int64 [n]: the ids of a `_to_host` copy, once it has landed."""
     t, ev = host
     if ev is not None:
         ev.synchronize()
-    return t.tolist()
+    return t.numpy()
 
 
 class _Ahead:
-    """A decode step launched before its plan: rows (slot, position, sampling), its
-    device logits and ids, the ids' host copy, and the engine's launch count after it
-    (its outputs are current while the count holds)."""
+    """A decode step launched before its plan: `rows`, the plan rows it expects (`DecodeRows`
+    columns; their tokens once `feed` gives them) and their `sampling` as launched, its
+    device logits and ids with the ids' host copy (`out`), the engine's launch count after
+    it (its outputs are current while the count holds) and the cache's slot count."""
 
-    def __init__(self, rows: list[tuple], logits, ids, host, launches: int):
-        self.rows, self.logits, self.ids, self.host, self.launches = rows, logits, ids, host, launches
-        self.at = {r[0]: i for i, r in enumerate(rows)}
-        self.tokens: list[int] | None = None  # the rows' fed tokens, once the step before is read
+    def __init__(self, rows: np.ndarray, sampling: SamplingColumns, out: tuple, launches: int, slots: int):
+        self.rows, self.sampling, self.slots = rows, sampling, slots
+        self.logits, self.ids, self.host = out
+        self.launches = launches
+        self.fed = False
 
-    def pick(self, rows: tuple[DecodeRow, ...], launches: int) -> list[int] | None:
-        """Each plan row's index here, or None if any row is not one of these."""
-        if launches != self.launches or self.tokens is None:
+    def feed(self, tokens: np.ndarray) -> None:
+        """The rows' tokens: the draws of the step before, once read back."""
+        self.rows[:, _TOKEN] = tokens
+        self.fed = True
+
+    def pick(self, rows: DecodeRows, launches: int) -> np.ndarray | slice | None:
+        """Each plan row's index here (a slice when they are these rows in order), or None if
+        any row is not one of these. One compare of whole rows; a slot not held maps to -1,
+        the last row, whose slot differs."""
+        if launches != self.launches or not self.fed:
             return None
-        out = []
-        for r in rows:
-            i = self.at.get(r.slot)
-            if i is None:
-                return None
-            slot, pos, params = self.rows[i]
-            if pos != r.position or self.tokens[i] != r.token or not (params is r.params or params == r.params):
-                return None
-            out.append(i)
-        return out
+        if len(rows) == len(self.rows) and (self.rows == rows.cols).all():  # the usual step: all, in order
+            return slice(0, len(rows))
+        at = np.full(self.slots, -1, dtype=np.int64)  # slot -> row here, -1: none
+        at[self.rows[:, 1]] = np.arange(len(self.rows))
+        idx = at[rows.slot]
+        return idx if (self.rows[idx] == rows.cols).all() else None
 
 
 class _Launched:
     """One step's launched work, read back by `finish`: decode (logits, ids, row indices
-    into them, host copy of the ids) and prefill (the chunks that end their prompts,
+    into them, host copy of the ids) with `go` (the decode rows that continue after the
+    step, None for all) and `filtered`, and prefill (the chunks that end their prompts,
     their ids, their logits)."""
 
     def __init__(self, max_context: int):
         self.max_context = max_context
         self.decode: tuple | None = None
+        self.go: np.ndarray | None = None
+        self.filtered: bool | None = None  # whether the decode rows filter, when known
         self.prefill: tuple | None = None
         self.prefill_host = None
 
     def finish(self, plan: StepPlan, kept):
         """The plan's RowResults (decode, prefill) and the draws fed to the step launched
-        ahead (in `_look_ahead`'s row order)."""
-        decode: tuple[RowResult, ...] = ()
-        fed: list[int] = []
+        ahead (in `_look_ahead`'s row order), int64 [n]."""
+        decode: tuple[RowResult, ...] | TokenRows = ()
+        fed = []
         if self.decode is not None:
             logits, _, picked, host = self.decode
-            every = _host_list(host)
-            ids = [every[i] for i in picked]
-            decode = _results(plan.decode, logits[picked] if kept is not None or _logprobs_wanted(plan.decode)
-                              else None, ids, kept)
-            fed += [t for r, t in zip(plan.decode, ids) if r.position + 1 < self.max_context]
+            ids = _host_ids(host)[picked]
+            if kept is not None or plan.decode.logprobs_wanted:
+                rows = picked if isinstance(picked, slice) else torch.from_numpy(picked)
+                decode = _results(plan.decode, logits[rows], ids.tolist(), kept)
+            else:
+                decode = TokenRows(ids)
+            fed.append(ids if self.go is None else ids[self.go])
         prefill = [RowResult()] * len(plan.prefill)
         if self.prefill is not None:
             ends, _, lg = self.prefill
-            ids = _host_list(self.prefill_host)
+            ids = _host_ids(self.prefill_host).tolist()
             done = _results([plan.prefill[i] for i in ends], lg, ids, kept)
+            more = []
             for j, i in enumerate(ends):
                 prefill[i] = done[j]
-                c = plan.prefill[i]
-                if c.start + len(c.tokens) < self.max_context:
-                    fed.append(ids[j])
-        return decode, tuple(prefill), fed
-
-
-def _logprobs_wanted(rows) -> bool:
-    return any(r.params.logprobs is not None for r in rows)
+                if _prompt_end(plan.prefill[i]) < self.max_context:
+                    more.append(ids[j])
+            fed.append(np.array(more, dtype=np.int64))
+        return decode, tuple(prefill), fed[0] if len(fed) == 1 else np.concatenate(fed or [np.zeros(0, np.int64)])
 
 
 def _results(rows, logits, ids: list[int], kept) -> tuple[RowResult, ...]:

@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from sparkinfer.engine.plan import SamplingColumns
 from sparkinfer.engine.request import SamplingParams
 from sparkinfer.errors import ShapeError
 
@@ -144,17 +145,19 @@ class RowSampling:
         return cls(**{name: torch.zeros(n, dtype=dt, device=device) for name, dt in cls.FIELDS})
 
     @staticmethod
-    def write(host: dict, params: list[SamplingParams], counters: list[int]) -> None:
-        """Fill host-side arrays (numpy, N long; keys as FIELDS) for `params` rows, the
-        rest padding (greedy, seed 0)."""
-        k = len(params)
-        host["temperature"][:k] = [p.temperature for p in params]
-        host["top_p"][:k] = [p.top_p for p in params]
-        host["top_k"][:k] = [p.top_k for p in params]
-        host["seed"][:k] = [p.seed or 0 for p in params]
+    def write(host: dict, params: list[SamplingParams] | SamplingColumns, counters) -> None:
+        """Fill host-side arrays (numpy, N long; keys as FIELDS) for `params` rows (a list, or
+        columns: written in bulk), the rest padding (greedy, seed 0). counters: int [k]."""
+        cols = params if isinstance(params, SamplingColumns) else SamplingColumns.of(params)
+        k = len(cols)
+        host["temperature"][:k] = cols.temperature  # fp64 -> fp32, rounded as from a list of floats
+        host["top_p"][:k] = cols.top_p
+        host["top_k"][:k] = cols.top_k
+        host["seed"][:k] = cols.seed
         host["counter"][:k] = counters
-        for name, value in (("temperature", 0.0), ("top_p", 1.0), ("top_k", 0), ("seed", 0), ("counter", 0)):
-            host[name][k:] = value
+        if k < len(host["seed"]):
+            for name, value in (("temperature", 0.0), ("top_p", 1.0), ("top_k", 0), ("seed", 0), ("counter", 0)):
+                host[name][k:] = value
 
     def fill(self, params: list[SamplingParams], counters: list[int]) -> None:
         """Write the device tensors directly (eager use; one small copy per field)."""

@@ -17,7 +17,8 @@ Policy:
 - A step runs every decoding request once (one graph replay of R rows, or one
   speculative round), then prompt chunks of prefilling requests in admission order
   while the step's prompt-token budget lasts (at least one chunk per step, so a
-  prompt always advances). Decode and prefill are separate forwards in one step:
+  prompt always advances; a later prompt's chunk never runs before the chunk of an
+  earlier one that did not fit). Decode and prefill are separate forwards in one step:
   decode rows stay one captured graph per bucket (a mixed forward would need
   variable-length attention and could not be captured), and the budget bounds how
   long a step's prefill delays the running requests' next token (ITL).
@@ -33,14 +34,21 @@ Policy:
   its prefill forwards and hence its logits depend on the request alone (batch
   invariance); the budget decides only how many chunks run in a step.
 - A finished or aborted request frees its slot before the next step's admission.
+
+Each slot's decode row is kept in a table in the plan's column layout (`DecodeRows`),
+written at admission and advanced as tokens come, so a step's rows are one masked
+copy; a decode step's one-token results (`TokenRows`) advance it in bulk.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
-from sparkinfer.engine.plan import DecodeRow, PrefillChunk, StepPlan, StepResult
+import numpy as np
+
+from sparkinfer.engine.plan import DecodeRows, PrefillChunk, StepPlan, StepResult, TokenRows, sampling_words
 from sparkinfer.engine.request import FinishReason, RequestState, SamplingParams, TokenLogprob
 from sparkinfer.errors import CapacityError, EngineOverloaded, ShapeError
 
@@ -87,7 +95,8 @@ class SchedulerCaps:
 class SchedRequest:
     """A request as the scheduler tracks it. id: the engine's integer id; stops: the
     token ids that end it (its stop_ids, plus the end-of-sequence ids unless
-    ignore_eos)."""
+    ignore_eos); limit: the new tokens it may get (max_new_tokens, or fewer where the
+    context ends first; set by `Scheduler.add`)."""
 
     id: int
     prompt: list[int]
@@ -98,17 +107,22 @@ class SchedRequest:
     prefilled: int = 0
     out: list[int] = field(default_factory=list)
     finish: FinishReason | None = None
+    limit: int = 0
 
 
-@dataclass(frozen=True)
-class Update:
+class Update(NamedTuple):
     """What one step did to one request: its new tokens (cut at a stop), their
-    logprobs if asked, and the reason it finished (None while it runs)."""
+    logprobs if asked, and the reason it finished (None while it runs). A named tuple:
+    one is made per request per step."""
 
     request: int
     tokens: tuple[int, ...]
     logprobs: tuple[TokenLogprob, ...] | None
     finish: FinishReason | None
+
+
+# Columns of the scheduler's row table (`DecodeRows` layout): a slot's decode row.
+_POS, _TOKEN, _PREV = 2, 3, 4
 
 
 class Scheduler:
@@ -122,6 +136,11 @@ class Scheduler:
         self.active: dict[int, SchedRequest] = {}  # holding a slot, in admission order
         self.steps = 0
         self.prefill_waited = 0  # steps the pending chunks have waited for a fuller forward
+        # Each slot's decode row in the plan's layout, kept up to date as tokens come: a step's
+        # rows are one masked copy, not a row object each (request, slot and sampling words
+        # are written once, at admission). running: the slots whose request decodes.
+        self._table = np.zeros((caps.slots, 10), dtype=np.int64)
+        self._running = np.zeros(caps.slots, dtype=bool)
 
     # ------------------------------------------------------------------ requests
     def add(self, req: SchedRequest) -> None:
@@ -132,6 +151,7 @@ class Scheduler:
             raise EngineOverloaded(f"{len(self.waiting)} requests are waiting (the bound is "
                                    f"{self.caps.max_waiting} beyond the free slots); retry later",
                                    retry_after_s=1.0)
+        req.limit = min(req.params.max_new_tokens, self.caps.max_context - len(req.prompt))
         self.waiting.append(req)
 
     def abort(self, rid: int, reason: FinishReason = FinishReason.ABORT) -> SchedRequest | None:
@@ -150,6 +170,7 @@ class Scheduler:
     def _release(self, r: SchedRequest, reason: FinishReason) -> None:
         r.state, r.finish = RequestState.FINISHED, reason
         del self.active[r.id]
+        self._running[r.slot] = False
         self.free.append(r.slot)
         self.free.sort()
 
@@ -167,13 +188,8 @@ class Scheduler:
             r = self.waiting.popleft()
             r.slot, r.state, r.prefilled = self.free.pop(0), RequestState.PREFILLING, 0
             self.active[r.id] = r
-        rows = []
-        for r in self.active.values():
-            if r.state is RequestState.RUNNING:
-                pos = len(r.prompt) + len(r.out) - 1
-                prev = r.out[-2] if len(r.out) > 1 else r.prompt[-1]
-                rows.append(DecodeRow(r.id, r.slot, pos, r.out[-1], prev, r.params))
-        rows.sort(key=lambda row: row.slot)
+            self._table[r.slot] = [r.id, r.slot, 0, 0, 0, *sampling_words(r.params)]
+        rows = DecodeRows(self._table[self._running])  # the decoding requests, in slot order
         budget = self.caps.step_tokens
         chunks: list[PrefillChunk] = []
         for r in self.active.values():
@@ -188,7 +204,7 @@ class Scheduler:
                                            r.params))
                 budget -= end - start
                 start = end
-            if budget <= 0:
+            if budget <= 0 or start < len(r.prompt):  # a later prompt never overtakes one that did not fit
                 break
         full = max(1, self.caps.step_tokens // self.caps.chunk)
         if rows and chunks and len(chunks) < full and self.prefill_waited < self.caps.prefill_wait_steps:
@@ -199,28 +215,61 @@ class Scheduler:
         if not rows and not chunks:
             return None
         self.steps += 1
-        return StepPlan(self.steps, tuple(rows), tuple(chunks))
+        return StepPlan(self.steps, rows, tuple(chunks))
 
     def update(self, plan: StepPlan, result: StepResult) -> list[Update]:
         """Apply a step's result: new tokens, stops, lengths. Returns one Update per request
         that got tokens or finished."""
         out = []
-        for row, res in zip(plan.decode, result.decode):
-            r = self.active.get(row.request)
-            if r is not None:  # (aborted requests left between schedule and update)
-                out.append(self._append(r, res.tokens, res.logprobs))
+        active = self.active
+        if isinstance(result.decode, TokenRows):  # one token a row: the table advances in bulk
+            rows, ids = plan.decode.cols.copy(), result.decode.ids
+            rows[:, _PREV] = rows[:, _TOKEN]
+            rows[:, _TOKEN] = ids
+            rows[:, _POS] += 1
+            self._table[rows[:, 1]] = rows
+            for rid, tok in zip(rows[:, 0].tolist(), ids.tolist()):
+                r = active.get(rid)
+                if r is not None:  # (aborted requests left between schedule and update)
+                    out.append(self._append_one(r, tok))
+        else:
+            for rid, res in zip(plan.decode.request.tolist(), result.decode):
+                r = active.get(rid)
+                if r is not None:
+                    out.append(self._append(r, res.tokens, res.logprobs))
+                    self._track(r)
         for c, res in zip(plan.prefill, result.prefill):
-            r = self.active.get(c.request)
+            r = active.get(c.request)
             if r is None:
                 continue
             r.prefilled = c.start + len(c.tokens)
             if c.last:
                 r.state = RequestState.RUNNING
                 out.append(self._append(r, res.tokens, res.logprobs))
+                self._track(r)
         return out
 
+    def _track(self, r: SchedRequest) -> None:
+        """Write a running request's decode row (position, token, prev) into the table."""
+        if r.state is RequestState.RUNNING:
+            n = len(r.out)
+            self._table[r.slot, _POS:_PREV + 1] = (len(r.prompt) + n - 1, r.out[-1],
+                                                   r.out[-2] if n > 1 else r.prompt[-1])
+            self._running[r.slot] = True
+
+    def _append_one(self, r: SchedRequest, t: int) -> Update:
+        """`_append` of one token without logprobs (a decode step's usual row)."""
+        r.out.append(t)
+        reason = None
+        if t in r.stops:
+            reason = FinishReason.STOP
+        elif len(r.out) >= r.limit:
+            reason = FinishReason.LENGTH
+        if reason is not None:
+            self._release(r, reason)
+        return Update(r.id, (t,), None, reason)
+
     def _append(self, r: SchedRequest, tokens, logprobs) -> Update:
-        caps, p = self.caps, r.params
         reason = None
         n = 0
         for t in tokens:
@@ -228,7 +277,7 @@ class Scheduler:
             n += 1
             if t in r.stops:
                 reason = FinishReason.STOP
-            elif len(r.out) >= p.max_new_tokens or len(r.prompt) + len(r.out) >= caps.max_context:
+            elif len(r.out) >= r.limit:
                 reason = FinishReason.LENGTH
             if reason is not None:
                 break

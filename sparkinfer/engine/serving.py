@@ -267,15 +267,8 @@ def _engine_main(conn, config: EngineConfig, ready_timeout_s: float) -> None:
     # Ctrl-C reaches the whole process group: the caller stops us with "close"
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     outbox: deque = deque()  # appended by the loop and by the launcher thread (a rank failed)
-
-    class Relay(RequestHandle):
-        def _push(self, out: RequestOutput) -> None:
-            if out.finished:
-                self.state = RequestState.FINISHED
-            outbox.append(_pack(out))
-
     try:
-        driver = Driver.launch(config, ready_timeout_s=ready_timeout_s, handle_type=Relay)
+        driver = Driver.launch(config, ready_timeout_s=ready_timeout_s, handle_type=relay_type(outbox))
     except BaseException as e:  # noqa: BLE001 - reported to the caller
         conn.send(("failed", describe(e), getattr(e, "rank", None)))
         return
@@ -289,6 +282,26 @@ def _engine_main(conn, config: EngineConfig, ready_timeout_s: float) -> None:
             pass
 
 
+def relay_type(outbox: deque) -> type:
+    """The engine process's `RequestHandle`: each output goes to `outbox`, packed for the
+    pipe (one message a step carries them all to the caller's process)."""
+
+    class Relay(RequestHandle):
+        def _push(self, out: RequestOutput) -> None:
+            self._push_fields(_pack(out))
+
+        def _push_fields(self, fields: tuple) -> None:
+            if fields[4]:  # finished
+                self.state = RequestState.FINISHED
+            outbox.append(fields)
+    return Relay
+
+
+def out_message(outbox: deque, running: int, steps: int) -> tuple:
+    """The pipe's message of one step: every output queued in `outbox` (emptied)."""
+    return ("out", [outbox.popleft() for _ in range(len(outbox))], (running, steps))
+
+
 def _loop(conn, driver, outbox: deque) -> None:
     core = driver.core
     last_idle = 0.0
@@ -296,8 +309,7 @@ def _loop(conn, driver, outbox: deque) -> None:
 
     def flush():
         if outbox:
-            items = [outbox.popleft() for _ in range(len(outbox))]
-            conn.send(("out", items, (len(core.sched.active), core.steps)))
+            conn.send(out_message(outbox, len(core.sched.active), core.steps))
 
     while True:
         while conn.poll():

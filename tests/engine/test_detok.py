@@ -56,3 +56,17 @@ def test_earliest_of_several_stop_strings(tok):
 def test_no_stop_final_flushes_a_held_prefix(tok):
     out, stopped, _ = _feed(tok, "tail #", stop=("##",))
     assert not stopped and out == "tail #"
+
+
+def test_streams_sharing_one_token_texts_show_what_each_alone_shows(tok):
+    """The engine's streams share `singles` (each token's text alone): one decode a token a
+    step instead of two, the same text, multi-byte characters and stop strings included."""
+    text = "añb ✓ c🙂d ## e ### f"
+    ids = list(text.encode())
+    singles: dict = {}
+    shared = [TextStream(tok, list(b"p "), stop, singles) for stop in ((), ("###",))]
+    alone = [TextStream(tok, list(b"p "), stop) for stop in ((), ("###",))]
+    for i, t in enumerate(ids):
+        final = i == len(ids) - 1
+        assert [s.push([t], final) for s in shared] == [s.push([t], final) for s in alone]
+    assert singles and all(tok.decode([t]) == s for t, s in singles.items())

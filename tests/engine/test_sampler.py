@@ -99,6 +99,23 @@ def test_draws_follow_the_filtered_distribution():
     assert 0.5 * (freq - want).abs().sum() < 0.05
 
 
+def test_write_from_columns_is_write_from_params():
+    """The runner writes a step's sampling inputs from the plan's columns in bulk: the same
+    bits as from the rows' SamplingParams (fp32 from fp64, padding rows greedy)."""
+    import numpy as np
+
+    from sparkinfer.engine.plan import SamplingColumns
+
+    params = [SP(temperature=0.7, top_p=0.9, seed=2**62 + 5), SP(), SP(temperature=1 / 3, top_k=7, seed=1)]
+    hosts = [{name: np.full(5, 99, dtype=torch.empty(0, dtype=dt).numpy().dtype) for name, dt in RowSampling.FIELDS}
+             for _ in range(2)]
+    RowSampling.write(hosts[0], params, [4, 5, 6])
+    RowSampling.write(hosts[1], SamplingColumns.of(params), np.array([4, 5, 6]))
+    for name, _ in RowSampling.FIELDS[:-1]:
+        assert hosts[0][name].tobytes() == hosts[1][name].tobytes(), name
+    assert hosts[1]["temperature"][3:].tolist() == [0.0, 0.0] and hosts[1]["top_p"][1] == 1.0
+
+
 def test_thresholds():
     x = torch.tensor([[3.0, 1.0, 2.0, 0.0], [3.0, 1.0, 2.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
     rows = RowSampling.alloc(3, "cpu")

@@ -5,11 +5,12 @@ predictable) and every prompt's last chunk with its first token; stop tokens,
 lengths, aborts and the queue bound are driven from that.
 """
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkinfer.engine.plan import RowResult, StepResult
+from sparkinfer.engine.plan import RowResult, StepResult, TokenRows
 from sparkinfer.engine.request import FinishReason, RequestState, SamplingParams
 from sparkinfer.engine.scheduler import SchedRequest, Scheduler, SchedulerCaps
 from sparkinfer.errors import CapacityError, EngineOverloaded, ShapeError
@@ -20,6 +21,11 @@ def _fake(plan, spec_tokens: int = 1) -> StepResult:
     dec = tuple(RowResult(tuple(r.position + 1 + j for j in range(spec_tokens))) for r in plan.decode)
     pre = tuple(RowResult((c.start + len(c.tokens),) if c.last else ()) for c in plan.prefill)
     return StepResult(plan.step, dec, pre)
+
+
+def _fake_ids(plan) -> StepResult:
+    """`_fake` with the decode rows' tokens as one id array, as a decode step's ranks send them."""
+    return StepResult(plan.step, TokenRows(plan.decode.position + 1), _fake(plan).prefill)
 
 
 def _req(i, n, new=4, stops=()):
@@ -205,3 +211,34 @@ def test_a_handle_reports_waiting_prefilling_running_finished():
         pass
     assert a.finished and b.finished and a.finish_reason is FinishReason.LENGTH
     assert [o.token_ids for o in a.result()] == [(10,), (11,)]
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(1, 20), st.integers(1, 8), st.integers(0, 30),
+                          st.booleans()), min_size=1, max_size=8), st.integers(1, 3))
+def test_one_token_rows_in_bulk_update_as_rows_of_results_do(arrivals, slots):
+    """The decode step's id array (`TokenRows`, the table advanced in bulk) gives the plans,
+    updates, stops and lengths that one RowResult a row gives."""
+    pair = [Scheduler(SchedulerCaps(slots=slots, max_context=32, chunk=8, step_tokens=16)) for _ in range(2)]
+    reqs = [{} for _ in pair]
+    step = 0
+    while step < 300:
+        for i, (at, n, new, stop, abort) in enumerate(arrivals):
+            for s, rs in zip(pair, reqs):
+                if at == step:
+                    rs[i] = _req(i, n, new, stops={stop + 10})
+                    s.add(rs[i])
+                if abort and at + 2 == step:
+                    s.abort(i)
+        plans = [s.schedule() for s in pair]
+        if plans[0] is None:
+            assert plans[1] is None and not pair[1].has_work
+            if all(a[0] < step for a in arrivals):
+                break
+        else:
+            a, b = plans
+            assert np.array_equal(a.decode.cols, b.decode.cols) and a.prefill == b.prefill
+            assert pair[0].update(a, _fake(a)) == pair[1].update(b, _fake_ids(b))
+        step += 1
+    assert [(r.out, r.finish) for r in reqs[0].values()] == [(r.out, r.finish) for r in reqs[1].values()]
+    assert all(r.finish is not None for r in reqs[0].values())
