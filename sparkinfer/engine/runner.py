@@ -267,7 +267,10 @@ def _gather(ids: torch.Tensor, idx: np.ndarray | slice) -> torch.Tensor:
     step), else one index_select (not a slice a row: each costs host time at every step)."""
     if isinstance(idx, slice):
         return ids[idx]
-    index = torch.tensor(idx, dtype=torch.int64, pin_memory=ids.device.type == "cuda")
+    idx = np.asarray(idx, dtype=np.int64)
+    # pinned, so the copy does not wait (torch.tensor cannot pin an array numpy owns)
+    index = torch.empty(idx.shape[0], dtype=torch.int64, pin_memory=ids.device.type == "cuda")
+    index.numpy()[:] = idx
     return ids.index_select(0, index.to(ids.device, non_blocking=True))
 
 
