@@ -367,10 +367,7 @@ def _config(caps: MoECaps, spec: MoESpec, tokens: int, chunk: int) -> TileConfig
     if tokens > MICRO_MAX_TOKENS and experts and routes / active >= NVFP4_DEQUANT_MIN_ROWS and \
             not caps.batch_invariant:
         bf16 = _config(caps, dataclasses.replace(spec, weight_format="bf16"), tokens, chunk)
-        # the launch order and loads of before GROUP_M: with them the dequantized path ran
-        # slower at 7f17927 (H200 bench moe, us at M = 4096: Mixtral 9828 vs 6732 at d9c7b07,
-        # Qwen3 1526 vs 1251); not yet understood
-        return dataclasses.replace(bf16, dequant_experts=experts, group_m=0, tma=False)
+        return dataclasses.replace(bf16, dequant_experts=experts)
     halves = 2 if spec.gated else 1  # FC1 weight tiles per step (gate, up)
     if tokens <= MICRO_MAX_TOKENS:
         bn, bm = 64, MICRO_BLOCK_M
