@@ -19,7 +19,7 @@ Why chunks of SUB tiles, and the fill in the count kernel: the offsets kernel is
 one program whose loops over chunks are latency-bound (a dependent load per CB
 chunks). H200 at 36cdf87 (torch profiler, T 4096): DeepSeek-V3 shapes (E 256,
 K 8: 1024 one-hot tiles of 32 routes) 117.5 us, Qwen3 (E 128: 512 tiles of 64)
-42.7 us, beside FC1 602 / 411 us (.gpu probe, in the order sweep's call).
+42.7 us, beside FC1 602 / 411 us (benchmarks/results/sweeps/moe_kernel_profile_h200.json).
 """
 
 import triton
