@@ -48,6 +48,8 @@ keep their values.
 
 from __future__ import annotations
 
+from sparkinfer.bench.decode_memory import max_cache_len, preset_layers
+
 __all__ = ["add_arguments", "main"]
 
 # What a row's `ok` asserts: the replayed step equals the eager one bitwise (ours; the
@@ -116,11 +118,6 @@ def resolve(args) -> str | None:
     return None
 
 
-def preset_layers(args) -> int | None:
-    """Decoder layers of every preset: None (each preset's own count) with --full-depth."""
-    return None if args.full_depth else args.layers
-
-
 def check_memory(args, free_bytes: int) -> None:
     """Refuse (CapacityError, `decode_memory.check_fits`) before anything is built when a
     preset and format of this run would not fit in `free_bytes` of one device."""
@@ -138,12 +135,6 @@ def check_memory(args, free_bytes: int) -> None:
             check_fits(need, free_bytes, f"{preset} at {spec.num_layers} layers with {fmt} experts and "
                                          f"--weights {args.weights}" + (f" (one of {args.tp} ranks)" if args.tp > 1
                                                                         else ""))
-
-
-def max_cache_len(args) -> int:
-    """Positions of the longest KV cache the run builds: the prompt and 64 decode steps, or
-    speculative generation's 128 new tokens + 16."""
-    return args.context + (144 if args.spec_k else 64)
 
 
 def _invariance_pairs(rows) -> list[list]:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from sparkinfer.errors import CapacityError, PlanError
 
-__all__ = ["MemoryNeed", "memory_need", "check_fits", "EXPERT_BYTES"]
+__all__ = ["MemoryNeed", "memory_need", "check_fits", "EXPERT_BYTES", "preset_layers", "max_cache_len"]
 
 # Bytes per expert weight in each format the decoder runs.
 EXPERT_BYTES = {"bf16": 2.0, "nvfp4": 0.5 + 1 / 16}
@@ -131,3 +131,14 @@ def _checkpoint_params(spec) -> int:
     dense = 3 * h * spec.dense_intermediate
     layers = sum(attn + (moe if is_moe else dense) for is_moe in spec.moe_layers)
     return layers + spec.vocab_size * h * (1 if spec.tie_word_embeddings else 2) + h
+
+
+def preset_layers(args) -> int | None:
+    """Decoder layers of every preset: None (each preset's own count) with --full-depth."""
+    return None if args.full_depth else args.layers
+
+
+def max_cache_len(args) -> int:
+    """Positions of the longest KV cache the run builds: the prompt and 64 decode steps, or
+    speculative generation's 128 new tokens + 16."""
+    return args.context + (144 if args.spec_k else 64)

@@ -21,7 +21,7 @@ __all__ = ["tp_rows"]
 
 def tp_rows(preset: str, args, say) -> list[dict]:
     """Rows of one preset at --tp ranks (see the module docstring)."""
-    from sparkinfer.bench.decode import max_cache_len, preset_layers
+    from sparkinfer.bench.decode_memory import max_cache_len, preset_layers
     from sparkinfer.bench.decode_model import build_modes
     from sparkinfer.runtime import run_ranks
 
