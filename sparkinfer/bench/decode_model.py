@@ -70,13 +70,12 @@ def build(model, cfg, *, fmt: str, ops: str, batch: int, max_len: int, max_token
 
     Our kernels' MoE layers keep a prepared copy of each layer's experts (w1 is always
     re-laid out: `moe/weights.prepare_weights`), so they are made here one layer at a
-    time and the loaded experts of that layer dropped (`models.build.prepare_moe`): peak memory
+    time and the loaded experts of that layer dropped (`models.decoder.prepare_moe`): peak memory
     is the model plus one layer's copy, not the model plus every w1 (Mixtral-8x7B at
     32 layers: 93 GB of weights and 60 GB of w1, more than an H200 holds)."""
     from sparkinfer.engine import Engine
-    from sparkinfer.models.build import prepare_moe
     from sparkinfer.models.config import load_spec
-    from sparkinfer.models.decoder import Decoder, KVCache
+    from sparkinfer.models.decoder import Decoder, KVCache, prepare_moe
     from sparkinfer.models.loader import load_weights
     from sparkinfer.models.random_source import RandomSource
     from sparkinfer.models.tensor_source import TensorSource

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from sparkinfer.models.checkpoint import Checkpoint
 from sparkinfer.models.config import load_spec
-from sparkinfer.models.decoder import Decoder, KVCache, moe_layer
+from sparkinfer.models.decoder import Decoder, KVCache, prepare_moe
 from sparkinfer.models.loader import load_weights
-from sparkinfer.models.weights import ExpertWeights, Sharding
+from sparkinfer.models.weights import Sharding
 
-__all__ = ["build_decoder", "comm_capacity", "self_draft", "prepare_moe"]
+__all__ = ["build_decoder", "comm_capacity", "self_draft"]
 
 # Prefill chunk: tokens per eager forward when a prompt is longer (sizes the MoE plan).
 PREFILL_CHUNK = 256
@@ -47,42 +47,6 @@ def build_decoder(path, sharding: Sharding, *, comm=None, device="cpu", moe_form
     moe = prepare_moe(spec, weights, moe_format=moe_format, max_tokens=max_tokens, batch_invariant=batch_invariant)
     return Decoder(spec, weights, sharding, comm=comm, cache=cache, max_tokens=max_tokens, moe_format=moe_format,
                    batch_invariant=batch_invariant, share_moe=moe)
-
-
-def prepare_moe(spec, weights, *, moe_format: str, max_tokens: int, batch_invariant: bool) -> list:
-    """Each layer's `MoELayer` (None for dense layers), for `Decoder(share_moe=...)`, made one
-    layer at a time; after each, that layer's loaded experts become meta tensors of the same
-    shapes (the MoE layer holds the copy its kernels read), so their memory returns before
-    the next layer is prepared. Without this a model holds its experts twice: Mixtral-8x7B
-    at 32 layers 93 GB of weights plus 60 GB of prepared gate/up copies, more than one H200.
-    The released weights cannot build another decoder (ops="torch" reads them). Allocates."""
-    import torch
-
-    from sparkinfer.runtime.devices import cuda_sm_count
-
-    dev = weights.final_norm.device
-    num_sms = cuda_sm_count(dev) if dev.type == "cuda" else 1  # as the decoder: one "SM" interpreted
-    out = []
-    for lw in weights.layers:
-        m = lw.mlp
-        if not isinstance(m, ExpertWeights):
-            out.append(None)
-            continue
-        out.append(moe_layer(spec, m, moe_format=moe_format, max_tokens=max_tokens, num_sms=num_sms,
-                             batch_invariant=batch_invariant))
-        if spec.routing == "sigmoid_grouped":
-            m.router = m.router.float()  # as the decoder does when it plans (GLM routes in fp32)
-        m.w1, m.w2 = _on_meta(m.w1, torch), _on_meta(m.w2, torch)
-    return out
-
-
-def _on_meta(t, torch):
-    """A tensor (or NVFP4Tensor) of t's shape and dtype on the meta device: no memory."""
-    from sparkinfer.quant.nvfp4 import NVFP4Tensor
-
-    if isinstance(t, NVFP4Tensor):
-        return NVFP4Tensor(*(_on_meta(x, torch) for x in (t.packed, t.scales, t.global_scale)))
-    return torch.empty(t.shape, dtype=t.dtype, device="meta")
 
 
 def self_draft(target: Decoder, layers: int, *, max_batch: int, max_len: int) -> Decoder:

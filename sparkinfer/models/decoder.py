@@ -46,7 +46,7 @@ from sparkinfer.norm import add_rms_norm, rms_norm
 from sparkinfer.rope import rope_qk_cache, rotary_table
 from sparkinfer.runtime.devices import cuda_sm_count
 
-__all__ = ["Step", "KVCache", "Decoder", "moe_layer"]
+__all__ = ["Step", "KVCache", "Decoder", "moe_layer", "prepare_moe"]
 
 
 @dataclass(frozen=True)
@@ -101,6 +101,48 @@ def moe_layer(spec, m: ExpertWeights, *, moe_format: str, max_tokens: int, num_s
     return MoELayer(caps, _moe_spec(spec, moe_format), (m.w1, m.w2), device=m.router.device, bias=bias)
 
 
+def _fp32_routers(spec, weights: ModelWeights) -> None:
+    """GLM-4.5's routers in fp32, as transformers routes them (sigmoid_grouped)."""
+    for lw in weights.layers:
+        if isinstance(lw.mlp, ExpertWeights) and spec.routing == "sigmoid_grouped":
+            lw.mlp.router = lw.mlp.router.float()
+
+
+def prepare_moe(spec, weights: ModelWeights, *, moe_format: str, max_tokens: int, batch_invariant: bool,
+                release: bool = True) -> list:
+    """Each layer's `MoELayer` (None for dense layers), made one layer at a time, for
+    `Decoder(share_moe=...)`. release: after each, that layer's loaded experts become meta
+    tensors of the same shapes (the MoE layer holds the copy its kernels read), so their
+    memory returns before the next layer is prepared. Without it a model holds its experts
+    twice: Mixtral-8x7B at 32 layers 93 GB of weights plus 60 GB of prepared gate/up
+    copies, more than one H200. Released weights cannot build another decoder (ops="torch"
+    reads them). Allocates; not capture-legal."""
+    dev = weights.final_norm.device
+    # the interpreter runs programs one after another: on the CPU one "SM" plans the fewest programs
+    num_sms = cuda_sm_count(dev) if dev.type == "cuda" else 1
+    out = []
+    for lw in weights.layers:
+        m = lw.mlp
+        if not isinstance(m, ExpertWeights):
+            out.append(None)
+            continue
+        out.append(moe_layer(spec, m, moe_format=moe_format, max_tokens=max_tokens, num_sms=num_sms,
+                             batch_invariant=batch_invariant))
+        if release:
+            m.w1, m.w2 = _on_meta(m.w1), _on_meta(m.w2)
+    _fp32_routers(spec, weights)
+    return out
+
+
+def _on_meta(t):
+    """A tensor (or NVFP4Tensor) of t's shape and dtype on the meta device: no memory."""
+    from sparkinfer.quant.nvfp4 import NVFP4Tensor
+
+    if isinstance(t, NVFP4Tensor):
+        return NVFP4Tensor(*(_on_meta(x) for x in (t.packed, t.scales, t.global_scale)))
+    return torch.empty(t.shape, dtype=t.dtype, device="meta")
+
+
 class Decoder:
     """One rank of a tensor-parallel decoder.
 
@@ -137,22 +179,14 @@ class Decoder:
         self.heads_l = weights.layers[0].attn.o.shape[1] // d  # Hq_l
         self.table = rotary_table(spec.rotary_dim, spec.rope_theta, cache.max_len, dev)
         self.scale = d ** -0.5
-        # the interpreter runs programs one after another: on the CPU one "SM" plans the fewest programs
-        num_sms = cuda_sm_count(dev) if dev.type == "cuda" else 1
-        self.moe: list[MoELayer | None] = []
-        for i, lw in enumerate(weights.layers):
-            m = lw.mlp
-            if share_moe is not None:
-                self.moe.append(share_moe[i])
-                continue
-            if not isinstance(m, ExpertWeights) or self.torch_ops is not None:
-                self.moe.append(None)
-                continue
-            self.moe.append(moe_layer(spec, m, moe_format=moe_format, max_tokens=max_tokens, num_sms=num_sms,
-                                      batch_invariant=batch_invariant))
-        for lw in weights.layers:
-            if isinstance(lw.mlp, ExpertWeights) and spec.routing == "sigmoid_grouped" and share_moe is None:
-                lw.mlp.router = lw.mlp.router.float()  # transformers routes GLM-4.5 in fp32
+        if share_moe is not None:
+            self.moe: list[MoELayer | None] = [share_moe[i] for i in range(len(weights.layers))]
+        elif self.torch_ops is not None:
+            self.moe = [None] * len(weights.layers)
+            _fp32_routers(spec, weights)
+        else:
+            self.moe = prepare_moe(spec, weights, moe_format=moe_format, max_tokens=max_tokens,
+                                   batch_invariant=batch_invariant, release=False)
         # split-K semaphores of the projections, one per weight (`linear_sync`)
         self._sync = {} if self.torch_ops is not None else \
             {w.data_ptr(): linear_sync(w) for w in _projections(weights)}

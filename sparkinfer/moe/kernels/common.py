@@ -355,6 +355,19 @@ def tma_weight_tile(d_w, e_w, row0, c, BN: tl.constexpr, BK: tl.constexpr,
 
 
 @triton.jit
+def step_weight_tile(d_w, e_w, p_we, b_s, row0, o_n, m_n, c, stride_w, num_chunks,
+                     BN: tl.constexpr, BK: tl.constexpr, NVFP4: tl.constexpr, FP8: tl.constexpr,
+                     PTX_DECODE: tl.constexpr, INTERPRET: tl.constexpr, TMA: tl.constexpr):
+    """A K step's weight tile [BN, BK] of rows row0.. (= o_n) of expert e_w: through the TMA
+    descriptor d_w (`tma_weight_tile`) or the per-thread loads of `weight_tile` from p_we."""
+    if TMA:
+        return tma_weight_tile(d_w, e_w, row0, c, BN, BK, INTERPRET)
+    else:
+        return weight_tile(p_we, b_s, o_n, m_n, c, stride_w, num_chunks, BN, BK, NVFP4, FP8,
+                           PTX_DECODE, INTERPRET)
+
+
+@triton.jit
 def split_chunks(i_s, chunks_per_split, num_chunks):
     """[lo, hi) chunks of reduction split i_s. The runner's split maths gives
     every split at least one chunk; saying so (tl.assume) removes the loop's

@@ -29,8 +29,7 @@ from sparkinfer.moe.kernels.common import (
     load_scales_2,
     program_rows,
     split_chunks,
-    tma_weight_tile,
-    weight_tile,
+    step_weight_tile,
 )
 from sparkinfer.moe.kernels.fp8 import act_operand, scaled_dot, step_scales, store_act
 
@@ -109,19 +108,13 @@ def fc1_tile(p_x, p_xs, p_w, p_s, p_gs, p_topk_w, p_out, p_os, d_w, e, e_w, rout
                                            X_FP8)
             b_cg = b_xs * b_wg
             b_cu = b_xs * b_wu
-        if TMA:
-            b_wt = tma_weight_tile(d_w, e_w, i_n * BN, c, BN, BK, INTERPRET)
-        else:
-            b_wt = weight_tile(p_we, b_sg, o_n, m_n, c, stride_wn, num_chunks, BN, BK, NVFP4,
-                               FP8, PTX_DECODE, INTERPRET)
-        b_g = scaled_dot(b_wt, b_x, b_g, b_cg, FP8)
+        b_g = scaled_dot(step_weight_tile(d_w, e_w, p_we, b_sg, i_n * BN, o_n, m_n, c, stride_wn,
+                                          num_chunks, BN, BK, NVFP4, FP8, PTX_DECODE, INTERPRET,
+                                          TMA), b_x, b_g, b_cg, FP8)
         if GATED:
-            if TMA:
-                b_wt = tma_weight_tile(d_w, e_w, I + i_n * BN, c, BN, BK, INTERPRET)
-            else:
-                b_wt = weight_tile(p_we, b_su, o_n + I, m_n, c, stride_wn, num_chunks, BN, BK,
-                                   NVFP4, FP8, PTX_DECODE, INTERPRET)
-            b_u = scaled_dot(b_wt, b_x, b_u, b_cu, FP8)
+            b_u = scaled_dot(step_weight_tile(d_w, e_w, p_we, b_su, I + i_n * BN, o_n + I, m_n, c,
+                                              stride_wn, num_chunks, BN, BK, NVFP4, FP8,
+                                              PTX_DECODE, INTERPRET, TMA), b_x, b_u, b_cu, FP8)
     if PDL:  # the next kernel's blocks may launch now, to wait in gdc_wait (its prologue overlaps)
         gdc_launch_dependents()
     if GSCALE:  # NVFP4's global scale, once per output instead of once per weight

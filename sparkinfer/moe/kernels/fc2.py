@@ -32,8 +32,7 @@ from sparkinfer.moe.kernels.common import (
     load_scales,
     program_rows,
     split_chunks,
-    tma_weight_tile,
-    weight_tile,
+    step_weight_tile,
 )
 from sparkinfer.moe.kernels.fp8 import act_operand, scaled_dot, step_scales, store_act
 
@@ -144,12 +143,9 @@ def fc2_tile(p_a, p_as, p_w, p_s, p_gs, p_out, d_w, d_a, e, e_w, route, o_arow, 
             b_c = n_as * n_w
             n_w, _, n_as = step_scales(p_se, i_n * BN, 0, p_as, o_arow, m_row,
                                        tl.minimum(c + 1, c_hi - 1), num_chunks, BK, False, True)
-        if TMA:
-            b_wt = tma_weight_tile(d_w, e_w, i_n * BN, c, BN, BK, INTERPRET)
-        else:
-            b_wt = weight_tile(p_we, b_s, o_n, m_n, c, stride_wn, num_chunks, BN, BK, NVFP4,
-                               FP8, PTX_DECODE, INTERPRET)
-        b_acc = scaled_dot(b_wt, b_a, b_acc, b_c, FP8)
+        b_acc = scaled_dot(step_weight_tile(d_w, e_w, p_we, b_s, i_n * BN, o_n, m_n, c, stride_wn,
+                                            num_chunks, BN, BK, NVFP4, FP8, PTX_DECODE, INTERPRET,
+                                            TMA), b_a, b_acc, b_c, FP8)
     if PDL:
         gdc_launch_dependents()
     if GSCALE:  # NVFP4's global scale, once per output instead of once per weight
