@@ -17,8 +17,9 @@ KV cache) over the copy bandwidth measured in the same run. Checked in the same
 run on every timed configuration: the replayed step against eager (bitwise; the
 torch baseline's `index_add_` uses atomics, so its replays are not held to it) and
 finite prefill logits; the prefill error against transformers is recorded.
-The floor assumes uniform routing; random routers concentrate tokens on fewer
-experts, so above batch 1 a step can read less than that floor (over 100%).
+Each row reads a context of its own (`decode_model.prefill_rows`): rows sharing one
+routed alike and read fewer experts than a served batch. The floor assumes uniform
+routing: where the random routers spread tokens less evenly, a step reads less.
 Presets with shared experts also time the step with the shared-expert overlap on
 and off (`--overlap-batches`). `--spec-k K`: generation tokens/s at batch 1 of
 plain decoding and of speculative decoding with a self-draft of the first half of

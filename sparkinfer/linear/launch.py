@@ -133,7 +133,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
         raise LayoutError(f"linear: a tile split {tile.split} ways needs the call site's semaphores; pass "
                           "sync=linear_sync(w)")
     blocks = triton.cdiv(n, tile.block_n)
-    row_blocks = triton.next_power_of_2(triton.cdiv(m, BLOCK_M)) if tile.stream else 1
+    row_blocks = triton.next_power_of_2(triton.cdiv(m, BLOCK_M))
     rows = triton.cdiv(m, BLOCK_M) * BLOCK_M
     part = out
     if tile.split > 1:
