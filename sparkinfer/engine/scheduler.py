@@ -19,17 +19,17 @@ Policy:
   while the step's prompt-token budget lasts (at least one chunk per step, so a
   prompt always advances; a later prompt's chunk never runs before the chunk of an
   earlier one that did not fit). Decode and prefill are separate forwards in one step:
-  decode rows stay one captured graph per bucket (a mixed forward would need
-  variable-length attention and could not be captured), and the budget bounds how
-  long a step's prefill delays the running requests' next token (ITL).
+  decode rows stay one captured graph per bucket, launched ahead of their plan (a
+  mixed forward would need the step's prompts before they are known), and the budget
+  bounds how long a step's prefill delays the running requests' next token (ITL).
 - A step's chunks run as the rows of one prefill forward (`ModelRunner`), whose cost is
   mostly reading every expert's weights once: on an H200 (prefill_h200.json) a forward
   of 8 chunks of 256 tokens took 6.9 ms and one of 1 chunk 2.9. So with
   `prefill_wait_steps` W > 0, while requests decode, prefill waits until its chunks fill
   a forward (step_tokens // C chunks) or the oldest has waited W steps; with nothing
   decoding it never waits (the GPU would idle). W = 0: every step prefills what it can
-  (the serving default: W = 8 was no faster in `bench serve` on an H200, where a step
-  at concurrency 64 is bound by the host, not by its prefill; docs/serving.md).
+  (the serving default: W = 8 was no faster in `bench serve` on an H200,
+  sweeps/serve_prefill_wait_h200.json).
 - A request's chunks start at multiples of C (0, C, 2C, ...), whatever else runs, so
   its prefill forwards and hence its logits depend on the request alone (batch
   invariance); the budget decides only how many chunks run in a step.
