@@ -257,7 +257,7 @@ def generate_static(runner, prompts: list[list[int]], params: SamplingParams, *,
     plans). on_token(seq, token) sees each new token."""
     caps = SchedulerCaps(slots=runner.max_batch, max_context=runner.max_context, chunk=runner.prefill_chunk,
                          step_tokens=max(runner.prefill_chunk, sum(len(p) for p in prompts)),
-                         max_waiting=max(len(prompts), 1))
+                         max_waiting=max(len(prompts), 1), announce=runner.announce_tokens)
     core = EngineCore(LocalExecutor(runner), caps)
     handles = [core.submit(p, params) for p in prompts]
     res = GenerationResult([[] for _ in prompts])

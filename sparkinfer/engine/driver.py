@@ -61,8 +61,8 @@ class _Geometry:
     @classmethod
     def of(cls, cfg: EngineConfig, chunk: int) -> _Geometry:
         rows = cfg.max_batch
-        tokens = max(cfg.step_tokens, chunk) + chunk
-        plan = 8 * (6 + 10 * (rows + tokens) + tokens)
+        tokens = 2 * (max(cfg.step_tokens, chunk) + chunk)  # the plan's chunks and those it announces
+        plan = 8 * (7 + 10 * (rows + tokens) + tokens)
         per_token = 1 + 2 * 20
         new = cfg.spec_k + 1 if cfg.speculative else 1
         result = 8 * (RESULT_HEAD + (3 + new * (1 + per_token)) * (2 * rows + tokens))
@@ -97,7 +97,7 @@ def serve_on_rank(world, cfg: EngineConfig, max_context: int, plan_handle, resul
         dist.barrier()  # every rank loaded and captured before the driver admits anything
         if results is not None:
             beat.stop()
-            results.publish(np.asarray([_READY, runner.max_context], dtype=np.int64))
+            results.publish(np.asarray([_READY, runner.max_context, runner.announce_tokens], dtype=np.int64))
         while (rec := plans.read(spin_s=_HOT_SPIN_S)) is not None:
             plan = decode_plan(rec)
             if plan.shutdown:
@@ -205,7 +205,8 @@ class Driver:
             raise self._failure(e) from None
         self.caps = SchedulerCaps(slots=config.max_batch, max_context=int(rec[1]), chunk=chunk,
                                   step_tokens=max(config.step_tokens, chunk), max_waiting=config.max_waiting,
-                                  speculative=config.speculative, prefill_wait_steps=config.prefill_wait_steps)
+                                  speculative=config.speculative, prefill_wait_steps=config.prefill_wait_steps,
+                                  announce=int(rec[2]))
         self.core = EngineCore(_RankExecutor(plans, self._results, self), self.caps, tokenizer=tokenizer,
                                eos_ids=tuple(spec.eos_token_ids), vocab_size=spec.vocab_size,
                                handle_type=handle_type or RequestHandle)

@@ -35,6 +35,9 @@ from sparkinfer.models.decoder import Step
 __all__ = ["Engine", "DEFAULT_BUCKETS"]
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+# Chunk rows a mixed step holds at most (`launch_mixed`): a served prompt of up to 4 chunks
+# joins the decode step that reads the experts anyway; more runs as its own forward.
+MIXED_ROWS = 4
 
 
 class _Inputs:
@@ -52,12 +55,12 @@ class _Inputs:
                ("row_slots", torch.int32, "b"), ("q_pos", torch.int32, "b"),
                ("temperature", torch.float32, "t"), ("top_p", torch.float32, "t"), ("thr", torch.float32, "t"))
 
-    def __init__(self, rows: int, q_len: int, device):
-        t = rows * q_len
-        self.rows, self.q_len, self.t = rows, q_len, t
+    def __init__(self, rows: int, q_len: int, device, decode_rows: int = 0):
+        t, b = decode_rows + rows * q_len, decode_rows + rows
+        self.rows, self.q_len, self.t, self.d = rows, q_len, t, decode_rows
         spans, off = {}, 0
         for name, dt, n in self._LAYOUT:
-            size = (t if n == "t" else rows) * dt.itemsize
+            size = (t if n == "t" else b) * dt.itemsize
             spans[name] = (off, size, dt)
             off += -(-size // 8) * 8  # 8-byte aligned fields
         cuda = torch.device(device).type == "cuda"
@@ -82,6 +85,11 @@ class _Inputs:
                             self.logit_rows)
         self.sampling = RowSampling(seed=self.seed, counter=self.counter, top_k=self.top_k,
                                     temperature=self.temperature, top_p=self.top_p, thr=self.thr)
+        # a mixed step (decode_rows D > 0): D decode rows, then rows of Q; its logit rows draw
+        # with the first D + rows entries of the sampling fields
+        self.mixed = Step(self.tokens, self.positions, self.slots, self.row_slots, self.q_pos, q_len,
+                          self.logit_rows, decode_rows) if decode_rows else None
+        self.row_sampling = RowSampling(**{name: getattr(self, name)[:b] for name, _ in RowSampling.FIELDS})
         self.ids = torch.zeros(t, dtype=torch.int64, device=device)
         self._pad_positions = np.arange(t, dtype=np.int32) % q_len  # padding tokens: positions 0..Q-1 a row
 
@@ -138,6 +146,41 @@ class _Inputs:
             slots[o:o + n] = slot
             h["row_slots"][r], h["q_pos"][r] = slot, start
             h["logit_rows"][r] = o + max(n, 1) - 1
+        self._commit()
+
+    def fill_mixed(self, decode: tuple, chunks: list[tuple[list[int], int, int]], chunk_sampling: SamplingColumns,
+                   pad_slot: int) -> None:
+        """A mixed step: decode = (tokens or None, positions, slots, sampling) of n <= D rows
+        (padded to D with the padding slot at position 0), then `fill_chunks`' rows after
+        them; logit rows: the D decode rows, then each chunk's last token, drawing with the
+        decode rows' sampling (counter: position + 1) and the chunks' (counter: the prompt
+        position after the chunk). One copy to the device."""
+        h, q, d = self._begin(), self.q_len, self.d
+        tokens, positions, slots, sampling = decode
+        n = len(positions)
+        tok, pos, slot, rs, qp, lr = (h[k] for k in ("tokens", "positions", "slots", "row_slots", "q_pos",
+                                                    "logit_rows"))
+        tok[:] = 0
+        pos[:d] = 0
+        slot[:] = pad_slot
+        rs[:] = pad_slot
+        qp[:] = 0
+        tok[:n] = 0 if tokens is None else tokens
+        pos[:n], slot[:n], rs[:n], qp[:n] = positions, slots, slots, positions
+        lr[:d] = np.arange(d)
+        for r in range(self.rows):
+            toks, start, s = chunks[r] if r < len(chunks) else ((), 0, pad_slot)
+            m, o = len(toks), d + r * q
+            tok[o:o + m] = toks
+            pos[o:o + q] = range(start, start + q)
+            slot[o:o + m] = s
+            rs[d + r], qp[d + r] = s, start
+            lr[d + r] = o + max(m, 1) - 1
+        pad = np.repeat(SamplingColumns.of([SamplingParams(temperature=0.0)]).words, d - n, axis=0)
+        cols = SamplingColumns(np.concatenate([sampling.words, pad, chunk_sampling.words]))
+        ends = [c[1] + len(c[0]) for c in chunks]
+        RowSampling.write(h, cols, np.concatenate([np.asarray(positions, dtype=np.int64) + 1,
+                                                   np.zeros(d - n, dtype=np.int64), np.asarray(ends, dtype=np.int64)]))
         self._commit()
 
 
@@ -217,10 +260,11 @@ class Engine:
             return out
         return run
 
-    def capture_all(self, q_lens=(1,), prefill_len: int | None = None) -> None:
+    def capture_all(self, q_lens=(1,), prefill_len: int | None = None, mixed: bool = False) -> None:
         """Capture (or, without graphs, warm up) every bucket's step for each Q, plain and
         filtered, and with prefill_len every prefill bucket's forward of rows of that many
-        tokens, so serving never compiles or captures mid-stream. Collective."""
+        tokens, so serving never compiles or captures mid-stream; mixed: also every mixed
+        step (`launch_mixed`) of decode buckets beside rows of prefill_len. Collective."""
         for q in q_lens:
             for b in self.buckets:
                 if b * q > self.dec.max_tokens:
@@ -230,6 +274,11 @@ class Engine:
         if prefill_len is not None and self.graphs:  # eager forwards need no warm-up (compiles aside)
             for r in self.prefill_buckets(prefill_len):
                 self._prefill_step(r, prefill_len)
+            if mixed:
+                for b in self.buckets:
+                    for r in self.mixed_rows(b, prefill_len):
+                        for filtered in (False, True):
+                            self._mixed_step(b, r, prefill_len, filtered)
 
     def step(self, tokens: list[list[int]], first_pos: list[int], slots: list[int],
              params: SamplingParams | list[SamplingParams]) -> tuple[torch.Tensor, list[int]]:
@@ -292,6 +341,53 @@ class Engine:
             forward = lambda: self.dec(inp.prefill)  # noqa: E731
             self._steps[key] = (inp, self._capture(forward) if self.graphs else forward)
         return self._steps[key]
+
+    # ------------------------------------------------------------------ mixed steps
+    def mixed_rows(self, decode_rows: int, q_len: int) -> tuple[int, ...]:
+        """Chunk-row buckets of a mixed step beside `decode_rows` decode rows (padded to their
+        bucket): powers of two up to MIXED_ROWS that fit max_tokens; () where mixed steps do
+        not run (DCP > 1, the torch ops, or a batch-dependent decoder)."""
+        dec = self.dec
+        if not (dec.batch_invariant and dec.sh.dcp == 1 and dec.torch_ops is None):
+            return ()
+        room = dec.max_tokens - self.bucket(decode_rows)
+        return tuple(r for r in (1, 2, 4, 8) if r <= MIXED_ROWS and r * q_len <= room)
+
+    def _mixed_step(self, d: int, rows: int, q_len: int, filtered: bool):
+        key = ("mixed", d, rows, q_len, filtered)
+        if key not in self._steps:
+            inp = _Inputs(rows, q_len, self.device, decode_rows=d)
+            inp.fill_mixed((None, [], [], SamplingColumns.of([])), [], SamplingColumns.of([]), self.pad_slot)
+
+            def forward():
+                logits = self.dec(inp.mixed)
+                return logits, sample_rows(logits, inp.row_sampling, filtered=filtered, stream=self.stream_id,
+                                           out=inp.ids[:d + rows])
+            self._steps[key] = (inp, self._capture(forward) if self.graphs else forward)
+        return self._steps[key]
+
+    def launch_mixed(self, slots: np.ndarray, positions: np.ndarray, sampling: SamplingColumns,
+                     chunks: list[tuple[list[int], int, int]], chunk_sampling: SamplingColumns, q_len: int, *,
+                     tokens: np.ndarray | None = None,
+                     device_tokens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One forward of R decode rows (as `launch_decode`) and prompt chunks (tokens, start,
+        slot; rows of q_len, as `prefill_rows`): the decode rows' expert weights are read
+        once for both. Each row gets the bits it gets in a step of its own kind. Returns
+        (logits, ids) [D + C] on the device: the decode rows' draws at 0..R-1 (D = R's
+        bucket), chunk c's draw (from its last token) at D + c. No host sync."""
+        n, d = len(positions), self.bucket(len(positions))
+        fits = [r for r in self.mixed_rows(n, q_len) if r >= len(chunks)]
+        if not fits or any(len(c[0]) > q_len or not c[0] for c in chunks):
+            raise CapacityError(f"launch_mixed: {len(chunks)} chunks of 1..{q_len} tokens beside {n} decode rows "
+                                f"do not fit a mixed step (buckets {self.mixed_rows(n, q_len)})")
+        filtered = sampling.filtered or chunk_sampling.filtered
+        inp, run = self._mixed_step(d, fits[0], q_len, filtered)
+        inp.fill_mixed((tokens, positions, slots, sampling), chunks, chunk_sampling, self.pad_slot)
+        if device_tokens is not None:
+            inp.tokens[:n].copy_(device_tokens)
+        self.launches += 1
+        logits, ids = run()
+        return logits, ids
 
     def prefill_rows(self, chunks: list[tuple[list[int], int, int]], q_len: int) -> torch.Tensor:
         """One forward of prompt chunks (tokens, start, slot), a row each padded to q_len

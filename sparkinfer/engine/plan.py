@@ -218,17 +218,21 @@ _NO_IDS = np.zeros(0, dtype=np.int64)
 class StepPlan:
     """Decode rows first (one step of the running batch), then prefill chunks in order.
     `shutdown` asks the ranks to leave their loop (no rows). `decode` is held as
-    `DecodeRows` whatever sequence of `DecodeRow`s it is given."""
+    `DecodeRows` whatever sequence of `DecodeRow`s it is given. next_prefill: the
+    chunks the next plan will prefill (announced, so a rank may run them beside the
+    next step's decode rows that it launches ahead; the next plan still lists them)."""
 
     step: int
     decode: DecodeRows = field(default_factory=lambda: _NO_ROWS)
     prefill: tuple[PrefillChunk, ...] = ()
     shutdown: bool = False
+    next_prefill: tuple[PrefillChunk, ...] = ()
 
     def __post_init__(self):
         if not isinstance(self.decode, DecodeRows):
             object.__setattr__(self, "decode", DecodeRows.of(self.decode) if self.decode else _NO_ROWS)
         object.__setattr__(self, "prefill", tuple(self.prefill))
+        object.__setattr__(self, "next_prefill", tuple(self.next_prefill))
 
     @property
     def empty(self) -> bool:
@@ -280,8 +284,9 @@ class StepResult:
 
 
 # ---------------------------------------------------------------------- codec
-# Plan record: [MAGIC, step, shutdown, R, C, total chunk tokens], then the R rows'
-# columns (_ROW words a row), C chunks of _CHUNK words, then the chunks' tokens.
+# Plan record: [MAGIC, step, shutdown, R, C, total chunk tokens, N], then the R rows'
+# columns (_ROW words a row), C + N chunks of _CHUNK words (the plan's, then the N it
+# announces), then their tokens.
 _MAGIC = 0x53504B50  # "SPKP"
 
 
@@ -301,14 +306,15 @@ def _sampling_from(w) -> SamplingParams:
 
 def encode_plan(plan: StepPlan) -> np.ndarray:
     """int64 [n] record of a plan."""
+    chunks = plan.prefill + plan.next_prefill
     head = [_MAGIC, plan.step, int(plan.shutdown), len(plan.decode), len(plan.prefill),
-            sum(len(c.tokens) for c in plan.prefill)]
-    if not plan.prefill:  # a decode step: the header and the rows' columns
+            sum(len(c.tokens) for c in chunks), len(plan.next_prefill)]
+    if not chunks:  # a decode step: the header and the rows' columns
         return np.concatenate((np.asarray(head, dtype=np.int64), plan.decode.cols.ravel()))
     words = []
-    for c in plan.prefill:
+    for c in chunks:
         words += [c.request, c.slot, c.start, len(c.tokens), int(c.last)] + sampling_words(c.params)
-    for c in plan.prefill:
+    for c in chunks:
         words += c.tokens
     return np.concatenate((np.asarray(head, dtype=np.int64), plan.decode.cols.ravel(),
                            np.asarray(words, dtype=np.int64)))
@@ -320,20 +326,20 @@ def decode_plan(rec) -> StepPlan:
     w = np.frombuffer(rec, dtype=np.int64) if not isinstance(rec, np.ndarray) else rec
     if int(w[0]) != _MAGIC:
         raise ShapeError(f"decode_plan: not a step-plan record (first word {int(w[0]):#x})")
-    step, shutdown, nr, nc, _ = w[1:6].tolist()
-    o = 6
+    step, shutdown, nr, nc, _, nn = w[1:7].tolist()
+    o = 7
     rows = DecodeRows(w[o:o + nr * _ROW].reshape(nr, _ROW))
     o += nr * _ROW
-    if not nc:
+    if not nc and not nn:
         return StepPlan(step, rows, (), bool(shutdown))
-    heads = w[o:o + nc * _CHUNK].reshape(nc, _CHUNK).tolist()
-    o += nc * _CHUNK
+    heads = w[o:o + (nc + nn) * _CHUNK].reshape(nc + nn, _CHUNK).tolist()
+    o += (nc + nn) * _CHUNK
     chunks = []
     for v in heads:
         toks = tuple(w[o:o + v[3]].tolist())
         o += v[3]
         chunks.append(PrefillChunk(v[0], v[1], v[2], toks, bool(v[4]), _sampling_from(v[5:])))
-    return StepPlan(step, rows, tuple(chunks), bool(shutdown))
+    return StepPlan(step, rows, tuple(chunks[:nc]), bool(shutdown), tuple(chunks[nc:]))
 
 
 # Result record: [MAGIC, step, proposed, accepted, R, C, one], then with one = 1 the R

@@ -93,6 +93,7 @@ class ModelRunner:
         self.lookahead = lookahead and draft is None
         self._ahead: _Ahead | None = None
         self.ahead_launched = self.ahead_used = 0  # steps launched ahead; those a plan took
+        self.mixed_launched = self.chunks_taken = 0  # of those, mixed steps; plans whose chunks they ran
 
     def warm_up(self) -> None:
         """Capture every decode graph this runner can replay (collective)."""
@@ -115,9 +116,10 @@ class ModelRunner:
             return StepResult(plan.step, decode, prefill, self.k * len(plan.decode),
                               sum(len(r.tokens) - 1 for r in decode), kept)
         step = _Launched(self.max_context)
+        took = bool(plan.prefill) and self._take_chunks(plan.prefill, ahead, step)
         if plan.decode:
             self._decode(plan.decode, ahead, step)
-        if plan.prefill:
+        if plan.prefill and not took:
             self._prefill_launch(plan.prefill, step)
         # logprobs and kept logits read the decode step's logits, which the next launch overwrites
         reads_logits = (kept is not None or plan.decode.logprobs_wanted
@@ -179,10 +181,63 @@ class ModelRunner:
         # the plan's own decode rows, every one continuing: their sampling, so their filter if known
         same = step.decode is not None and step.go is None and len(rows) == len(plan.decode)
         sampling = SamplingColumns(rows[:, 5:], step.filtered if same else None)
-        logits, ids = self.target.launch_decode(rows[:, 1], rows[:, _POS], sampling,
-                                                device_tokens=feeds[0] if len(feeds) == 1 else torch.cat(feeds))
+        fed = feeds[0] if len(feeds) == 1 else torch.cat(feeds)
+        chunks = plan.next_prefill if self._mixes(plan.next_prefill, len(rows)) else ()
+        if chunks:  # the next plan's chunks beside its decode rows: the experts are read once for both
+            logits, ids = self.target.launch_mixed(
+                rows[:, 1], rows[:, _POS], sampling, [(list(c.tokens), c.start, c.slot) for c in chunks],
+                SamplingColumns.of([c.params for c in chunks]), self.prefill_chunk, device_tokens=fed)
+        else:
+            logits, ids = self.target.launch_decode(rows[:, 1], rows[:, _POS], sampling, device_tokens=fed)
         self.ahead_launched += 1
-        return _Ahead(rows, sampling, (logits, ids, _to_host(ids)), self.target.launches, self.target.dec.cache.slots)
+        host = _to_host(ids)
+        ahead = _Ahead(rows, sampling, (logits, ids, host), self.target.launches, self.target.dec.cache.slots)
+        if chunks:
+            self.mixed_launched += 1
+            d = self.target.bucket(len(rows))
+            ahead.chunks = ({_chunk_key(c): j for j, c in enumerate(chunks)}, logits[d:], ids[d:], host, d)
+        return ahead
+
+    @property
+    def mixes(self) -> bool:
+        """Whether this runner runs a plan's announced chunks beside the next step's decode
+        rows (`Engine.launch_mixed`): with steps launched ahead, on a decoder that can."""
+        return self.lookahead and bool(self.target.mixed_rows(1, self.prefill_chunk))
+
+    @property
+    def announce_tokens(self) -> int:
+        """Prompt tokens a plan may announce (`SchedulerCaps.announce`): what the mixed step
+        beside the largest decode bucket holds; 0 when this runner does not mix."""
+        if not self.mixes:
+            return 0
+        return max(self.target.mixed_rows(self.max_batch, self.prefill_chunk), default=0) * self.prefill_chunk
+
+    def _mixes(self, chunks: tuple[PrefillChunk, ...], rows: int) -> bool:
+        """Whether `chunks` run beside `rows` decode rows in one mixed step: a bucket holds
+        them, every one fits a chunk row, and none asks for logprobs (read from logits
+        the next launch would overwrite)."""
+        if not chunks or not self.mixes:
+            return False
+        fits = [r for r in self.target.mixed_rows(rows, self.prefill_chunk) if r >= len(chunks)]
+        return bool(fits) and all(len(c.tokens) <= self.prefill_chunk and c.params.logprobs is None
+                                  and not self.keep_logits for c in chunks)
+
+    def _take_chunks(self, chunks: tuple[PrefillChunk, ...], ahead: _Ahead | None, step: _Launched) -> bool:
+        """The plan's chunks from the step launched ahead, when it ran every one of them
+        (announced by the last plan) and its outputs are current."""
+        if ahead is None or ahead.chunks is None or ahead.launches != self.target.launches:
+            return False
+        at, logits, ids, (host, ev), _ = ahead.chunks
+        idx = [at.get(_chunk_key(c)) for c in chunks]
+        if any(i is None for i in idx):
+            return False
+        ends = [i for i, c in enumerate(chunks) if c.last]
+        if ends:
+            sel = np.asarray([idx[i] for i in ends], dtype=np.int64)
+            step.prefill = (ends, _gather(ids, sel), logits[torch.from_numpy(sel).to(logits.device)])
+            step.prefill_host = (host, ev, sel + ahead.chunks[4])
+        self.chunks_taken += 1
+        return True
 
     def _forwards(self, engine, chunks: list[tuple]) -> list:
         """The prefill forwards of `chunks` (tokens, start, slot) through `engine`; each chunk's
@@ -258,6 +313,10 @@ class ModelRunner:
 _POS, _TOKEN, _PREV = 2, 3, 4  # `DecodeRows` columns
 
 
+def _chunk_key(c: PrefillChunk) -> tuple:
+    return c.request, c.slot, c.start, c.tokens
+
+
 def _prompt_end(c: PrefillChunk) -> int:
     return c.start + len(c.tokens)
 
@@ -286,11 +345,12 @@ def _to_host(ids: torch.Tensor):
 
 
 def _host_ids(host) -> np.ndarray:
-    """int64 [n]: the ids of a `_to_host` copy, once it has landed."""
-    t, ev = host
+    """int64 [n]: the ids of a `_to_host` copy, once it has landed (with a third item, an
+    index array: those of them)."""
+    t, ev = host[:2]
     if ev is not None:
         ev.synchronize()
-    return t.numpy()
+    return t.numpy() if len(host) == 2 else t.numpy()[host[2]]
 
 
 class _Ahead:
@@ -304,6 +364,9 @@ class _Ahead:
         self.logits, self.ids, self.host = out
         self.launches = launches
         self.fed = False
+        # with announced chunks beside the rows: ({chunk key: j}, logits, ids from the
+        # rows' bucket D on, the ids' host copy, D)
+        self.chunks: tuple | None = None
 
     def feed(self, tokens: np.ndarray) -> None:
         """The rows' tokens: the draws of the step before, once read back."""

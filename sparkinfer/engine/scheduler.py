@@ -18,10 +18,16 @@ Policy:
   speculative round), then prompt chunks of prefilling requests in admission order
   while the step's prompt-token budget lasts (at least one chunk per step, so a
   prompt always advances; a later prompt's chunk never runs before the chunk of an
-  earlier one that did not fit). Decode and prefill are separate forwards in one step:
-  decode rows stay one captured graph per bucket, launched ahead of their plan (a
-  mixed forward would need the step's prompts before they are known), and the budget
-  bounds how long a step's prefill delays the running requests' next token (ITL).
+  earlier one that did not fit); the budget bounds how long a step's prefill delays
+  the running requests' next token (ITL).
+- Announced chunks (`announce` > 0, set when the ranks run mixed steps): while requests
+  decode, the chunks picked for a plan (at most `announce` tokens) are announced in it
+  (`StepPlan.next_prefill`) and run in the next plan. A rank launches the next step's
+  decode rows before that plan reaches it (`ModelRunner._look_ahead`), and with the
+  announcement it launches the chunks in the same forward (`Engine.launch_mixed`), so
+  the experts' weights are read once for both instead of again by a prefill forward of
+  their own. A prompt's first token comes one step later than without; with nothing
+  decoding, chunks run at once. Otherwise decode and prefill are separate forwards.
 - A step's chunks run as the rows of one prefill forward (`ModelRunner`), whose cost is
   mostly reading every expert's weights once: on an H200 (prefill_h200.json) a forward
   of 8 chunks of 256 tokens took 6.9 ms and one of 1 chunk 2.9. So with
@@ -73,7 +79,9 @@ class SchedulerCaps:
     prompt tokens per step at most (at least one chunk runs). max_waiting: queue
     bound. speculative: decode rows run speculative rounds (their results carry
     1..k + 1 tokens). prefill_wait_steps: how long prefill may wait for a fuller
-    forward while requests decode (0: never; see the module docstring)."""
+    forward while requests decode (0: never; see the module docstring). announce:
+    prompt tokens a plan may announce for the next one (`StepPlan.next_prefill`; 0:
+    none; see the module docstring)."""
 
     slots: int
     max_context: int
@@ -82,6 +90,7 @@ class SchedulerCaps:
     max_waiting: int = 64
     speculative: bool = False
     prefill_wait_steps: int = 0
+    announce: int = 0
 
     def __post_init__(self):
         if self.slots < 1 or self.max_context < 2 or self.chunk < 1 or self.step_tokens < 1 or self.max_waiting < 0 \
@@ -141,6 +150,7 @@ class Scheduler:
         # are written once, at admission). running: the slots whose request decodes.
         self._table = np.zeros((caps.slots, 10), dtype=np.int64)
         self._running = np.zeros(caps.slots, dtype=bool)
+        self._announced: tuple[PrefillChunk, ...] = ()  # the last plan's next_prefill
 
     # ------------------------------------------------------------------ requests
     def add(self, req: SchedRequest) -> None:
@@ -190,15 +200,43 @@ class Scheduler:
             self.active[r.id] = r
             self._table[r.slot] = [r.id, r.slot, 0, 0, 0, *sampling_words(r.params)]
         rows = DecodeRows(self._table[self._running])  # the decoding requests, in slot order
-        budget = self.caps.step_tokens
+        # the chunks the last plan announced, of requests still prefilling
+        ahead = tuple(c for c in self._announced if (r := self.active.get(c.request)) is not None
+                      and r.state is RequestState.PREFILLING and c.slot == r.slot)
+        self._announced = ()
+        starts = {c.request: c.start + len(c.tokens) for c in ahead}
+        announce = self.caps.announce > 0 and bool(rows)
+        if announce:  # the next plan's chunks, from where the announced ones end
+            chunks = self._chunks(min(self.caps.announce, self.caps.step_tokens), starts)
+        else:
+            left = self.caps.step_tokens - sum(len(c.tokens) for c in ahead)
+            chunks = self._chunks(left, starts) if left > 0 or not ahead else []
+        full = max(1, self.caps.step_tokens // self.caps.chunk)
+        if rows and chunks and len(chunks) < full and self.prefill_waited < self.caps.prefill_wait_steps:
+            self.prefill_waited += 1  # decode now; these chunks join a fuller forward later
+            chunks = []
+        elif chunks:
+            self.prefill_waited = 0
+        if announce and chunks:  # they run in the next plan, beside its decode rows
+            self._announced, chunks = tuple(chunks), []
+        prefill = ahead + tuple(chunks)
+        if not rows and not prefill:
+            return None
+        self.steps += 1
+        return StepPlan(self.steps, rows, prefill, next_prefill=self._announced)
+
+    def _chunks(self, budget: int, planned: dict[int, int]) -> list[PrefillChunk]:
+        """Prompt chunks in admission order while `budget` tokens last (at least one), each
+        request from its prefilled position, or from planned[request] where a chunk of it
+        is already planned."""
         chunks: list[PrefillChunk] = []
         for r in self.active.values():
             if r.state is not RequestState.PREFILLING:
                 continue
-            start = r.prefilled
+            start = planned.get(r.id, r.prefilled)
             while start < len(r.prompt):
                 end = min(start - start % self.caps.chunk + self.caps.chunk, len(r.prompt))
-                if chunks and end - start > budget:
+                if (chunks or planned) and end - start > budget:
                     break
                 chunks.append(PrefillChunk(r.id, r.slot, start, tuple(r.prompt[start:end]), end == len(r.prompt),
                                            r.params))
@@ -206,16 +244,7 @@ class Scheduler:
                 start = end
             if budget <= 0 or start < len(r.prompt):  # a later prompt never overtakes one that did not fit
                 break
-        full = max(1, self.caps.step_tokens // self.caps.chunk)
-        if rows and chunks and len(chunks) < full and self.prefill_waited < self.caps.prefill_wait_steps:
-            self.prefill_waited += 1  # decode now; these chunks join a fuller forward later
-            chunks = []
-        elif chunks:
-            self.prefill_waited = 0
-        if not rows and not chunks:
-            return None
-        self.steps += 1
-        return StepPlan(self.steps, rows, tuple(chunks))
+        return chunks
 
     def update(self, plan: StepPlan, result: StepResult) -> list[Update]:
         """Apply a step's result: new tokens, stops, lengths. Returns one Update per request

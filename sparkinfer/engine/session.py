@@ -80,7 +80,8 @@ class ModelSession:
         rows = max(1, step_tokens // self.chunk)
         if chunk is not None:
             max_len = -(-max_len // self.chunk) * self.chunk
-        tokens = max(self.chunk * rows, batch * (spec_k + 1))
+        # a mixed step (`Engine.launch_mixed`) holds a decode bucket beside the rows of chunks
+        tokens = max(self.chunk * rows + (0 if speculative else batch), batch * (spec_k + 1))
         self.comm = None
         if w > 1:
             from sparkinfer.comm import Communicator

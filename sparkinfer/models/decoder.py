@@ -56,7 +56,10 @@ class Step:
     tokens: int64 [T]; positions, slots: int32 [T] (global position and cache slot
     of each token); row_slots, q_pos: int32 [B] (each row's slot and first
     position); q_len: Q; logit_rows: int64 [N] rows of T whose logits are wanted,
-    or None for all T. For CUDA graphs keep every tensor at a fixed address.
+    or None for all T. decode_rows: D > 0 makes a mixed step: the first D tokens are
+    D decode rows of one token, then (B - D) rows of Q (logit_rows given, its first D
+    the decode rows); each kind of row gets the bits it gets in a step of its own kind.
+    For CUDA graphs keep every tensor at a fixed address.
     """
 
     tokens: torch.Tensor
@@ -66,6 +69,7 @@ class Step:
     q_pos: torch.Tensor
     q_len: int
     logit_rows: torch.Tensor | None = None
+    decode_rows: int = 0
 
 
 class KVCache:
@@ -195,6 +199,7 @@ class Decoder:
         # switch is for A/B runs and debugging)
         self.overlap_shared = dev.type == "cuda"
         self._prefill = False  # set by each forward: prefill forwards take `gemm` (see `_linear`)
+        self._split = 0  # set by each forward: a mixed step's decode rows (see `_linear`)
         self._aux = torch.cuda.Stream(dev) if dev.type == "cuda" else None
         self._streams = CudaStreamOps(dev) if dev.type == "cuda" else None
 
@@ -230,7 +235,17 @@ class Decoder:
         q = rope_fn(qkv, step.positions, step.slots, self.table, caches, (self.heads_l, a.kv_heads, d),
                           norms=norms, eps=spec.rms_eps, kv_stride=sh.dcp, kv_offset=sh.rank if sh.dcp > 1 else 0)
         b = step.row_slots.shape[0]
-        if sh.dcp == 1:
+        if step.decode_rows:  # a mixed step: its decode rows, then its rows of Q, into one buffer
+            n, h = step.decode_rows, self.heads_l
+            out = torch.empty((t, h, d), dtype=torch.bfloat16, device=self.device)
+            lse = torch.empty((t, h), dtype=torch.float32, device=self.device)
+            for lo, hi, rows, ql in ((0, n, slice(0, n), 1), (n, t, slice(n, b), step.q_len)):
+                r = rows.stop - rows.start
+                attend(q[lo:hi].view(r, ql, h, d), *caches, step.row_slots[rows], step.q_pos[rows],
+                       sm_scale=self.scale, out=out[lo:hi].view(r, ql, h, d), lse=lse[lo:hi].view(r, ql, h),
+                       batch_invariant=self.batch_invariant)
+            out = out.view(t, h * d)
+        elif sh.dcp == 1:
             out, _ = attend(q.view(b, step.q_len, self.heads_l, d), *caches, step.row_slots, step.q_pos,
                             sm_scale=self.scale, **self._attn_out(b, step.q_len, self.heads_l))
             out = out.view(t, self.heads_l * d)
@@ -253,6 +268,12 @@ class Decoder:
         measured batch; its sums follow the row count)."""
         if self.torch_ops is not None or not self.batch_invariant:
             return F.linear(x.to(w.dtype), w, bias)
+        if self._split and w.dtype != torch.float32:  # a mixed step: each kind of row as in its own step
+            d = self._split
+            out = torch.empty((x.shape[0], w.shape[0]), dtype=w.dtype, device=x.device)
+            linear(x[:d], w, bias, out=out[:d], sync=self._sync.get(w.data_ptr()), invariant=True)
+            gemm(x[d:], w, bias, out=out[d:])
+            return out
         if self._prefill and w.dtype != torch.float32:
             return gemm(x, w, bias)
         return linear(x, w, bias, sync=self._sync.get(w.data_ptr()), invariant=True)
@@ -274,10 +295,15 @@ class Decoder:
             g, u = F.linear(x, m.gate_up).chunk(2, dim=-1)
             return F.linear(F.silu(g) * u, m.down)
         gate_up = self._linear(x, m.gate_up)  # [T, 2 I_l]
-        if self._prefill:
-            g, u = gate_up.chunk(2, dim=-1)
-            return gemm(F.silu(g) * u, m.down)  # rounded as `linear`'s gated load rounds it
-        return linear(gate_up, m.down, sync=self._sync.get(m.down.data_ptr()), gated=True, invariant=True)
+        d = self._split if self._prefill else gate_up.shape[0]  # rows of the gated decode kernel
+        out = torch.empty((gate_up.shape[0], m.down.shape[0]), dtype=m.down.dtype, device=x.device)
+        if d:
+            linear(gate_up[:d], m.down, out=out[:d], sync=self._sync.get(m.down.data_ptr()), gated=True,
+                   invariant=True)
+        if d < gate_up.shape[0]:
+            g, u = gate_up[d:].chunk(2, dim=-1)
+            gemm(F.silu(g) * u, m.down, out=out[d:])  # rounded as `linear`'s gated load rounds it
+        return out
 
     def _mlp(self, i: int, x):
         m = self.w.layers[i].mlp
@@ -306,6 +332,9 @@ class Decoder:
         sync; capture-legal (torch ops allocate from the graph's pool)."""
         t = step.tokens.shape[0]
         self._prefill = step.logit_rows is not None  # a prefill forward (chunks), not decode rows
+        self._split = step.decode_rows
+        if self._split and (self._prefill is False or self.sh.dcp > 1 or self.torch_ops is not None):
+            raise ShapeError("a mixed step (decode_rows > 0) needs logit_rows, DCP 1 and our kernels")
         if t > self.max_tokens:
             raise CapacityError(f"step of {t} tokens exceeds the decoder's max_tokens={self.max_tokens}; "
                                 "prefill in chunks or build the decoder with a larger max_tokens")

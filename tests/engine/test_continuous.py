@@ -43,10 +43,10 @@ class _Recorder:
         return self.inner.execute(plan)
 
 
-def _run(runner, schedule, speculative=False):
+def _run(runner, schedule, speculative=False, announce=0):
     """Step a fresh core through `schedule`: (tokens, logits, finish reasons, plans) per request."""
     caps = SchedulerCaps(slots=SLOTS, max_context=runner.max_context, chunk=CHUNK, step_tokens=CHUNK,
-                         speculative=speculative)
+                         speculative=speculative, announce=announce)
     ex = _Recorder(runner)
     core = EngineCore(ex, caps)
     handles, tokens, reasons, logits = {}, {}, {}, {}

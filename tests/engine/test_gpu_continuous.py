@@ -3,7 +3,9 @@ schedule of test_continuous.py with compiled kernels and CUDA-graph decode steps
 two ranks sharing one GPU (`cuda_shared`; correctness only, MPS optional): every
 request gives its solo tokens and logits beside the others, bitwise, at TP 2 and at
 TP 2 + DCP 2, with the abort, the queue order and the chunking checked as on the CPU;
-and a prompt chunk's solo bits in captured prefill forwards of several chunks (one rank).
+a prompt chunk's solo bits in captured prefill forwards of several chunks (one rank);
+and mixed steps (test_mixed.py) captured: one against its decode and prefill rows (one
+rank), and a schedule whose announced chunks run beside decode rows at TP 2.
 """
 
 import os
@@ -12,7 +14,7 @@ import pytest
 import torch
 
 from sparkinfer.runtime import run_ranks
-from tests.engine import test_prefill_rows
+from tests.engine import test_mixed, test_prefill_rows
 from tests.engine.test_continuous import _worker, check_results
 
 pytestmark = pytest.mark.skipif(
@@ -30,3 +32,13 @@ def test_gpu_a_chunk_gives_its_solo_bits_in_any_captured_prefill_forward(paths):
     """test_prefill_rows.py's chunks through captured prefill forwards on one rank."""
     test_prefill_rows.check(run_ranks(test_prefill_rows._worker, 1, backend="cuda",
                                       args=(paths["qwen3_moe-tiny"], True), timeout_s=600)[0])
+
+
+def test_gpu_a_captured_mixed_step_gives_each_row_its_own_kind_of_bits(paths):
+    test_mixed.check_one_forward(run_ranks(test_mixed._one_forward, 1, backend="cuda",
+                                           args=(paths["glm4_moe-tiny"],), timeout_s=600)[0])
+
+
+def test_gpu_announced_chunks_change_no_token_on_two_ranks(paths):
+    test_mixed.check_served(run_ranks(test_mixed._served, 2, backend="cuda_shared", args=(paths["mixtral-tiny"],),
+                                      timeout_s=600))

@@ -34,12 +34,14 @@ _chunks = st.lists(st.builds(PrefillChunk, _ids, st.integers(0, 128), _ids, st.l
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.integers(0, 2**40), _rows, _chunks, st.booleans())
-def test_plan_round_trip(step, rows, chunks, shutdown):
-    plan = StepPlan(step, tuple(rows), tuple(chunks), shutdown)
+@given(st.integers(0, 2**40), _rows, _chunks, st.booleans(), _chunks)
+def test_plan_round_trip(step, rows, chunks, shutdown, announced):
+    plan = StepPlan(step, tuple(rows), tuple(chunks), shutdown, tuple(announced))
     rec = encode_plan(plan)
     back = decode_plan(rec.tobytes() + b"\0" * 64)  # a ring slot is longer than the record
-    for a, b in zip(plan.decode + plan.prefill, back.decode + back.prefill):
+    assert [(c.request, c.slot, c.start, c.tokens, c.last) for c in back.next_prefill] == \
+        [(c.request, c.slot, c.start, c.tokens, c.last) for c in announced]
+    for a, b in zip(plan.decode + plan.prefill + plan.next_prefill, back.decode + back.prefill + back.next_prefill):
         assert a.params.temperature == b.params.temperature and a.params.top_p == b.params.top_p
         assert (a.params.top_k, a.params.seed, a.params.logprobs) == (b.params.top_k, b.params.seed,
                                                                        b.params.logprobs)

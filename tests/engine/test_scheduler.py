@@ -157,9 +157,12 @@ def test_rejections():
 def test_random_arrivals_every_request_finishes_in_order(arrivals, slots, budget, spec_tokens, wait):
     """Requests arrive at random steps (with random lengths, aborts): every one ends once,
     slots are never shared, chunks start at multiples of C, admission keeps arrival order,
-    with or without prefill waiting for fuller forwards."""
+    with or without prefill waiting for fuller forwards; with chunks announced a plan
+    ahead (odd `wait`), each plan's chunks are the ones the last plan announced that still
+    prefill, then new ones."""
     s = Scheduler(SchedulerCaps(slots=slots, max_context=64, chunk=8, step_tokens=budget, max_waiting=100,
-                                speculative=spec_tokens > 1, prefill_wait_steps=wait))
+                                speculative=spec_tokens > 1, prefill_wait_steps=wait // 2, announce=16 * (wait % 2)))
+    announced = ()
     pending = sorted(enumerate(arrivals), key=lambda x: x[1][0])
     reqs, admitted, step = {}, [], 0
     while pending or s.has_work:
@@ -173,6 +176,10 @@ def test_random_arrivals_every_request_finishes_in_order(arrivals, slots, budget
         step += 1
         if plan is None:
             continue
+        live = [c for c in announced if s.active.get(c.request) is not None and c.slot == s.active[c.request].slot]
+        assert list(plan.prefill[:len(live)]) == live, "a plan runs what the last one announced first"
+        assert not plan.next_prefill or (plan.decode and s.caps.announce), "announced only beside decode rows"
+        announced = plan.next_prefill
         slots_used = [r.slot for r in plan.decode] + [c.slot for c in plan.prefill]
         owners = {}
         for row in plan.decode:
@@ -242,3 +249,30 @@ def test_one_token_rows_in_bulk_update_as_rows_of_results_do(arrivals, slots):
         step += 1
     assert [(r.out, r.finish) for r in reqs[0].values()] == [(r.out, r.finish) for r in reqs[1].values()]
     assert all(r.finish is not None for r in reqs[0].values())
+
+
+def test_announced_chunks_run_in_the_next_plan_beside_decode_rows():
+    """With `announce`, a prompt admitted while another request decodes is announced by one
+    plan and prefilled by the next (where a rank can run it beside the decode rows it
+    launched ahead); with nothing decoding it prefills at once; an aborted request's
+    announced chunks do not run."""
+    s = Scheduler(SchedulerCaps(slots=3, max_context=64, chunk=8, step_tokens=64, announce=16))
+    s.add(_req(0, 5, new=6))
+    p1 = s.schedule()
+    assert [c.request for c in p1.prefill] == [0] and not p1.next_prefill  # nothing decodes: at once
+    s.update(p1, _fake(p1))
+    r1 = _req(1, 12, new=2)
+    s.add(r1)  # two chunks: 8 + 4, within the 16 announced tokens
+    s.add(_req(2, 20, new=2))  # its first chunk passes the 16
+    p2 = s.schedule()
+    assert len(p2.decode) == 1 and not p2.prefill
+    assert [(c.request, c.start) for c in p2.next_prefill] == [(1, 0), (1, 8)]
+    s.update(p2, _fake(p2))
+    p3 = s.schedule()
+    assert p3.prefill == p2.next_prefill and [(c.request, c.start) for c in p3.next_prefill] == [(2, 0), (2, 8)]
+    s.update(p3, _fake(p3))
+    s.abort(2)
+    p4 = s.schedule()
+    assert not p4.prefill and not p4.next_prefill and len(p4.decode) == 2
+    s.update(p4, _fake(p4))
+    assert r1.out == [12, 13] and r1.finish is FinishReason.LENGTH
