@@ -51,6 +51,7 @@ def add_arguments(p) -> None:
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--moe-format", default="bf16", choices=("bf16", "nvfp4", "fp8_block"))
     p.add_argument("--backend", default=None, choices=("auto", "cpu", "cuda", "cuda_shared"))
+    p.add_argument("--mixed-steps", action="store_true", help="start the server with --mixed-steps")
     p.add_argument("--concurrency", default="1,8,32,64", help="fixed-concurrency levels")
     p.add_argument("--rate", default=None, help="Poisson arrival rates (requests/s) instead of --concurrency")
     p.add_argument("--max-concurrency", type=int, default=None, help="with --rate: requests in flight at most")
@@ -87,7 +88,7 @@ def _server_command(args, levels, model: str | None) -> list[str]:
            "--tp", str(args.tp), "--moe-format", args.moe_format, "--max-batch", str(batch),
            "--max-context", str(context), "--max-waiting", str(requests), "--port", "0", "--log-level", "warning"]
     cmd += ["--served-model-name", args.preset] if args.preset else []
-    return cmd + (["--backend", args.backend] if args.backend else [])
+    return cmd + (["--backend", args.backend] if args.backend else []) + (["--mixed-steps"] if args.mixed_steps else [])
 
 
 def _static_rows(args, meta) -> dict[int, dict]:
@@ -128,6 +129,7 @@ def _run_levels(args, url: str, model: str, levels, static, con) -> list[dict]:
         steps1 = engine_steps(url)
         row = dict(bench="serve", target=args.url or args.model or args.preset or "demo", preset=args.preset,
                    layers=args.layers if args.preset else None, tp=args.tp, experts=args.moe_format,
+                   mixed_steps=bool(getattr(args, "mixed_steps", False)),
                    model=model, client_procs=procs, **summarize(results, wall, spec))
         if steps0 is not None and steps1 is not None and steps1 > steps0:  # the server's side of the level
             row.update(engine_steps=steps1 - steps0, ms_per_engine_step=wall * 1e3 / (steps1 - steps0))

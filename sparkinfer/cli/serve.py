@@ -32,7 +32,7 @@ _ENGINE_FIELDS = {"tp": "tp", "dcp": "dcp", "moe_format": "moe_format", "draft":
                   "max_context": "max_context", "max_waiting": "max_waiting", "backend": "backend",
                   "timeout": "timeout_s", "served_model_name": "name", "batch_invariant": "batch_invariant",
                   "prefill_chunk": "prefill_chunk", "step_tokens": "step_tokens",
-                  "prefill_wait_steps": "prefill_wait_steps"}
+                  "prefill_wait_steps": "prefill_wait_steps", "mixed_steps": "mixed_steps"}
 
 
 def engine_config(args, model: str):
@@ -108,6 +108,9 @@ def add_parser(sub) -> None:
                    help="prompt tokens prefilled per engine step, in one forward of N / chunk rows (default 2048)")
     p.add_argument("--prefill-wait-steps", type=int, default=None, metavar="W",
                    help="while requests decode, prefill waits up to W steps for a fuller forward (default 0: never)")
+    p.add_argument("--mixed-steps", action="store_true", default=None,
+                   help="run announced prompt chunks beside the next step's decode rows in one forward "
+                        "(experimental: docs/serving.md)")
     p.add_argument("--backend", default=None, choices=("auto", "cpu", "cuda", "cuda_shared"))
     p.add_argument("--timeout", type=float, default=None, metavar="S",
                    help="seconds a rank may stall before the engine fails and names it")

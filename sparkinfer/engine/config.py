@@ -36,7 +36,10 @@ class EngineConfig:
     directory's name). batch_invariant: a request's logits are the same bits
     whatever runs beside it (every kernel's sums follow the row alone); False takes
     cuBLAS for the projections, faster by the margin `bench decode --invariance
-    both` measures (docs/performance.md)."""
+    both` measures (docs/performance.md). mixed_steps: run the prompt chunks a plan
+    announces beside the next step's decode rows in one forward (`Engine.launch_mixed`;
+    GPU, no draft, DCP 1, batch-invariant); off by default until `bench serve` shows it
+    faster (docs/serving.md)."""
 
     model: str
     tp: int = 1
@@ -56,6 +59,7 @@ class EngineConfig:
     graphs: bool | None = None
     name: str | None = None
     batch_invariant: bool = True
+    mixed_steps: bool = False
 
     @property
     def speculative(self) -> bool:

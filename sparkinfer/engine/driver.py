@@ -90,7 +90,7 @@ def serve_on_rank(world, cfg: EngineConfig, max_context: int, plan_handle, resul
     session = None
     try:
         session = ModelSession.for_config(world, cfg, max_context)
-        runner = session.runner()
+        runner = session.runner(mixed=cfg.mixed_steps)
         runner.warm_up()
         import torch.distributed as dist
 

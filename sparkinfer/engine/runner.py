@@ -63,10 +63,13 @@ class ModelRunner:
     host between steps (not with a draft: a round's rows need the host's accept rule).
     None: on a GPU only; on the CPU a launch runs the forward before it returns, so
     launching ahead overlaps nothing and only adds the forwards of rows that ended.
+    mixed: with lookahead, a plan's announced chunks (`StepPlan.next_prefill`) run in
+    the step launched ahead, one forward with its decode rows (`Engine.launch_mixed`).
     Not thread-safe: one plan at a time."""
 
     def __init__(self, target, draft=None, k: int = 0, *, keep_logits: bool = False,
-                 max_context: int | None = None, prefill_chunk: int | None = None, lookahead: bool | None = None):
+                 max_context: int | None = None, prefill_chunk: int | None = None, lookahead: bool | None = None,
+                 mixed: bool = False):
         if draft is not None:
             if k < 1:
                 raise ShapeError(f"k={k}; a speculative round proposes at least one token")
@@ -91,6 +94,7 @@ class ModelRunner:
         if lookahead is None:
             lookahead = torch.device(target.device).type == "cuda"
         self.lookahead = lookahead and draft is None
+        self.mixed = mixed
         self._ahead: _Ahead | None = None
         self.ahead_launched = self.ahead_used = 0  # steps launched ahead; those a plan took
         self.mixed_launched = self.chunks_taken = 0  # of those, mixed steps; plans whose chunks they ran
@@ -98,7 +102,7 @@ class ModelRunner:
     def warm_up(self) -> None:
         """Capture every decode graph this runner can replay (collective)."""
         if self.draft is None:
-            self.target.capture_all((1,), self.prefill_chunk)
+            self.target.capture_all((1,), self.prefill_chunk, mixed=self.mixes)
         else:
             self.target.capture_all((self.k + 1,), self.prefill_chunk)
             self.draft.capture_all((1, 2), self.prefill_chunk)
@@ -202,7 +206,7 @@ class ModelRunner:
     def mixes(self) -> bool:
         """Whether this runner runs a plan's announced chunks beside the next step's decode
         rows (`Engine.launch_mixed`): with steps launched ahead, on a decoder that can."""
-        return self.lookahead and bool(self.target.mixed_rows(1, self.prefill_chunk))
+        return self.mixed and self.lookahead and bool(self.target.mixed_rows(1, self.prefill_chunk))
 
     @property
     def announce_tokens(self) -> int:

@@ -109,11 +109,12 @@ class ModelSession:
             draft_engine = Engine(dft, max_batch=batch, comm=self.comm, graphs=graphs, channel="draft")
             self.speculative = SpeculativeEngine(self.engine, draft_engine, spec_k)
 
-    def runner(self, *, keep_logits: bool = False):
-        """A ModelRunner over this session's engines (speculative when it has a draft)."""
+    def runner(self, *, keep_logits: bool = False, mixed: bool = False):
+        """A ModelRunner over this session's engines (speculative when it has a draft);
+        mixed: mixed steps (`ModelRunner`)."""
         from sparkinfer.engine.runner import ModelRunner
 
-        opts = dict(keep_logits=keep_logits, max_context=self.max_context, prefill_chunk=self.chunk)
+        opts = dict(keep_logits=keep_logits, max_context=self.max_context, prefill_chunk=self.chunk, mixed=mixed)
         if self.speculative is None:
             return ModelRunner(self.engine, **opts)
         return ModelRunner(self.engine, self.speculative.draft, self.spec_k, **opts)

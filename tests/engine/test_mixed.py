@@ -73,7 +73,7 @@ def _served(world, path):
     cfg = EngineConfig(model=str(path), tp=world.world_size, max_batch=2, prefill_chunk=CHUNK, step_tokens=CHUNK)
     s = ModelSession.for_config(world, cfg, CONTEXT)
     try:
-        ref, runner = s.runner(), s.runner()
+        ref, runner = s.runner(), s.runner(mixed=True)
         ref.lookahead, runner.lookahead = False, True  # on the CPU too (default: GPU only)
         alone = [_run(ref, [(0, p, params, None)])[0][0] for _, p, params, abort in SCHEDULE if abort is None]
         tokens, _, reasons, plans = _run(runner, SCHEDULE, announce=runner.announce_tokens)
