@@ -60,11 +60,11 @@ class ModelSession:
         self._build(world, cfg.model, batch=cfg.max_batch, max_len=max_context, moe_format=cfg.moe_format,
                     dcp=cfg.dcp, draft=cfg.draft, self_draft=cfg.self_draft, spec_k=cfg.spec_k, graphs=cfg.graphs,
                     progress=progress, chunk=cfg.prefill_chunk, step_tokens=cfg.step_tokens,
-                    batch_invariant=cfg.batch_invariant)
+                    batch_invariant=cfg.batch_invariant, mixed=cfg.mixed_steps)
         return self
 
     def _build(self, world, path, *, batch, max_len, moe_format, dcp, draft, self_draft, spec_k, graphs,
-               progress, chunk=None, step_tokens=0, batch_invariant=True):
+               progress, chunk=None, step_tokens=0, batch_invariant=True, mixed=False):
         from sparkinfer.models.build import PREFILL_CHUNK, build_decoder, comm_capacity
         from sparkinfer.models.config import load_spec
         from sparkinfer.models.weights import Sharding
@@ -81,7 +81,7 @@ class ModelSession:
         if chunk is not None:
             max_len = -(-max_len // self.chunk) * self.chunk
         # a mixed step (`Engine.launch_mixed`) holds a decode bucket beside the rows of chunks
-        tokens = max(self.chunk * rows + (0 if speculative else batch), batch * (spec_k + 1))
+        tokens = max(self.chunk * rows + (batch if mixed and not speculative else 0), batch * (spec_k + 1))
         self.comm = None
         if w > 1:
             from sparkinfer.comm import Communicator

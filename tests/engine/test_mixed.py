@@ -22,7 +22,7 @@ HOT, GREEDY = SamplingParams(temperature=0.7, seed=3), SamplingParams(temperatur
 
 def _one_forward(world, path):
     """A mixed launch against the same rows as a decode step and a prefill forward."""
-    cfg = EngineConfig(model=str(path), max_batch=3, prefill_chunk=CHUNK, step_tokens=4 * CHUNK)
+    cfg = EngineConfig(model=str(path), max_batch=3, prefill_chunk=CHUNK, step_tokens=4 * CHUNK, mixed_steps=True)
     s = ModelSession.for_config(world, cfg, CONTEXT)
     eng, dec = s.engine, s.decoder
     try:
@@ -70,7 +70,8 @@ def check_one_forward(result) -> None:
 
 
 def _served(world, path):
-    cfg = EngineConfig(model=str(path), tp=world.world_size, max_batch=2, prefill_chunk=CHUNK, step_tokens=CHUNK)
+    cfg = EngineConfig(model=str(path), tp=world.world_size, max_batch=2, prefill_chunk=CHUNK, step_tokens=CHUNK,
+                       mixed_steps=True)
     s = ModelSession.for_config(world, cfg, CONTEXT)
     try:
         ref, runner = s.runner(), s.runner(mixed=True)
