@@ -18,7 +18,9 @@ completions (`bench/serve_load.py`): TTFT, TPOT, ITL and E2E (mean, p50, p90, p9
 request and token throughput. A row's `ok`: every request completed with exactly
 `--output-len` tokens. At a fixed concurrency C the row also carries `bench decode`'s
 static tokens/s at batch C for the same preset, layers, experts and context (the
-newest such row in --decode-results), and the ratio: what scheduling, prefill and
+newest such row in --decode-results), and the ratios of the whole level's output
+tokens/s and of its steady window's (`serve_load.steady`: every stream busy, the
+start's burst of prompts and the drain left out) to it: what scheduling, prefill and
 HTTP cost against back-to-back decode steps.
 """
 
@@ -33,8 +35,11 @@ from pathlib import Path
 __all__ = ["add_arguments", "main"]
 
 # A level's default request count: enough for p99 to mean something at low
-# concurrency (64 requests), and four waves at high concurrency.
+# concurrency (64 requests), and WAVES waves at high concurrency. With four, the
+# start (C prompts at once) and the drain (the last C requests) were a quarter of
+# the C = 64 run: 690 engine steps for 512 of steady decode (serve_h200.json at f79710c).
 MIN_REQUESTS = 64
+WAVES = 8
 # The served context is rounded up to the engine's prefill chunk (EngineConfig.prefill_chunk, 256).
 CONTEXT_ROUND = 256
 
@@ -58,7 +63,7 @@ def add_arguments(p) -> None:
     p.add_argument("--input-len", type=int, default=512)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--num-requests", type=int, default=None,
-                   help=f"per level (default: max({MIN_REQUESTS}, 4 x concurrency))")
+                   help=f"per level (default: max({MIN_REQUESTS}, {WAVES} x concurrency))")
     p.add_argument("--warmup", type=int, default=None, help="unmeasured requests before each level "
                                                             "(default: the level's concurrency, at least 2)")
     p.add_argument("--vocab", type=int, default=None,
@@ -82,7 +87,7 @@ def _levels(args) -> list[tuple[int | None, float | None]]:
 
 def _server_command(args, levels, model: str | None) -> list[str]:
     batch = max((c or args.max_concurrency or 64) for c, _ in levels)
-    requests = args.num_requests or max(MIN_REQUESTS, 4 * batch)
+    requests = args.num_requests or max(MIN_REQUESTS, WAVES * batch)
     context = -(-(args.input_len + args.output_len) // CONTEXT_ROUND) * CONTEXT_ROUND
     cmd = [sys.executable, "-m", "sparkinfer.cli", "serve", *(["--demo"] if model is None else ["--model", model]),
            "--tp", str(args.tp), "--moe-format", args.moe_format, "--max-batch", str(batch),
@@ -113,7 +118,7 @@ def _run_levels(args, url: str, model: str, levels, static, con) -> list[dict]:
 
     rows = []
     for conc, rate in levels:
-        n = args.num_requests or max(MIN_REQUESTS, 4 * (conc or 16))
+        n = args.num_requests or max(MIN_REQUESTS, WAVES * (conc or 16))
         spec = LoadSpec(url=url, model=model, input_len=args.input_len, output_len=args.output_len, requests=n,
                         concurrency=conc, rate=rate, vocab=args.vocab)
         warm = args.warmup if args.warmup is not None else max(2, conc or 2)
@@ -136,8 +141,10 @@ def _run_levels(args, url: str, model: str, levels, static, con) -> list[dict]:
         if rate is None and conc in static:
             s = static[conc]
             tok_s = s.get("tokens_per_s") or conc / s["us_per_step"] * 1e6
+            steady = row["steady_output_tokens_per_s"]
             row.update(static_tokens_per_s=tok_s, static_commit=s.get("commit"),
-                       serve_vs_static=row["output_tokens_per_s"] / tok_s)
+                       serve_vs_static=row["output_tokens_per_s"] / tok_s,
+                       steady_vs_static=None if steady is None else steady / tok_s)
         rows.append(row)
         for e in row["errors"]:
             con.print(f"[red]  {label}: {e}")
@@ -179,12 +186,13 @@ def main(args) -> int:
         rows = _run_levels(args, url, model, levels, _static_rows(args, meta) if args.preset else {}, con)
     print_table(f"serving {model}: {args.input_len}-token prompts, {args.output_len}-token outputs (ms)",
                 ["level", "done", "req/s", "out tok/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "ITL p50",
-                 "ITL p90", "ITL p99", "static tok/s", "serve/static", "ok"],
+                 "ITL p90", "ITL p99", "static tok/s", "serve/static", "steady/static", "ok"],
                 [[f"C={r['concurrency']}" if r["rate"] is None else f"{r['rate']:g}/s", r["completed"],
                   fmt(r["request_throughput"]), fmt(r["output_tokens_per_s"], 1), fmt(r["ttft_ms_p50"], 1),
                   fmt(r["ttft_ms_p99"], 1), fmt(r["tpot_ms_p50"], 2), fmt(r["tpot_ms_p99"], 2),
                   fmt(r["itl_ms_p50"], 2), fmt(r["itl_ms_p90"], 2), fmt(r["itl_ms_p99"], 2),
-                  fmt(r.get("static_tokens_per_s"), 0), fmt(r.get("serve_vs_static")), r["ok"]] for r in rows])
+                  fmt(r.get("static_tokens_per_s"), 0), fmt(r.get("serve_vs_static")),
+                  fmt(r.get("steady_vs_static")), r["ok"]] for r in rows])
     out = args.out or default_out("serve", meta, args.tp, dry_run=args.dry_run)
     con.print(f"rows -> {append_rows(out, rows, meta)}")
     return 0 if all(r["ok"] for r in rows) else 1

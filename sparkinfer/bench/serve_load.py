@@ -13,6 +13,13 @@ length), streamed with usage. Times are the client's: TTFT from sending the requ
 to the first chunk carrying tokens; ITL the gaps between such chunks (one chunk per
 engine output: a speculative round's tokens arrive together); TPOT (e2e - TTFT) /
 (output tokens - 1) per request; E2E sending to the last byte.
+
+At a fixed concurrency C the run starts with C prompts at once and ends draining its
+last C requests, neither of which a loaded server sees for long. The steady window
+is what lies between: from the first completion to the last sending (the latest
+first completion and the earliest last sending over the client processes), where
+every stream has a request in flight (each completion sends the next one at once);
+`steady_output_tokens_per_s` counts the output tokens that arrived in it.
 """
 
 from __future__ import annotations
@@ -24,8 +31,8 @@ import random
 import time
 from dataclasses import dataclass, field
 
-__all__ = ["LoadSpec", "RequestResult", "run_load", "run_load_procs", "client_procs", "summarize", "served_model",
-           "engine_steps"]
+__all__ = ["LoadSpec", "RequestResult", "run_load", "run_load_procs", "client_procs", "summarize", "steady",
+           "served_model", "engine_steps"]
 
 
 @dataclass(frozen=True)
@@ -51,7 +58,9 @@ class LoadSpec:
 
 @dataclass
 class RequestResult:
-    """One request as the client saw it; times in seconds from its sending."""
+    """One request as the client saw it; times in seconds from its sending (sent_s:
+    perf_counter then, one clock for every process of the host; client: the
+    load-generator process)."""
 
     ok: bool = False
     error: str | None = None
@@ -60,6 +69,8 @@ class RequestResult:
     ttft_s: float | None = None
     e2e_s: float = 0.0
     itl_s: list[float] = field(default_factory=list)
+    sent_s: float = 0.0
+    client: int = 0
 
 
 def prompts(spec: LoadSpec) -> list[list[int]]:
@@ -71,7 +82,7 @@ async def _one(client, spec: LoadSpec, prompt: list[int]) -> RequestResult:
     res = RequestResult(prompt_tokens=len(prompt))
     body = {"model": spec.model, "prompt": prompt, "max_tokens": spec.output_len, "temperature": 0,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-    t0 = last = time.perf_counter()
+    t0 = last = res.sent_s = time.perf_counter()
     chunks = 0
     try:
         async with client.stream("POST", "/v1/completions", json=body) as r:
@@ -153,10 +164,12 @@ def client_procs(concurrency: int | None, cpus: int | None = None) -> int:
     return max(1, min(-(-(concurrency or 8) // 8), cpus // 2))
 
 
-def _client(spec: LoadSpec, todo: list[list[int]], queue) -> None:
+def _client(spec: LoadSpec, todo: list[list[int]], queue, index: int = 0) -> None:
     """One load-generator process: its share of the level; each completion, then its
     results, onto `queue`."""
     results, t0, t1 = asyncio.run(_run_load(spec, todo, on_done=lambda r: queue.put(("done", r.ok))))
+    for r in results:
+        r.client = index
     queue.put(("results", results, t0, t1))
 
 
@@ -177,7 +190,7 @@ def run_load_procs(spec: LoadSpec, procs: int, on_done=None, timeout_s: float | 
         part = todo[i::procs]
         conc = None if spec.concurrency is None else max(1, spec.concurrency // procs + (i < spec.concurrency % procs))
         sub = replace(spec, concurrency=conc, rate=spec.rate / procs if spec.rate else None, seed=spec.seed + i)
-        workers.append(ctx.Process(target=_client, args=(sub, part, q), daemon=True))
+        workers.append(ctx.Process(target=_client, args=(sub, part, q, i), daemon=True))
     for w in workers:
         w.start()
     deadline = time.monotonic() + (timeout_s or spec.timeout_s * max(1, len(todo)))
@@ -236,8 +249,30 @@ def summarize(results: list[RequestResult], wall_s: float, spec: LoadSpec) -> di
         total_tokens_per_s=(out_tokens + sum(r.prompt_tokens for r in done)) / wall_s,
         **_pcts([r.ttft_s for r in done], "ttft_ms"), **_pcts(tpot, "tpot_ms"),
         **_pcts([g for r in done for g in r.itl_s], "itl_ms"), **_pcts([r.e2e_s for r in done], "e2e_ms"),
-        errors=errors[:5],
+        **steady(results, spec), errors=errors[:5],
         ok=len(done) == len(results) and all(r.output_tokens == spec.output_len for r in done))
+
+
+def steady(results: list[RequestResult], spec: LoadSpec) -> dict:
+    """{steady_s, steady_output_tokens_per_s}: the steady window of a fixed-concurrency
+    level (module docstring) and the output tokens/s in it; None where the level has
+    no such window (Poisson arrivals, a failed request, or fewer than two waves). A
+    stream chunk of n tokens counts n / chunks of its request's tokens (servers may
+    merge the outputs of a stream that falls behind)."""
+    none = dict(steady_s=None, steady_output_tokens_per_s=None)
+    if spec.rate is not None or not results or not all(r.ok for r in results):
+        return none
+    clients = {r.client for r in results}
+    start = max(min(r.sent_s + r.e2e_s for r in results if r.client == c) for c in clients)
+    end = min(max(r.sent_s for r in results if r.client == c) for c in clients)
+    if end <= start:
+        return none
+    tokens = 0.0
+    for r in results:
+        at = r.sent_s + r.ttft_s
+        times = [at] + [at := at + g for g in r.itl_s]
+        tokens += r.output_tokens / len(times) * sum(start <= t <= end for t in times)
+    return dict(steady_s=end - start, steady_output_tokens_per_s=tokens / (end - start))
 
 
 def engine_steps(url: str, timeout_s: float = 10.0) -> int | None:

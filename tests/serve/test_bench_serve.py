@@ -51,3 +51,39 @@ def test_summary_statistics():
     assert row["output_tokens_per_s"] == 3.0 and row["total_tokens_per_s"] == 7.0 and row["request_throughput"] == 1
     assert row["ttft_ms_p50"] == pytest.approx(100) and row["tpot_ms_p99"] == pytest.approx(100)
     assert row["itl_ms_mean"] == pytest.approx(100) and row["e2e_ms_p90"] == pytest.approx(300)
+
+
+def _closed_loop(streams: int, waves: int, client: int = 0, ttft: float = 0.5, chunks: int = 4,
+                 gap: float = 0.25, tokens: int = 4) -> list[RequestResult]:
+    """`streams` streams sending `waves` requests each back to back, wave w's request of
+    stream s sent at w * (ttft + (chunks - 1) * gap) + s * 0.01: TTFT, then chunks."""
+    e2e = ttft + (chunks - 1) * gap
+    return [RequestResult(ok=True, prompt_tokens=8, output_tokens=tokens, ttft_s=ttft, e2e_s=e2e,
+                          itl_s=[gap] * (chunks - 1), sent_s=w * e2e + s * 0.01, client=client)
+            for w in range(waves) for s in range(streams)]
+
+
+def test_steady_window_counts_the_tokens_between_first_completion_and_last_sending():
+    spec = LoadSpec(url="u", model="m", input_len=8, output_len=4, requests=12, concurrency=3)
+    results = _closed_loop(3, 4)  # E2E 1.25 s: the first completion at 1.25, the last sending at 3.77
+    row = summarize(results, wall_s=5.02, spec=spec)
+    start, end = 1.25, 3 * 1.25 + 0.02
+    assert row["steady_s"] == pytest.approx(end - start)
+    # the chunks that arrived in [start, end], one token each
+    times = [r.sent_s + r.ttft_s + i * 0.25 for r in results for i in range(4)]
+    inside = sum(start <= t <= end for t in times)
+    assert row["steady_output_tokens_per_s"] == pytest.approx(inside / (end - start))
+    # a chunk carrying two tokens counts for two: half the chunks, the same tokens
+    merged = _closed_loop(3, 4, chunks=2, gap=0.75)
+    inside = sum(start <= r.sent_s + r.ttft_s + i * 0.75 <= end for r in merged for i in range(2))
+    assert summarize(merged, 5.02, spec)["steady_output_tokens_per_s"] == pytest.approx(2 * inside / (end - start))
+    # no window: one wave, Poisson arrivals, or a failed request
+    assert summarize(_closed_loop(3, 1), 1.27, spec)["steady_output_tokens_per_s"] is None
+    poisson = LoadSpec(url="u", model="m", input_len=8, output_len=4, requests=12, rate=4.0)
+    assert summarize(results, 5.02, poisson)["steady_s"] is None
+    assert summarize([*results[:-1], RequestResult(error="HTTP 500")], 5.02, spec)["steady_s"] is None
+    # several client processes: the latest first completion to the earliest last sending
+    two = _closed_loop(2, 4, client=0) + [RequestResult(**{**r.__dict__, "sent_s": r.sent_s + 0.1, "client": 1})
+                                          for r in _closed_loop(2, 3)]
+    row = summarize(two, 5.0, spec)
+    assert row["steady_s"] == pytest.approx((2 * 1.25 + 0.01 + 0.1) - (1.25 + 0.1))
