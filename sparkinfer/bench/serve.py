@@ -26,6 +26,7 @@ HTTP cost against back-to-back decode steps.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import sys
@@ -56,7 +57,8 @@ def add_arguments(p) -> None:
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--moe-format", default="bf16", choices=("bf16", "nvfp4", "fp8_block"))
     p.add_argument("--backend", default=None, choices=("auto", "cpu", "cuda", "cuda_shared"))
-    p.add_argument("--mixed-steps", action="store_true", help="start the server with --mixed-steps")
+    p.add_argument("--mixed-steps", action=argparse.BooleanOptionalAction, default=None,
+                   help="start the server with --mixed-steps / --no-mixed-steps (default: the server's default)")
     p.add_argument("--concurrency", default="1,8,32,64", help="fixed-concurrency levels")
     p.add_argument("--rate", default=None, help="Poisson arrival rates (requests/s) instead of --concurrency")
     p.add_argument("--max-concurrency", type=int, default=None, help="with --rate: requests in flight at most")
@@ -93,7 +95,19 @@ def _server_command(args, levels, model: str | None) -> list[str]:
            "--tp", str(args.tp), "--moe-format", args.moe_format, "--max-batch", str(batch),
            "--max-context", str(context), "--max-waiting", str(requests), "--port", "0", "--log-level", "warning"]
     cmd += ["--served-model-name", args.preset] if args.preset else []
-    return cmd + (["--backend", args.backend] if args.backend else []) + (["--mixed-steps"] if args.mixed_steps else [])
+    return cmd + (["--backend", args.backend] if args.backend else []) + (
+        [] if args.mixed_steps is None else ["--mixed-steps" if args.mixed_steps else "--no-mixed-steps"])
+
+
+def _mixed_steps(args) -> bool | None:
+    """Whether the server this level ran against mixes steps: the flag, else EngineConfig's
+    default for a server started here; None for one at --url."""
+    from sparkinfer.engine.config import EngineConfig
+
+    if getattr(args, "url", None):
+        return None
+    flag = getattr(args, "mixed_steps", None)
+    return EngineConfig.mixed_steps if flag is None else flag
 
 
 def _static_rows(args, meta) -> dict[int, dict]:
@@ -134,7 +148,7 @@ def _run_levels(args, url: str, model: str, levels, static, con) -> list[dict]:
         steps1 = engine_steps(url)
         row = dict(bench="serve", target=args.url or args.model or args.preset or "demo", preset=args.preset,
                    layers=args.layers if args.preset else None, tp=args.tp, experts=args.moe_format,
-                   mixed_steps=bool(getattr(args, "mixed_steps", False)),
+                   mixed_steps=_mixed_steps(args),
                    model=model, client_procs=procs, **summarize(results, wall, spec))
         if steps0 is not None and steps1 is not None and steps1 > steps0:  # the server's side of the level
             row.update(engine_steps=steps1 - steps0, ms_per_engine_step=wall * 1e3 / (steps1 - steps0))

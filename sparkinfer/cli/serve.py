@@ -19,6 +19,7 @@ dies: in-flight requests end with errors and the command exits non-zero naming i
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import sys
 import tempfile
@@ -108,9 +109,9 @@ def add_parser(sub) -> None:
                    help="prompt tokens prefilled per engine step, in one forward of N / chunk rows (default 2048)")
     p.add_argument("--prefill-wait-steps", type=int, default=None, metavar="W",
                    help="while requests decode, prefill waits up to W steps for a fuller forward (default 0: never)")
-    p.add_argument("--mixed-steps", action="store_true", default=None,
-                   help="run announced prompt chunks beside the next step's decode rows in one forward "
-                        "(experimental: docs/serving.md)")
+    p.add_argument("--mixed-steps", action=argparse.BooleanOptionalAction, default=None,
+                   help="run new prompt chunks beside the next step's decode rows in one forward "
+                        "(default: on where the ranks can: a GPU, no draft, DCP 1; docs/serving.md)")
     p.add_argument("--backend", default=None, choices=("auto", "cpu", "cuda", "cuda_shared"))
     p.add_argument("--timeout", type=float, default=None, metavar="S",
                    help="seconds a rank may stall before the engine fails and names it")
