@@ -119,31 +119,66 @@ async def _one(client, spec: LoadSpec, prompt: list[int]) -> RequestResult:
     return res
 
 
-async def _run_load(spec: LoadSpec, todo: list[list[int]], on_done=None) -> tuple[list[RequestResult], float, float]:
+class _Tickets:
+    """The next request of a level, shared by every stream of every load-generator
+    process (a `multiprocessing` Value, or a plain counter in one process): a closed
+    loop draws from one pool, so no process runs out of requests while another still
+    has a queue (a static split left streams idle through a long tail)."""
+
+    def __init__(self, shared=None):
+        self.shared, self.next = shared, 0
+
+    def take(self, n: int) -> int | None:
+        if self.shared is None:
+            i, self.next = self.next, self.next + 1
+        else:
+            with self.shared.get_lock():
+                i = self.shared.value
+                self.shared.value = i + 1
+        return i if i < n else None
+
+
+async def _run_load(spec: LoadSpec, todo: list[list[int]], on_done=None,
+                    tickets: _Tickets | None = None) -> tuple[list[RequestResult], float, float]:
     """(every request's result in sending order, perf_counter at the first sending and at
-    the last completion)."""
+    the last completion). Fixed concurrency: `concurrency` streams, each sending the next
+    request of `tickets` (indices into todo) as its last one completes. Poisson arrivals:
+    every request of todo at its arrival time, `concurrency` in flight at most."""
     import httpx
 
     limit = spec.concurrency or len(todo)
-    sem = asyncio.Semaphore(limit)
     rng = random.Random(spec.seed + 1)
     timeout = httpx.Timeout(spec.timeout_s, connect=60.0)
     limits = httpx.Limits(max_connections=limit, max_keepalive_connections=limit)
     async with httpx.AsyncClient(base_url=spec.url, timeout=timeout, limits=limits) as client:
 
-        async def bounded(prompt):
-            async with sem:
-                res = await _one(client, spec, prompt)
+        async def send(prompt):
+            res = await _one(client, spec, prompt)
             if on_done is not None:
                 on_done(res)
             return res
 
         t0 = time.perf_counter()
+        if not spec.rate:
+            tickets = tickets or _Tickets()
+            done: dict[int, RequestResult] = {}
+
+            async def stream():
+                while (i := tickets.take(len(todo))) is not None:
+                    done[i] = await send(todo[i])
+
+            await asyncio.gather(*(stream() for _ in range(limit)))
+            return [done[i] for i in sorted(done)], t0, time.perf_counter()
+        sem = asyncio.Semaphore(limit)
+
+        async def bounded(prompt):
+            async with sem:
+                return await send(prompt)
+
         tasks = []
         for prompt in todo:
             tasks.append(asyncio.create_task(bounded(prompt)))
-            if spec.rate:
-                await asyncio.sleep(rng.expovariate(spec.rate))
+            await asyncio.sleep(rng.expovariate(spec.rate))
         results = await asyncio.gather(*tasks)
         return list(results), t0, time.perf_counter()
 
@@ -164,18 +199,22 @@ def client_procs(concurrency: int | None, cpus: int | None = None) -> int:
     return max(1, min(-(-(concurrency or 8) // 8), cpus // 2))
 
 
-def _client(spec: LoadSpec, todo: list[list[int]], queue, index: int = 0) -> None:
-    """One load-generator process: its share of the level; each completion, then its
-    results, onto `queue`."""
-    results, t0, t1 = asyncio.run(_run_load(spec, todo, on_done=lambda r: queue.put(("done", r.ok))))
+def _client(spec: LoadSpec, todo: list[list[int]], queue, index: int = 0, shared=None) -> None:
+    """One load-generator process: its streams over the level's shared requests (`shared`:
+    the tickets' Value; Poisson arrivals: `todo`, its own share); each completion, then
+    its results, onto `queue`."""
+    results, t0, t1 = asyncio.run(_run_load(spec, todo, on_done=lambda r: queue.put(("done", r.ok)),
+                                            tickets=None if shared is None else _Tickets(shared)))
     for r in results:
         r.client = index
     queue.put(("results", results, t0, t1))
 
 
 def run_load_procs(spec: LoadSpec, procs: int, on_done=None, timeout_s: float | None = None):
-    """`run_load` split over `procs` processes (concurrency, requests and rate shared
-    evenly; perf_counter is one clock for every process of the host): (results, wall s)."""
+    """`run_load` over `procs` processes (perf_counter is one clock for every process of
+    the host): (results, wall s). Fixed concurrency: the streams shared evenly, the
+    requests drawn from one pool (`_Tickets`); Poisson arrivals: requests and rate
+    shared evenly."""
     import multiprocessing as mp
     import queue as queues
     from dataclasses import replace
@@ -185,12 +224,13 @@ def run_load_procs(spec: LoadSpec, procs: int, on_done=None, timeout_s: float | 
         return asyncio.run(run_load(spec, on_done))
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
+    shared = None if spec.rate else ctx.Value("q", 0)
     workers = []
     for i in range(procs):
-        part = todo[i::procs]
+        part = todo[i::procs] if spec.rate else todo
         conc = None if spec.concurrency is None else max(1, spec.concurrency // procs + (i < spec.concurrency % procs))
         sub = replace(spec, concurrency=conc, rate=spec.rate / procs if spec.rate else None, seed=spec.seed + i)
-        workers.append(ctx.Process(target=_client, args=(sub, part, q, i), daemon=True))
+        workers.append(ctx.Process(target=_client, args=(sub, part, q, i, shared), daemon=True))
     for w in workers:
         w.start()
     deadline = time.monotonic() + (timeout_s or spec.timeout_s * max(1, len(todo)))

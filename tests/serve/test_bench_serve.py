@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from sparkinfer.bench.serve_load import LoadSpec, RequestResult, summarize
+from sparkinfer.bench.serve_load import LoadSpec, RequestResult, _Tickets, prompts, summarize
 from sparkinfer.cli import main
 
 ABS_PATH = re.compile(r"/(root|work|home|tmp|Users)/")
@@ -38,6 +38,9 @@ def test_bench_serve_against_a_url(fake_server, tmp_path, capsys):
     sent = fake_server.engine.submitted
     assert len(sent) == 1 + 8 + 1 + 8 + 8 + 8 and all(len(p) == 16 and max(p) < 200 for _, p, _ in sent)
     assert all(params.ignore_eos and params.temperature == 0 for _, _, params in sent)
+    # the two processes' streams drew the level's 8 requests from one pool: each prompt once
+    level = LoadSpec(url="u", model="m", input_len=16, output_len=6, requests=8, vocab=200)
+    assert sorted(tuple(p) for _, p, _ in sent[-8:]) == sorted(tuple(p) for p in prompts(level))
     shown = capsys.readouterr().out
     assert "serving fake-model: 16-token prompts, 6-token outputs" in shown and "TTFT p50" in shown
 
@@ -87,3 +90,30 @@ def test_steady_window_counts_the_tokens_between_first_completion_and_last_sendi
                                           for r in _closed_loop(2, 3)]
     row = summarize(two, 5.0, spec)
     assert row["steady_s"] == pytest.approx((2 * 1.25 + 0.01 + 0.1) - (1.25 + 0.1))
+
+
+def _draw(shared, n, out):
+    tickets = _Tickets(shared)
+    while (i := tickets.take(n)) is not None:
+        out.put(i)
+    out.put(-1)
+
+
+def test_tickets_hand_each_request_to_one_stream_across_processes():
+    import multiprocessing as mp
+
+    local = _Tickets()
+    assert [local.take(3) for _ in range(5)] == [0, 1, 2, None, None]
+    ctx = mp.get_context("spawn")
+    shared, out = ctx.Value("q", 0), ctx.Queue()
+    procs = [ctx.Process(target=_draw, args=(shared, 2000, out)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    got, ended = [], 0
+    while ended < 3:
+        i = out.get(timeout=120)
+        ended += i < 0
+        got += [i] if i >= 0 else []
+    for p in procs:
+        p.join(timeout=60)
+    assert sorted(got) == list(range(2000))
