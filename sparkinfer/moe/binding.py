@@ -256,6 +256,9 @@ def bind(plan: MoEPlan, scratch: dict, weights: MoEWeights, *, x: torch.Tensor,
         raise PlanError(f"bind: fp8_block config with block_n2 {cfg.block_n2}; FC2 programs take "
                         f"one weight scale per K step, so block_n2 must divide {FP8_BLOCK} (one "
                         "128-row scale block)")
+    if cfg.fc1_passes != 1 and (cfg.fc1_passes != 2 or fmt != "fp8_block" or cfg.family != "grouped"):
+        raise PlanError(f"bind: config fc1_passes={cfg.fc1_passes} for a {cfg.family!r} {fmt} bucket; "
+                        "only grouped fp8_block configs take 2 (an activation group in two halves), else 1")
     bk = cfg.block_k
     dense = fmt == "bf16" or cfg.dequant_experts > 0  # plain bf16 rows: any step
     if bk and (not dense or bk % 32 or c.hidden % bk or plan.intermediate % bk):

@@ -236,6 +236,9 @@ class TileConfig:
     activation rows in L2. Same sums, same bits. tma (grouped only, bf16 /
     fp8_block weights or NVFP4's dequantized copies): weight tiles (and FC2's
     activation rows) arrive by TMA descriptors instead of per-thread loads.
+    fc1_passes (fp8_block grouped only): 2 runs each FC1 program's 128 rows (one
+    activation group) as two K passes of 64 (kernels/fc1.py), so BM 128 fits the
+    registers; same bytes. Not planned yet: a tile-sweep candidate until timed.
     """
 
     family: str
@@ -252,6 +255,7 @@ class TileConfig:
     dequant_experts: int = 0
     group_m: int = 0
     tma: bool = False
+    fc1_passes: int = 1
 
 
 @dataclass(frozen=True)

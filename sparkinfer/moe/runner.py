@@ -201,10 +201,10 @@ def _grouped(b: MoEBinding, w1: _Weights, w2: _Weights, common: dict):
             ww1 = _decoded(b, w1, wb, e_lo, e_hi, n1, h)
         moe_fc1_kernel[_grid(cfg, tiles, i, cfg.block_n1)](
             x, xs, ww1.w, ww1.s, ww1.g, ids, tw, srt, te, inter, inter_s,
-            _desc(cfg, ww1, e_hi - e_lo, n1, h, cfg.block_n1, bk), t, i, h // bk, h // bk,
+            _desc(cfg, ww1, e_hi - e_lo, n1, h, cfg.block_n1 // cfg.fc1_passes, bk), t, i, h // bk, h // bk,
             e_lo, e_hi, x.stride(0), *ww1.strides, 0, inter.stride(0), alpha, limit,
             BM=cfg.block_m, BN=cfg.block_n1, MICRO=False, PARTIALS=False, X_FP8=True,
-            num_stages=cfg.stages1, GROUP=cfg.group_m, TMA=cfg.tma, **common)
+            num_stages=cfg.stages1, GROUP=cfg.group_m, TMA=cfg.tma, PASSES=cfg.fc1_passes, **common)
         if chunk:
             ww2 = _decoded(b, w2, wb, e_lo, e_hi, h, i)
         d_a = TensorDescriptor(inter, list(inter.shape), list(inter.stride()),

@@ -55,6 +55,16 @@ TILES_SMALL = (("bm16", 16, 64, 64, 4, 2, 128), ("bn2-128", 32, 64, 128, 4, 2, 1
                ("bk64", 32, 64, 64, 4, 2, 64), ("bk64-bn-128", 32, 128, 128, 4, 2, 64),
                ("w8-bn2-128", 32, 64, 128, 8, 1, 128), ("bm64", 64, 64, 128, 8, 1, 128),
                ("bm64-bk64-wide", 64, 128, 256, 8, 1, 64))
+# fp8_block at planned BM 64 (its register bound, plan.FP8_MAX_BLOCK_M): BM 128 with FC1 in
+# two passes of 64 rows (TileConfig.fc1_passes), FC2 at BN 128 or 64. (name, BM, BN1, BN2,
+# warps, programs per SM, BK, FC1 passes). ptxas for sm_90 on the CPU (Qwen3 dims, M 4096,
+# `moe_tile_sweep.py --sm90 --shapes qwen3 --formats fp8_block --m 4096`, 668d429 + this
+# change): FC1 at BM 128 spills 296 bytes in two passes against 1,172 in one (255
+# registers, 4 stages; 220-264 at 2-3 stages), m64n64k32 (the two warpgroups split BM);
+# BM 64 in two passes: 205 registers, no spill. FC2 at BM 128: BN 128 spills 216, BN 64
+# none. Not timed on a GPU yet.
+TILES_FP8 = (("bm128-2pass", 128, 128, 128, 8, 1, 128, 2), ("bm128-2pass-bn2-64", 128, 128, 64, 8, 1, 128, 2),
+             ("bm64-2pass", 64, 128, 128, 8, 1, 128, 2))
 # NVFP4 (decode in registers): BK 128 only (BK fixes the prepared interleave).
 # BN1 128, BM 256 (12 bytes) and BM 128 at 4 warps (4 bytes) spill; the planned
 # 128/64/128 takes 173 registers (one program per SM), BM 64 125 (two).
@@ -151,7 +161,7 @@ def _other_nvfp4_path(p: MoEPlan, tokens: int) -> tuple[str, TileConfig]:
 
 
 def _tile(p: MoEPlan, bm: int, bn1: int, bn2: int, warps: int, per_sm: int, bk: int,
-          chosen: TileConfig) -> MoEPlan:
+          chosen: TileConfig, passes: int = 1) -> MoEPlan:
     """p forced to these tiles, with the chosen config's decode, program order and loads."""
     nvfp4 = p.spec.weight_format == "nvfp4"
     fp8 = p.spec.weight_format == "fp8_block"
@@ -167,7 +177,7 @@ def _tile(p: MoEPlan, bm: int, bn1: int, bn2: int, warps: int, per_sm: int, bk: 
     fc2 = _weight_bytes(bn2, bk, nvfp4, fp8) + bk * bm * act
     cfg = TileConfig("grouped", bm, bn1, bn2, num_warps=warps, stages1=stages(fc1),
                      stages2=stages(fc2), decode=chosen.decode, group_m=chosen.group_m,
-                     tma=chosen.tma)
+                     tma=chosen.tma, fc1_passes=passes)
     return dataclasses.replace(p.forced(cfg), chunk=bk)
 
 
@@ -175,7 +185,8 @@ def tile_candidates(p: MoEPlan, tokens: int) -> tuple[tuple[str, MoEPlan], ...]:
     """(name, plan) to time at a grouped batch of `tokens`: ("planned", p) first,
     then p forced to each tile of TILES_LARGE (planned BM >= 64), TILES_SMALL
     (BM <= 32) or TILES_NVFP4, pipeline depth 2..4 from the shared memory a
-    step needs (one or two programs per SM). A plan's chunk is BK: a BK 64 plan
+    step needs (one or two programs per SM); fp8_block at BM >= 64 also TILES_FP8
+    (FC1 in two passes). A plan's chunk is BK: a BK 64 plan
     needs weights prepared for it (bf16: the same tensors). Tiles whose BK does
     not divide H and I (or exceeds the plan's chunk), and repeats of an earlier
     (BK, config), are left out; at most 13. Pure: no device, no compilation.
@@ -185,17 +196,19 @@ def tile_candidates(p: MoEPlan, tokens: int) -> tuple[tuple[str, MoEPlan], ...]:
         return (("planned", p),)
     if p.spec.weight_format == "nvfp4":
         table = TILES_NVFP4
+    elif p.spec.weight_format == "fp8_block" and chosen.block_m >= 64:
+        table = TILES_LARGE + TILES_FP8
     else:
         table = TILES_LARGE if chosen.block_m >= 64 else TILES_SMALL
     out, seen = [("planned", p)], {(p.chunk, chosen)}
-    for name, bm, bn1, bn2, warps, per_sm, bk in table:
+    for name, bm, bn1, bn2, warps, per_sm, bk, *passes in table:
         if p.caps.hidden % bk or p.intermediate % bk or bk > p.chunk:
             continue
         if p.spec.weight_format == "fp8_block" and (bk, bn1) != (FP8_BLOCK, FP8_BLOCK):
             continue  # a K step is one scale block; FC1 programs hold whole activation groups
         if p.spec.weight_format == "fp8_block" and FP8_BLOCK % bn2:
             continue  # an FC2 tile takes one weight scale a step: its rows lie in one block
-        tp = _tile(p, bm, bn1, bn2, warps, per_sm, bk, chosen)
+        tp = _tile(p, bm, bn1, bn2, warps, per_sm, bk, chosen, *passes)
         if name == "deep":  # the plan's tiles, one stage deeper where shared memory allows
             tp = p.forced(dataclasses.replace(chosen, stages1=tp.buckets[0][1].stages1,
                                               stages2=tp.buckets[0][1].stages2))

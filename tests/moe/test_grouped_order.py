@@ -1,4 +1,5 @@
-"""Grouped program order (TileConfig.group_m) and TMA loads (TileConfig.tma):
+"""Grouped program order (TileConfig.group_m), TMA loads (TileConfig.tma) and FP8
+FC1 in two passes (TileConfig.fc1_passes):
 the same sums in another order or through descriptors, so the same bits as the
 plain grouped config, and within the fp32 reference's bounds; refused where
 they do not apply. Triton interpreter; the GPU sweep times them
@@ -47,6 +48,9 @@ def test_orders_and_tma_give_the_plain_configs_bits(fmt, caps_kw):
                    dict(dequant_experts=2, group_m=4, tma=True)]
     else:
         changes.append(dict(tma=True))
+    if fmt == "fp8_block":  # FC1 in two passes of 64 rows, at the plan's BM and at 64 and 128
+        changes += [dict(fc1_passes=2), dict(fc1_passes=2, block_m=64, num_warps=8),
+                    dict(fc1_passes=2, block_m=128, num_warps=8, group_m=4, tma=True)]
     outs, ref = _outputs(fmt, changes, **caps_kw)
     assert torch.isfinite(outs[0].float()).all()
     assert_moe_close(outs[0], ref, fmt)
@@ -58,10 +62,11 @@ def test_orders_and_tma_give_the_plain_configs_bits(fmt, caps_kw):
     (dict(family="micro", block_m=16, group_m=2, tma=False), "group_m=2, tma=False for the 'micro'"),
     (dict(group_m=-1, tma=False), "group_m >= 0"),
     (dict(tma=True), "tma=True for NVFP4 kernels"),
+    (dict(fc1_passes=2), "fc1_passes=2 for a 'grouped' bf16 bucket"),
 ])
 def test_bind_refuses_orders_and_tma_where_they_do_not_apply(change, match):
     caps = MoECaps(max_tokens=64, num_experts=4, top_k=2, hidden=256, intermediate=256)
-    fmt = "nvfp4" if change.get("tma") else "bf16"
+    fmt = "nvfp4" if change.get("tma") is True else "bf16"
     p, w, _, scratch = random_layer(caps, MoESpec(weight_format=fmt))
     cfg = dataclasses.replace(p.config_for(T), **change)
     pf = p.forced(cfg)

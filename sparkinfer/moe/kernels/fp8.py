@@ -66,19 +66,31 @@ def _e4m3_code(v):
 
 
 @triton.jit
-def quantize_groups(b_x, INTERPRET: tl.constexpr):
-    """fp32 [G, BM], one 128-element group per column -> (q [G, BM]: e4m3, or
-    its fp32 values under INTERPRET; s fp32 [BM]: the dequantizing scales)."""
-    amax = tl.max(tl.abs(b_x), axis=0)
+def group_scales(amax):
+    """Per-group amax fp32 [BM] -> (s: the dequantizing scales, 1 / s), both divisions
+    correctly rounded, once per group."""
     b_s = tl.math.div_rn(tl.maximum(amax, ACT_AMIN), E4M3_MAX)
-    b_r = tl.math.div_rn(1.0, b_s)  # one division per group, then a multiply per element
+    return b_s, tl.math.div_rn(1.0, b_s)
+
+
+@triton.jit
+def quantize_with(b_x, b_r, INTERPRET: tl.constexpr):
+    """fp32 [rows, BM] times each column's 1 / s (`group_scales`), clamped, to e4m3 (its
+    fp32 values under INTERPRET)."""
     y = b_x * b_r[None, :]
     y = tl.minimum(tl.maximum(y, -E4M3_MAX), E4M3_MAX)
     if INTERPRET:
-        b_q = _e4m3_round(y)
+        return _e4m3_round(y)
     else:
-        b_q = y.to(tl.float8e4nv)
-    return b_q, b_s
+        return y.to(tl.float8e4nv)
+
+
+@triton.jit
+def quantize_groups(b_x, INTERPRET: tl.constexpr):
+    """fp32 [G, BM], one 128-element group per column -> (q [G, BM]: e4m3, or
+    its fp32 values under INTERPRET; s fp32 [BM]: the dequantizing scales)."""
+    b_s, b_r = group_scales(tl.max(tl.abs(b_x), axis=0))
+    return quantize_with(b_x, b_r, INTERPRET), b_s
 
 
 @triton.jit
@@ -173,3 +185,19 @@ def store_act(p_out, p_os, b_h, o_row, m_row, o_n, m_n, i_n, n_groups, stride_or
         tl.store(p_os + o_row.to(tl.int64) * n_groups + i_n, b_s, mask=m_row)
     else:
         tl.store(p_out + o_out, b_h.to(p_out.dtype.element_ty), mask=m_out)
+
+
+@triton.jit
+def store_act_pair(p_out, p_os, b_h0, b_h1, o_row, m_row, o_n0, o_n1, m_n0, m_n1, i_n, n_groups,
+                   stride_or, INTERPRET: tl.constexpr):
+    """`store_act` (FP8) of one activation group computed in two halves, b_h0 (rows o_n0)
+    and b_h1 (rows o_n1), fp32 [G/2, BM] each: the group's amax is the larger of the
+    halves' (max is exact), so the stored bytes and scale are those of the whole group."""
+    amax = tl.maximum(tl.max(tl.abs(b_h0), axis=0), tl.max(tl.abs(b_h1), axis=0))
+    b_s, b_r = group_scales(amax)
+    o_r = o_row[None, :].to(tl.int64) * stride_or
+    store_e4m3(p_out, o_r + o_n0[:, None], quantize_with(b_h0, b_r, INTERPRET),
+               m_n0[:, None] & m_row[None, :], INTERPRET)
+    store_e4m3(p_out, o_r + o_n1[:, None], quantize_with(b_h1, b_r, INTERPRET),
+               m_n1[:, None] & m_row[None, :], INTERPRET)
+    tl.store(p_os + o_row.to(tl.int64) * n_groups + i_n, b_s, mask=m_row)
