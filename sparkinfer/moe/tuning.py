@@ -62,7 +62,8 @@ TILES_SMALL = (("bm16", 16, 64, 64, 4, 2, 128), ("bn2-128", 32, 64, 128, 4, 2, 1
 # change): FC1 at BM 128 spills 296 bytes in two passes against 1,172 in one (255
 # registers, 4 stages; 220-264 at 2-3 stages), m64n64k32 (the two warpgroups split BM);
 # BM 64 in two passes: 205 registers, no spill. FC2 at BM 128: BN 128 spills 216, BN 64
-# none. Not timed on a GPU yet.
+# none. Stacking each pass's gate rows over its up rows as one [128, BK] tile (one dot a
+# step, m64n128k32) spilled 600 at BM 128, so the passes keep two dots. Not timed on a GPU yet.
 TILES_FP8 = (("bm128-2pass", 128, 128, 128, 8, 1, 128, 2), ("bm128-2pass-bn2-64", 128, 128, 64, 8, 1, 128, 2),
              ("bm64-2pass", 64, 128, 128, 8, 1, 128, 2))
 # NVFP4 (decode in registers): BK 128 only (BK fixes the prepared interleave).
