@@ -150,8 +150,10 @@ def _run_levels(args, url: str, model: str, levels, static, con) -> list[dict]:
                    layers=args.layers if args.preset else None, tp=args.tp, experts=args.moe_format,
                    mixed_steps=_mixed_steps(args),
                    model=model, client_procs=procs, **summarize(results, wall, spec))
-        if steps0 is not None and steps1 is not None and steps1 > steps0:  # the server's side of the level
-            row.update(engine_steps=steps1 - steps0, ms_per_engine_step=wall * 1e3 / (steps1 - steps0))
+        if steps0 is not None and steps1 is not None and steps1["steps"] > steps0["steps"]:  # the server's side
+            n_steps = steps1["steps"] - steps0["steps"]
+            row.update(engine_steps=n_steps, ms_per_engine_step=wall * 1e3 / n_steps,
+                       mixed_engine_steps=steps1["mixed_steps"] - steps0["mixed_steps"])
         if rate is None and conc in static:
             s = static[conc]
             tok_s = s.get("tokens_per_s") or conc / s["us_per_step"] * 1e6

@@ -315,18 +315,21 @@ def steady(results: list[RequestResult], spec: LoadSpec) -> dict:
     return dict(steady_s=end - start, steady_output_tokens_per_s=tokens / (end - start))
 
 
-def engine_steps(url: str, timeout_s: float = 10.0) -> int | None:
-    """The server's `sparkinfer_engine_steps_total` from GET /metrics (None from a server
-    that does not export it)."""
+def engine_steps(url: str, timeout_s: float = 10.0) -> dict | None:
+    """{"steps", "mixed_steps"}: the server's `sparkinfer_engine_steps_total` and
+    `sparkinfer_engine_mixed_steps_total` (0 when absent) from GET /metrics; None from a
+    server that exports no step count."""
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
+    names = {"sparkinfer_engine_steps_total": "steps", "sparkinfer_engine_mixed_steps_total": "mixed_steps"}
+    got = {}
     try:
         text = httpx.get(f"{url}/metrics", timeout=timeout_s).text
         for fam in text_string_to_metric_families(text):
             for sample in fam.samples:
-                if sample.name == "sparkinfer_engine_steps_total":
-                    return int(sample.value)
+                if sample.name in names:
+                    got[names[sample.name]] = int(sample.value)
     except (httpx.HTTPError, ValueError):
         return None
-    return None
+    return {"mixed_steps": 0, **got} if "steps" in got else None

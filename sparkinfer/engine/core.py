@@ -104,7 +104,7 @@ class EngineCore:
         self._rng = random.SystemRandom()
         self._singles: dict[int, str] = {}  # each token's text alone, shared by the requests' TextStreams
         self.error: str | None = None
-        self.steps = 0
+        self.steps = self.mixed_steps = 0
         self.sched_s = 0.0  # host time in schedule() + update() + output processing, summed
 
     # ------------------------------------------------------------------ callers (any thread)
@@ -141,7 +141,7 @@ class EngineCore:
             active = len(self.sched.active)
         return EngineStats(running=active, waiting=waiting, slots_used=active, slots_total=self.caps.slots,
                            max_waiting=self.caps.max_waiting, healthy=self.error is None, error=self.error,
-                           steps=self.steps)
+                           steps=self.steps, mixed_steps=self.mixed_steps)
 
     def wait_for_work(self, timeout: float) -> None:
         with self._lock:
@@ -174,6 +174,7 @@ class EngineCore:
             for u in updates:
                 self._emit(u)
         self.steps += 1
+        self.mixed_steps += bool(getattr(result, "mixed", False))
         self.sched_s += (t1 - t0) + (time.perf_counter() - t2)
         self.last_result = result
         return True

@@ -273,7 +273,9 @@ class TokenRows(_Rows):
 class StepResult:
     """`decode[i]` belongs to plan.decode[i], `prefill[j]` to plan.prefill[j]. proposed /
     accepted: draft tokens of this step's speculative rounds. logits: with
-    keep_logits (in-process only), {request: [fp32 [V] per new token]}."""
+    keep_logits (in-process only), {request: [fp32 [V] per new token]}. mixed: the
+    step's prompt chunks ran in the forward of the decode rows launched before it
+    (`ModelRunner`, mixed steps)."""
 
     step: int
     decode: tuple[RowResult, ...] | TokenRows = ()
@@ -281,6 +283,7 @@ class StepResult:
     proposed: int = 0
     accepted: int = 0
     logits: dict | None = None
+    mixed: bool = False
 
 
 # ---------------------------------------------------------------------- codec
@@ -347,13 +350,13 @@ def decode_plan(rec) -> StepPlan:
 # prefill rows): [n tokens, has logprobs, top n], its tokens, and with logprobs per
 # token [logprob bits, then top n (id, logprob bits) pairs].
 _RMAGIC = 0x53504B52  # "SPKR"
-RESULT_HEAD = 7  # words of the result record's header
+RESULT_HEAD = 8  # words of the result record's header
 
 
 def encode_result(res: StepResult) -> np.ndarray:
     one = isinstance(res.decode, TokenRows)
-    head = np.asarray([_RMAGIC, res.step, res.proposed, res.accepted, len(res.decode), len(res.prefill), int(one)],
-                      dtype=np.int64)
+    head = np.asarray([_RMAGIC, res.step, res.proposed, res.accepted, len(res.decode), len(res.prefill), int(one),
+                       int(res.mixed)], dtype=np.int64)
     if one and not res.prefill:  # a decode step
         return np.concatenate((head, res.decode.ids))
     words = []
@@ -374,14 +377,15 @@ def decode_result(rec) -> StepResult:
     w = np.frombuffer(rec, dtype=np.int64) if not isinstance(rec, np.ndarray) else rec
     if int(w[0]) != _RMAGIC:
         raise ShapeError(f"decode_result: not a step-result record (first word {int(w[0]):#x})")
-    step, proposed, accepted, nr, nc, one = w[1:RESULT_HEAD].tolist()
+    step, proposed, accepted, nr, nc, one, mixed = w[1:RESULT_HEAD].tolist()
+    mixed = bool(mixed)
     o = RESULT_HEAD
     ids = None
     if one:
         ids = TokenRows(w[o:o + nr])
         o += nr
         if not nc:
-            return StepResult(step, ids, (), proposed, accepted)
+            return StepResult(step, ids, (), proposed, accepted, mixed=mixed)
     out = []
     for _ in range(nc if one else nr + nc):
         n, has, top = (int(x) for x in w[o:o + 3])
@@ -399,5 +403,5 @@ def decode_result(rec) -> StepResult:
             lps = tuple(lps)
         out.append(RowResult(toks, lps))
     if one:
-        return StepResult(step, ids, tuple(out), proposed, accepted)
-    return StepResult(step, tuple(out[:nr]), tuple(out[nr:]), proposed, accepted)
+        return StepResult(step, ids, tuple(out), proposed, accepted, mixed=mixed)
+    return StepResult(step, tuple(out[:nr]), tuple(out[nr:]), proposed, accepted, mixed=mixed)

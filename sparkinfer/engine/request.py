@@ -164,7 +164,8 @@ class EngineStats:
     (prefilling or decoding); waiting: requests queued for one; slots_used /
     slots_total: cache slots; max_waiting: the queue bound beyond which submit
     refuses (EngineOverloaded); healthy: False once the engine failed (error says
-    why); steps: engine steps run so far."""
+    why); steps: engine steps run so far; mixed_steps: those whose prompt chunks ran
+    beside decode rows in one forward (mixed steps)."""
 
     running: int = 0
     waiting: int = 0
@@ -174,4 +175,5 @@ class EngineStats:
     healthy: bool = True
     error: str | None = None
     steps: int = 0
+    mixed_steps: int = 0
     extra: dict = field(default_factory=dict)

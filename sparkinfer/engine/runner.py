@@ -135,7 +135,7 @@ class ModelRunner:
             self._ahead = self._look_ahead(plan, step)
         if self._ahead is not None:
             self._ahead.feed(fed)
-        return StepResult(plan.step, decode, prefill, 0, 0, kept)
+        return StepResult(plan.step, decode, prefill, 0, 0, kept, mixed=took)
 
     # ------------------------------------------------------------------ pieces
     def _decode(self, rows: DecodeRows, ahead: _Ahead | None, step: _Launched) -> None:

@@ -13,6 +13,8 @@ are fed by the HTTP layer as outputs arrive:
     sparkinfer_cache_slots_used / _total            gauges, from the engine
     sparkinfer_engine_healthy                        1 or 0
     sparkinfer_engine_steps_total                    counter, from the engine
+    sparkinfer_engine_mixed_steps_total              counter, from the engine: steps whose prompt
+                                                     chunks ran beside decode rows (mixed steps)
     sparkinfer_requests_in_flight                    requests the HTTP layer is serving
     sparkinfer_prompt_tokens_total                   prompt tokens of accepted requests
     sparkinfer_generation_tokens_total               tokens sent back, as they stream
@@ -63,6 +65,9 @@ class _EngineCollector:
                 ("sparkinfer_requests_in_flight", "requests the HTTP server is serving", self.in_flight())):
             yield GaugeMetricFamily(name, doc, value=value)
         yield CounterMetricFamily("sparkinfer_engine_steps", "engine steps run", value=s.steps)
+        yield CounterMetricFamily("sparkinfer_engine_mixed_steps",
+                                  "engine steps whose prompt chunks ran beside decode rows in one forward",
+                                  value=s.mixed_steps)
 
 
 class ServeMetrics:

@@ -32,15 +32,25 @@ SCHEDULE = [
 CASES = [("qwen3_moe-tiny", 1, 1), ("glm4_moe-tiny", 2, 1), ("mixtral-tiny", 2, 2)]
 
 
+class _Plans(list):
+    """The plans a core ran, in order, and their results (`results`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.results = []
+
+
 class _Recorder:
-    """A LocalExecutor that keeps every plan."""
+    """A LocalExecutor that keeps every plan and its result."""
 
     def __init__(self, runner):
-        self.inner, self.plans = LocalExecutor(runner), []
+        self.inner, self.plans = LocalExecutor(runner), _Plans()
 
     def execute(self, plan):
         self.plans.append(plan)
-        return self.inner.execute(plan)
+        res = self.inner.execute(plan)
+        self.plans.results.append(res)
+        return res
 
 
 def _run(runner, schedule, speculative=False, announce=0):

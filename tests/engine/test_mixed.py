@@ -78,7 +78,8 @@ def _served(world, path):
         ref.lookahead, runner.lookahead = False, True  # on the CPU too (default: GPU only)
         alone = [_run(ref, [(0, p, params, None)])[0][0] for _, p, params, abort in SCHEDULE if abort is None]
         tokens, _, reasons, plans = _run(runner, SCHEDULE, announce=runner.announce_tokens)
-        return alone, tokens, plans, (runner.announce_tokens, runner.mixed_launched, runner.chunks_taken)
+        marked = sum(r.mixed for r in plans.results)  # the results that say their chunks ran mixed
+        return alone, tokens, list(plans), (runner.announce_tokens, runner.mixed_launched, runner.chunks_taken, marked)
     finally:
         s.close()
 
@@ -91,8 +92,8 @@ def test_announced_chunks_run_beside_decode_rows_and_change_no_token(paths, fami
 
 def check_served(results) -> None:
     """The assertions of every rank's `_served` result, on any device."""
-    alone, tokens, plans, (announce, mixed, taken) = results[0]
-    assert announce >= CHUNK and mixed > 0 and taken > 0, (announce, mixed, taken)
+    alone, tokens, plans, (announce, mixed, taken, marked) = results[0]
+    assert announce >= CHUNK and mixed > 0 and taken > 0 and marked == taken, (announce, mixed, taken, marked)
     assert any(p.next_prefill for p in plans) and any(p.decode and p.prefill for p in plans)
     for other in results[1:]:
         assert other[1] == tokens

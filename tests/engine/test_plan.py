@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparkinfer.engine.plan import (
+    RESULT_HEAD,
     DecodeRow,
     DecodeRows,
     PrefillChunk,
@@ -79,7 +80,7 @@ def test_one_token_rows_travel_as_one_id_array(chunks):
     pre = tuple(RowResult((i,) if i % 2 else ()) for i in range(chunks))
     res = StepResult(9, TokenRows(ids), pre, 3, 1)
     rec = encode_result(res)
-    assert len(rec) == 7 + len(ids) + sum(3 + len(r.tokens) for r in pre)  # the ids, one word each
+    assert len(rec) == RESULT_HEAD + len(ids) + sum(3 + len(r.tokens) for r in pre)  # the ids, one word each
     back = decode_result(rec.tobytes())
     assert isinstance(back.decode, TokenRows) and back.decode.ids.tolist() == ids.tolist()
     assert back == res == StepResult(9, tuple(RowResult((int(t),)) for t in ids), pre, 3, 1)
@@ -94,9 +95,9 @@ _lp = st.builds(TokenLogprob, _ids, st.floats(-50, 0), st.just(((3, -0.5), (9, -
 def test_result_round_trip(token_lists, with_lp, proposed):
     rows = tuple(RowResult(tuple(t), tuple(TokenLogprob(x, -0.25, ((x, -0.25), (1, -2.0))) for x in t)
                            if with_lp else None) for t in token_lists)
-    res = StepResult(4, rows[:2], rows[2:], proposed, proposed // 2)
+    res = StepResult(4, rows[:2], rows[2:], proposed, proposed // 2, mixed=bool(proposed % 2))
     back = decode_result(encode_result(res).tobytes())
-    assert back == res
+    assert back == res and back.mixed == bool(proposed % 2)
 
 
 def test_not_a_record():

@@ -140,7 +140,7 @@ class FakeEngine:
             return EngineStats(running=len(self._running), waiting=len(self._waiting),
                                slots_used=len(self._running), slots_total=self.max_batch,
                                max_waiting=self.max_waiting, healthy=self._error is None, error=self._error,
-                               steps=self._steps)
+                               steps=self._steps, mixed_steps=self._steps // 2)  # half: a number to carry
 
     def close(self) -> None:
         with self._lock:

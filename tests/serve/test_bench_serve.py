@@ -29,6 +29,7 @@ def test_bench_serve_against_a_url(fake_server, tmp_path, capsys):
                                                                                (4, 200.0, 1), (4, None, 2)]
     # the server's side: its engine's steps over the level (the fake's stats count them)
     assert all(r["engine_steps"] > 0 and r["ms_per_engine_step"] > 0 for r in rows)
+    assert all(0 <= r["mixed_engine_steps"] <= r["engine_steps"] for r in rows)  # the fake: half its steps
     for r in rows:
         assert r["ok"] and (r["completed"], r["failed"], r["model"]) == (8, 0, "fake-model")
         assert r["output_tokens_per_s"] > 0 and r["request_throughput"] > 0

@@ -55,6 +55,7 @@ def test_metrics_match_the_requests_sent(fake_server):
                       "sparkinfer_cache_slots_used": 0, "sparkinfer_cache_slots_total": 8,
                       "sparkinfer_engine_healthy": 1, "sparkinfer_requests_in_flight": 0}
     assert m[("sparkinfer_engine_steps_total", ())] == fake_server.engine.stats().steps > 0
+    assert m[("sparkinfer_engine_mixed_steps_total", ())] == fake_server.engine.stats().mixed_steps > 0
 
 
 @pytest.mark.fake_kwargs(max_batch=1, max_context=8192)
