@@ -104,10 +104,9 @@ def _mixed_steps(args) -> bool | None:
     default for a server started here; None for one at --url."""
     from sparkinfer.engine.config import EngineConfig
 
-    if getattr(args, "url", None):
+    if args.url:
         return None
-    flag = getattr(args, "mixed_steps", None)
-    return EngineConfig.mixed_steps if flag is None else flag
+    return EngineConfig.mixed_steps if args.mixed_steps is None else args.mixed_steps
 
 
 def _static_rows(args, meta) -> dict[int, dict]:

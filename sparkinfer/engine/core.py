@@ -174,7 +174,7 @@ class EngineCore:
             for u in updates:
                 self._emit(u)
         self.steps += 1
-        self.mixed_steps += bool(getattr(result, "mixed", False))
+        self.mixed_steps += result.mixed
         self.sched_s += (t1 - t0) + (time.perf_counter() - t2)
         self.last_result = result
         return True

@@ -18,9 +18,10 @@ out[pos, n].
 PASSES 2 (FP8 grouped only, TileConfig.fc1_passes): a program's BN = 128 rows (one
 activation group) run as two K passes of 64 rows each, the first half's activation
 held in registers until the second's is done, so the gate and up accumulators and a
-step's dot result are half as tall: what lets BM reach 128 without spilling
-(plan.FP8_MAX_BLOCK_M). Every sum is the one-pass sum (each row's K steps in the same
-order), and the group's scale comes from both halves' amax: the same bytes.
+step's dot result are half as tall: at BM 128 ptxas (sm_90) spills 296 bytes where one
+pass spills 1,172 (plan.FP8_MAX_BLOCK_M, tuning.TILES_FP8). Every sum is the one-pass
+sum (each row's K steps in the same order), and the group's scale comes from both
+halves' amax: the same bytes.
 """
 
 import triton
@@ -119,6 +120,17 @@ def fc1_sums(p_x, p_xs, p_w, p_s, d_w, e_w, tok, m_row, row0, i_s, I, num_chunks
 
 
 @triton.jit
+def routed_act(b_g, b_u, p_topk_w, route, m_row, alpha, limit, ACT: tl.constexpr,
+               WEIGHT_BEFORE: tl.constexpr, INTERPRET: tl.constexpr):
+    """The activation of FC1's sums [BN, BM], times each route's router weight when it
+    comes before FC2."""
+    b_h = activation(b_g, b_u, ACT, alpha, limit, INTERPRET)
+    if WEIGHT_BEFORE:
+        b_h *= tl.load(p_topk_w + route, mask=m_row, other=0.0)[None, :]
+    return b_h
+
+
+@triton.jit
 def fc1_tile(p_x, p_xs, p_w, p_s, p_gs, p_topk_w, p_out, p_os, d_w, e, e_w, route, o_row, i_n,
              i_s,
              I, num_chunks, chunks_per_split, stride_x, stride_we, stride_wn, stride_se,
@@ -142,18 +154,14 @@ def fc1_tile(p_x, p_xs, p_w, p_s, p_gs, p_topk_w, p_out, p_os, d_w, e, e_w, rout
     o_n = i_n * BN + tl.arange(0, BP)
     m_n = o_n < I
     if PASSES == 2:  # FP8 only (bind): the first half's activation waits for the second's
-        b_h0 = activation(b_g, b_u, ACT, alpha, limit, INTERPRET)
-        if WEIGHT_BEFORE:
-            b_h0 *= tl.load(p_topk_w + route, mask=m_row, other=0.0)[None, :]
+        b_h0 = routed_act(b_g, b_u, p_topk_w, route, m_row, alpha, limit, ACT, WEIGHT_BEFORE, INTERPRET)
         b_g, b_u = fc1_sums(p_x, p_xs, p_w, p_s, d_w, e_w, tok, m_row, i_n * BN + BP, i_s, I,
                             num_chunks, chunks_per_split, stride_x, stride_we, stride_wn,
                             stride_se, BP, BK, GATED, NVFP4, FP8, X_FP8, PTX_DECODE, INTERPRET,
                             TMA)
         if PDL:
             gdc_launch_dependents()
-        b_h1 = activation(b_g, b_u, ACT, alpha, limit, INTERPRET)
-        if WEIGHT_BEFORE:
-            b_h1 *= tl.load(p_topk_w + route, mask=m_row, other=0.0)[None, :]
+        b_h1 = routed_act(b_g, b_u, p_topk_w, route, m_row, alpha, limit, ACT, WEIGHT_BEFORE, INTERPRET)
         store_act_pair(p_out, p_os, b_h0, b_h1, o_row, m_row, o_n, o_n + BP, m_n, o_n + BP < I,
                        i_n, I // BN, stride_or, INTERPRET)
     else:
@@ -170,8 +178,7 @@ def fc1_tile(p_x, p_xs, p_w, p_s, p_gs, p_topk_w, p_out, p_os, d_w, e, e_w, rout
             if GATED:
                 tl.store(p_o + I, b_u, mask=m_out)
         else:
-            b_h = activation(b_g, b_u, ACT, alpha, limit, INTERPRET)
-            if WEIGHT_BEFORE:
-                b_h *= tl.load(p_topk_w + route, mask=m_row, other=0.0)[None, :]
+            b_h = routed_act(b_g, b_u, p_topk_w, route, m_row, alpha, limit, ACT, WEIGHT_BEFORE,
+                             INTERPRET)
             store_act(p_out, p_os, b_h, o_row, m_row, o_n, m_n, i_n, I // BN, stride_or, FP8,
                       INTERPRET)
