@@ -210,16 +210,22 @@ def hf_step_us(model, batch: int, ctx: int, vocab: int) -> float:
 
 def step_kernels(engine, batch: int, replays: int = 20) -> list[dict]:
     """The GPU kernels of one replay of the bucket's decode graph (captured by
-    `step_us`): [{name, per_step, us_per_step}], slowest first, from the CUDA
-    profiler over `replays` replays. Names are cut at 100 characters."""
+    `step_us`), as `graph_kernels` lists them."""
+    from sparkinfer.engine import SamplingParams
+
+    _, run = engine._graph_step(engine.bucket(batch), 1, SamplingParams())
+    return graph_kernels(run, replays)
+
+
+def graph_kernels(run, replays: int = 20) -> list[dict]:
+    """The GPU kernels of one call of `run` (a graph replay): [{name, per_step,
+    us_per_step}], slowest first, from the CUDA profiler over `replays` calls. Names
+    are cut at 100 characters."""
     import collections
 
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from sparkinfer.engine import SamplingParams
-
-    _, run = engine._graph_step(engine.bucket(batch), 1, SamplingParams())
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(replays):
             run()

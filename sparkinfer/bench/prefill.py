@@ -3,6 +3,7 @@ captured forward, batch-invariant (`gemm` projections) against batch-dependent (
 and the prefill projections alone.
 
     sparkinfer bench prefill --preset qwen3-30b-a3b --layers 8 [--rows 1,2,4,8] [--chunk 256]
+    sparkinfer bench prefill --beside 32,64 --rows 1,2,4   # mixed steps (bench/prefill_mixed.py)
     sparkinfer bench prefill --dry-run       # CPU, interpreter, the tiny preset
 
 Rows "prefill": ms per forward (a CUDA graph replay with its input copy, median of
@@ -26,6 +27,9 @@ def add_arguments(p) -> None:
     p.add_argument("--rows", default="1,2,4,8", help="chunks per forward")
     p.add_argument("--chunk", type=int, default=256, help="prompt tokens per row")
     p.add_argument("--replays", type=int, default=9)
+    p.add_argument("--beside", default="", help="decode rows of mixed steps (e.g. 32,64): time those "
+                   "instead of the prefill forwards (bench/prefill_mixed.py)")
+    p.add_argument("--context", type=int, default=512, help="the mixed steps' decode rows' context")
     p.add_argument("--out", default=None, help="default benchmarks/results/prefill_<machine>.json")
     p.add_argument("--dry-run", action="store_true", help="CPU, interpreter, tiny sizes")
 
@@ -131,6 +135,7 @@ def main(args) -> int:
     cuda = torch.cuda.is_available() and not args.dry_run
     if args.dry_run:
         args.preset, args.layers, args.rows, args.chunk, args.replays = "qwen3_moe-tiny", 2, "1,2", 8, 1
+        args.beside, args.context = "3" if args.beside else "", 16
     elif not cuda:
         con.print("[red]the prefill benchmark needs a GPU; --dry-run checks its logic on the CPU")
         return 2
@@ -140,6 +145,8 @@ def main(args) -> int:
         con.print("  " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()
                                   if k not in ("bench",)))
     model, cfg = hf_model(args.preset, args.layers, dev)
+    if args.beside:
+        return _mixed_main(model, cfg, args, dev, say, con)
     rows = _forward_rows(args.preset, model, cfg, args, dev, say)
     del model
     rows += _projection_rows(args.preset, cfg, args, dev, say)
@@ -150,6 +157,26 @@ def main(args) -> int:
                   f"{r['us_per_token']:.2f}", r["row_equals_alone"], r["ok"]] for r in fwd])
     meta = metadata(args)
     out = args.out or default_out("prefill", meta, 1, dry_run=args.dry_run)
+    path = append_rows(out, rows, meta)
+    con.print(f"rows -> {path}")
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+def _mixed_main(model, cfg, args, dev, say, con) -> int:
+    from sparkinfer.bench.common import append_rows, default_out, metadata
+    from sparkinfer.bench.prefill_mixed import mixed_rows
+    from sparkinfer.bench.report import print_table
+
+    rows = mixed_rows(model, cfg, args, dev, say)
+    print_table(f"mixed steps, {args.preset} x {args.layers} layers, chunks of {args.chunk} tokens, "
+                f"decode rows at context {args.context}",
+                ["decode rows", "chunks", "decode ms", "prefill ms", "mixed ms", "marginal ms", "us / prompt token",
+                 "bitwise", "ok"],
+                [[r["decode_rows"], r["chunks"], f"{r['decode_ms']:.3f}", f"{r['prefill_ms']:.3f}",
+                  f"{r['mixed_ms']:.3f}", f"{r['marginal_ms']:.3f}", f"{r['marginal_us_per_prompt_token']:.2f}",
+                  r["decode_equal"] and r["chunks_equal"], r["ok"]] for r in rows])
+    meta = metadata(args)
+    out = args.out or default_out("prefill_mixed", meta, 1, dry_run=args.dry_run)
     path = append_rows(out, rows, meta)
     con.print(f"rows -> {path}")
     return 0 if all(r["ok"] for r in rows) else 1

@@ -233,3 +233,16 @@ def test_bench_prefill_dry_run(tmp_path):
     assert all(r["row_equals_alone"] and r["ok"] for r in fwd if r["batch_invariant"])
     assert {r["name"] for r in rows if r["kind"] == "projection"} == {"qkv", "o", "lm_head"}
     assert all(r["rel_err_vs_torch"] < 1e-2 for r in rows if r["kind"] == "projection")
+
+
+@pytest.mark.slow
+def test_bench_prefill_mixed_dry_run(tmp_path):
+    """Mixed steps (decode rows beside prompt chunks) against their parts: each decode
+    row's logits equal the decode step's and each chunk's the prefill forward's, bitwise,
+    and the marginal time is the mixed step's less the decode step's."""
+    rows = _run(tmp_path, "prefill", "--beside", "3")
+    assert {(r["decode_rows"], r["chunks"]) for r in rows} == {(3, 1), (3, 2)}
+    for r in rows:
+        assert r["kind"] == "mixed" and r["decode_equal"] and r["chunks_equal"] and r["ok"], r
+        assert r["decode_ms"] > 0 and r["mixed_ms"] > 0 and r["prefill_ms"] > 0
+        assert r["marginal_ms"] == pytest.approx(r["mixed_ms"] - r["decode_ms"])
