@@ -7,10 +7,13 @@ program, BK the K of one pipelined step, G row tiles per group of the launch ord
 `linear` serves decode rows (M <= 128, weights streamed at the copy rate); a
 prefill forward of several requests' chunks has hundreds to thousands of rows and
 is compute-bound, where cuBLAS picks its kernel (and so each sum's order) by M.
-Here the tile is fixed per (N, K) (`GEMM_TILE`), every output element is one fp32
-accumulator stepped through K in BK steps in K order, and rows beyond M load as
-zero, so no row's sum sees M or the other rows. Tiles are launched in groups of G
-row tiles per feature column so a weight tile is reused from L2.
+Here every output element is one fp32 accumulator stepped through K in BK = 64
+steps in K order whatever the tile, and rows beyond M load as zero, so no row's sum
+sees M or the other rows; the tile (`gemm_tile`) follows M only to fill the SMs
+(BM and BN change which tensor-core instruction covers an element, not the order of
+its products: the MoE kernels rest on the same fact, moe/plan.py). Tiles are
+launched in groups of G row tiles per feature column so a weight tile is reused
+from L2.
 
 One H200 (prefill forwards of R rows x 256 tokens of an 8-layer Qwen3-30B-A3B,
 .gpu probes at 41c264f): `linear` on 128-row pieces took a 2,048-token forward to
@@ -27,11 +30,21 @@ import triton.language as tl
 from sparkinfer.envs import triton_interpret
 from sparkinfer.errors import DTypeError, LayoutError, ShapeError
 
-__all__ = ["gemm", "GEMM_TILE"]
+__all__ = ["gemm", "gemm_tile", "GEMM_TILES"]
 
-# (BM, BN, BK, stages, warps, G): 128 x 128 tiles of bf16 in 64-deep steps, 4 stages
-# (128 KiB of shared memory on sm_90's 227), 8 warps (two warpgroups of m64n128k16).
-GEMM_TILE = (128, 128, 64, 4, 8, 8)
+# ((most M, (BM, BN, BK, stages, warps, G)), ...) in increasing M. Past 1,024 rows:
+# 128 x 128 tiles of bf16 in 64-deep steps, 4 stages (128 KiB of shared memory on
+# sm_90's 227), 8 warps (two warpgroups of m64n128k16). A mixed step's 256-1,024
+# chunk rows launched those on too few programs: Qwen3-30B-A3B's qkv at 256 rows is
+# 2 x 40 tiles for 132 SMs, and its 24 projections took 19 us each (H200, the
+# kernels of `bench prefill --beside 64`, sweeps/prefill_mixed_h200.json at
+# f3e3672); 64-row tiles in one warpgroup give 4-8x the programs there.
+GEMM_TILES = ((256, (64, 64, 64, 4, 4, 8)), (1024, (64, 128, 64, 4, 4, 8)), (1 << 62, (128, 128, 64, 4, 8, 8)))
+
+
+def gemm_tile(m: int) -> tuple[int, int, int, int, int, int]:
+    """(BM, BN, BK, stages, warps, G) of a gemm of M rows. Pure."""
+    return next(tile for most, tile in GEMM_TILES if m <= most)
 _DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -91,7 +104,7 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
                           f"{tuple(out.shape)} {out.dtype}")
     if m == 0:
         return out
-    bm, bn, bk, stages, warps, group = GEMM_TILE
+    bm, bn, bk, stages, warps, group = gemm_tile(m)
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
     gemm_kernel[grid](x, w, bias if bias is not None else w, out, m, n, w.shape[1], x.stride(0), w.stride(0),
                       out.stride(0), BM=bm, BN=bn, BK=bk, G=group, HAS_BIAS=bias is not None,

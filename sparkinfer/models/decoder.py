@@ -19,9 +19,10 @@ Batch invariance (`batch_invariant=True`, the default): a row's logits are the
 same bits whatever the other rows of its step hold and however many there are
 (decode and verify steps, and prefill forwards of several requests' chunks):
 attention cuts a row's keys by its own context, the fused norm keeps rows whole,
-the MoE plan never splits a route's reductions, and the projections, routers and
-LM head run `sparkinfer.linear` in decode and verify steps and `sparkinfer.linear.gemm`
-in prefill forwards (each a sum order per weight at any row count). With
+the MoE plan never splits a route's reductions, and the projections and routers
+run `sparkinfer.linear` in decode and verify steps and `sparkinfer.linear.gemm` in
+prefill forwards, the LM head `linear` in every step (each a sum order per weight
+at any row count). With
 `batch_invariant=False` the projections take cuBLAS instead, whose kernel (and sum
 order) follows the row count: on an H200 at 3c3e10b the invariant projections cost
 +48 us of a 795 us Qwen3-30B-A3B step at batch 1 and most of its +41% at batch 64
@@ -261,7 +262,7 @@ class Decoder:
         return self._linear(out, a.o)
 
     def _linear(self, x, w, bias=None):
-        """A projection (attention, MLPs, routers, LM head), a row's result the same bits in
+        """A projection (attention, MLPs, routers), a row's result the same bits in
         any batch: `sparkinfer.linear` in decode and verify steps, `gemm` in prefill
         forwards (a 16-bit weight; GLM's fp32 router: `linear` on 128-row pieces, a few
         MB). cuBLAS for the torch ops and when batch_invariant is False (faster at every
@@ -277,6 +278,16 @@ class Decoder:
         if self._prefill and w.dtype != torch.float32:
             return gemm(x, w, bias)
         return linear(x, w, bias, sync=self._sync.get(w.data_ptr()), invariant=True)
+
+    def _head(self, x):
+        """The LM head of the rows that want logits: `linear` in every kind of step. A
+        prefill forward has one such row per chunk, decode-sized, and a mixed step's
+        decode rows and chunk rows then share one pass over the head (Qwen3-30B-A3B's
+        622 MB) instead of a second one by `gemm` for its chunks."""
+        w = self.w.lm_head
+        if self.torch_ops is not None or not self.batch_invariant:
+            return F.linear(x.to(w.dtype), w)
+        return linear(x, w, sync=self._sync.get(w.data_ptr()), invariant=True)
 
     def _attn_out(self, b: int, q: int, heads: int) -> dict:
         """out / lse buffers of one attention call (the kernel refuses to allocate them during
@@ -348,7 +359,7 @@ class Decoder:
             if step.logit_rows.numel() == 0:  # a prefill chunk that is not its prompt's last: no LM head
                 return x.new_empty((0, self.spec.vocab_size))
             x = x.index_select(0, step.logit_rows)
-        logits = self._linear(x, self.w.lm_head)  # [N, V_l]
+        logits = self._head(x)  # [N, V_l]
         if self.sh.world > 1:
             n, v_l = logits.shape
             logits = self.comm.all_gather(logits).view(self.sh.world, n, v_l).transpose(0, 1).reshape(n, -1)
