@@ -59,6 +59,8 @@ def add_arguments(p) -> None:
     p.add_argument("--backend", default=None, choices=("auto", "cpu", "cuda", "cuda_shared"))
     p.add_argument("--mixed-steps", action=argparse.BooleanOptionalAction, default=None,
                    help="start the server with --mixed-steps / --no-mixed-steps (default: the server's default)")
+    p.add_argument("--prefill-wait-steps", type=int, default=None, metavar="W",
+                   help="start the server with --prefill-wait-steps W (default: the server's default)")
     p.add_argument("--concurrency", default="1,8,32,64", help="fixed-concurrency levels")
     p.add_argument("--rate", default=None, help="Poisson arrival rates (requests/s) instead of --concurrency")
     p.add_argument("--max-concurrency", type=int, default=None, help="with --rate: requests in flight at most")
@@ -96,7 +98,8 @@ def _server_command(args, levels, model: str | None) -> list[str]:
            "--max-context", str(context), "--max-waiting", str(requests), "--port", "0", "--log-level", "warning"]
     cmd += ["--served-model-name", args.preset] if args.preset else []
     return cmd + (["--backend", args.backend] if args.backend else []) + (
-        [] if args.mixed_steps is None else ["--mixed-steps" if args.mixed_steps else "--no-mixed-steps"])
+        [] if args.mixed_steps is None else ["--mixed-steps" if args.mixed_steps else "--no-mixed-steps"]) + (
+        [] if args.prefill_wait_steps is None else ["--prefill-wait-steps", str(args.prefill_wait_steps)])
 
 
 def _mixed_steps(args) -> bool | None:
@@ -107,6 +110,16 @@ def _mixed_steps(args) -> bool | None:
     if args.url:
         return None
     return EngineConfig.mixed_steps if args.mixed_steps is None else args.mixed_steps
+
+
+def _wait_steps(args) -> int | None:
+    """The server's prefill_wait_steps (`EngineConfig`): the flag, else the default for a
+    server started here; None for one at --url."""
+    from sparkinfer.engine.config import EngineConfig
+
+    if args.url:
+        return None
+    return EngineConfig.prefill_wait_steps if args.prefill_wait_steps is None else args.prefill_wait_steps
 
 
 def _static_rows(args, meta) -> dict[int, dict]:
@@ -147,7 +160,7 @@ def _run_levels(args, url: str, model: str, levels, static, con) -> list[dict]:
         steps1 = engine_steps(url)
         row = dict(bench="serve", target=args.url or args.model or args.preset or "demo", preset=args.preset,
                    layers=args.layers if args.preset else None, tp=args.tp, experts=args.moe_format,
-                   mixed_steps=_mixed_steps(args),
+                   mixed_steps=_mixed_steps(args), prefill_wait_steps=_wait_steps(args),
                    model=model, client_procs=procs, **summarize(results, wall, spec))
         if steps0 is not None and steps1 is not None and steps1["steps"] > steps0["steps"]:  # the server's side
             n_steps = steps1["steps"] - steps0["steps"]

@@ -83,11 +83,12 @@ def gemm_kernel(p_x, p_w, p_b, p_out, M, N, K, stride_xm, stride_wn, stride_om,
 
 
 def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
-         out: torch.Tensor | None = None) -> torch.Tensor:
+         out: torch.Tensor | None = None, tile: tuple | None = None) -> torch.Tensor:
     """x [M, K] @ w [N, K].T (+ bias [N]) -> [M, N] in w's dtype (bf16 or fp16, x alike,
-    unit stride along K), fp32 accumulation in K order with one tile per weight shape:
-    a row's result is the same bits at any M and whatever the other rows hold. No host
-    sync; capture-legal once the shape's kernel has compiled."""
+    unit stride along K), fp32 accumulation in K order in BK = 64 steps: a row's result
+    is the same bits at any M and whatever the other rows hold. tile: (BM, BN, BK,
+    stages, warps, G) instead of `gemm_tile(M)` (tile sweeps; BK must stay 64 for the
+    same bits). No host sync; capture-legal once the shape's kernel has compiled."""
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
         raise ShapeError(f"gemm: x [M, K] and w [N, K] with the same K; got {tuple(x.shape)} and {tuple(w.shape)}")
     if w.dtype not in _DTYPES or x.dtype != w.dtype:
@@ -104,7 +105,7 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
                           f"{tuple(out.shape)} {out.dtype}")
     if m == 0:
         return out
-    bm, bn, bk, stages, warps, group = gemm_tile(m)
+    bm, bn, bk, stages, warps, group = tile or gemm_tile(m)
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
     gemm_kernel[grid](x, w, bias if bias is not None else w, out, m, n, w.shape[1], x.stride(0), w.stride(0),
                       out.stride(0), BM=bm, BN=bn, BK=bk, G=group, HAS_BIAS=bias is not None,

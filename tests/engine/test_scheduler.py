@@ -105,6 +105,28 @@ def test_prefill_waits_for_a_fuller_forward_only_while_requests_decode():
     assert [c.request for c in p.prefill] == [2] * 4
 
 
+def test_announced_chunks_wait_for_a_full_mixed_step():
+    """With `announce` and W > 0, a full forward is the announce budget's chunks (what a
+    mixed step holds), not step_tokens': 2 of 4 chunks wait W steps, then are announced;
+    4 are announced at once."""
+    s = Scheduler(SchedulerCaps(slots=4, max_context=256, chunk=16, step_tokens=128, prefill_wait_steps=2,
+                                announce=64))
+    s.add(_req(0, 4, new=30))
+    p = s.schedule()
+    assert len(p.prefill) == 1 and not p.decode  # nothing decodes: at once
+    s.update(p, _fake(p))
+    s.add(_req(1, 32, new=2))  # 2 chunks of a mixed step's 4
+    seen = []
+    for _ in range(4):
+        p = s.schedule()
+        seen.append((len(p.decode), len(p.prefill), len(p.next_prefill)))
+        s.update(p, _fake(p))
+    assert seen == [(1, 0, 0), (1, 0, 0), (1, 0, 2), (1, 2, 0)]
+    s.add(_req(2, 64, new=2))  # 4 chunks fill a mixed step: announced at once
+    p = s.schedule()
+    assert [c.request for c in p.next_prefill] == [2] * 4
+
+
 def test_stops_and_context_limit():
     s = Scheduler(SchedulerCaps(slots=2, max_context=12, chunk=8))
     a = _req(0, 4, new=50, stops={6})      # tokens 4, 5, 6: stops at 6 (kept)

@@ -118,3 +118,22 @@ def test_tickets_hand_each_request_to_one_stream_across_processes():
     for p in procs:
         p.join(timeout=60)
     assert sorted(got) == list(range(2000))
+
+
+def test_a_started_server_gets_the_scheduling_flags():
+    """`bench serve --preset` starts `sparkinfer serve` with the flags it was given (and
+    records them in its rows); unset ones leave the server's defaults."""
+    import argparse
+
+    from sparkinfer.bench.serve import _server_command, _wait_steps, add_arguments
+
+    def cmd(*extra):
+        p = argparse.ArgumentParser()
+        add_arguments(p)
+        args = p.parse_args(["--preset", "qwen3-30b-a3b", *extra])
+        return _server_command(args, [(8, None)], "ckpt"), _wait_steps(args)
+
+    plain, wait = cmd()
+    assert "--prefill-wait-steps" not in plain and "--mixed-steps" not in plain and wait == 0
+    flagged, wait = cmd("--prefill-wait-steps", "3", "--no-mixed-steps")
+    assert flagged[flagged.index("--prefill-wait-steps") + 1] == "3" and "--no-mixed-steps" in flagged and wait == 3
