@@ -106,7 +106,7 @@ def main() -> int:
                 out = torch.full_like(ref, float("nan"))
                 same = torch.equal(gemm(x, w, out=out, tile=tile), ref)
                 bad += not same
-                us = _time_us(lambda tile=tile, out=out: gemm(x, w, out=out, tile=tile), reps, cuda)
+                us = _time_us(lambda x=x, w=w, tile=tile, out=out: gemm(x, w, out=out, tile=tile), reps, cuda)
                 tflops = 2 * m * n * k / us / 1e6
                 rows.append(dict(bench="gemm_tile_sweep", preset=preset, name=name, n=n, k=k, m=m, config=cname,
                                  tile=list(tile), planned=cname == "planned", us=us, tflops=tflops,
