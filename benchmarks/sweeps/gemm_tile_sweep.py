@@ -5,8 +5,8 @@ Legend: M rows (prompt tokens of a forward's chunks), N output features, K reduc
 a tile is (BM, BN, BK, stages, warps, G), BK fixed at 64 (`sparkinfer.linear.gemm`).
 
 For each preset's projection shapes (qkv, o, router; `--presets`) and M in `--m`,
-times `gemm` with the tile `gemm_tile(M)` plans and with each of CANDIDATES (CUDA
-events over `--reps` calls, median of 3), on random inputs, and checks every
+times `gemm` with the tile `gemm_tile(M)` plans and with each of CANDIDATES (a CUDA
+graph of `--reps` calls, median of 3 replays), on random inputs, and checks every
 candidate's output against the planned tile's bitwise (a row's bits must not follow
 the tile, or M would change them) and the planned output against an fp32 reference
 (bf16 rounding). Prints a table per shape and M, writes JSON rows with
@@ -50,16 +50,29 @@ def _shapes(preset: str) -> list[tuple[str, int, int]]:
 
 
 def _time_us(fn, reps: int, cuda: bool) -> float:
+    """Median us of one call of `fn`: on a GPU, `reps` calls captured in a CUDA graph and
+    replayed (median of 3), so a small shape's launch overhead is not timed; on the CPU,
+    the wall clock of `reps` calls."""
     import torch
 
     fn()
+    if cuda:
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(reps):
+                fn()
+        run = graph.replay
+    else:
+        def run():
+            for _ in range(reps):
+                fn()
     times = []
     for _ in range(3):
         if cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        for _ in range(reps):
-            fn()
+        run()
         if cuda:
             torch.cuda.synchronize()
         times.append((time.perf_counter() - t0) * 1e6 / reps)

@@ -32,19 +32,23 @@ from sparkinfer.errors import DTypeError, LayoutError, ShapeError
 
 __all__ = ["gemm", "gemm_tile", "GEMM_TILES"]
 
-# ((most M, (BM, BN, BK, stages, warps, G)), ...) in increasing M. Past 1,024 rows:
+# ((most M, (BM, BN, BK, stages, warps, G)), ...) in increasing M. Past 256 rows:
 # 128 x 128 tiles of bf16 in 64-deep steps, 4 stages (128 KiB of shared memory on
-# sm_90's 227), 8 warps (two warpgroups of m64n128k16). A mixed step's 256-1,024
-# chunk rows launched those on too few programs: Qwen3-30B-A3B's qkv at 256 rows is
-# 2 x 40 tiles for 132 SMs, and its 24 projections took 19 us each (H200, the
-# kernels of `bench prefill --beside 64`, sweeps/prefill_mixed_h200.json at
-# f3e3672); 64-row tiles in one warpgroup give 4-8x the programs there.
-GEMM_TILES = ((256, (64, 64, 64, 4, 4, 8)), (1024, (64, 128, 64, 4, 4, 8)), (1 << 62, (128, 128, 64, 4, 8, 8)))
+# sm_90's 227), 8 warps (two warpgroups of m64n128k16). Up to 256 rows (a mixed
+# step's or a prefill forward's one chunk) 64 x 128 in one warpgroup, twice the
+# programs: H200 sweep at 489b586 (benchmarks/sweeps/gemm_tile_sweep.py,
+# sweeps/gemm_tile_sweep_h200.json), the qkv, o and router shapes of the three
+# presets summed, us: M 256 378.6 against 406.0 for 128 x 128; at M 512 / 1024 /
+# 2048 128 x 128 was fastest (499 / 776 / 1,352; 64 x 128: 552 / 891 / 1,698).
+# Every candidate's output equalled the planned tile's bitwise at every shape and M.
+GEMM_TILES = ((256, (64, 128, 64, 4, 4, 8)), (1 << 62, (128, 128, 64, 4, 8, 8)))
 
 
 def gemm_tile(m: int) -> tuple[int, int, int, int, int, int]:
     """(BM, BN, BK, stages, warps, G) of a gemm of M rows. Pure."""
     return next(tile for most, tile in GEMM_TILES if m <= most)
+
+
 _DTYPES = (torch.bfloat16, torch.float16)
 
 
