@@ -67,6 +67,8 @@ def parse_args(argv=None):
     ap.add_argument("--orders", default=None, help="comma list of group_m values: time the "
                     "planned tiles in those grouped program orders and with TMA loads "
                     "(tuning.order_candidates) instead of the tile table")
+    ap.add_argument("--small-tiles", action="store_true", help="time tuning.TILES_SMALL (BM <= 32 and a few "
+                    "BM 64) whatever BM the plan chose")
     ap.add_argument("--sm90", action="store_true", help="CPU only: compile every candidate for "
                     "sm_90 and report registers, spills, shared memory, wgmma shapes")
     ap.add_argument("--dry-run", action="store_true", help="CPU, interpreter, tiny shapes")
@@ -150,7 +152,7 @@ def breakdown(ctx, call, reps: int) -> dict:
             for n in ("fc1", "fc2", "all")}
 
 
-def time_shape(ctx, layer, fmt, ms, lim, orders=None) -> list[dict]:
+def time_shape(ctx, layer, fmt, ms, lim, orders=None, small=False) -> list[dict]:
     """Rows of every candidate of one shape and format at each M."""
     torch = ctx.torch
     from sparkinfer.moe import allocate_scratch, bind, moe_reference, run
@@ -167,7 +169,7 @@ def time_shape(ctx, layer, fmt, ms, lim, orders=None) -> list[dict]:
         ref = moe_reference(x, src, routings[0], spec=p0.spec)
         f1, f2 = gemm_flops(p0.caps, p0.spec, m)
         planned_out, planned_us = None, None
-        cands = order_candidates(p0, m, orders) if orders else tile_candidates(p0, m)
+        cands = order_candidates(p0, m, orders) if orders else tile_candidates(p0, m, small)
         for name, p in cands:
             if ctx.over_budget():
                 print(f"budget: skipping {layer.name} {fmt} M={m} {name}", flush=True)
@@ -267,7 +269,7 @@ def sm90_usage(compiled, warps: int) -> dict:
                 programs_per_sm=per_sm)
 
 
-def sm90_report(shapes, formats, ms, orders=None) -> list[dict]:
+def sm90_report(shapes, formats, ms, orders=None, small=False) -> list[dict]:
     """Compile every candidate's FC1 and FC2 at real dims (meta tensors) for sm_90."""
     import torch
 
@@ -285,7 +287,7 @@ def sm90_report(shapes, formats, ms, orders=None) -> list[dict]:
                                         fmt)
             p0 = plan(MoECaps(max_tokens=max(ms), **shape), spec)
             for m in ms:
-                cands = order_candidates(p0, m, orders) if orders else tile_candidates(p0, m)
+                cands = order_candidates(p0, m, orders) if orders else tile_candidates(p0, m, small)
                 for name, p in cands:
                     meta = dict(dtype=torch.bfloat16, device="meta")
                     b = bind(p, allocate_scratch(p, "meta"), meta_weights(p),
@@ -338,7 +340,7 @@ def main(argv=None):
     meta = common.metadata(None if argv is None else
                            types.SimpleNamespace(argv=["python3", "benchmarks/sweeps/moe_tile_sweep.py", *argv]))
     if args.sm90:
-        rows = sm90_report(shapes, formats, ms, orders)
+        rows = sm90_report(shapes, formats, ms, orders, args.small_tiles)
         bad = [r for r in rows if r.get("spill", 1) or r.get("programs_per_sm", 0) < 1]
         common.append_rows(args.out, rows, meta)
         print(f"\nwrote {args.out}; {len(rows)} kernels, {len(bad)} spill, fail or do not fit")
@@ -363,7 +365,7 @@ def main(argv=None):
         layer = Layer(ctx, name, shape, max(ms))
         rows = []
         for fmt in formats:
-            rows += time_shape(ctx, layer, fmt, ms, lim, orders)
+            rows += time_shape(ctx, layer, fmt, ms, lim, orders, args.small_tiles)
         common.append_rows(args.out, rows, meta)
         all_rows += rows
         del layer

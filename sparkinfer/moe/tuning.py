@@ -182,7 +182,7 @@ def _tile(p: MoEPlan, bm: int, bn1: int, bn2: int, warps: int, per_sm: int, bk: 
     return dataclasses.replace(p.forced(cfg), chunk=bk)
 
 
-def tile_candidates(p: MoEPlan, tokens: int) -> tuple[tuple[str, MoEPlan], ...]:
+def tile_candidates(p: MoEPlan, tokens: int, small: bool = False) -> tuple[tuple[str, MoEPlan], ...]:
     """(name, plan) to time at a grouped batch of `tokens`: ("planned", p) first,
     then p forced to each tile of TILES_LARGE (planned BM >= 64), TILES_SMALL
     (BM <= 32) or TILES_NVFP4, pipeline depth 2..4 from the shared memory a
@@ -190,12 +190,16 @@ def tile_candidates(p: MoEPlan, tokens: int) -> tuple[tuple[str, MoEPlan], ...]:
     (FC1 in two passes). A plan's chunk is BK: a BK 64 plan
     needs weights prepared for it (bf16: the same tensors). Tiles whose BK does
     not divide H and I (or exceeds the plan's chunk), and repeats of an earlier
-    (BK, config), are left out; at most 13. Pure: no device, no compilation.
+    (BK, config), are left out; at most 13. small: TILES_SMALL whatever BM was planned
+    (a mixed step's few rows per expert past the wide tiles' threshold). Pure: no
+    device, no compilation.
     """
     chosen = p.config_for(tokens)
     if chosen.family != "grouped":
         return (("planned", p),)
-    if p.spec.weight_format == "nvfp4":
+    if small:
+        table = TILES_SMALL
+    elif p.spec.weight_format == "nvfp4":
         table = TILES_NVFP4
     elif p.spec.weight_format == "fp8_block" and chosen.block_m >= 64:
         table = TILES_LARGE + TILES_FP8
