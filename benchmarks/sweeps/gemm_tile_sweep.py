@@ -5,7 +5,7 @@ Legend: M rows (prompt tokens of a forward's chunks), N output features, K reduc
 a tile is (BM, BN, BK, stages, warps, G), BK fixed at 64 (`sparkinfer.linear.gemm`).
 
 For each preset's projection shapes (qkv, o, router; `--presets`) and M in `--m`,
-times `gemm` with the tile `gemm_tile(M)` plans and with each of CANDIDATES (a CUDA
+times `gemm` with the tile `gemm_tile(M, N)` plans and with each of `GEMM_CANDIDATES` (a CUDA
 graph of `--reps` calls, median of 3 replays), on random inputs, and checks every
 candidate's output against the planned tile's bitwise (a row's bits must not follow
 the tile, or M would change them) and the planned output against an fp32 reference
@@ -27,15 +27,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # sparkinfer without an install
 
-CANDIDATES = {
-    "64x64": (64, 64, 64, 4, 4, 8),
-    "64x128": (64, 128, 64, 4, 4, 8),
-    "128x64": (128, 64, 64, 4, 4, 8),
-    "128x64-w8": (128, 64, 64, 4, 8, 8),
-    "128x128": (128, 128, 64, 4, 8, 8),
-    "64x256": (64, 256, 64, 3, 8, 8),
-    "128x256": (128, 256, 64, 3, 8, 8),
-}
 
 
 def _shapes(preset: str) -> list[tuple[str, int, int]]:
@@ -92,7 +83,7 @@ def main() -> int:
     import torch
 
     from sparkinfer.bench.common import append_rows, default_out, metadata
-    from sparkinfer.linear import gemm, gemm_tile
+    from sparkinfer.linear.gemm import GEMM_CANDIDATES, gemm, gemm_tile
 
     cuda = torch.cuda.is_available() and not args.dry_run
     dev = torch.device("cuda" if cuda else "cpu")
@@ -108,13 +99,13 @@ def main() -> int:
         w = (torch.randn(n, k, generator=g) / k ** 0.5).to(torch.bfloat16).to(dev)
         for m in ms:
             x = torch.randn(m, k, generator=g).to(torch.bfloat16).to(dev)
-            planned = gemm_tile(m)
+            planned = gemm_tile(m, n)
             ref = gemm(x, w)
             exact = x.float() @ w.float().T
             ref_ok = torch.allclose(ref.float(), exact, rtol=2 ** -7, atol=1e-5 * k)
             bad += not ref_ok
             print(f"\n{preset} {name} N={n} K={k} M={m} (planned {planned})")
-            cands = {"planned": planned, **{c: t for c, t in CANDIDATES.items() if t != planned}}
+            cands = {"planned": planned, **{c: t for c, t in GEMM_CANDIDATES.items() if t != planned}}
             for cname, tile in cands.items():
                 out = torch.full_like(ref, float("nan"))
                 same = torch.equal(gemm(x, w, out=out, tile=tile), ref)

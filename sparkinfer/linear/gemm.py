@@ -9,7 +9,7 @@ prefill forward of several requests' chunks has hundreds to thousands of rows an
 is compute-bound, where cuBLAS picks its kernel (and so each sum's order) by M.
 Here every output element is one fp32 accumulator stepped through K in BK = 64
 steps in K order whatever the tile, and rows beyond M load as zero, so no row's sum
-sees M or the other rows; the tile (`gemm_tile`) follows M only to fill the SMs
+sees M or the other rows; the tile (`gemm_tile`) follows M and N only to fill the SMs
 (BM and BN change which tensor-core instruction covers an element, not the order of
 its products: the MoE kernels rest on the same fact, moe/plan.py). Tiles are
 launched in groups of G row tiles per feature column so a weight tile is reused
@@ -30,23 +30,39 @@ import triton.language as tl
 from sparkinfer.envs import triton_interpret
 from sparkinfer.errors import DTypeError, LayoutError, ShapeError
 
-__all__ = ["gemm", "gemm_tile", "GEMM_TILES"]
+__all__ = ["gemm", "gemm_tile", "GEMM_WIDE", "GEMM_NARROW", "GEMM_CANDIDATES"]
 
-# ((most M, (BM, BN, BK, stages, warps, G)), ...) in increasing M. Past 256 rows:
-# 128 x 128 tiles of bf16 in 64-deep steps, 4 stages (128 KiB of shared memory on
-# sm_90's 227), 8 warps (two warpgroups of m64n128k16). Up to 256 rows (a mixed
-# step's or a prefill forward's one chunk) 64 x 128 in one warpgroup, twice the
-# programs: H200 sweep at 489b586 (benchmarks/sweeps/gemm_tile_sweep.py,
-# sweeps/gemm_tile_sweep_h200.json), the qkv, o and router shapes of the three
-# presets summed, us: M 256 378.6 against 406.0 for 128 x 128; at M 512 / 1024 /
-# 2048 128 x 128 was fastest (499 / 776 / 1,352; 64 x 128: 552 / 891 / 1,698).
-# Every candidate's output equalled the planned tile's bitwise at every shape and M.
-GEMM_TILES = ((256, (64, 128, 64, 4, 4, 8)), (1 << 62, (128, 128, 64, 4, 8, 8)))
+# (BM, BN, BK, stages, warps, G). Wide: 128 x 128 tiles of bf16 in 64-deep steps, 4
+# stages (128 KiB of shared memory on sm_90's 227), 8 warps (two warpgroups of
+# m64n128k16). Narrow: 64 x 64 in one warpgroup, 4x the programs, where wide tiles
+# would leave SMs idle (fewer than GEMM_WIDE_MIN_TILES of them on 132 SMs): a mixed
+# step's or a short prefill's rows, and narrow outputs (routers) at any M. H200 sweep
+# at 2fecfda (benchmarks/sweeps/gemm_tile_sweep.py, CUDA graphs of 20 calls,
+# sweeps/gemm_tile_sweep_h200.json), Qwen3-30B-A3B's qkv, o and router at M 256 /
+# 512 / 1,024 summed: 198.5 us with this rule against 238.9 with wide tiles
+# everywhere (the best of 7 tiles per shape: 194.9); o at 256 rows 16.8 against 30.5,
+# the router 9.4-9.6 against 16.4-16.6. Every candidate tile gave the planned tile's
+# bits at every shape and M (the same sweep, and GLM-4.5-Air's and Mixtral's shapes
+# at 489b586).
+GEMM_WIDE = (128, 128, 64, 4, 8, 8)
+GEMM_NARROW = (64, 64, 64, 4, 4, 8)
+GEMM_WIDE_MIN_TILES = 96
+# The tiles `benchmarks/sweeps/gemm_tile_sweep.py` times beside the planned one.
+GEMM_CANDIDATES = {
+    "64x64": GEMM_NARROW,
+    "64x128": (64, 128, 64, 4, 4, 8),
+    "128x64": (128, 64, 64, 4, 4, 8),
+    "128x64-w8": (128, 64, 64, 4, 8, 8),
+    "128x128": GEMM_WIDE,
+    "64x256": (64, 256, 64, 3, 8, 8),
+    "128x256": (128, 256, 64, 3, 8, 8),
+}
 
 
-def gemm_tile(m: int) -> tuple[int, int, int, int, int, int]:
-    """(BM, BN, BK, stages, warps, G) of a gemm of M rows. Pure."""
-    return next(tile for most, tile in GEMM_TILES if m <= most)
+def gemm_tile(m: int, n: int) -> tuple[int, int, int, int, int, int]:
+    """(BM, BN, BK, stages, warps, G) of a gemm of M rows and N outputs. Pure."""
+    wide = triton.cdiv(m, GEMM_WIDE[0]) * triton.cdiv(n, GEMM_WIDE[1]) >= GEMM_WIDE_MIN_TILES
+    return GEMM_WIDE if wide else GEMM_NARROW
 
 
 _DTYPES = (torch.bfloat16, torch.float16)
@@ -91,7 +107,7 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
     """x [M, K] @ w [N, K].T (+ bias [N]) -> [M, N] in w's dtype (bf16 or fp16, x alike,
     unit stride along K), fp32 accumulation in K order in BK = 64 steps: a row's result
     is the same bits at any M and whatever the other rows hold. tile: (BM, BN, BK,
-    stages, warps, G) instead of `gemm_tile(M)` (tile sweeps; BK must stay 64 for the
+    stages, warps, G) instead of `gemm_tile(M, N)` (tile sweeps; BK must stay 64 for the
     same bits). No host sync; capture-legal once the shape's kernel has compiled."""
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
         raise ShapeError(f"gemm: x [M, K] and w [N, K] with the same K; got {tuple(x.shape)} and {tuple(w.shape)}")
@@ -109,7 +125,7 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
                           f"{tuple(out.shape)} {out.dtype}")
     if m == 0:
         return out
-    bm, bn, bk, stages, warps, group = tile or gemm_tile(m)
+    bm, bn, bk, stages, warps, group = tile or gemm_tile(m, n)
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
     gemm_kernel[grid](x, w, bias if bias is not None else w, out, m, n, w.shape[1], x.stride(0), w.stride(0),
                       out.stride(0), BM=bm, BN=bn, BK=bk, G=group, HAS_BIAS=bias is not None,

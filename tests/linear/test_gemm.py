@@ -37,10 +37,27 @@ def test_a_row_is_the_same_bits_at_any_m_beside_any_rows():
     w = (torch.randn(n, k, generator=g) / k ** 0.5).to(torch.bfloat16).to(DEV)
     probe = torch.randn(1, k, generator=g).to(torch.bfloat16).to(DEV)
     alone = gemm(probe, w)
-    for m, at in ((2, 1), (130, 129), (257, 0), (300, 200), (4096, 3000)):
+    for m, at in ((2, 1), (130, 129), (257, 0), (300, 200), (4096, 3000), (12300, 12000)):  # the last: wide tiles
         x = (torch.randn(m, k, generator=g).to(torch.bfloat16) * 30).to(DEV)  # neighbours of another scale
         x[at] = probe[0]
         assert torch.equal(gemm(x, w)[at], alone[0]), (m, at)
+
+
+def test_every_tile_gives_the_same_bits():
+    """The tile follows the output's size (`gemm_tile`), so a row's bits must not follow
+    the tile: each candidate of the tile sweep against the planned one, bitwise."""
+    from sparkinfer.linear.gemm import GEMM_CANDIDATES, GEMM_NARROW, GEMM_WIDE, gemm_tile
+
+    assert gemm_tile(256, 2048) == GEMM_NARROW and gemm_tile(1024, 2048) == GEMM_WIDE
+    assert gemm_tile(4096, 128) == GEMM_NARROW  # a router: 32 wide tiles would idle most SMs
+    g = torch.Generator().manual_seed(2)
+    m, n, k = 200, 192, 160  # ragged in every dimension
+    x = torch.randn(m, k, generator=g).to(torch.bfloat16).to(DEV)
+    w = (torch.randn(n, k, generator=g) / k ** 0.5).to(torch.bfloat16).to(DEV)
+    planned = gemm(x, w)
+    for name, tile in GEMM_CANDIDATES.items():
+        out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=DEV)
+        assert torch.equal(gemm(x, w, out=out, tile=tile), planned), name
 
 
 def test_bad_inputs_are_refused():
