@@ -143,16 +143,12 @@ GROUPED_BLOCK_M_LARGE = 128
 # NVFP4 keeps BN1 64 and the plan's chunk (the sweep's NVFP4 tiles: moe_tile_sweep_h200.json).
 BF16_WIDE_MIN_ROWS = 16
 BF16_WIDE_BM64_MAX_ROWS = 96
-# Just past BF16_WIDE_MIN_ROWS, up to BF16_MID_MAX_ROWS mean rows (a mixed step's
-# decode rows beside one prompt chunk: Qwen3-30B-A3B at 64 + 256 tokens, 20 rows),
-# BM 32, BN1 64, BN2 128, 4 warps, two programs an SM, in the wide tiles' order and
-# loads: their BM 64 tiles were a third empty. H200 tile sweep at 2fecfda
-# (`moe_tile_sweep.py --small-tiles`, sweeps/moe_tile_sweep_small_h200.json), us
-# wide -> this: Qwen3 M = 288 / 320 (18 / 20 rows) 327.9 -> 310.1 / 320.7 -> 311.6,
-# Mixtral M = 72 / 80 698.0 -> 672.8 / 696.9 -> 675.7, DeepSeek-V3 M = 576 / 640
-# 5443.6 -> 5354.0 / 5465.7 -> 5371.6, its TP8 shard 789.2 -> 749.9 / 797.5 ->
-# 756.6; at 24 rows it was no faster everywhere (the TP8 shard 807.4 -> 819.2).
-BF16_MID_MAX_ROWS = 20
+# Not taken: BM 32 tiles (BN1 64, BN2 128, 4 warps, the wide order and loads) at 16-20
+# mean rows. The tile sweep's uniform routing had them 1-6% faster on four shapes
+# (`moe_tile_sweep.py --small-tiles`, sweeps/moe_tile_sweep_small_h200.json), but in
+# the decoder's mixed step (Qwen3-30B-A3B, 8 layers, 64 decode rows + one 256-token
+# chunk, `bench prefill --beside`, 7c6540f against 4588897) FC1 + FC2 took 102 us a
+# step more: routed rows crowd some experts, and a BM 32 tile re-reads their weights.
 # The wide bf16 tiles and the fp8_block tiles above BF16_WIDE_MIN_ROWS run in
 # groups of GROUP_M tiles (TileConfig.group_m) with TMA loads. H200 at 36cdf87
 # (benchmarks/results/sweeps/moe_order_sweep_h200.json), us planned -> both:
@@ -413,11 +409,6 @@ def _config(caps: MoECaps, spec: MoESpec, tokens: int, chunk: int) -> TileConfig
             stages2 = MICRO_FC2_DEEP_STAGES
         return TileConfig("micro", bm, bn, bn2, s1, s2, num_warps=4, stages1=stages1, stages2=stages2)
     mean_rows = routes / active
-    if not nvfp4 and BF16_WIDE_MIN_ROWS < mean_rows <= BF16_MID_MAX_ROWS:
-        fc1 = halves * _weight_bytes(64, chunk, False) + chunk * 32 * 2
-        fc2 = _weight_bytes(128, chunk, False) + chunk * 32 * 2
-        return TileConfig("grouped", 32, 64, 128, num_warps=4, stages1=_stages(fc1, SMEM_TWO_PER_SM),
-                          stages2=_stages(fc2, SMEM_TWO_PER_SM), group_m=GROUP_M, tma=True)
     if not nvfp4 and mean_rows > BF16_WIDE_MIN_ROWS and caps.hidden % 64 == 0 and caps.intermediate % 64 == 0:
         bm = 64 if mean_rows <= BF16_WIDE_BM64_MAX_ROWS else 128
         return TileConfig("grouped", bm, 128, 256, num_warps=8, stages1=4, stages2=4, block_k=64,
@@ -462,8 +453,8 @@ def plan(caps: MoECaps, spec: MoESpec) -> MoEPlan:
     padded = dataclasses.replace(caps, intermediate=inter)  # the tiles see the I they run
     bounds = []
     b = 1
-    while b < caps.max_tokens:  # powers of two, and 1.25x each from 16 (BF16_MID_MAX_ROWS' band)
-        bounds += [b] + ([b * 5 // 4] if b >= 16 and b * 5 // 4 < caps.max_tokens else [])
+    while b < caps.max_tokens:
+        bounds.append(b)
         b *= 2
     bounds.append(caps.max_tokens)
     return MoEPlan(caps, spec, chunk, tuple((t, _config(padded, spec, t, chunk)) for t in bounds),
