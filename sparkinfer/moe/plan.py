@@ -244,7 +244,7 @@ class TileConfig:
     activation rows) arrive by TMA descriptors instead of per-thread loads.
     fc1_passes (fp8_block grouped only): 2 runs each FC1 program's 128 rows (one
     activation group) as two K passes of 64 (kernels/fc1.py), so BM 128 fits the
-    registers; same bytes. Not planned yet: a tile-sweep candidate until timed.
+    registers; same bytes. Never planned: slower than one pass on the H200 (tuning.TILES_FP8).
     """
 
     family: str

@@ -63,7 +63,12 @@ TILES_SMALL = (("bm16", 16, 64, 64, 4, 2, 128), ("bn2-128", 32, 64, 128, 4, 2, 1
 # registers, 4 stages; 220-264 at 2-3 stages), m64n64k32 (the two warpgroups split BM);
 # BM 64 in two passes: 205 registers, no spill. FC2 at BM 128: BN 128 spills 216, BN 64
 # none. Stacking each pass's gate rows over its up rows as one [128, BK] tile (one dot a
-# step, m64n128k32) spilled 600 at BM 128, so the passes keep two dots. Not timed on a GPU yet.
+# step, m64n128k32) spilled 600 at BM 128, so the passes keep two dots. Timed on an H200
+# at f3e3672 (`moe_tile_sweep.py --shapes qwen3,mixtral --formats fp8_block --m 1024,4096`,
+# sweeps/moe_tile_sweep_fp8_h200.json): every one slower than the planned BM 64 in one pass,
+# us planned / best of these: Qwen3 M 1024 339 / 386, M 4096 962 / 1,103; Mixtral 1,783 /
+# 2,087, 6,423 / 7,173 (their FC1 below the planned one's share of the FP8 rate at every point).
+# Kept as sweep candidates, never planned.
 TILES_FP8 = (("bm128-2pass", 128, 128, 128, 8, 1, 128, 2), ("bm128-2pass-bn2-64", 128, 128, 64, 8, 1, 128, 2),
              ("bm64-2pass", 64, 128, 128, 8, 1, 128, 2))
 # NVFP4 (decode in registers): BK 128 only (BK fixes the prepared interleave).
