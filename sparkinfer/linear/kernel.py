@@ -124,7 +124,7 @@ def _linear_program(p_x, p_w, p_b, p_out, p_part, p_sync, M, N, K, k_slice, stri
                     GATED: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
     """One program of either schedule (the two entry points below name them apart in
     profiles). grid (NB = ceil(N / BN), S). KS: the preloaded slice (preload; =
-    k_slice); RB: row blocks (>= ceil(M / BM), a power of two; blocks past M are
+    k_slice); RB: row blocks (>= ceil(M / BM); a power of two in the preload schedule; blocks past M are
     masked, so their loads and stores do nothing). k_slice: K of a program (a multiple of BK)."""
     i_n, i_s = tl.program_id(0), tl.program_id(1)
     o_n = i_n * BN + tl.arange(0, BN)
