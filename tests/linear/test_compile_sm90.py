@@ -27,6 +27,7 @@ CASES = {
     "glm-router-fp32-m8": (128, 4096, 8, "bf16>fp32", False, False),  # preload, tf32x3, x upcast in the kernel
     "glm-shared-down-gated-m8": (4096, 1408, 8, "bf16", False, True),  # preload, silu(gate) * up as x loads
     "qwen3-lm-head-m128": (151936, 2048, 128, "bf16", False, False),  # stream, 8 row blocks
+    "qwen3-lm-head-m65": (151936, 2048, 65, "bf16", False, False),  # stream, 5 row blocks (a mixed step's head)
     "glm-qkv-bias-m1": (14336, 4096, 1, "bf16", True, False),  # stream, one row block
 }
 
