@@ -148,7 +148,8 @@ BF16_WIDE_BM64_MAX_ROWS = 96
 # (`moe_tile_sweep.py --small-tiles`, sweeps/moe_tile_sweep_small_h200.json), but in
 # the decoder's mixed step (Qwen3-30B-A3B, 8 layers, 64 decode rows + one 256-token
 # chunk, `bench prefill --beside`, 7c6540f against 4588897) FC1 + FC2 took 102 us a
-# step more: routed rows crowd some experts, and a BM 32 tile re-reads their weights.
+# step more (why is not measured: a likely cause, the model's routing crowds some experts, whose
+# rows then take two BM 32 tiles that read their weights twice).
 # The wide bf16 tiles and the fp8_block tiles above BF16_WIDE_MIN_ROWS run in
 # groups of GROUP_M tiles (TileConfig.group_m) with TMA loads. H200 at 36cdf87
 # (benchmarks/results/sweeps/moe_order_sweep_h200.json), us planned -> both:
