@@ -6,7 +6,7 @@ a tile is (BM, BN, BK, stages, warps, G), BK fixed at 64 (`sparkinfer.linear.gem
 
 For each preset's projection shapes (qkv, o, router; `--presets`) and M in `--m`,
 times `gemm` with the tile `gemm_tile(M, N)` plans and with each of `GEMM_CANDIDATES` (a CUDA
-graph of `--reps` calls, median of 3 replays), on random inputs, and checks every
+graph of `--reps` calls, `timing.graph_op_us`), on random inputs, and checks every
 candidate's output against the planned tile's bitwise (a row's bits must not follow
 the tile, or M would change them) and the planned output against an fp32 reference
 (bf16 rounding). Prints a table per shape and M, writes JSON rows with
@@ -21,12 +21,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 import types
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # sparkinfer without an install
-
 
 
 def _shapes(preset: str) -> list[tuple[str, int, int]]:
@@ -41,33 +39,16 @@ def _shapes(preset: str) -> list[tuple[str, int, int]]:
 
 
 def _time_us(fn, reps: int, cuda: bool) -> float:
-    """Median us of one call of `fn`: on a GPU, `reps` calls captured in a CUDA graph and
-    replayed (median of 3), so a small shape's launch overhead is not timed; on the CPU,
-    the wall clock of `reps` calls."""
-    import torch
+    """Median us of one call of `fn`: on a GPU `timing.graph_op_us` (a CUDA graph of
+    `reps` calls, so a small shape's launch overhead is not timed); on the CPU the wall
+    clock of one call (dry runs: logic only)."""
+    from sparkinfer.bench.timing import graph_op_us, median, time_calls
 
-    fn()
     if cuda:
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(reps):
-                fn()
-        run = graph.replay
-    else:
-        def run():
-            for _ in range(reps):
-                fn()
-    times = []
-    for _ in range(3):
-        if cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        run()
-        if cuda:
-            torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) * 1e6 / reps)
-    return sorted(times)[1]
+        import torch
+
+        return graph_op_us(fn, torch.cuda.Stream(), ops=reps)
+    return median(time_calls(fn, 1, cuda=False)) * 1e6
 
 
 def main() -> int:

@@ -20,22 +20,12 @@ __all__ = ["mixed_rows"]
 
 def _replay_ms(run, replays: int) -> float:
     """Median ms of one call of `run` (a graph replay on a GPU, the eager forward on the
-    CPU), over `replays` calls, median of 3."""
-    import time
-
+    CPU) over `replays` calls (`timing.time_calls`)."""
     import torch
 
-    times = []
-    for _ in range(3):
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(replays):
-            run()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) * 1e3 / replays)
-    return sorted(times)[1]
+    from sparkinfer.bench.timing import median, time_calls
+
+    return median(time_calls(run, replays, cuda=torch.cuda.is_available())) * 1e3
 
 
 def _top(kernels: list[dict], n: int = 16) -> list[dict]:
@@ -60,7 +50,7 @@ def mixed_rows(model, cfg, args, dev, say) -> list[dict]:
     for d in [int(b) for b in args.beside.split(",")]:
         most = max(rows_list)
         spec, dec, eng = build(model, cfg, fmt="bf16", ops="sparkinfer", batch=d + most,
-                               max_len=max(ctx + 8, q), max_tokens=eng_tokens(d, most, q))
+                               max_len=max(ctx + 8, q), max_tokens=_decoder_tokens(d, most, q))
         gen = torch.Generator().manual_seed(d)
         with torch.no_grad():
             prefill_rows(eng, torch.randint(0, cfg["vocab_size"], (ctx,), generator=gen).tolist(), d - 1)
@@ -103,7 +93,7 @@ def mixed_rows(model, cfg, args, dev, say) -> list[dict]:
     return out
 
 
-def eng_tokens(d: int, rows: int, q: int) -> int:
+def _decoder_tokens(d: int, rows: int, q: int) -> int:
     """Tokens the decoder must hold for D decode rows (padded to their power-of-two
     bucket) beside `rows` chunks of q, and for a prefill forward of those chunks."""
     bucket = 1 << max(0, (d - 1).bit_length())

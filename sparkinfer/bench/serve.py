@@ -102,24 +102,15 @@ def _server_command(args, levels, model: str | None) -> list[str]:
         [] if args.prefill_wait_steps is None else ["--prefill-wait-steps", str(args.prefill_wait_steps)])
 
 
-def _mixed_steps(args) -> bool | None:
-    """Whether the server this level ran against mixes steps: the flag, else EngineConfig's
-    default for a server started here; None for one at --url."""
+def _server_setting(args, name: str):
+    """A setting of the server this level ran against (`EngineConfig.<name>`): the flag,
+    else the default for a server started here; None for one at --url."""
     from sparkinfer.engine.config import EngineConfig
 
     if args.url:
         return None
-    return EngineConfig.mixed_steps if args.mixed_steps is None else args.mixed_steps
-
-
-def _wait_steps(args) -> int | None:
-    """The server's prefill_wait_steps (`EngineConfig`): the flag, else the default for a
-    server started here; None for one at --url."""
-    from sparkinfer.engine.config import EngineConfig
-
-    if args.url:
-        return None
-    return EngineConfig.prefill_wait_steps if args.prefill_wait_steps is None else args.prefill_wait_steps
+    flag = getattr(args, name)
+    return getattr(EngineConfig, name) if flag is None else flag
 
 
 def _static_rows(args, meta) -> dict[int, dict]:
@@ -160,7 +151,8 @@ def _run_levels(args, url: str, model: str, levels, static, con) -> list[dict]:
         steps1 = engine_steps(url)
         row = dict(bench="serve", target=args.url or args.model or args.preset or "demo", preset=args.preset,
                    layers=args.layers if args.preset else None, tp=args.tp, experts=args.moe_format,
-                   mixed_steps=_mixed_steps(args), prefill_wait_steps=_wait_steps(args),
+                   mixed_steps=_server_setting(args, "mixed_steps"),
+                   prefill_wait_steps=_server_setting(args, "prefill_wait_steps"),
                    model=model, client_procs=procs, **summarize(results, wall, spec))
         if steps0 is not None and steps1 is not None and steps1["steps"] > steps0["steps"]:  # the server's side
             n_steps = steps1["steps"] - steps0["steps"]

@@ -125,13 +125,13 @@ def test_a_started_server_gets_the_scheduling_flags():
     records them in its rows); unset ones leave the server's defaults."""
     import argparse
 
-    from sparkinfer.bench.serve import _server_command, _wait_steps, add_arguments
+    from sparkinfer.bench.serve import _server_command, _server_setting, add_arguments
 
     def cmd(*extra):
         p = argparse.ArgumentParser()
         add_arguments(p)
         args = p.parse_args(["--preset", "qwen3-30b-a3b", *extra])
-        return _server_command(args, [(8, None)], "ckpt"), _wait_steps(args)
+        return _server_command(args, [(8, None)], "ckpt"), _server_setting(args, "prefill_wait_steps")
 
     plain, wait = cmd()
     assert "--prefill-wait-steps" not in plain and "--mixed-steps" not in plain and wait == 0
