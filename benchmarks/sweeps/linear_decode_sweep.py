@@ -62,7 +62,7 @@ SHAPES = {
     "mixtral.router": (8, 4096, "bf16", False, False), "mixtral.lm_head": (32000, 4096, "bf16", False, False),
 }
 MS = {"qwen3.qkv": (1, 8, 64, 128), "qwen3.lm_head": (1, 8, 64, 128)}  # others: 1, 8, 64
-DRY = {"dry.preload": (130, 512, "bf16", True, False), "dry.stream": (150, 128, "bf16", False, True),
+DRY = {"dry.preload": (130, 512, "bf16", True, False), "dry.groups": (256, 2048, "bf16", False, False), "dry.stream": (150, 128, "bf16", False, True),
        "dry.router": (72, 256, "fp32", False, False)}
 CHAINS = ((2048, 48), (4096, 24))
 L2_BYTES, SMS = 50 << 20, 132
@@ -145,26 +145,51 @@ class Case:
 
 
 def _variants(n, k, elem, m, cuda):
-    """(impl, tile or None for cuBLAS, pdl) of one shape at one M."""
+    """(impl, tile or None for cuBLAS, pdl, config overrides) of one shape at one M: the
+    planned tile, and for a split preload tile the same sums one program per slice
+    ("fine") and one per group ("coarse", at K steps of 128 and 64) whichever M the
+    planner switches at (config.COARSE_MIN_ROWS)."""
     from sparkinfer.linear import LinearTile, linear_tile
-    from sparkinfer.linear.config import BLOCK_N, MAX_SPLIT, PRELOAD_BYTES, PRELOAD_BYTES_FP32
+    from sparkinfer.linear.config import BLOCK_N, MAX_ROWS, MAX_SPLIT, PRELOAD_BYTES, PRELOAD_BYTES_FP32
 
     planned = linear_tile(n, k, elem, SMS)
-    out = [("cublas", None, False), ("planned", planned, True)]
+    out = [("cublas", None, False, {}), ("planned", planned, True, {})]
     if m <= 8 and cuda:
-        out.append(("planned_nopdl", planned, False))
+        out.append(("planned_nopdl", planned, False, {}))
+    if not planned.stream and planned.split > 1:
+        out += [("fine", planned, True, dict(COARSE_MIN_ROWS=MAX_ROWS)),
+                ("coarse", planned, True, dict(COARSE_MIN_ROWS=0)),
+                ("coarse_bk64", planned, True, dict(COARSE_MIN_ROWS=0, COARSE_BLOCK_K=64))]
+    out = [(impl, t, pdl, o) for impl, t, pdl, o in out]
     cap = PRELOAD_BYTES if elem <= 2 else PRELOAD_BYTES_FP32
     for ks in (256, 512):
         t = LinearTile(stream=False, block_n=BLOCK_N, block_k=64, k_slice=ks, split=-(-k // ks))
         if (t.stream, t.k_slice) != (planned.stream, planned.k_slice) and min(n, BLOCK_N) * ks * elem <= cap \
-                and t.split <= MAX_SPLIT and ks <= k:
-            out.append((f"preload_ks{ks}", t, True))
+                and t.split <= MAX_SPLIT and ks <= k and m <= 8:
+            out.append((f"preload_ks{ks}", t, True, {}))
     if not planned.stream:
-        out.append(("stream", linear_tile(n, k, elem, 1), True))
+        out.append(("stream", linear_tile(n, k, elem, 1), True, {}))
     else:  # f64ac5d's stream tile: BK 128, 6 steps in flight
         out.append(("stream_bk128_s6", dataclasses.replace(planned, block_k=128, k_slice=-(-k // 128) * 128,
-                                                           stages=6), True))
+                                                           stages=6), True, {}))
     return out
+
+
+def _with(overrides, fn):
+    """fn with `sparkinfer.linear.config` attributes set for the call (a graph captures
+    the launches the settings pick)."""
+    from sparkinfer.linear import config
+
+    def call():
+        old = {a: getattr(config, a) for a in overrides}
+        try:
+            for a, v in overrides.items():
+                setattr(config, a, v)
+            fn()
+        finally:
+            for a, v in old.items():
+                setattr(config, a, v)
+    return call
 
 
 def shape_rows(name, spec, args, dev, cuda, bw, peak) -> list[dict]:
@@ -177,29 +202,31 @@ def shape_rows(name, spec, args, dev, cuda, bw, peak) -> list[dict]:
     wbytes = n * k * elem
     copies = 2 if not cuda else max(2, min(64, -(-2 * L2_BYTES // wbytes)))
     rows = []
-    for m in (1, 8) if not cuda else MS.get(name, (1, 8, 64)):
+    for m in (1, 8, 33) if not cuda else (args.ms or MS.get(name, (1, 8, 64))):
         c = Case(n, k, dtype, bias, gated, m, dev, copies)
         base = dict(shape=name, N=n, K=k, M=m, dtype=dtype, bias=bias, gated=gated, weights_in_graph=copies,
                     l2_resident=copies * wbytes < 2 * L2_BYTES)
-        for impl, tile, pdl in _variants(n, k, elem, m, cuda):
+        for impl, tile, pdl, overrides in _variants(n, k, elem, m, cuda):
             if tile is None:
                 def call(c=c):
                     for w, b, o in zip(c.ws, c.bs, c.outs):
                         a = c.activation(c.x).to(w.dtype)
                         torch.addmm(b, a, w.t(), out=o) if b is not None else torch.mm(a, w.t(), out=o)
             else:
-                def call(c=c, tile=tile, pdl=pdl):
+                def run(c=c, tile=tile, pdl=pdl):
                     for w, b, o, s in zip(c.ws, c.bs, c.outs, c.syncs):
                         linear(c.x, w, b, out=o, sync=s, tile=tile, pdl=pdl, gated=c.gated)
+                call = _with(overrides, run)
             us, g = _time_us(call, cuda, copies)
             row = dict(base, impl=impl, us=us, **c.check(g.replay if g is not None else call))
             if tile is not None:
-                row.update(stream=tile.stream, k_slice=tile.k_slice, split=tile.split, pdl=pdl)
+                row.update(stream=tile.stream, k_slice=tile.k_slice, split=tile.split, group=tile.group, pdl=pdl,
+                           **{k.lower(): v for k, v in overrides.items()})
             moved = wbytes + c.x.numel() * 2 + m * n * elem
             row.update(gbs=moved / us / 1e3, frac_hbm=moved / us / 1e3 / peak if peak else None,
                        frac_copy=moved / us * 1e6 / bw if bw else None)
-            if impl == "planned":
-                row.update(_invariance(c, tile, dev))
+            if impl in ("planned", "coarse"):
+                row.update(_invariance(c, tile, dev, overrides))
                 if g is not None:  # replay = eager, bitwise
                     call()
                     eager = [o.clone() for o in c.outs]
@@ -214,8 +241,9 @@ def shape_rows(name, spec, args, dev, cuda, bw, peak) -> list[dict]:
     return rows
 
 
-def _invariance(c, tile, dev) -> dict:
-    """A row alone, at position 5 and 37 of 64 random rows: the same bits."""
+def _invariance(c, tile, dev, overrides) -> dict:
+    """A row alone, at position 5 and 37 of 64 random rows, and (overrides: a coarse call)
+    every row of the 64 against one program per slice: the same bits."""
     import torch
 
     from sparkinfer.linear import linear
@@ -223,12 +251,20 @@ def _invariance(c, tile, dev) -> dict:
     w, b, s, kw = c.ws[0], c.bs[0], c.syncs[0], dict(tile=tile, gated=c.gated)
     x = torch.randn(64, c.x.shape[1], device=dev).bfloat16()
     alone = linear(x[37:38], w, b, sync=s, **kw)
-    full = linear(x, w, b, sync=s, **kw)
+    full = {}
+    _with(overrides, lambda: full.setdefault("out", linear(x, w, b, sync=s, **kw)))()
+    full = full["out"]
     x2 = torch.randn(64, c.x.shape[1], device=dev).bfloat16()
     x2[5] = x[37]
     moved = linear(x2, w, b, sync=s, **kw)
-    return dict(batch_invariant=bool(torch.equal(full[37:38], alone) and torch.equal(moved[5:6], alone)),
-                sync_rearmed=not bool(s.any()))
+    ok = torch.equal(full[37:38], alone) and torch.equal(moved[5:6], alone)
+    if overrides:
+        from sparkinfer.linear.config import MAX_ROWS
+
+        fine = {}
+        _with(dict(COARSE_MIN_ROWS=MAX_ROWS), lambda: fine.setdefault("out", linear(x, w, b, sync=s, **kw)))()
+        ok = ok and torch.equal(full.view(torch.int16), fine["out"].view(torch.int16))
+    return dict(batch_invariant=bool(ok), sync_rearmed=not bool(s.any()))
 
 
 def _dot_programmatic(call) -> int | None:
@@ -310,10 +346,12 @@ def main() -> int:
     p.add_argument("--out", default=None, help="default benchmarks/results/sweeps/linear_decode_sweep_<machine>.json")
     p.add_argument("--shapes", default=None, help="comma-separated names of SHAPES (default all)")
     p.add_argument("--no-chain", action="store_true")
+    p.add_argument("--ms", default=None, help="comma-separated row counts (default 1, 8, 64; 128 for two shapes)")
     p.add_argument("--budget-s", type=float, default=180.0,
                    help="start no new shape past this many seconds (the lead's device call allows 4 minutes)")
     p.add_argument("--dry-run", action="store_true", help="small shapes, interpreter on the CPU")
     args = p.parse_args()
+    args.ms = tuple(int(v) for v in args.ms.split(",")) if args.ms else None
     if args.dry_run:
         os.environ["TRITON_INTERPRET"] = "1"
     import torch

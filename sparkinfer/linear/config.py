@@ -26,6 +26,18 @@ in benchmarks/results/sweeps/linear_split_sweep_h200.json):
   [4096, 12288], dense down [4096, 10944]) streams, split over idle SMs only
   where its blocks fill at most a third of them (f64ac5d: o 27.48 us unsplit,
   27.82 split 2; Qwen3-30B-A3B's o 8.17 split 4 vs 9.33 unsplit).
+- The sum order of a preload tile is two-level: K is cut into slices of KS, each
+  slice's products are one MMA chain from zero, the slices of a group of
+  `group` consecutive slices are added in order, then the groups in order. A
+  call of more than COARSE_MIN_ROWS rows runs one program per group instead of
+  one per slice ("coarse": the stream schedule over the group's slices, each
+  slice's chain folded into the group's sum as it ends), which gives every
+  element the same sums in the same order, so the switch follows M freely. It
+  exists because the fine split's fp32 partials grow with M: at M = 64 Qwen3-30B-A3B's
+  qkv wrote and re-read 21 MB of partials beside its 21 MB of weights (43.8 us
+  against cuBLAS's 9.0, sweeps/linear_preload_groups_ab_h200.json, 9c999e1).
+  `group` makes about one program per SM in coarse mode (at most
+  MAX_GROUPS groups, whose partials the last program adds).
 `benchmarks/sweeps/linear_decode_sweep.py` times the alternatives beside cuBLAS
 on every preset's shapes.
 """
@@ -36,7 +48,8 @@ from dataclasses import dataclass
 
 import triton
 
-__all__ = ["LinearTile", "linear_tile", "BLOCK_N", "BLOCK_M", "MAX_ROWS", "PRELOAD_BYTES", "MAX_SPLIT"]
+__all__ = ["LinearTile", "linear_tile", "BLOCK_N", "BLOCK_M", "MAX_ROWS", "PRELOAD_BYTES", "MAX_SPLIT",
+           "COARSE_MIN_ROWS", "COARSE_BLOCK_K", "COARSE_MAX_ROWS"]
 
 BLOCK_M = 16  # rows of x per row block (kernel.BM)
 # The kernel serves M <= MAX_ROWS (8 row blocks: 8 fp32 [64, 16] accumulators, 64
@@ -60,6 +73,14 @@ PRELOAD_SLICES = (128, 256, 512)  # KS candidates; a slice is at least one BK st
 MAX_SPLIT = 32  # partials the last program adds: 32 x [64, 16] fp32 = 128 KB at most, L2-resident
 COST_ROWS = 8  # the decode batch whose partials the preload choice charges (issue 28: B <= 8)
 SPLIT_MIN_STEPS = 8  # a streamed slice keeps at least 512 of K (f64ac5d: 4 steps of 128)
+# Coarse calls (see the module docstring): above this many rows; a K step of at most
+# COARSE_BLOCK_K (any divisor of KS keeps the sums); at most COARSE_MAX_ROWS rows a
+# launch (4 row blocks: 2 x 4 fp32 [64, 16] tiles, the chains and the group sums, in
+# registers), more rows in launches of that many; MAX_GROUPS groups at most.
+COARSE_MIN_ROWS = 16
+COARSE_BLOCK_K = 128
+COARSE_MAX_ROWS = 64
+MAX_GROUPS = 8
 
 
 @dataclass(frozen=True)
@@ -74,6 +95,8 @@ class LinearTile:
     num_warps: of every program (fixed per weight: the warps shape the MMA).
     stages: the stream schedule's pipeline depth; 0 = STREAM_STAGES, fewer where
         the row blocks' x tiles would pass SMEM_BYTES.
+    group: preload only: slices per group of the two-level sum order (module
+        docstring); a coarse call runs ceil(split / group) programs per feature block.
     """
 
     stream: bool
@@ -83,6 +106,12 @@ class LinearTile:
     split: int
     num_warps: int = 4
     stages: int = 0
+    group: int = 1
+
+    @property
+    def groups(self) -> int:
+        """Programs per feature block of a coarse call."""
+        return triton.cdiv(self.split, self.group)
 
     def num_stages(self, row_blocks: int, elem: int) -> int:
         """Pipeline depth of a call with `row_blocks` row blocks: it only hides latency
@@ -114,8 +143,10 @@ def linear_tile(n: int, k: int, elem: int = 2, num_sms: int = 1) -> LinearTile:
         if fits:
             ks = min(fits, key=lambda s: (_preload_cost(n, k, s, elem, num_sms), -s))
             ks = max(16, min(ks, triton.next_power_of_2(k)))  # the MMA's K is at least 16
+            split = triton.cdiv(k, ks)
+            groups = max(1, min(split, MAX_GROUPS, triton.cdiv(num_sms, blocks)))
             return LinearTile(stream=False, block_n=BLOCK_N, block_k=min(BLOCK_K, ks), k_slice=ks,
-                              split=triton.cdiv(k, ks))
+                              split=split, group=triton.cdiv(split, groups))
     bk = max(16, min(BLOCK_K, triton.next_power_of_2(k)))
     steps = triton.cdiv(k, bk)
     split = 1

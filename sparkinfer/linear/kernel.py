@@ -25,7 +25,10 @@ profiles name them apart), each one fixed sum per element:
 - `linear_stream_kernel` (weights many waves deep, LM heads): the program
   streams its [BN, KS] in [BN, BK] steps through the software pipeline after
   `gdc_wait`, each step multiplied with all RB row blocks (RB fp32 accumulators
-  in a tuple).
+  in a tuple). With SLICE (a preload tile's coarse call, config.py) the chain
+  starts from zero every SLICE of K and each finished chain is added to the
+  program's group sum, so its sums are those of the preload schedule's slices
+  and finisher, in the same order (`_finish_split`).
 
 PDL (the launch sets launch_pdl=True): at entry the kernel lets its successor
 launch (`gdc_launch_dependents`: a successor launched with PDL must itself wait
@@ -101,8 +104,10 @@ def _emit(b_acc, o_n, m_n, r0, M, i_s, p_b, p_out, p_part, stride_om, stride_ps,
 
 @triton.jit
 def _finish_split(i_n, o_n, m_n, M, p_b, p_out, p_part, p_sync, stride_om, stride_ps, stride_pn,
-                  SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """The feature block's last program to finish adds the S partials in slice order."""
+                  SPLIT: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """The feature block's last program to finish adds the S partials: each group of
+    GROUP consecutive ones in order from zero, then the group sums in order from zero
+    (config.py's two-level order; a coarse call's partials are group sums: GROUP 1)."""
     tl.debug_barrier()  # every thread's partial is written before the count goes up
     ticket = tl.atomic_add(p_sync + i_n, 1, sem="acq_rel")
     if ticket == SPLIT - 1:  # the others' partials are visible to it
@@ -110,9 +115,13 @@ def _finish_split(i_n, o_n, m_n, M, p_b, p_out, p_part, p_sync, stride_om, strid
             o_m = r0 + tl.arange(0, BM)
             m = (o_n >= 0)[:, None] & (o_m < M)[None, :]
             p = p_part + o_n[:, None] * stride_pn + o_m[None, :]
-            b_acc = tl.load(p, mask=m, other=0.0, cache_modifier=".cg")
-            for s in tl.static_range(1, SPLIT):  # unrolled: every load in flight at once
-                b_acc += tl.load(p + s * stride_ps, mask=m, other=0.0, cache_modifier=".cg")
+            b_acc = tl.zeros([o_n.shape[0], BM], dtype=tl.float32)
+            b_grp = tl.zeros([o_n.shape[0], BM], dtype=tl.float32)
+            for s in tl.static_range(SPLIT):  # unrolled: every load in flight at once
+                b_grp += tl.load(p + s * stride_ps, mask=m, other=0.0, cache_modifier=".cg")
+                if (s + 1) % GROUP == 0 or s == SPLIT - 1:
+                    b_acc += b_grp
+                    b_grp = tl.zeros([o_n.shape[0], BM], dtype=tl.float32)
             _store_rows(b_acc, o_n, m_n, r0, M, p_b, p_out, stride_om, HAS_BIAS)
         tl.atomic_xchg(p_sync + i_n, 0)  # zero again for the next call (and graph replay)
 
@@ -120,12 +129,15 @@ def _finish_split(i_n, o_n, m_n, M, p_b, p_out, p_part, p_sync, stride_om, strid
 @triton.jit
 def _linear_program(p_x, p_w, p_b, p_out, p_part, p_sync, M, N, K, k_slice, stride_xm, stride_xk, stride_wn,
                     stride_om, stride_ps, stride_pn, BN: tl.constexpr, BK: tl.constexpr, KS: tl.constexpr,
-                    RB: tl.constexpr, STREAM: tl.constexpr, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr,
-                    GATED: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
+                    RB: tl.constexpr, STREAM: tl.constexpr, SPLIT: tl.constexpr, GROUP: tl.constexpr,
+                    SLICE: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr, PRECISION: tl.constexpr,
+                    PDL: tl.constexpr):
     """One program of either schedule (the two entry points below name them apart in
     profiles). grid (NB = ceil(N / BN), S). KS: the preloaded slice (preload; =
     k_slice); RB: row blocks (>= ceil(M / BM); a power of two in the preload schedule; blocks past M are
-    masked, so their loads and stores do nothing). k_slice: K of a program (a multiple of BK)."""
+    masked, so their loads and stores do nothing). k_slice: K of a program (a multiple of BK).
+    GROUP: the finisher's slices per group; SLICE (stream): the K of one chain from zero
+    (0: the program's whole K is one chain)."""
     i_n, i_s = tl.program_id(0), tl.program_id(1)
     o_n = i_n * BN + tl.arange(0, BN)
     m_n = o_n < N
@@ -138,8 +150,10 @@ def _linear_program(p_x, p_w, p_b, p_out, p_part, p_sync, M, N, K, k_slice, stri
         k0 = i_s * k_slice
         k1 = tl.minimum(k0 + k_slice, K)
         accs = ()
+        sums = ()  # SLICE: the group sums of the finished chains
         for _j in tl.static_range(RB):
             accs = accs + (tl.zeros([BN, BM], dtype=tl.float32),)
+            sums = sums + (tl.zeros([BN, BM], dtype=tl.float32),)
         for k in range(k0, k1, BK):
             o_k = k + tl.arange(0, BK)
             m_k = o_k < K
@@ -149,8 +163,18 @@ def _linear_program(p_x, p_w, p_b, p_out, p_part, p_sync, M, N, K, k_slice, stri
                 b_x = _x_block(p_x, o_k, m_k, j * BM, M, K, stride_xm, stride_xk, GATED)
                 nxt = nxt + (_mma(b_w, b_x, accs[j], PRECISION),)
             accs = nxt
+            if SLICE > 0:  # a chain ends at each SLICE of K and at the program's last step
+                end = ((k + BK - k0) % SLICE == 0) | (k + BK >= k1)
+                nxt, nsum = (), ()
+                for j in tl.static_range(RB):
+                    nsum = nsum + (tl.where(end, sums[j] + accs[j], sums[j]),)
+                    nxt = nxt + (tl.where(end, 0.0, accs[j]),)
+                accs, sums = nxt, nsum
         for j in tl.static_range(RB):
-            _emit(accs[j], o_n, m_n, j * BM, M, i_s, p_b, p_out, p_part, stride_om, stride_ps, stride_pn,
+            b_acc = accs[j]
+            if SLICE > 0:  # unsplit: the finisher's sum of one group, 0 + the group's sum
+                b_acc = sums[j] if SPLIT > 1 else tl.zeros([BN, BM], dtype=tl.float32) + sums[j]
+            _emit(b_acc, o_n, m_n, j * BM, M, i_s, p_b, p_out, p_part, stride_om, stride_ps, stride_pn,
                   SPLIT, HAS_BIAS)
     else:
         o_k = i_s * KS + tl.arange(0, KS)
@@ -174,24 +198,24 @@ def _linear_program(p_x, p_w, p_b, p_out, p_part, p_sync, M, N, K, k_slice, stri
                       stride_pn, SPLIT, HAS_BIAS)
     if SPLIT > 1:
         _finish_split(i_n, o_n, m_n, M, p_b, p_out, p_part, p_sync, stride_om, stride_ps, stride_pn,
-                      SPLIT, HAS_BIAS)
+                      SPLIT, GROUP, HAS_BIAS)
 
 
 @triton.jit(do_not_specialize=["M"])
 def linear_preload_kernel(p_x, p_w, p_b, p_out, p_part, p_sync, M, N, K, k_slice, stride_xm, stride_xk, stride_wn,
                           stride_om, stride_ps, stride_pn, BN: tl.constexpr, BK: tl.constexpr, KS: tl.constexpr,
-                          RB: tl.constexpr, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
-                          PRECISION: tl.constexpr, PDL: tl.constexpr):
+                          RB: tl.constexpr, SPLIT: tl.constexpr, GROUP: tl.constexpr, SLICE: tl.constexpr,
+                          HAS_BIAS: tl.constexpr, GATED: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
     _linear_program(p_x, p_w, p_b, p_out, p_part, p_sync, M, N, K, k_slice, stride_xm, stride_xk, stride_wn,
-                    stride_om, stride_ps, stride_pn, BN, BK, KS, RB, False, SPLIT, HAS_BIAS, GATED, PRECISION,
-                    PDL)
+                    stride_om, stride_ps, stride_pn, BN, BK, KS, RB, False, SPLIT, GROUP, SLICE, HAS_BIAS, GATED,
+                    PRECISION, PDL)
 
 
 @triton.jit(do_not_specialize=["M"])
 def linear_stream_kernel(p_x, p_w, p_b, p_out, p_part, p_sync, M, N, K, k_slice, stride_xm, stride_xk, stride_wn,
                          stride_om, stride_ps, stride_pn, BN: tl.constexpr, BK: tl.constexpr, KS: tl.constexpr,
-                         RB: tl.constexpr, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
-                         PRECISION: tl.constexpr, PDL: tl.constexpr):
+                         RB: tl.constexpr, SPLIT: tl.constexpr, GROUP: tl.constexpr, SLICE: tl.constexpr,
+                         HAS_BIAS: tl.constexpr, GATED: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
     _linear_program(p_x, p_w, p_b, p_out, p_part, p_sync, M, N, K, k_slice, stride_xm, stride_xk, stride_wn,
-                    stride_om, stride_ps, stride_pn, BN, BK, KS, RB, True, SPLIT, HAS_BIAS, GATED, PRECISION,
-                    PDL)
+                    stride_om, stride_ps, stride_pn, BN, BK, KS, RB, True, SPLIT, GROUP, SLICE, HAS_BIAS, GATED,
+                    PRECISION, PDL)

@@ -10,7 +10,8 @@ import triton
 
 from sparkinfer.envs import triton_interpret
 from sparkinfer.errors import AliasingError, DTypeError, LayoutError, ShapeError
-from sparkinfer.linear.config import BLOCK_M, BLOCK_N, MAX_ROWS, LinearTile, linear_tile
+from sparkinfer.linear import config
+from sparkinfer.linear.config import BLOCK_M, BLOCK_N, MAX_ROWS, SMEM_BYTES, STREAM_STAGES, LinearTile, linear_tile
 from sparkinfer.linear.kernel import linear_preload_kernel, linear_stream_kernel
 from sparkinfer.runtime.devices import cuda_sm_count
 
@@ -132,6 +133,11 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
     if tile.split > 1 and sync is None:
         raise LayoutError(f"linear: a tile split {tile.split} ways needs the call site's semaphores; pass "
                           "sync=linear_sync(w)")
+    if not tile.stream and tile.split > 1 and m > config.COARSE_MIN_ROWS:
+        for i in range(0, m, config.COARSE_MAX_ROWS):  # in stream order, as the pieces above
+            rows = slice(i, i + config.COARSE_MAX_ROWS)
+            _coarse(x[rows], w, bias, out[rows], sync, tile, pdl, gated)
+        return out
     blocks = triton.cdiv(n, tile.block_n)
     # The stream schedule multiplies every weight step with each row block in turn, so it
     # takes exactly the blocks M needs: a mixed step's LM head has D + R rows (65-68 beside
@@ -151,7 +157,38 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
         m, n, k, tile.k_slice, x.stride(0), x.stride(1), w.stride(0), out.stride(0),
         part.stride(0) if tile.split > 1 else 0, rows,
         BN=tile.block_n, BK=tile.block_k, KS=tile.k_slice if not tile.stream else tile.block_k, RB=row_blocks,
-        SPLIT=tile.split, HAS_BIAS=bias is not None, GATED=gated, PRECISION=_precision(w.dtype, interpret),
-        PDL=pdl, num_warps=tile.num_warps, num_stages=tile.num_stages(row_blocks, elem),
-        **(dict(launch_pdl=True) if pdl else {}))
+        SPLIT=tile.split, GROUP=tile.group, SLICE=0, HAS_BIAS=bias is not None, GATED=gated,
+        PRECISION=_precision(w.dtype, interpret), PDL=pdl, num_warps=tile.num_warps,
+        num_stages=tile.num_stages(row_blocks, elem), **(dict(launch_pdl=True) if pdl else {}))
     return out
+
+
+def _coarse(x, w, bias, out, sync, tile: LinearTile, pdl, gated) -> None:
+    """A preload tile's call of many rows (config.py): one stream program per group of
+    slices, each slice's chain folded into the group's sum as it ends, so every element
+    gets the preload schedule's sums in its order; the groups' partials, where there are
+    several, are added by the last program of each feature block."""
+    m, k = x.shape[0], w.shape[1]
+    n, elem = w.shape[0], w.element_size()
+    blocks, groups = triton.cdiv(n, tile.block_n), tile.groups
+    interpret = triton_interpret()
+    # a step divides KS (both powers of two); on the GPU each step is a chain of k16 MMAs in K
+    # order, as the preload schedule's one dot of KS is. The interpreter's dots are numpy
+    # matmuls, whose sum order follows the operand shapes: one step a slice there.
+    # fp32 weights (tf32x3: three operand copies) take half the step: at 128 ptxas spilled 244
+    # bytes at 4 row blocks (sm_90, GLM-4.5's [128, 4096] router)
+    bk = tile.k_slice if interpret else max(16, min(config.COARSE_BLOCK_K * 2 // elem, tile.k_slice))
+    row_blocks = triton.cdiv(m, BLOCK_M)
+    rows = row_blocks * BLOCK_M
+    part = out
+    if groups > 1:
+        part = torch.empty((groups, blocks * tile.block_n, rows), dtype=torch.float32, device=x.device)
+    pdl = (LINEAR_PDL if pdl is None else pdl) and x.device.type != "cpu" and not interpret
+    stages = max(2, min(STREAM_STAGES, SMEM_BYTES // ((tile.block_n + rows) * bk * elem)))
+    linear_stream_kernel[(blocks, groups)](
+        x, w, bias if bias is not None else w, out, part, sync,
+        m, n, k, tile.group * tile.k_slice, x.stride(0), x.stride(1), w.stride(0), out.stride(0),
+        part.stride(0) if groups > 1 else 0, rows,
+        BN=tile.block_n, BK=bk, KS=bk, RB=row_blocks, SPLIT=groups, GROUP=1, SLICE=tile.k_slice,
+        HAS_BIAS=bias is not None, GATED=gated, PRECISION=_precision(w.dtype, interpret), PDL=pdl,
+        num_warps=tile.num_warps, num_stages=stages, **(dict(launch_pdl=True) if pdl else {}))

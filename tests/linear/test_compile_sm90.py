@@ -20,10 +20,11 @@ H200_MAX_SHARED = 232448  # bytes of dynamic shared memory per block on sm_90
 # id -> (N, K, M, dtype, bias, gated)
 CASES = {
     "qwen3-qkv-m1": (5120, 2048, 1, "bf16", False, False),  # preload, KS 256, split 8
-    "glm-shared-gate-up-m64": (2816, 4096, 64, "bf16", False, False),  # preload, KS 512: the largest slice
-    "qwen3-qkv-m64": (5120, 2048, 64, "bf16", False, False),  # preload, 4 x blocks loaded at once
-    "qwen3-o-m128": (2048, 4096, 128, "bf16", False, False),  # preload, two groups of 4 x blocks
-    "glm-shared-down-gated-m64": (4096, 1408, 64, "bf16", False, True),  # preload, 4 gated x blocks
+    "glm-shared-gate-up-m16": (2816, 4096, 16, "bf16", False, False),  # preload, KS 512: the largest slice
+    "qwen3-qkv-m64": (5120, 2048, 64, "bf16", False, False),  # coarse: 2 groups of 4 slices, 4 row blocks
+    "qwen3-o-m128": (2048, 4096, 128, "bf16", False, False),  # coarse, launches of 64 rows
+    "glm-shared-down-gated-m64": (4096, 1408, 64, "bf16", False, True),  # coarse, 4 gated x blocks
+    "glm-router-fp32-m64": (128, 4096, 64, "bf16>fp32", False, False),  # coarse, tf32x3 in 64-wide steps
     "glm-router-fp32-m8": (128, 4096, 8, "bf16>fp32", False, False),  # preload, tf32x3, x upcast in the kernel
     "glm-shared-down-gated-m8": (4096, 1408, 8, "bf16", False, True),  # preload, silu(gate) * up as x loads
     "qwen3-lm-head-m128": (151936, 2048, 128, "bf16", False, False),  # stream, 8 row blocks

@@ -11,7 +11,7 @@ schedule is the interpreter's plan and the preload one an H200's (132 SMs)."""
 import pytest
 import torch
 
-from sparkinfer.linear import LINEAR_MAX_ROWS, launch, linear, linear_sync, linear_tile
+from sparkinfer.linear import LINEAR_MAX_ROWS, LinearTile, launch, linear, linear_sync, linear_tile
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 MS = (1, 2, 15, 16, 17, 33, 64, 65, 97, LINEAR_MAX_ROWS)
@@ -21,6 +21,7 @@ CASES = {
     "preload-split-bf16": (80, 300, torch.bfloat16, 132, False),
     "preload-split-fp32": (72, 160, torch.float32, 132, False),
     "stream-gated": (64, 96, torch.bfloat16, 1, True),  # silu(gate) * up computed as x loads
+    "preload-groups-bf16": (256, 2048, torch.bfloat16, 8, False),  # above 16 rows: 2 groups of 2 slices
 }
 
 
@@ -44,4 +45,32 @@ def test_rows_do_not_depend_on_the_batch(monkeypatch, name):
         linear(x, w, b, out=out, sync=sync, gated=gated)
         assert torch.isfinite(out).all(), m
         assert torch.equal(out[rows], alone[:len(rows)]), (m, rows.tolist())
+    assert not sync.any()
+
+
+# id -> (N, K, gated, tile): the planned tile of "preload-groups-bf16", and all of K's 4 slices in
+# one group (no partials: the program stores 0 + its group's sum, as the finisher would)
+COARSE = {
+    "two-groups": (256, 2048, False, linear_tile(256, 2048, 2, 8)),
+    "one-group-gated": (200, 1000, True, LinearTile(stream=False, block_n=64, block_k=64, k_slice=256, split=4,
+                                                    group=4)),
+}
+
+
+@pytest.mark.parametrize("name", COARSE)
+def test_coarse_calls_give_the_split_sums(monkeypatch, name):
+    """A call of many rows runs one program per group of slices (config.py); each
+    element gets the same bits as from one program per slice at the same M."""
+    n, k, gated, tile = COARSE[name]
+    assert tile.group > 1 and not tile.stream
+    g = torch.Generator().manual_seed(7)
+    w = (torch.randn(n, k, generator=g) * k ** -0.5).bfloat16().to(DEV)
+    b = torch.randn(n, generator=g).bfloat16().to(DEV)
+    x = torch.randn(70, 2 * k if gated else k, generator=g).bfloat16().to(DEV)
+    sync = linear_sync(w)
+    coarse = linear(x, w, b, sync=sync, gated=gated, tile=tile)
+    monkeypatch.setattr(launch.config, "COARSE_MIN_ROWS", LINEAR_MAX_ROWS)
+    fine = torch.full_like(coarse, float("nan"))
+    linear(x, w, b, sync=sync, gated=gated, tile=tile, out=fine)
+    assert torch.equal(coarse.view(torch.int16), fine.view(torch.int16))
     assert not sync.any()
