@@ -62,7 +62,8 @@ SHAPES = {
     "mixtral.router": (8, 4096, "bf16", False, False), "mixtral.lm_head": (32000, 4096, "bf16", False, False),
 }
 MS = {"qwen3.qkv": (1, 8, 64, 128), "qwen3.lm_head": (1, 8, 64, 128)}  # others: 1, 8, 64
-DRY = {"dry.preload": (130, 512, "bf16", True, False), "dry.groups": (256, 2048, "bf16", False, False), "dry.stream": (150, 128, "bf16", False, True),
+DRY = {"dry.preload": (130, 512, "bf16", True, False), "dry.groups": (256, 2048, "bf16", False, False),
+       "dry.stream": (150, 128, "bf16", False, True),
        "dry.router": (72, 256, "fp32", False, False)}
 CHAINS = ((2048, 48), (4096, 24))
 L2_BYTES, SMS = 50 << 20, 132
