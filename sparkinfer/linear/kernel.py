@@ -61,16 +61,16 @@ def _mma(b_w, b_x, b_acc, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _x_block(p_x, o_k, m_k, r0, M, K, stride_xm, stride_xk, GATED: tl.constexpr):
-    """Rows r0..r0+BM of x, columns o_k, as the MMA's right operand [k, BM]; rows >= M
+def _x_block(p_x, o_k, m_k, r0, M, K, stride_xm, stride_xk, GATED: tl.constexpr, R: tl.constexpr = BM):
+    """Rows r0..r0+R of x, columns o_k, as the MMA's right operand [k, R]; rows >= M
     zero. GATED: x holds [gate | up] ([M, 2K]) and the operand is silu(gate) * up,
     rounded as torch's bf16 `F.silu(g) * u` rounds (silu in fp32, rounded; the
     product in fp32, rounded), so a dense MLP's down projection needs no
     activation kernels before it."""
-    o_m = r0 + tl.arange(0, BM)
+    o_m = r0 + tl.arange(0, R)
     p = p_x + o_m[:, None].to(tl.int64) * stride_xm + o_k[None, :] * stride_xk
     m = (o_m < M)[:, None] & m_k[None, :]
-    b_x = tl.load(p, mask=m, other=0.0)  # [BM, k], 16-byte vectors along K
+    b_x = tl.load(p, mask=m, other=0.0)  # [R, k], 16-byte vectors along K
     if GATED:
         b_g = b_x.to(tl.float32)
         b_s = (b_g / (1.0 + tl.exp(-b_g))).to(b_x.dtype)
@@ -80,9 +80,9 @@ def _x_block(p_x, o_k, m_k, r0, M, K, stride_xm, stride_xk, GATED: tl.constexpr)
 
 
 @triton.jit
-def _store_rows(b_acc, o_n, m_n, r0, M, p_b, p_out, stride_om, HAS_BIAS: tl.constexpr):
-    """out[r0..r0+BM, o_n] = b_acc [BN, BM] (+ bias), rounded once."""
-    o_m = r0 + tl.arange(0, BM)
+def _store_rows(b_acc, o_n, m_n, r0, M, p_b, p_out, stride_om, HAS_BIAS: tl.constexpr, R: tl.constexpr = BM):
+    """out[r0..r0+R, o_n] = b_acc [BN, R] (+ bias), rounded once."""
+    o_m = r0 + tl.arange(0, R)
     if HAS_BIAS:
         b_acc += tl.load(p_b + o_n, mask=m_n, other=0.0).to(tl.float32)[:, None]
     p = p_out + o_m[None, :].to(tl.int64) * stride_om + o_n[:, None]
@@ -91,38 +91,40 @@ def _store_rows(b_acc, o_n, m_n, r0, M, p_b, p_out, stride_om, HAS_BIAS: tl.cons
 
 @triton.jit
 def _emit(b_acc, o_n, m_n, r0, M, i_s, p_b, p_out, p_part, stride_om, stride_ps, stride_pn,
-          SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """One row block's sums: the output, or with SPLIT > 1 this slice's fp32 partial
+          SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, R: tl.constexpr = BM):
+    """One block of R rows' sums: the output, or with SPLIT > 1 this slice's fp32 partial
     (part [S, NB * BN, MP]; rows of padded features are written, never read)."""
     if SPLIT > 1:
-        o_m = r0 + tl.arange(0, BM)
+        o_m = r0 + tl.arange(0, R)
         p = p_part + i_s * stride_ps + o_n[:, None] * stride_pn + o_m[None, :]
         tl.store(p, b_acc, mask=(o_n >= 0)[:, None] & (o_m < M)[None, :])
     else:
-        _store_rows(b_acc, o_n, m_n, r0, M, p_b, p_out, stride_om, HAS_BIAS)
+        _store_rows(b_acc, o_n, m_n, r0, M, p_b, p_out, stride_om, HAS_BIAS, R)
 
 
 @triton.jit
 def _finish_split(i_n, o_n, m_n, M, p_b, p_out, p_part, p_sync, stride_om, stride_ps, stride_pn,
-                  SPLIT: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr):
+                  SPLIT: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, FR: tl.constexpr):
     """The feature block's last program to finish adds the S partials: each group of
     GROUP consecutive ones in order from zero, then the group sums in order from zero
-    (config.py's two-level order; a coarse call's partials are group sums: GROUP 1)."""
+    (config.py's two-level order; a coarse call's partials are group sums: GROUP 1),
+    FR rows at a time (a coarse call: all its rows in one pass, whose loads are in flight
+    together; a loop over 16-row blocks paid an L2 round trip per block)."""
     tl.debug_barrier()  # every thread's partial is written before the count goes up
     ticket = tl.atomic_add(p_sync + i_n, 1, sem="acq_rel")
     if ticket == SPLIT - 1:  # the others' partials are visible to it
-        for r0 in range(0, M, BM):
-            o_m = r0 + tl.arange(0, BM)
+        for r0 in range(0, M, FR):
+            o_m = r0 + tl.arange(0, FR)
             m = (o_n >= 0)[:, None] & (o_m < M)[None, :]
             p = p_part + o_n[:, None] * stride_pn + o_m[None, :]
-            b_acc = tl.zeros([o_n.shape[0], BM], dtype=tl.float32)
-            b_grp = tl.zeros([o_n.shape[0], BM], dtype=tl.float32)
+            b_acc = tl.zeros([o_n.shape[0], FR], dtype=tl.float32)
+            b_grp = tl.zeros([o_n.shape[0], FR], dtype=tl.float32)
             for s in tl.static_range(SPLIT):  # unrolled: every load in flight at once
                 b_grp += tl.load(p + s * stride_ps, mask=m, other=0.0, cache_modifier=".cg")
                 if (s + 1) % GROUP == 0 or s == SPLIT - 1:
                     b_acc += b_grp
-                    b_grp = tl.zeros([o_n.shape[0], BM], dtype=tl.float32)
-            _store_rows(b_acc, o_n, m_n, r0, M, p_b, p_out, stride_om, HAS_BIAS)
+                    b_grp = tl.zeros([o_n.shape[0], FR], dtype=tl.float32)
+            _store_rows(b_acc, o_n, m_n, r0, M, p_b, p_out, stride_om, HAS_BIAS, FR)
         tl.atomic_xchg(p_sync + i_n, 0)  # zero again for the next call (and graph replay)
 
 
@@ -137,7 +139,9 @@ def _linear_program(p_x, p_w, p_b, p_out, p_part, p_sync, M, N, K, k_slice, stri
     k_slice); RB: row blocks (>= ceil(M / BM); a power of two in the preload schedule; blocks past M are
     masked, so their loads and stores do nothing). k_slice: K of a program (a multiple of BK).
     GROUP: the finisher's slices per group; SLICE (stream): the K of one chain from zero
-    (0: the program's whole K is one chain)."""
+    (0: the program's whole K is one chain; > 0: the RB row blocks are one [k, RB * BM]
+    operand, a power of two: an element's products are the same k16 MMA chain at any
+    operand width, as gemm.py and the MoE kernels rely on too)."""
     i_n, i_s = tl.program_id(0), tl.program_id(1)
     o_n = i_n * BN + tl.arange(0, BN)
     m_n = o_n < N
@@ -149,33 +153,39 @@ def _linear_program(p_x, p_w, p_b, p_out, p_part, p_sync, M, N, K, k_slice, stri
             gdc_wait()
         k0 = i_s * k_slice
         k1 = tl.minimum(k0 + k_slice, K)
-        accs = ()
-        sums = ()  # SLICE: the group sums of the finished chains
-        for _j in tl.static_range(RB):
-            accs = accs + (tl.zeros([BN, BM], dtype=tl.float32),)
-            sums = sums + (tl.zeros([BN, BM], dtype=tl.float32),)
-        for k in range(k0, k1, BK):
-            o_k = k + tl.arange(0, BK)
-            m_k = o_k < K
-            b_w = tl.load(p_wn + o_k[None, :], mask=m_n[:, None] & m_k[None, :], other=0.0)
-            nxt = ()
-            for j in tl.static_range(RB):
-                b_x = _x_block(p_x, o_k, m_k, j * BM, M, K, stride_xm, stride_xk, GATED)
-                nxt = nxt + (_mma(b_w, b_x, accs[j], PRECISION),)
-            accs = nxt
-            if SLICE > 0:  # a chain ends at each SLICE of K and at the program's last step
+        if SLICE > 0:  # a coarse call: chains of SLICE folded into the group's sum as they end
+            R: tl.constexpr = RB * BM
+            b_acc = tl.zeros([BN, R], dtype=tl.float32)
+            b_sum = tl.zeros([BN, R], dtype=tl.float32)
+            for k in range(k0, k1, BK):
+                o_k = k + tl.arange(0, BK)
+                m_k = o_k < K
+                b_w = tl.load(p_wn + o_k[None, :], mask=m_n[:, None] & m_k[None, :], other=0.0)
+                b_x = _x_block(p_x, o_k, m_k, 0, M, K, stride_xm, stride_xk, GATED, R)
+                b_acc = _mma(b_w, b_x, b_acc, PRECISION)
                 end = ((k + BK - k0) % SLICE == 0) | (k + BK >= k1)
-                nxt, nsum = (), ()
+                b_sum = tl.where(end, b_sum + b_acc, b_sum)
+                b_acc = tl.where(end, 0.0, b_acc)
+            if SPLIT == 1:  # unsplit: the finisher's sum of one group, 0 + the group's sum
+                b_sum = tl.zeros([BN, R], dtype=tl.float32) + b_sum
+            _emit(b_sum, o_n, m_n, 0, M, i_s, p_b, p_out, p_part, stride_om, stride_ps, stride_pn, SPLIT,
+                  HAS_BIAS, R)
+        else:
+            accs = ()
+            for _j in tl.static_range(RB):
+                accs = accs + (tl.zeros([BN, BM], dtype=tl.float32),)
+            for k in range(k0, k1, BK):
+                o_k = k + tl.arange(0, BK)
+                m_k = o_k < K
+                b_w = tl.load(p_wn + o_k[None, :], mask=m_n[:, None] & m_k[None, :], other=0.0)
+                nxt = ()
                 for j in tl.static_range(RB):
-                    nsum = nsum + (tl.where(end, sums[j] + accs[j], sums[j]),)
-                    nxt = nxt + (tl.where(end, 0.0, accs[j]),)
-                accs, sums = nxt, nsum
-        for j in tl.static_range(RB):
-            b_acc = accs[j]
-            if SLICE > 0:  # unsplit: the finisher's sum of one group, 0 + the group's sum
-                b_acc = sums[j] if SPLIT > 1 else tl.zeros([BN, BM], dtype=tl.float32) + sums[j]
-            _emit(b_acc, o_n, m_n, j * BM, M, i_s, p_b, p_out, p_part, stride_om, stride_ps, stride_pn,
-                  SPLIT, HAS_BIAS)
+                    b_x = _x_block(p_x, o_k, m_k, j * BM, M, K, stride_xm, stride_xk, GATED)
+                    nxt = nxt + (_mma(b_w, b_x, accs[j], PRECISION),)
+                accs = nxt
+            for j in tl.static_range(RB):
+                _emit(accs[j], o_n, m_n, j * BM, M, i_s, p_b, p_out, p_part, stride_om, stride_ps, stride_pn,
+                      SPLIT, HAS_BIAS)
     else:
         o_k = i_s * KS + tl.arange(0, KS)
         m_k = o_k < K
@@ -198,7 +208,7 @@ def _linear_program(p_x, p_w, p_b, p_out, p_part, p_sync, M, N, K, k_slice, stri
                       stride_pn, SPLIT, HAS_BIAS)
     if SPLIT > 1:
         _finish_split(i_n, o_n, m_n, M, p_b, p_out, p_part, p_sync, stride_om, stride_ps, stride_pn,
-                      SPLIT, GROUP, HAS_BIAS)
+                      SPLIT, GROUP, HAS_BIAS, BM * RB if SLICE > 0 else BM)
 
 
 @triton.jit(do_not_specialize=["M"])

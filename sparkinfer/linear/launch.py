@@ -133,9 +133,14 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
     if tile.split > 1 and sync is None:
         raise LayoutError(f"linear: a tile split {tile.split} ways needs the call site's semaphores; pass "
                           "sync=linear_sync(w)")
-    if not tile.stream and tile.split > 1 and m > config.COARSE_MIN_ROWS:
-        for i in range(0, m, config.COARSE_MAX_ROWS):  # in stream order, as the pieces above
-            rows = slice(i, i + config.COARSE_MAX_ROWS)
+    # fp32 weights stay fine: tf32x3 runs its three passes over a whole dot, so its steps
+    # would have to be whole slices, which spilled (244 bytes at 4 row blocks, sm_90)
+    if not tile.stream and tile.split > 1 and m > config.COARSE_MIN_ROWS and w.element_size() <= 2:
+        # the interpreter's dots are numpy matmuls, whose sum order follows the operand
+        # shapes: there each launch takes one 16-row block, the preload schedule's operand
+        piece = BLOCK_M if triton_interpret() else config.COARSE_MAX_ROWS
+        for i in range(0, m, piece):  # in stream order, as the pieces above
+            rows = slice(i, i + piece)
             _coarse(x[rows], w, bias, out[rows], sync, tile, pdl, gated)
         return out
     blocks = triton.cdiv(n, tile.block_n)
@@ -173,12 +178,9 @@ def _coarse(x, w, bias, out, sync, tile: LinearTile, pdl, gated) -> None:
     blocks, groups = triton.cdiv(n, tile.block_n), tile.groups
     interpret = triton_interpret()
     # a step divides KS (both powers of two); on the GPU each step is a chain of k16 MMAs in K
-    # order, as the preload schedule's one dot of KS is. The interpreter's dots are numpy
-    # matmuls, whose sum order follows the operand shapes: one step a slice there.
-    # fp32 weights (tf32x3: three operand copies) take half the step: at 128 ptxas spilled 244
-    # bytes at 4 row blocks (sm_90, GLM-4.5's [128, 4096] router)
-    bk = tile.k_slice if interpret else max(16, min(config.COARSE_BLOCK_K * 2 // elem, tile.k_slice))
-    row_blocks = triton.cdiv(m, BLOCK_M)
+    # order, as the preload schedule's one dot of KS is; in the interpreter one step a slice
+    bk = tile.k_slice if interpret else max(16, min(config.COARSE_BLOCK_K, tile.k_slice))
+    row_blocks = triton.next_power_of_2(triton.cdiv(m, BLOCK_M))  # one [k, rows] operand: a power of two
     rows = row_blocks * BLOCK_M
     part = out
     if groups > 1:
