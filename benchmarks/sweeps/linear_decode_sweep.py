@@ -160,8 +160,7 @@ def _variants(n, k, elem, m, cuda):
     if not planned.stream and planned.split > 1:
         out += [("fine", planned, True, dict(COARSE_MIN_ROWS=MAX_ROWS)),
                 ("coarse", planned, True, dict(COARSE_MIN_ROWS=0)),
-                ("coarse_bk64", planned, True, dict(COARSE_MIN_ROWS=0, COARSE_BLOCK_K=64)),
-                ("coarse_bn64", planned, True, dict(COARSE_MIN_ROWS=0, COARSE_BLOCK_N=64))]
+                ("coarse_bk64", planned, True, dict(COARSE_MIN_ROWS=0, COARSE_BLOCK_K=64))]
     out = [(impl, t, pdl, o) for impl, t, pdl, o in out]
     cap = PRELOAD_BYTES if elem <= 2 else PRELOAD_BYTES_FP32
     for ks in (256, 512):

@@ -36,7 +36,7 @@ in benchmarks/results/sweeps/linear_split_sweep_h200.json):
   exists because the fine split's fp32 partials grow with M: at M = 64 Qwen3-30B-A3B's
   qkv wrote and re-read 21 MB of partials beside its 21 MB of weights (43.8 us
   against cuBLAS's 9.0, sweeps/linear_preload_groups_ab_h200.json, 9c999e1).
-  `group` makes about one program of COARSE_BLOCK_N features per SM in coarse mode (at most
+  `group` makes about one program per SM in coarse mode (at most
   MAX_GROUPS groups, whose partials the last program adds).
 `benchmarks/sweeps/linear_decode_sweep.py` times the alternatives beside cuBLAS
 on every preset's shapes.
@@ -81,10 +81,6 @@ COARSE_MIN_ROWS = 16
 COARSE_BLOCK_K = 128
 COARSE_MAX_ROWS = 64
 MAX_GROUPS = 8
-# Features per coarse program (8 warps: two warpgroups of m64): at 64 rows x is as many
-# bytes a step as a 64-feature weight tile, so wider tiles halve what each weight byte
-# drags through L2 (the sums do not see the tile: each feature is its own MMA row)
-COARSE_BLOCK_N = 128
 
 
 @dataclass(frozen=True)
@@ -148,7 +144,7 @@ def linear_tile(n: int, k: int, elem: int = 2, num_sms: int = 1) -> LinearTile:
             ks = min(fits, key=lambda s: (_preload_cost(n, k, s, elem, num_sms), -s))
             ks = max(16, min(ks, triton.next_power_of_2(k)))  # the MMA's K is at least 16
             split = triton.cdiv(k, ks)
-            groups = max(1, min(split, MAX_GROUPS, triton.cdiv(num_sms, triton.cdiv(n, COARSE_BLOCK_N))))
+            groups = max(1, min(split, MAX_GROUPS, triton.cdiv(num_sms, blocks)))
             return LinearTile(stream=False, block_n=BLOCK_N, block_k=min(BLOCK_K, ks), k_slice=ks,
                               split=split, group=triton.cdiv(split, groups))
     bk = max(16, min(BLOCK_K, triton.next_power_of_2(k)))

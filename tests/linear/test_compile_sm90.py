@@ -21,7 +21,7 @@ H200_MAX_SHARED = 232448  # bytes of dynamic shared memory per block on sm_90
 CASES = {
     "qwen3-qkv-m1": (5120, 2048, 1, "bf16", False, False),  # preload, KS 256, split 8
     "glm-shared-gate-up-m16": (2816, 4096, 16, "bf16", False, False),  # preload, KS 512: the largest slice
-    "qwen3-qkv-m64": (5120, 2048, 64, "bf16", False, False),  # coarse: 4 groups of 2 slices, 128 features
+    "qwen3-qkv-m64": (5120, 2048, 64, "bf16", False, False),  # coarse: 2 groups of 4 slices, 4 row blocks
     "qwen3-o-m128": (2048, 4096, 128, "bf16", False, False),  # coarse, launches of 64 rows
     "glm-shared-down-gated-m64": (4096, 1408, 64, "bf16", False, True),  # coarse, 4 gated x blocks
     "glm-router-fp32-m64": (128, 4096, 64, "bf16>fp32", False, False),  # coarse, tf32x3 in 64-wide steps

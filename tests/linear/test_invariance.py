@@ -21,7 +21,7 @@ CASES = {
     "preload-split-bf16": (80, 300, torch.bfloat16, 132, False),
     "preload-split-fp32": (72, 160, torch.float32, 132, False),
     "stream-gated": (64, 96, torch.bfloat16, 1, True),  # silu(gate) * up computed as x loads
-    "preload-groups-bf16": (256, 2048, torch.bfloat16, 5, False),  # above 16 rows: groups of 3, 3, 2 slices
+    "preload-groups-bf16": (256, 2048, torch.bfloat16, 8, False),  # above 16 rows: 2 groups of 2 slices
 }
 
 
@@ -51,7 +51,7 @@ def test_rows_do_not_depend_on_the_batch(monkeypatch, name):
 # id -> (N, K, gated, tile): the planned tile of "preload-groups-bf16", and all of K's 4 slices in
 # one group (no partials: the program stores 0 + its group's sum, as the finisher would)
 COARSE = {
-    "three-groups": (256, 2048, False, linear_tile(256, 2048, 2, 5)),
+    "two-groups": (256, 2048, False, linear_tile(256, 2048, 2, 8)),
     "one-group-gated": (200, 1000, True, LinearTile(stream=False, block_n=64, block_k=64, k_slice=256, split=4,
                                                     group=4)),
 }
