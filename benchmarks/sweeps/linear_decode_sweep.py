@@ -158,7 +158,7 @@ def _variants(n, k, elem, m, cuda):
     if m <= 8 and cuda:
         out.append(("planned_nopdl", planned, False, {}))
     if not planned.stream and planned.split > 1:
-        out += [("fine", planned, True, dict(COARSE_MIN_ROWS=MAX_ROWS)),
+        out += [("fine", dataclasses.replace(planned, coarse_always=False), True, dict(COARSE_MIN_ROWS=MAX_ROWS)),
                 ("coarse", planned, True, dict(COARSE_MIN_ROWS=0)),
                 ("coarse_bk64", planned, True, dict(COARSE_MIN_ROWS=0, COARSE_BLOCK_K=64))]
     out = [(impl, t, pdl, o) for impl, t, pdl, o in out]
@@ -263,6 +263,7 @@ def _invariance(c, tile, dev, overrides) -> dict:
         from sparkinfer.linear.config import MAX_ROWS
 
         fine = {}
+        kw["tile"] = dataclasses.replace(tile, coarse_always=False)
         _with(dict(COARSE_MIN_ROWS=MAX_ROWS), lambda: fine.setdefault("out", linear(x, w, b, sync=s, **kw)))()
         ok = ok and torch.equal(full.view(torch.int16), fine["out"].view(torch.int16))
     return dict(batch_invariant=bool(ok), sync_rearmed=not bool(s.any()))

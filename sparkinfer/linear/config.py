@@ -37,7 +37,13 @@ in benchmarks/results/sweeps/linear_split_sweep_h200.json):
   qkv wrote and re-read 21 MB of partials beside its 21 MB of weights (43.8 us
   against cuBLAS's 9.0, sweeps/linear_preload_groups_ab_h200.json, 9c999e1).
   `group` makes about one program per SM in coarse mode (at most
-  MAX_GROUPS groups, whose partials the last program adds).
+  MAX_GROUPS groups, whose partials the last program adds). Where the fine
+  split's programs of 64 KB slices (two an SM) take more than one wave, coarse
+  calls serve every M (`coarse_always`): H200 at a9a3eda, M = 1 / 8, fine against
+  coarse: Mixtral's qkv 21.7 / 23.6 us against 17.1 / 17.6, its o 14.4 / 15.6 against
+  12.5 / 13.2, GLM-4.5-Air's shared gate_up 11.7 / 12.8 against 10.0 / 10.3; one
+  wave or less (Qwen3-30B-A3B's o: 7.5 / 8.5 against 8.4 / 9.0), fine is faster
+  (sweeps/linear_decode_sweep_h200.json).
 `benchmarks/sweeps/linear_decode_sweep.py` times the alternatives beside cuBLAS
 on every preset's shapes.
 """
@@ -97,6 +103,7 @@ class LinearTile:
         the row blocks' x tiles would pass SMEM_BYTES.
     group: preload only: slices per group of the two-level sum order (module
         docstring); a coarse call runs ceil(split / group) programs per feature block.
+    coarse_always: preload only: coarse calls at every M, not only above COARSE_MIN_ROWS.
     """
 
     stream: bool
@@ -107,6 +114,7 @@ class LinearTile:
     num_warps: int = 4
     stages: int = 0
     group: int = 1
+    coarse_always: bool = False
 
     @property
     def groups(self) -> int:
@@ -145,8 +153,9 @@ def linear_tile(n: int, k: int, elem: int = 2, num_sms: int = 1) -> LinearTile:
             ks = max(16, min(ks, triton.next_power_of_2(k)))  # the MMA's K is at least 16
             split = triton.cdiv(k, ks)
             groups = max(1, min(split, MAX_GROUPS, triton.cdiv(num_sms, blocks)))
+            waves = ks * elem * min(BLOCK_N, n) > PRELOAD_BYTES // 2 and blocks * split > 2 * num_sms
             return LinearTile(stream=False, block_n=BLOCK_N, block_k=min(BLOCK_K, ks), k_slice=ks,
-                              split=split, group=triton.cdiv(split, groups))
+                              split=split, group=triton.cdiv(split, groups), coarse_always=waves)
     bk = max(16, min(BLOCK_K, triton.next_power_of_2(k)))
     steps = triton.cdiv(k, bk)
     split = 1

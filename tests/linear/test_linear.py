@@ -201,3 +201,14 @@ def test_rejects_bad_input():
     buf[:, :64] = x
     with pytest.raises(AliasingError, match="overlaps x"):  # out's first row starts inside x's
         linear(buf[:, :64], w, out=torch.as_strided(buf, (2, 1024), (1088, 1), 32))
+
+
+def test_coarse_calls_at_every_m_only_where_the_fine_split_takes_waves():
+    """config.py: 64 KB slices beyond two programs an SM (Mixtral's qkv and o, GLM-4.5-Air's
+    shared gate_up) take coarse calls at every M; one wave or less (Qwen3-30B-A3B's o), or
+    smaller slices (its qkv, the routers), only above COARSE_MIN_ROWS rows."""
+    for n, k in ((6144, 4096), (4096, 4096), (2816, 4096)):
+        assert linear_tile(n, k, 2, 132).coarse_always, (n, k)
+    for n, k in ((2048, 4096), (5120, 2048), (128, 2048), (4096, 1408)):
+        t = linear_tile(n, k, 2, 132)
+        assert not t.stream and t.split > 1 and not t.coarse_always, (n, k)
