@@ -145,11 +145,11 @@ class Case:
         return dict(ok=worst <= 1.0, max_err=worst)
 
 
-def _variants(n, k, elem, m, cuda):
+def _variants(n, k, elem, m, cuda, gated=False):
     """(impl, tile or None for cuBLAS, pdl, config overrides) of one shape at one M: the
     planned tile, and for a split preload tile the same sums one program per slice
-    ("fine") and one per group ("coarse", at K steps of 128 and 64) whichever M the
-    planner switches at (config.COARSE_MIN_ROWS)."""
+    ("fine") and one per group ("coarse", at K steps of 128 and 64; gated calls coarse too;
+    other group sizes, whose sums differ) whichever M the planner switches at."""
     from sparkinfer.linear import LinearTile, linear_tile
     from sparkinfer.linear.config import BLOCK_N, MAX_ROWS, MAX_SPLIT, PRELOAD_BYTES, PRELOAD_BYTES_FP32
 
@@ -161,6 +161,10 @@ def _variants(n, k, elem, m, cuda):
         out += [("fine", dataclasses.replace(planned, coarse_always=False), True, dict(COARSE_MIN_ROWS=MAX_ROWS)),
                 ("coarse", planned, True, dict(COARSE_MIN_ROWS=0)),
                 ("coarse_bk64", planned, True, dict(COARSE_MIN_ROWS=0, COARSE_BLOCK_K=64))]
+        if gated:
+            out += [("coarse_gated", planned, True, dict(COARSE_MIN_ROWS=0, COARSE_GATED=True))]
+        out += [(f"coarse_g{g}", dataclasses.replace(planned, group=g), True, dict(COARSE_MIN_ROWS=0))
+                for g in (1, 2, 4) if g != planned.group and g < planned.split]
     out = [(impl, t, pdl, o) for impl, t, pdl, o in out]
     cap = PRELOAD_BYTES if elem <= 2 else PRELOAD_BYTES_FP32
     for ks in (256, 512):
@@ -207,7 +211,7 @@ def shape_rows(name, spec, args, dev, cuda, bw, peak) -> list[dict]:
         c = Case(n, k, dtype, bias, gated, m, dev, copies)
         base = dict(shape=name, N=n, K=k, M=m, dtype=dtype, bias=bias, gated=gated, weights_in_graph=copies,
                     l2_resident=copies * wbytes < 2 * L2_BYTES)
-        for impl, tile, pdl, overrides in _variants(n, k, elem, m, cuda):
+        for impl, tile, pdl, overrides in _variants(n, k, elem, m, cuda, gated):
             if tile is None:
                 def call(c=c):
                     for w, b, o in zip(c.ws, c.bs, c.outs):

@@ -87,6 +87,11 @@ COARSE_MIN_ROWS = 16
 COARSE_BLOCK_K = 128
 COARSE_MAX_ROWS = 64
 MAX_GROUPS = 8
+# Gated calls (silu(gate) * up computed as x loads) stay on the fine split: H200 at ff3643a,
+# GLM-4.5-Air's shared down [4096, 1408] at M = 32 / 64, fine 15.5 / 24.7 us against coarse
+# 20.2 / 29.9 (each program computes the activation of its whole K range; fewer programs
+# take longer over it). Same bits either way.
+COARSE_GATED = False
 
 
 @dataclass(frozen=True)

@@ -134,9 +134,11 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
         raise LayoutError(f"linear: a tile split {tile.split} ways needs the call site's semaphores; pass "
                           "sync=linear_sync(w)")
     # fp32 weights stay fine: tf32x3 runs its three passes over a whole dot, so its steps
-    # would have to be whole slices, which spilled (244 bytes at 4 row blocks, sm_90)
+    # would have to be whole slices, which spilled (244 bytes at 4 row blocks, sm_90).
+    # Gated calls stay fine unless COARSE_GATED (config.py says why).
     above = 0 if tile.coarse_always else config.COARSE_MIN_ROWS
-    if not tile.stream and tile.split > 1 and m > above and w.element_size() <= 2:
+    if not tile.stream and tile.split > 1 and m > above and w.element_size() <= 2 and (
+            config.COARSE_GATED or not gated):
         # the interpreter's dots are numpy matmuls, whose sum order follows the operand
         # shapes: there each launch takes one 16-row block, the preload schedule's operand
         piece = BLOCK_M if triton_interpret() else config.COARSE_MAX_ROWS
