@@ -43,7 +43,9 @@ in benchmarks/results/sweeps/linear_split_sweep_h200.json):
   coarse: Mixtral's qkv 21.7 / 23.6 us against 17.1 / 17.6, its o 14.4 / 15.6 against
   12.5 / 13.2, GLM-4.5-Air's shared gate_up 11.7 / 12.8 against 10.0 / 10.3; one
   wave or less (Qwen3-30B-A3B's o: 7.5 / 8.5 against 8.4 / 9.0), fine is faster
-  (sweeps/linear_decode_sweep_h200.json).
+  (sweeps/linear_decode_sweep_h200.json). The same sweep timed other group sizes: one
+  wave of programs or fewer was faster where the rule gives about 1.5 (Mixtral's o at
+  M = 64: 15.0 us in 2 groups against 20.1 in 3), not adopted on one run.
 `benchmarks/sweeps/linear_decode_sweep.py` times the alternatives beside cuBLAS
 on every preset's shapes.
 """
