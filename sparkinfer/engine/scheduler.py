@@ -38,8 +38,8 @@ Policy:
   sweeps/serve_prefill_wait_h200.json, before mixed steps). With announced chunks a
   full forward is the announce budget's chunks (a mixed step's most), and the wait
   delays the announcement: a mixed step's marginal time per prompt token falls with
-  its chunks (H200, Qwen3-30B-A3B, 8 layers, beside 64 decode rows: 4.15 / 2.99 /
-  2.36 us for 1 / 2 / 4 chunks of 256, sweeps/prefill_mixed_h200.json).
+  its chunks (H200, Qwen3-30B-A3B, 8 layers, beside 64 decode rows: 3.32 / 2.53 /
+  2.12 us for 1 / 2 / 4 chunks of 256 at add2f20, prefill_mixed_h200.json).
 - A request's chunks start at multiples of C (0, C, 2C, ...), whatever else runs, so
   its prefill forwards and hence its logits depend on the request alone (batch
   invariance); the budget decides only how many chunks run in a step.

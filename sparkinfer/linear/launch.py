@@ -150,7 +150,8 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
     # The stream schedule multiplies every weight step with each row block in turn, so it
     # takes exactly the blocks M needs: a mixed step's LM head has D + R rows (65-68 beside
     # 64 decode rows), which a power of two made 8 blocks of MMAs for 5 (H200, Qwen3-30B-A3B's
-    # [151936, 2048] head: 287 us at 65 rows against 165 at 64, sweeps/prefill_mixed_h200.json).
+    # [151936, 2048] head: 287 us at 65 rows against 165 at 64, sweeps/prefill_mixed_h200_7c6540f.json;
+    # with exact blocks a mixed step's stream kernels took 15 us more than its decode step's at add2f20).
     # The preload schedule groups blocks by X_GROUP and keeps powers of two (its M are buckets).
     row_blocks = triton.cdiv(m, BLOCK_M) if tile.stream else triton.next_power_of_2(triton.cdiv(m, BLOCK_M))
     rows = triton.cdiv(m, BLOCK_M) * BLOCK_M
