@@ -100,7 +100,9 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
     per weight, or rows lose their batch invariance. pdl: programmatic dependent
     launch (default LINEAR_PDL on CUDA; never under the interpreter).
 
-    Allocates `out` unless given, and a split's fp32 partials [S, N, 16 ceil(M/16)];
+    A split tile's call of more than COARSE_MIN_ROWS rows (16-bit weights, not gated) runs
+    one program per group of K slices, with the same sums (`linear/config.py`).
+    Allocates `out` unless given, and a split's fp32 partials [S or groups, N, 16 ceil(M/16)];
     no host sync; capture-legal once the shape ran eagerly (Triton compiles on a
     shape's first call). `out` must not overlap x (AliasingError).
     """
