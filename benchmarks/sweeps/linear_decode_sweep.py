@@ -148,7 +148,7 @@ class Case:
 def _variants(n, k, elem, m, cuda, gated=False):
     """(impl, tile or None for cuBLAS, pdl, config overrides) of one shape at one M: the
     planned tile, and for a split preload tile the same sums one program per slice
-    ("fine") and one per group ("coarse", at K steps of 128 and 64; gated calls coarse too;
+    ("fine") and one per group ("coarse", at K steps of 128 and 64, 128 features a program; gated calls coarse too;
     other group sizes, whose sums differ) whichever M the planner switches at."""
     from sparkinfer.linear import LinearTile, linear_tile
     from sparkinfer.linear.config import BLOCK_N, MAX_ROWS, MAX_SPLIT, PRELOAD_BYTES, PRELOAD_BYTES_FP32
@@ -160,7 +160,8 @@ def _variants(n, k, elem, m, cuda, gated=False):
     if not planned.stream and planned.split > 1:
         out += [("fine", dataclasses.replace(planned, coarse_always=False), True, dict(COARSE_MIN_ROWS=MAX_ROWS)),
                 ("coarse", planned, True, dict(COARSE_MIN_ROWS=0)),
-                ("coarse_bk64", planned, True, dict(COARSE_MIN_ROWS=0, COARSE_BLOCK_K=64))]
+                ("coarse_bk64", planned, True, dict(COARSE_MIN_ROWS=0, COARSE_BLOCK_K=64)),
+                ("coarse_bn128", planned, True, dict(COARSE_MIN_ROWS=0, COARSE_BLOCK_N=128))]
         if gated:
             out += [("coarse_gated", planned, True, dict(COARSE_MIN_ROWS=0, COARSE_GATED=True))]
         out += [(f"coarse_g{g}", dataclasses.replace(planned, group=g), True, dict(COARSE_MIN_ROWS=0))

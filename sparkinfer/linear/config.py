@@ -57,7 +57,7 @@ from dataclasses import dataclass
 import triton
 
 __all__ = ["LinearTile", "linear_tile", "BLOCK_N", "BLOCK_M", "MAX_ROWS", "PRELOAD_BYTES", "MAX_SPLIT",
-           "COARSE_MIN_ROWS", "COARSE_BLOCK_K", "COARSE_MAX_ROWS"]
+           "COARSE_MIN_ROWS", "COARSE_BLOCK_K", "COARSE_MAX_ROWS", "COARSE_BLOCK_N"]
 
 BLOCK_M = 16  # rows of x per row block (kernel.BM)
 # The kernel serves M <= MAX_ROWS (8 row blocks: 8 fp32 [64, 16] accumulators, 64
@@ -89,6 +89,12 @@ COARSE_MIN_ROWS = 16
 COARSE_BLOCK_K = 128
 COARSE_MAX_ROWS = 64
 MAX_GROUPS = 8
+# Features per coarse program (4 warps per 64). At 64 rows x is as many bytes a step as a
+# [64, k] weight tile, so 128 features (8 warps) would halve what each weight byte drags
+# through L2; the sums do not see it (each feature is its own MMA row). 128 failed on the
+# H200 at 75d2646 with a partial buffer sized for 64-feature blocks; fixed since, not yet
+# timed (`linear_decode_sweep.py`'s coarse_bn128 rows), so 64 stays.
+COARSE_BLOCK_N = 64
 # Gated calls (silu(gate) * up computed as x loads) stay on the fine split: H200 at ff3643a,
 # GLM-4.5-Air's shared down [4096, 1408] at M = 32 / 64, fine 15.5 / 24.7 us against coarse
 # 20.2 / 29.9 (each program computes the activation of its whole K range; fewer programs

@@ -181,7 +181,8 @@ def _coarse(x, w, bias, out, sync, tile: LinearTile, pdl, gated) -> None:
     several, are added by the last program of each feature block."""
     m, k = x.shape[0], w.shape[1]
     n, elem = w.shape[0], w.element_size()
-    blocks, groups = triton.cdiv(n, tile.block_n), tile.groups
+    bn = max(tile.block_n, config.COARSE_BLOCK_N) if n > tile.block_n else tile.block_n
+    blocks, groups = triton.cdiv(n, bn), tile.groups
     interpret = triton_interpret()
     # a step divides KS (both powers of two); on the GPU each step is a chain of k16 MMAs in K
     # order, as the preload schedule's one dot of KS is; in the interpreter one step a slice
@@ -190,13 +191,13 @@ def _coarse(x, w, bias, out, sync, tile: LinearTile, pdl, gated) -> None:
     rows = row_blocks * BLOCK_M
     part = out
     if groups > 1:
-        part = torch.empty((groups, blocks * tile.block_n, rows), dtype=torch.float32, device=x.device)
+        part = torch.empty((groups, blocks * bn, rows), dtype=torch.float32, device=x.device)
     pdl = (LINEAR_PDL if pdl is None else pdl) and x.device.type != "cpu" and not interpret
-    stages = max(2, min(STREAM_STAGES, SMEM_BYTES // ((tile.block_n + rows) * bk * elem)))
+    stages = max(2, min(STREAM_STAGES, SMEM_BYTES // ((bn + rows) * bk * elem)))
     linear_stream_kernel[(blocks, groups)](
         x, w, bias if bias is not None else w, out, part, sync,
         m, n, k, tile.group * tile.k_slice, x.stride(0), x.stride(1), w.stride(0), out.stride(0),
         part.stride(0) if groups > 1 else 0, rows,
-        BN=tile.block_n, BK=bk, KS=bk, RB=row_blocks, SPLIT=groups, GROUP=1, SLICE=tile.k_slice,
+        BN=bn, BK=bk, KS=bk, RB=row_blocks, SPLIT=groups, GROUP=1, SLICE=tile.k_slice,
         HAS_BIAS=bias is not None, GATED=gated, PRECISION=_precision(w.dtype, interpret), PDL=pdl,
-        num_warps=tile.num_warps, num_stages=stages, **(dict(launch_pdl=True) if pdl else {}))
+        num_warps=tile.num_warps * bn // tile.block_n, num_stages=stages, **(dict(launch_pdl=True) if pdl else {}))

@@ -5,7 +5,7 @@ launch compiles through Triton's ahead-of-time path and ptxas, specialized as
 Triton's launcher would (ints equal to 1 become constants, ints divisible by 16
 are marked so, M never).
 
-    python -m tests.linear.sm90_compile '<json: [[N, K, M, dtype, bias, gated], ...]>'
+    python -m tests.linear.sm90_compile '<json: [[N, K, M, dtype, bias, gated(, config)], ...]>'
 
 (dtype "bf16", "fp32", or "bf16>fp32": x bf16, w fp32)
 
@@ -35,15 +35,18 @@ class _Recorder:
         return lambda *a, **k: self.sink.append(Launch(self.fn, grid, a, k))
 
 
-def record_launch(n: int, k: int, m: int, dtype: str, bias: bool, gated: bool = False) -> Launch:
-    """The launch of linear(x [M, K], w [N, K]) with its semaphores on an H200 (meta tensors)."""
+def record_launch(n: int, k: int, m: int, dtype: str, bias: bool, gated: bool = False,
+                  config: dict | None = None) -> Launch:
+    """The launch of linear(x [M, K], w [N, K]) with its semaphores on an H200 (meta tensors);
+    config: `sparkinfer.linear.config` attributes set for the call."""
     import sparkinfer.linear.launch as lin
 
     xt, wt = (_DTYPES[d] for d in dtype.split(">")) if ">" in dtype else (_DTYPES[dtype],) * 2
     meta = dict(device="meta")
     sink: list[Launch] = []
     w = torch.empty(n, k, dtype=wt, **meta)
-    with mock.patch.object(lin, "_num_sms", lambda device: 132), \
+    config = dict(config or {}, MAX_GROUPS=lin.config.MAX_GROUPS)  # patch.multiple needs one name at least
+    with mock.patch.multiple(lin.config, **config), mock.patch.object(lin, "_num_sms", lambda device: 132), \
             mock.patch.object(lin, "linear_preload_kernel", _Recorder(lin.linear_preload_kernel, sink)), \
             mock.patch.object(lin, "linear_stream_kernel", _Recorder(lin.linear_stream_kernel, sink)):
         lin.linear(torch.empty(m, k * (2 if gated else 1), dtype=xt, **meta), w,
@@ -91,8 +94,9 @@ def _before_wait(ptx: str) -> dict:
                 copies_after_wait=count(tail, copy))
 
 
-def compile_case(n: int, k: int, m: int, dtype: str, bias: bool, gated: bool = False) -> dict:
-    launch = record_launch(n, k, m, dtype, bias, gated)
+def compile_case(n: int, k: int, m: int, dtype: str, bias: bool, gated: bool = False,
+                 config: dict | None = None) -> dict:
+    launch = record_launch(n, k, m, dtype, bias, gated, config)
     compiled = compile_launch(launch)
     ptx = compiled.asm["ptx"]
     kw = launch.kwargs

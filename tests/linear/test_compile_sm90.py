@@ -23,6 +23,8 @@ CASES = {
     "glm-shared-gate-up-m16": (2816, 4096, 16, "bf16", False, False),  # preload, KS 512: the largest slice
     "qwen3-qkv-m64": (5120, 2048, 64, "bf16", False, False),  # coarse: 2 groups of 4 slices, 4 row blocks
     "qwen3-o-m128": (2048, 4096, 128, "bf16", False, False),  # coarse, launches of 64 rows
+    # coarse, 128 features a program (8 warps; config.COARSE_BLOCK_N, not the default)
+    "qwen3-qkv-m64-bn128": (5120, 2048, 64, "bf16", False, False, {"COARSE_BLOCK_N": 128}),
     "glm-shared-down-gated-m64": (4096, 1408, 64, "bf16", False, True),  # coarse, 4 gated x blocks
     "glm-router-fp32-m64": (128, 4096, 64, "bf16>fp32", False, False),  # coarse, tf32x3 in 64-wide steps
     "glm-router-fp32-m8": (128, 4096, 8, "bf16>fp32", False, False),  # preload, tf32x3, x upcast in the kernel

@@ -75,3 +75,23 @@ def test_coarse_calls_give_the_split_sums(monkeypatch, name):
     linear(x, w, b, sync=sync, gated=gated, tile=tile, out=fine)
     assert torch.equal(coarse.view(torch.int16), fine.view(torch.int16))
     assert not sync.any()
+
+
+def test_coarse_programs_of_128_features_match_the_reference(monkeypatch):
+    """config.COARSE_BLOCK_N = 128 (not the default): every element of a coarse call of
+    128-feature programs (partials of 2 groups, a partial last block) within one bf16
+    rounding of the fp64 product, outputs poisoned first. Not bitwise against 64: the
+    interpreter's numpy matmul orders sums by operand shape."""
+    monkeypatch.setattr(launch.config, "COARSE_BLOCK_N", 128)
+    tile = linear_tile(320, 2048, 2, 6)
+    assert tile.groups > 1 and not tile.stream
+    g = torch.Generator().manual_seed(11)
+    w = (torch.randn(320, 2048, generator=g) * 2048 ** -0.5).bfloat16().to(DEV)
+    x = torch.randn(40, 2048, generator=g).bfloat16().to(DEV)
+    sync = linear_sync(w)
+    out = torch.full((40, 320), float("nan"), dtype=torch.bfloat16, device=DEV)
+    linear(x, w, sync=sync, tile=tile, out=out)
+    ref = x.double() @ w.double().t()
+    assert torch.isfinite(out).all()
+    assert ((out.double() - ref).abs() <= ref.abs() * 2 ** -7 + 1e-4).all()
+    assert not sync.any()
