@@ -166,7 +166,6 @@ def _variants(n, k, elem, m, cuda, gated=False):
             out += [("coarse_gated", planned, True, dict(COARSE_MIN_ROWS=0, COARSE_GATED=True))]
         out += [(f"coarse_g{g}", dataclasses.replace(planned, group=g), True, dict(COARSE_MIN_ROWS=0))
                 for g in (1, 2, 4) if g != planned.group and g < planned.split]
-    out = [(impl, t, pdl, o) for impl, t, pdl, o in out]
     cap = PRELOAD_BYTES if elem <= 2 else PRELOAD_BYTES_FP32
     for ks in (256, 512):
         t = LinearTile(stream=False, block_n=BLOCK_N, block_k=64, k_slice=ks, split=-(-k // ks))
@@ -181,20 +180,21 @@ def _variants(n, k, elem, m, cuda, gated=False):
     return out
 
 
-def _with(overrides, fn):
-    """fn with `sparkinfer.linear.config` attributes set for the call (a graph captures
-    the launches the settings pick)."""
+def _settings(overrides):
+    """`sparkinfer.linear.config` attributes set inside the `with` (a graph captures the
+    launches the settings pick)."""
+    from unittest import mock
+
     from sparkinfer.linear import config
 
+    return mock.patch.dict(vars(config), overrides)
+
+
+def _with(overrides, fn):
+    """fn, called under `_settings(overrides)`."""
     def call():
-        old = {a: getattr(config, a) for a in overrides}
-        try:
-            for a, v in overrides.items():
-                setattr(config, a, v)
+        with _settings(overrides):
             fn()
-        finally:
-            for a, v in old.items():
-                setattr(config, a, v)
     return call
 
 
@@ -257,9 +257,8 @@ def _invariance(c, tile, dev, overrides) -> dict:
     w, b, s, kw = c.ws[0], c.bs[0], c.syncs[0], dict(tile=tile, gated=c.gated)
     x = torch.randn(64, c.x.shape[1], device=dev).bfloat16()
     alone = linear(x[37:38], w, b, sync=s, **kw)
-    full = {}
-    _with(overrides, lambda: full.setdefault("out", linear(x, w, b, sync=s, **kw)))()
-    full = full["out"]
+    with _settings(overrides):
+        full = linear(x, w, b, sync=s, **kw)
     x2 = torch.randn(64, c.x.shape[1], device=dev).bfloat16()
     x2[5] = x[37]
     moved = linear(x2, w, b, sync=s, **kw)
@@ -267,10 +266,10 @@ def _invariance(c, tile, dev, overrides) -> dict:
     if overrides:
         from sparkinfer.linear.config import MAX_ROWS
 
-        fine = {}
         kw["tile"] = dataclasses.replace(tile, coarse_always=False)
-        _with(dict(COARSE_MIN_ROWS=MAX_ROWS), lambda: fine.setdefault("out", linear(x, w, b, sync=s, **kw)))()
-        ok = ok and torch.equal(full.view(torch.int16), fine["out"].view(torch.int16))
+        with _settings(dict(COARSE_MIN_ROWS=MAX_ROWS)):
+            fine = linear(x, w, b, sync=s, **kw)
+        ok = ok and torch.equal(full.view(torch.int16), fine.view(torch.int16))
     return dict(batch_invariant=bool(ok), sync_rearmed=not bool(s.any()))
 
 

@@ -139,8 +139,14 @@ class LinearTile:
         and never changes a sum, so it may follow M. Preload: x of the next row block."""
         if not self.stream:
             return 2
-        step = (self.block_n + row_blocks * BLOCK_M) * self.block_k * elem
-        return max(2, min(self.stages or STREAM_STAGES, SMEM_BYTES // step))
+        return stream_stages(self.block_n, self.block_k, row_blocks, elem, self.stages or STREAM_STAGES)
+
+
+def stream_stages(block_n: int, block_k: int, row_blocks: int, elem: int, cap: int = STREAM_STAGES) -> int:
+    """Steps in flight of a stream program: at most `cap`, as many [block_n + rows, block_k]
+    steps as SMEM_BYTES holds, at least 2."""
+    step = (block_n + row_blocks * BLOCK_M) * block_k * elem
+    return max(2, min(cap, SMEM_BYTES // step))
 
 
 def _preload_cost(n: int, k: int, ks: int, elem: int, num_sms: int) -> int:

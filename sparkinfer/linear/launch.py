@@ -11,7 +11,7 @@ import triton
 from sparkinfer.envs import triton_interpret
 from sparkinfer.errors import AliasingError, DTypeError, LayoutError, ShapeError
 from sparkinfer.linear import config
-from sparkinfer.linear.config import BLOCK_M, BLOCK_N, MAX_ROWS, SMEM_BYTES, STREAM_STAGES, LinearTile, linear_tile
+from sparkinfer.linear.config import BLOCK_M, BLOCK_N, MAX_ROWS, LinearTile, linear_tile, stream_stages
 from sparkinfer.linear.kernel import linear_preload_kernel, linear_stream_kernel
 from sparkinfer.runtime.devices import cuda_sm_count
 
@@ -44,6 +44,11 @@ def _precision(dtype: torch.dtype, interpret: bool) -> str:
     if interpret:
         return "ieee"
     return "tf32x3" if dtype == torch.float32 else "mma"
+
+
+def _pdl(pdl: bool | None, x: torch.Tensor, interpret: bool) -> bool:
+    """Programmatic dependent launch for this call: `pdl` or LINEAR_PDL, on CUDA only."""
+    return (LINEAR_PDL if pdl is None else pdl) and x.device.type != "cpu" and not interpret
 
 
 def _num_sms(device: torch.device) -> int:
@@ -161,7 +166,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
     if tile.split > 1:
         part = torch.empty((tile.split, blocks * tile.block_n, rows), dtype=torch.float32, device=x.device)
     interpret = triton_interpret()
-    pdl = (LINEAR_PDL if pdl is None else pdl) and x.device.type != "cpu" and not interpret
+    pdl = _pdl(pdl, x, interpret)
     kernel = linear_stream_kernel if tile.stream else linear_preload_kernel
     kernel[(blocks, tile.split)](
         x, w, bias if bias is not None else w, out, part, sync if sync is not None else out,
@@ -192,12 +197,12 @@ def _coarse(x, w, bias, out, sync, tile: LinearTile, pdl, gated) -> None:
     part = out
     if groups > 1:
         part = torch.empty((groups, blocks * bn, rows), dtype=torch.float32, device=x.device)
-    pdl = (LINEAR_PDL if pdl is None else pdl) and x.device.type != "cpu" and not interpret
-    stages = max(2, min(STREAM_STAGES, SMEM_BYTES // ((bn + rows) * bk * elem)))
+    pdl = _pdl(pdl, x, interpret)
     linear_stream_kernel[(blocks, groups)](
         x, w, bias if bias is not None else w, out, part, sync,
         m, n, k, tile.group * tile.k_slice, x.stride(0), x.stride(1), w.stride(0), out.stride(0),
         part.stride(0) if groups > 1 else 0, rows,
         BN=bn, BK=bk, KS=bk, RB=row_blocks, SPLIT=groups, GROUP=1, SLICE=tile.k_slice,
         HAS_BIAS=bias is not None, GATED=gated, PRECISION=_precision(w.dtype, interpret), PDL=pdl,
-        num_warps=tile.num_warps * bn // tile.block_n, num_stages=stages, **(dict(launch_pdl=True) if pdl else {}))
+        num_warps=tile.num_warps * bn // tile.block_n, num_stages=stream_stages(bn, bk, row_blocks, elem),
+        **(dict(launch_pdl=True) if pdl else {}))

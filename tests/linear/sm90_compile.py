@@ -45,8 +45,7 @@ def record_launch(n: int, k: int, m: int, dtype: str, bias: bool, gated: bool = 
     meta = dict(device="meta")
     sink: list[Launch] = []
     w = torch.empty(n, k, dtype=wt, **meta)
-    config = dict(config or {}, MAX_GROUPS=lin.config.MAX_GROUPS)  # patch.multiple needs one name at least
-    with mock.patch.multiple(lin.config, **config), mock.patch.object(lin, "_num_sms", lambda device: 132), \
+    with mock.patch.dict(vars(lin.config), config or {}), mock.patch.object(lin, "_num_sms", lambda device: 132), \
             mock.patch.object(lin, "linear_preload_kernel", _Recorder(lin.linear_preload_kernel, sink)), \
             mock.patch.object(lin, "linear_stream_kernel", _Recorder(lin.linear_stream_kernel, sink)):
         lin.linear(torch.empty(m, k * (2 if gated else 1), dtype=xt, **meta), w,
