@@ -6,7 +6,8 @@ a tile is (BM, BN, BK, stages, warps, G), BK fixed at 64 (`sparkinfer.linear.gem
 
 For each preset's projection shapes (qkv, o, router; `--presets`) and M in `--m`,
 times `gemm` with the tile `gemm_tile(M, N)` plans and with each of `GEMM_CANDIDATES` (a CUDA
-graph of `--reps` calls, `timing.graph_op_us`), on random inputs, and checks every
+graph of `--reps` calls, `timing.graph_op_us`), each by per-thread loads and by TMA
+descriptors, and cuBLAS (torch.mm) beside them, on random inputs, and checks every
 candidate's output against the planned tile's bitwise (a row's bits must not follow
 the tile, or M would change them) and the planned output against an fp32 reference
 (bf16 rounding). Prints a table per shape and M, writes JSON rows with
@@ -86,17 +87,28 @@ def main() -> int:
             ref_ok = torch.allclose(ref.float(), exact, rtol=2 ** -7, atol=1e-5 * k)
             bad += not ref_ok
             print(f"\n{preset} {name} N={n} K={k} M={m} (planned {planned})")
-            cands = {"planned": planned, **{c: t for c, t in GEMM_CANDIDATES.items() if t != planned}}
-            for cname, tile in cands.items():
+            cands = {"planned": (planned, None),
+                     **{c: (t, False) for c, t in GEMM_CANDIDATES.items() if t != planned},
+                     **{c + "+tma": (t, True) for c, t in GEMM_CANDIDATES.items()}}
+            for cname, (tile, tma) in cands.items():
                 out = torch.full_like(ref, float("nan"))
-                same = torch.equal(gemm(x, w, out=out, tile=tile), ref)
+                same = torch.equal(gemm(x, w, out=out, tile=tile, tma=tma), ref)
                 bad += not same
-                us = _time_us(lambda x=x, w=w, tile=tile, out=out: gemm(x, w, out=out, tile=tile), reps, cuda)
+                us = _time_us(lambda x=x, w=w, tile=tile, out=out, tma=tma: gemm(x, w, out=out, tile=tile, tma=tma),
+                              reps, cuda)
                 tflops = 2 * m * n * k / us / 1e6
                 rows.append(dict(bench="gemm_tile_sweep", preset=preset, name=name, n=n, k=k, m=m, config=cname,
-                                 tile=list(tile), planned=cname == "planned", us=us, tflops=tflops,
+                                 tile=list(tile), tma=tma, planned=cname == "planned", us=us, tflops=tflops,
                                  bitwise_equal_planned=same, planned_matches_fp32=ref_ok, ok=same and ref_ok))
-                print(f"  {cname:10s} {str(tile):28s} {us:9.1f} us {tflops:7.1f} TFLOP/s  same bits {same}")
+                print(f"  {cname:14s} {str(tile):28s} {us:9.1f} us {tflops:7.1f} TFLOP/s  same bits {same}")
+            # cuBLAS beside them: the rate a kernel free to pick its sum order by M reaches
+            out = torch.empty_like(ref)
+            us = _time_us(lambda x=x, w=w, out=out: torch.mm(x, w.T, out=out), reps, cuda)
+            err = ((out.float() - exact).abs().max() / exact.abs().max()).item()
+            rows.append(dict(bench="gemm_tile_sweep", preset=preset, name=name, n=n, k=k, m=m, config="cublas",
+                             planned=False, us=us, tflops=2 * m * n * k / us / 1e6, rel_err_vs_fp32=err,
+                             ok=err < 2 ** -7))
+            print(f"  {'cublas':14s} {'':28s} {us:9.1f} us {2 * m * n * k / us / 1e6:7.1f} TFLOP/s")
     meta = metadata(types.SimpleNamespace(argv=["python3", "benchmarks/sweeps/gemm_tile_sweep.py", *sys.argv[1:]]))
     out = args.out or default_out("gemm_tile", meta, 1, dry_run=args.dry_run, sweep=True)
     print(f"rows -> {append_rows(out, rows, meta)}; {bad} checks failed")

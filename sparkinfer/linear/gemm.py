@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from sparkinfer.envs import triton_interpret
 from sparkinfer.errors import DTypeError, LayoutError, ShapeError
@@ -47,6 +48,8 @@ __all__ = ["gemm", "gemm_tile", "GEMM_WIDE", "GEMM_NARROW", "GEMM_CANDIDATES"]
 GEMM_WIDE = (128, 128, 64, 4, 8, 8)
 GEMM_NARROW = (64, 64, 64, 4, 4, 8)
 GEMM_WIDE_MIN_TILES = 96
+# x and w by TMA descriptors (the MoE kernels' loads) instead of per-thread loads.
+GEMM_TMA = False
 # The tiles `benchmarks/sweeps/gemm_tile_sweep.py` times beside the planned one.
 GEMM_CANDIDATES = {
     "64x64": GEMM_NARROW,
@@ -71,7 +74,7 @@ _DTYPES = (torch.bfloat16, torch.float16)
 @triton.jit(do_not_specialize=["M"])  # one compiled kernel at every M
 def gemm_kernel(p_x, p_w, p_b, p_out, M, N, K, stride_xm, stride_wn, stride_om,
                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, G: tl.constexpr,
-                HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr):
+                HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr):
     pid = tl.program_id(0)
     tiles_m = tl.cdiv(M, BM)
     tiles_n = tl.cdiv(N, BN)
@@ -87,11 +90,15 @@ def gemm_kernel(p_x, p_w, p_b, p_out, M, N, K, stride_xm, stride_wn, stride_om,
     m_n = o_n < N
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for k0 in range(0, K, BK):
-        m_k = k0 + o_k < K
-        b_x = tl.load(p_x + o_m[:, None] * stride_xm + (k0 + o_k)[None, :], mask=m_m[:, None] & m_k[None, :],
-                      other=0.0)
-        b_w = tl.load(p_w + o_n[None, :] * stride_wn + (k0 + o_k)[:, None], mask=m_n[None, :] & m_k[:, None],
-                      other=0.0)
+        if TMA:  # p_x, p_w: descriptors of blocks [BM, BK], [BN, BK]; past M, N and K they read zero
+            b_x = p_x.load([t_m * BM, k0])
+            b_w = tl.trans(p_w.load([t_n * BN, k0]))
+        else:
+            m_k = k0 + o_k < K
+            b_x = tl.load(p_x + o_m[:, None] * stride_xm + (k0 + o_k)[None, :],
+                          mask=m_m[:, None] & m_k[None, :], other=0.0)
+            b_w = tl.load(p_w + o_n[None, :] * stride_wn + (k0 + o_k)[:, None],
+                          mask=m_n[None, :] & m_k[:, None], other=0.0)
         if UPCAST:  # the interpreter's 16-bit dots are fp16 ones: exact fp32 products instead
             acc = tl.dot(b_x.to(tl.float32), b_w.to(tl.float32), acc, input_precision="ieee")
         else:
@@ -102,13 +109,20 @@ def gemm_kernel(p_x, p_w, p_b, p_out, M, N, K, stride_xm, stride_wn, stride_om,
              mask=m_m[:, None] & m_n[None, :])
 
 
+def _tma_ok(t: torch.Tensor) -> bool:
+    """A TMA descriptor needs a 16-byte aligned base and row stride."""
+    return t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
+
+
 def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
-         out: torch.Tensor | None = None, tile: tuple | None = None) -> torch.Tensor:
+         out: torch.Tensor | None = None, tile: tuple | None = None, tma: bool | None = None) -> torch.Tensor:
     """x [M, K] @ w [N, K].T (+ bias [N]) -> [M, N] in w's dtype (bf16 or fp16, x alike,
     unit stride along K), fp32 accumulation in K order in BK = 64 steps: a row's result
     is the same bits at any M and whatever the other rows hold. tile: (BM, BN, BK,
     stages, warps, G) instead of `gemm_tile(M, N)` (tile sweeps; BK must stay 64 for the
-    same bits). No host sync; capture-legal once the shape's kernel has compiled."""
+    same bits). tma: load x and w by TMA descriptors (None: `GEMM_TMA` where x and w are
+    16-byte aligned); the same bits either way. No host sync; capture-legal once the
+    shape's kernel has compiled."""
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
         raise ShapeError(f"gemm: x [M, K] and w [N, K] with the same K; got {tuple(x.shape)} and {tuple(w.shape)}")
     if w.dtype not in _DTYPES or x.dtype != w.dtype:
@@ -126,8 +140,17 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
     if m == 0:
         return out
     bm, bn, bk, stages, warps, group = tile or gemm_tile(m, n)
+    aligned = _tma_ok(x) and _tma_ok(w)
+    if tma is None:
+        tma = GEMM_TMA and aligned
+    elif tma and not aligned:
+        raise LayoutError(f"gemm: tma=True needs 16-byte aligned x and w rows; got strides {x.stride()}, "
+                          f"{w.stride()}")
+    k = w.shape[1]
+    d_x = TensorDescriptor(x, [m, k], [x.stride(0), 1], [bm, bk]) if tma else x
+    d_w = TensorDescriptor(w, [n, k], [w.stride(0), 1], [bn, bk]) if tma else w
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
-    gemm_kernel[grid](x, w, bias if bias is not None else w, out, m, n, w.shape[1], x.stride(0), w.stride(0),
+    gemm_kernel[grid](d_x, d_w, bias if bias is not None else w, out, m, n, k, x.stride(0), w.stride(0),
                       out.stride(0), BM=bm, BN=bn, BK=bk, G=group, HAS_BIAS=bias is not None,
-                      UPCAST=triton_interpret(), num_warps=warps, num_stages=stages)
+                      UPCAST=triton_interpret(), TMA=tma, num_warps=warps, num_stages=stages)
     return out
