@@ -60,10 +60,19 @@ SPLIT_KEYS = 256
 # Up to 128 heads share a KV head (the tile then holds one query).
 MAX_GROUP = 128
 # Rows per program: 16 is the smallest tensor-core M (a decode tile of G < 16
-# heads is padded to it); prefill tiles stop at 128 rows (8 warps, fp32 acc
-# [128, D] = 64 registers a thread at D = 128).
+# heads is padded to it). A row's queries x G heads up to MAX_BLOCK_M = 128 rows
+# share one tile (decode and verify: then its keys can be split over programs);
+# more (prefill) go in PREFILL_BLOCK_M = 64-row tiles, one warpgroup (fp32 acc
+# [64, D] = 64 registers a thread at D = 128), unless G alone is more. One H200
+# (.gpu probe at 24301af, Qwen3-30B-A3B heads, CUDA graphs of 20 calls), a chunk of
+# 256 queries at context 512: 11.0 us in 64-row tiles of 4 warps against 18.0 in
+# 128-row tiles of 8 (15.6 at 64 rows and 8 warps; 33.8 at 128 and 4), 4 chunks 30.0
+# against 33.1, 512 queries 16.4 against 18.0; the same bits (a row's keys are walked
+# in the same BLOCK_N steps whatever its tile; a step past a row's last key adds
+# exact zeros). 32-row tiles were slower (16.0, 53.0, 24.8).
 MIN_BLOCK_M = 16
 MAX_BLOCK_M = 128
+PREFILL_BLOCK_M = 64
 
 
 @dataclass(frozen=True)
@@ -128,7 +137,8 @@ def num_splits_heuristic(programs: int, cache_len: int, *, q_blocks: int = 1,
 
 def _block_m(q_len: int, group: int) -> int:
     lo = max(MIN_BLOCK_M, triton.next_power_of_2(group))
-    return max(lo, min(MAX_BLOCK_M, triton.next_power_of_2(q_len * group)))
+    rows = triton.next_power_of_2(q_len * group)
+    return max(lo, rows if rows <= MAX_BLOCK_M else PREFILL_BLOCK_M)
 
 
 def attention_config(*, batch: int, q_len: int, num_q_heads: int, num_kv_heads: int,
@@ -174,7 +184,9 @@ def attention_config(*, batch: int, q_len: int, num_q_heads: int, num_kv_heads: 
         # (two programs per SM fit the H200's 227 KiB); D 256 halves the step
         block_n=64 if block_d <= 128 else 32,
         block_d=block_d, num_splits=ns, split_keys=split_keys, split_slots=slots,
-        num_warps=4 if block_m <= 16 else 8,
+        # one warpgroup for decode tiles and D <= 128 prefill tiles (above); verify
+        # tiles of 32-64 rows keep 8 (not timed at 4)
+        num_warps=4 if block_m <= 16 or (q_blocks > 1 and block_m <= PREFILL_BLOCK_M and block_d <= 128) else 8,
         num_stages=3,
         grid=(programs, ns), rows=rows,
         workspace_numel=slots * rows * (head_dim + 1) if slots > 1 else 0,

@@ -31,29 +31,34 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from sparkinfer.envs import triton_interpret
 from sparkinfer.errors import DTypeError, LayoutError, ShapeError
 
-__all__ = ["gemm", "gemm_tile", "GEMM_WIDE", "GEMM_NARROW", "GEMM_CANDIDATES"]
+__all__ = ["gemm", "gemm_tile", "GEMM_WIDE", "GEMM_MID", "GEMM_NARROW", "GEMM_CANDIDATES"]
 
 # (BM, BN, BK, stages, warps, G). Wide: 128 x 128 tiles of bf16 in 64-deep steps, 4
 # stages (128 KiB of shared memory on sm_90's 227), 8 warps (two warpgroups of
-# m64n128k16). Narrow: 64 x 64 in one warpgroup, 4x the programs, where wide tiles
-# would leave SMs idle (fewer than GEMM_WIDE_MIN_TILES of them on 132 SMs): a mixed
-# step's or a short prefill's rows, and narrow outputs (routers) at any M. H200 sweep
-# at 2fecfda (benchmarks/sweeps/gemm_tile_sweep.py, CUDA graphs of 20 calls,
-# sweeps/gemm_tile_sweep_h200.json), Qwen3-30B-A3B's qkv, o and router at M 256 /
-# 512 / 1,024 summed: 198.5 us with this rule against 238.9 with wide tiles
-# everywhere (the best of 7 tiles per shape: 194.9); o at 256 rows 16.8 against 30.5,
-# the router 9.4-9.6 against 16.4-16.6. Every candidate tile gave the planned tile's
-# bits at every shape and M (the same sweep, and GLM-4.5-Air's and Mixtral's shapes
-# at 489b586).
+# m64n128k16). Mid: 64 x 128 in one warpgroup; narrow: 64 x 64, 4x the wide programs.
+# The widest tile of which at least GEMM_MIN_TILES fill the 132 SMs; narrow below
+# that (routers at any M, short chunks). x and w arrive by TMA descriptors
+# (GEMM_TMA). One H200, benchmarks/sweeps/gemm_tile_sweep.py at 24301af (CUDA graphs
+# of 20 calls, sweeps/gemm_tile_sweep_h200.json), Qwen3-30B-A3B's qkv / o / router, us:
+#   M = 256: 12.8 / 12.3 / 7.2 with this rule (cuBLAS 10.1 / 11.4 / 5.1), against
+#            16.5 / 16.3 / 9.6 for the earlier rule (wide or narrow by per-thread loads);
+#   M = 512: 24.1 / 14.5 / 7.0 (cuBLAS 16.5 / 16.3 / 5.3; earlier 31.4 / 22.6 / 8.8);
+#   M = 1,024: 37.6 / 23.9 / 7.0 (29.7 / 22.9 / 5.4; 46.8 / 29.5 / 8.9);
+#   M = 2,048: 70.7 / 49.8 / 7.1 (57.3 / 44.2 / 6.1; 79.4 / 58.7 / 8.9).
+# The best of 14 tiles and loads per shape was within 10% of the rule everywhere
+# (qkv at 512: 21.9 in 128 x 64). Every candidate, by either load, gave the planned
+# tile's bits at every shape and M.
 GEMM_WIDE = (128, 128, 64, 4, 8, 8)
+GEMM_MID = (64, 128, 64, 4, 4, 8)
 GEMM_NARROW = (64, 64, 64, 4, 4, 8)
-GEMM_WIDE_MIN_TILES = 96
-# x and w by TMA descriptors (the MoE kernels' loads) instead of per-thread loads.
-GEMM_TMA = False
+GEMM_MIN_TILES = 96
+# x and w by TMA descriptors (the MoE kernels' loads) instead of per-thread loads,
+# where both are 16-byte aligned (a row stride of 8 bf16 elements).
+GEMM_TMA = True
 # The tiles `benchmarks/sweeps/gemm_tile_sweep.py` times beside the planned one.
 GEMM_CANDIDATES = {
     "64x64": GEMM_NARROW,
-    "64x128": (64, 128, 64, 4, 4, 8),
+    "64x128": GEMM_MID,
     "128x64": (128, 64, 64, 4, 4, 8),
     "128x64-w8": (128, 64, 64, 4, 8, 8),
     "128x128": GEMM_WIDE,
@@ -64,8 +69,10 @@ GEMM_CANDIDATES = {
 
 def gemm_tile(m: int, n: int) -> tuple[int, int, int, int, int, int]:
     """(BM, BN, BK, stages, warps, G) of a gemm of M rows and N outputs. Pure."""
-    wide = triton.cdiv(m, GEMM_WIDE[0]) * triton.cdiv(n, GEMM_WIDE[1]) >= GEMM_WIDE_MIN_TILES
-    return GEMM_WIDE if wide else GEMM_NARROW
+    for tile in (GEMM_WIDE, GEMM_MID):
+        if triton.cdiv(m, tile[0]) * triton.cdiv(n, tile[1]) >= GEMM_MIN_TILES:
+            return tile
+    return GEMM_NARROW
 
 
 _DTYPES = (torch.bfloat16, torch.float16)

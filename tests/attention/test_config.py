@@ -17,8 +17,8 @@ TILES = {  # Q, Hq, KVH -> block_m, queries per block, query blocks
     "decode-g1": ((1, 8, 8), (16, 16, 1)),
     "verify-q4-g8": ((4, *QWEN3), (32, 4, 1)),
     "verify-q4-g12": ((4, *GLM_AIR), (64, 5, 1)),
-    "prefill-q512-g8": ((512, *QWEN3), (128, 16, 32)),
-    "prefill-q512-g12": ((512, *GLM_AIR), (128, 10, 52)),
+    "prefill-q512-g8": ((512, *QWEN3), (64, 8, 64)),
+    "prefill-q512-g12": ((512, *GLM_AIR), (64, 5, 103)),
     "group-128": ((3, 128, 1), (128, 1, 3)),
 }
 
@@ -30,7 +30,8 @@ def test_tiles(shape, want):
     assert (c.block_m, c.queries_per_block, c.q_blocks) == want
     assert c.queries_per_block * (hq // kvh) <= c.block_m and c.q_blocks * c.queries_per_block >= q
     assert c.grid == (2 * kvh * c.q_blocks, c.num_splits)
-    assert c.num_warps == (4 if c.block_m == 16 else 8) and c.block_n == 64 and c.block_d == 128
+    one_warpgroup = c.block_m == 16 or (c.q_blocks > 1 and c.block_m <= 64)  # decode and prefill tiles
+    assert c.num_warps == (4 if one_warpgroup else 8) and c.block_n == 64 and c.block_d == 128
 
 
 SPLITS = {  # B, (Hq, KVH), L -> splits on 132 SMs
@@ -69,7 +70,7 @@ def test_heuristic_edges():
 
 def test_forced_splits_and_prefill_stays_unsplit():
     c = attention_config(batch=1, q_len=512, num_q_heads=32, num_kv_heads=4, head_dim=128, cache_len=4096)
-    assert c.num_splits == 1 and c.grid == (128, 1)  # 4 heads x 32 query blocks
+    assert c.num_splits == 1 and c.grid == (256, 1)  # 4 heads x 64 query blocks
     f = attention_config(batch=1, q_len=1, num_q_heads=32, num_kv_heads=4, head_dim=64, cache_len=64,
                          num_splits=7, batch_invariant=False)
     assert f.num_splits == 7 and f.workspace_numel == 7 * 32 * 65 and f.block_d == 64

@@ -45,10 +45,12 @@ def test_a_row_is_the_same_bits_at_any_m_beside_any_rows():
 
 def test_every_tile_gives_the_same_bits():
     """The tile follows the output's size (`gemm_tile`), so a row's bits must not follow
-    the tile: each candidate of the tile sweep against the planned one, bitwise."""
-    from sparkinfer.linear.gemm import GEMM_CANDIDATES, GEMM_NARROW, GEMM_WIDE, gemm_tile
+    the tile: each candidate of the tile sweep, by per-thread loads and by TMA
+    descriptors, against the planned one, bitwise."""
+    from sparkinfer.linear.gemm import GEMM_CANDIDATES, GEMM_MID, GEMM_NARROW, GEMM_WIDE, gemm_tile
 
     assert gemm_tile(256, 2048) == GEMM_NARROW and gemm_tile(1024, 2048) == GEMM_WIDE
+    assert gemm_tile(256, 5120) == GEMM_MID and gemm_tile(512, 2048) == GEMM_MID
     assert gemm_tile(4096, 128) == GEMM_NARROW  # a router: 32 wide tiles would idle most SMs
     g = torch.Generator().manual_seed(2)
     m, n, k = 200, 192, 160  # ragged in every dimension
@@ -56,8 +58,23 @@ def test_every_tile_gives_the_same_bits():
     w = (torch.randn(n, k, generator=g) / k ** 0.5).to(torch.bfloat16).to(DEV)
     planned = gemm(x, w)
     for name, tile in GEMM_CANDIDATES.items():
-        out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=DEV)
-        assert torch.equal(gemm(x, w, out=out, tile=tile), planned), name
+        for tma in (False, True):
+            out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=DEV)
+            assert torch.equal(gemm(x, w, out=out, tile=tile, tma=tma), planned), (name, tma)
+
+
+def test_unaligned_rows_take_per_thread_loads():
+    """A TMA descriptor needs 16-byte aligned rows: a view of odd K stride loads per
+    thread (the same bits), and asking for TMA there is refused."""
+    g = torch.Generator().manual_seed(3)
+    base = torch.randn(40, 72, generator=g).to(torch.bfloat16).to(DEV)
+    x = base[:, :67]  # row stride 72 elements (aligned), K = 67
+    odd = torch.randn(40, 69, generator=g).to(torch.bfloat16).to(DEV)[:, :67]  # row stride 69: unaligned
+    odd.copy_(x)
+    w = (torch.randn(24, 72, generator=g) / 67 ** 0.5).to(torch.bfloat16).to(DEV)[:, :67]
+    assert torch.equal(gemm(odd, w), gemm(x, w, tma=True))
+    with pytest.raises(LayoutError, match="16-byte aligned"):
+        gemm(odd, w, tma=True)
 
 
 def test_bad_inputs_are_refused():
