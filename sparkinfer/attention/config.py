@@ -69,7 +69,8 @@ MAX_GROUP = 128
 # 128-row tiles of 8 (15.6 at 64 rows and 8 warps; 33.8 at 128 and 4), 4 chunks 30.0
 # against 33.1, 512 queries 16.4 against 18.0; the same bits (a row's keys are walked
 # in the same BLOCK_N steps whatever its tile; a step past a row's last key adds
-# exact zeros). 32-row tiles were slower (16.0, 53.0, 24.8).
+# exact zeros; 32-row tiles, slower, took other MMA instructions and other bits).
+# benchmarks/sweeps/prefill_tiles_sweep.py times these tiles.
 MIN_BLOCK_M = 16
 MAX_BLOCK_M = 128
 PREFILL_BLOCK_M = 64

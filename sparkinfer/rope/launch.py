@@ -11,6 +11,12 @@ from sparkinfer.errors import DTypeError, LayoutError, ShapeError
 from sparkinfer.rope.kernel import rope_qk_cache_kernel
 
 _MIN_PROGRAMS = 128  # about one per SM of an H200 (132)
+# At most 4 heads a program (512 elements at D = 128, 4 a thread): more, smaller
+# programs hide the loads' latency. One H200 (.gpu probe at f23d3de, Qwen3-30B-A3B's
+# 32 + 4 heads, CUDA graphs of 20 calls), us per call at 64 / 256 / 1,024 tokens:
+# 3.3 / 6.0 / 16.6 in blocks of 4 heads against 4.6 / 7.9 / 23.1 in blocks of 32;
+# blocks of 8-16 between, of 1 slower (5.1 / 13.7 / 49.1); the same bits in every case.
+_MAX_BLOCK_HEADS = 4
 
 __all__ = ["RotaryTable", "rotary_table", "rope_qk_cache"]
 
@@ -79,7 +85,7 @@ def rope_qk_cache(qkv: torch.Tensor, positions: torch.Tensor, slots: torch.Tenso
     if t == 0:
         return q_out
     block_d = triton.next_power_of_2(d)
-    block_heads = max(1, min(triton.next_power_of_2(hq + kvh), 4096 // block_d))
+    block_heads = max(1, min(triton.next_power_of_2(hq + kvh), 4096 // block_d, _MAX_BLOCK_HEADS))
     # a decode step has few tokens: narrower head blocks, so the grid is not one or two
     # programs running every head in series (H200, Qwen3-30B-A3B dims at batch 1: 4.5 us
     # per call with 2 programs of 32 heads; benchmarks/results/decode_profile_h200.json)
