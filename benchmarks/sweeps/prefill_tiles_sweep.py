@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import os
 import sys
 import types
@@ -70,8 +71,8 @@ def _attention_rows(heads, chunks, dev, cuda):
                         mock.patch.object(alaunch, "attention_config", cfg):
                     out = torch.full_like(planned, float("nan"))
                     lse = torch.empty(b, q_len, hq, dtype=torch.float32, device=dev)
-                    fn = (lambda out=out, lse=lse: decode_attention(q, kc, vc, slots, q_pos, sm_scale=d ** -0.5,
-                                                                    out=out, lse=lse))
+                    fn = functools.partial(decode_attention, q, kc, vc, slots, q_pos, sm_scale=d ** -0.5,
+                                           out=out, lse=lse)
                     fn()
                     same = torch.equal(out, planned)
                     us = _time_us(fn, cuda)
@@ -99,9 +100,10 @@ def _rope_rows(heads, tokens, dev, cuda):
         slots = torch.zeros(t, dtype=torch.int32, device=dev)
         norms = tuple(torch.randn(d, generator=g).to(torch.bfloat16).to(dev) for _ in range(2))
 
-        def run(q_out):
+        def run(q_out, qkv=qkv, pos=pos, slots=slots, norms=norms, t=t):
             caches = tuple(torch.zeros(1, t, kvh, d, dtype=torch.bfloat16, device=dev) for _ in range(2))
-            fn = (lambda: rope_qk_cache(qkv, pos, slots, table, caches, (hq, kvh, d), norms=norms, q_out=q_out))
+            fn = functools.partial(rope_qk_cache, qkv, pos, slots, table, caches, (hq, kvh, d), norms=norms,
+                                   q_out=q_out)
             fn()
             return fn, (q_out.clone(), caches[0].clone(), caches[1].clone())
 
