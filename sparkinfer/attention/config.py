@@ -64,13 +64,13 @@ MAX_GROUP = 128
 # share one tile (decode and verify: then its keys can be split over programs);
 # more (prefill) go in PREFILL_BLOCK_M = 64-row tiles, one warpgroup (fp32 acc
 # [64, D] = 64 registers a thread at D = 128), unless G alone is more. One H200
-# (.gpu probe at 24301af, Qwen3-30B-A3B heads, CUDA graphs of 20 calls), a chunk of
-# 256 queries at context 512: 11.0 us in 64-row tiles of 4 warps against 18.0 in
-# 128-row tiles of 8 (15.6 at 64 rows and 8 warps; 33.8 at 128 and 4), 4 chunks 30.0
-# against 33.1, 512 queries 16.4 against 18.0; the same bits (a row's keys are walked
-# in the same BLOCK_N steps whatever its tile; a step past a row's last key adds
-# exact zeros; 32-row tiles, slower, took other MMA instructions and other bits).
-# benchmarks/sweeps/prefill_tiles_sweep.py times these tiles.
+# (benchmarks/sweeps/prefill_tiles_sweep.py at a7dbc59, sweeps/prefill_tiles_sweep_h200.json;
+# Qwen3-30B-A3B heads, CUDA graphs of 20 calls), us per call at context 512: one chunk of
+# 256 queries 11.0 in 64-row tiles of 4 warps against 18.0 in 128-row tiles of 8 (the
+# earlier rule; 64 rows and 8 warps 15.5, 128 and 4 33.0), 4 chunks 29.9 against
+# 32.9, 512 queries 16.3 against 18.2; the same bits (a row's keys are walked in the
+# same BLOCK_N steps whatever its tile; a step past a row's last key adds exact
+# zeros; 32-row tiles, slower in a probe, take mma.sync instead of wgmma and other bits).
 MIN_BLOCK_M = 16
 MAX_BLOCK_M = 128
 PREFILL_BLOCK_M = 64

@@ -11,12 +11,13 @@ from sparkinfer.errors import DTypeError, LayoutError, ShapeError
 from sparkinfer.rope.kernel import rope_qk_cache_kernel
 
 _MIN_PROGRAMS = 128  # about one per SM of an H200 (132)
-# At most 4 heads a program (512 elements at D = 128, 4 a thread): more, smaller
-# programs hide the loads' latency. One H200 (.gpu probe at f23d3de, Qwen3-30B-A3B's
-# 32 + 4 heads, CUDA graphs of 20 calls), us per call at 64 / 256 / 1,024 tokens:
-# 3.3 / 6.0 / 16.6 in blocks of 4 heads against 4.6 / 7.9 / 23.1 in blocks of 32;
-# blocks of 8-16 between, of 1 slower (5.1 / 13.7 / 49.1); the same bits in every case.
-_MAX_BLOCK_HEADS = 4
+# At most 8 heads a program (1,024 elements at D = 128, 8 a thread): more, smaller
+# programs hide the loads' latency. One H200 (benchmarks/sweeps/prefill_tiles_sweep.py
+# at a7dbc59, sweeps/prefill_tiles_sweep_h200.json; Qwen3-30B-A3B's 32 + 4 heads, CUDA
+# graphs of 20 calls), us per call at 64 / 256 / 1,024 tokens: 3.6 / 5.9 / 16.6 in
+# blocks of 8 heads against 4.6 / 7.9 / 23.1 in blocks of 32 (the earlier rule);
+# blocks of 4: 3.4 / 6.6 / 19.3, of 1: 5.0 / 13.7 / 49.1; the same bits in every case.
+_MAX_BLOCK_HEADS = 8
 
 __all__ = ["RotaryTable", "rotary_table", "rope_qk_cache"]
 
