@@ -167,16 +167,17 @@ GROUP_M = 8
 # weight tile again for each BM-row tile, with narrower tiles: at M = 4096 it
 # reaches 19-37% of the bf16 tensor-core rate where bf16 reaches 30-64%
 # (moe_h200.json, b7c56e6: Qwen3 1540 vs 815 us, Mixtral 9831 vs 5645).
-# NOT YET MEASURED (`bench_moe.py --sweep` times both sides; see tuning.py);
-# from the arithmetic with that run's 4.27 TB/s copy and 796 TFLOP/s bf16: the
-# copy costs 2.56 bytes per weight (0.56 NVFP4 read + 2 bf16 written; the bf16
-# GEMM's weight reads replace the NVFP4 kernel's), 0.60 ns; the GEMM saves 2 x
-# rows x (1/0.27 - 1/0.45) / 796e12 = rows x 3.7e-15 s per weight (0.27, 0.45:
-# the mean NVFP4 and bf16 tensor-core fractions at M = 4096): even at 161 rows.
-# Predicted, us (bf16 time + copy vs NVFP4 grouped, same run): Qwen3 M=4096
-# (256 rows) 815 + 362 vs 1540; Mixtral M=1024 (256) 1698 + 845 vs 2885, M=4096
-# 5645 + 845 vs 9831; below the threshold DeepSeek-V3 M=4096 (128 rows) 9068 +
-# 6750 vs 13890 and the TP8 shard (128) 1508 + 845 vs 2432 keep the NVFP4 kernel.
+# Measured on one H200 (`sparkinfer bench moe --sweep --formats nvfp4 --m
+# 256,1024,4096` at 4edaaed, sweeps/moe_sweep_nvfp4_h200.json: the dequantized
+# path against the NVFP4 kernel's planned tiles, us, mean rows per active expert):
+# at 256 rows Qwen3 M=4096 1166 vs 1576, Mixtral M=1024 2598 vs 2918; at 1024
+# Mixtral M=4096 5893 vs 9902; below, at 128 rows, DeepSeek-V3 M=4096 17652 vs
+# 13904 and its TP8 shard 2529 vs 2505, at 64 rows Qwen3 M=1024 842 vs 548 and
+# Mixtral M=256 1977 vs 1111. The threshold lies between 128 and 256 rows. A
+# batch-invariant plan (MoECaps' default, and `bench moe`'s) never takes the
+# copies: the path would follow T, and the two paths are not known to give the
+# same bits (the copies' tiles take a chunk's K in natural order, the NVFP4
+# kernel's in its register order, `nvfp4_tile`; not compared).
 NVFP4_DEQUANT_MIN_ROWS = 160
 # fp8_block: one weight scale per 128 x 128 block and one activation scale per
 # 128 elements of a row, so a K step is one block (BK 128) and FC1 programs
