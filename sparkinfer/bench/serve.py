@@ -158,6 +158,10 @@ def _run_levels(args, url: str, model: str, levels, static, con) -> list[dict]:
             n_steps = steps1["steps"] - steps0["steps"]
             row.update(engine_steps=n_steps, ms_per_engine_step=wall * 1e3 / n_steps,
                        mixed_engine_steps=steps1["mixed_steps"] - steps0["mixed_steps"])
+            # CPU seconds a wall second of the HTTP and engine processes (near 1.0: a saturated core)
+            for key, name in (("server_cpu_s", "server_cpu_frac"), ("engine_cpu_s", "engine_cpu_frac")):
+                if steps0[key] is not None and steps1[key] is not None:
+                    row[name] = (steps1[key] - steps0[key]) / wall
         if rate is None and conc in static:
             s = static[conc]
             tok_s = s.get("tokens_per_s") or conc / s["us_per_step"] * 1e6
@@ -206,13 +210,14 @@ def main(args) -> int:
         rows = _run_levels(args, url, model, levels, _static_rows(args, meta) if args.preset else {}, con)
     print_table(f"serving {model}: {args.input_len}-token prompts, {args.output_len}-token outputs (ms)",
                 ["level", "done", "req/s", "out tok/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "ITL p50",
-                 "ITL p90", "ITL p99", "static tok/s", "serve/static", "steady/static", "ok"],
+                 "ITL p90", "ITL p99", "static tok/s", "serve/static", "steady/static", "CPU http / engine", "ok"],
                 [[f"C={r['concurrency']}" if r["rate"] is None else f"{r['rate']:g}/s", r["completed"],
                   fmt(r["request_throughput"]), fmt(r["output_tokens_per_s"], 1), fmt(r["ttft_ms_p50"], 1),
                   fmt(r["ttft_ms_p99"], 1), fmt(r["tpot_ms_p50"], 2), fmt(r["tpot_ms_p99"], 2),
                   fmt(r["itl_ms_p50"], 2), fmt(r["itl_ms_p90"], 2), fmt(r["itl_ms_p99"], 2),
                   fmt(r.get("static_tokens_per_s"), 0), fmt(r.get("serve_vs_static")),
-                  fmt(r.get("steady_vs_static")), r["ok"]] for r in rows])
+                  fmt(r.get("steady_vs_static")),
+                  f"{fmt(r.get('server_cpu_frac'))} / {fmt(r.get('engine_cpu_frac'))}", r["ok"]] for r in rows])
     out = args.out or default_out("serve", meta, args.tp, dry_run=args.dry_run)
     con.print(f"rows -> {append_rows(out, rows, meta)}")
     return 0 if all(r["ok"] for r in rows) else 1

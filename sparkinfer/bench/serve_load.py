@@ -316,20 +316,25 @@ def steady(results: list[RequestResult], spec: LoadSpec) -> dict:
 
 
 def engine_steps(url: str, timeout_s: float = 10.0) -> dict | None:
-    """{"steps", "mixed_steps"}: the server's `sparkinfer_engine_steps_total` and
-    `sparkinfer_engine_mixed_steps_total` (0 when absent) from GET /metrics; None from a
-    server that exports no step count."""
+    """{"steps", "mixed_steps", "server_cpu_s", "engine_cpu_s"}: the server's
+    `sparkinfer_engine_steps_total`, `sparkinfer_engine_mixed_steps_total`, its HTTP
+    process's `process_cpu_seconds_total` and `sparkinfer_engine_process_cpu_seconds_total`
+    (0 or None when absent) from GET /metrics; None from a server that exports no step count."""
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
-    names = {"sparkinfer_engine_steps_total": "steps", "sparkinfer_engine_mixed_steps_total": "mixed_steps"}
+    names = {"sparkinfer_engine_steps_total": "steps", "sparkinfer_engine_mixed_steps_total": "mixed_steps",
+             "process_cpu_seconds_total": "server_cpu_s", "sparkinfer_engine_process_cpu_seconds_total": "engine_cpu_s"}
     got = {}
     try:
         text = httpx.get(f"{url}/metrics", timeout=timeout_s).text
         for fam in text_string_to_metric_families(text):
             for sample in fam.samples:
                 if sample.name in names:
-                    got[names[sample.name]] = int(sample.value)
+                    got[names[sample.name]] = sample.value
     except (httpx.HTTPError, ValueError):
         return None
-    return {"mixed_steps": 0, **got} if "steps" in got else None
+    if "steps" not in got:
+        return None
+    return {"mixed_steps": 0, "server_cpu_s": None, "engine_cpu_s": None, **got,
+            "steps": int(got["steps"]), "mixed_steps": int(got.get("mixed_steps", 0))}

@@ -165,7 +165,9 @@ class EngineStats:
     slots_total: cache slots; max_waiting: the queue bound beyond which submit
     refuses (EngineOverloaded); healthy: False once the engine failed (error says
     why); steps: engine steps run so far; mixed_steps: those whose prompt chunks ran
-    beside decode rows in one forward (mixed steps)."""
+    beside decode rows in one forward (mixed steps); engine_cpu_s: CPU seconds the
+    engine process has used (scheduler, detokenization, the pipe; 0 where the engine
+    runs in the caller's process)."""
 
     running: int = 0
     waiting: int = 0
@@ -176,4 +178,5 @@ class EngineStats:
     error: str | None = None
     steps: int = 0
     mixed_steps: int = 0
+    engine_cpu_s: float = 0.0
     extra: dict = field(default_factory=dict)

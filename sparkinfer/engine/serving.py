@@ -16,7 +16,7 @@ H200 at concurrency 64 a step took 6.6 ms against a 2.45 ms graph replay
 One duplex pipe joins the caller and the engine process. Caller to engine:
 ("submit", id, prompt, params), ("abort", id), ("close",). Engine to caller:
 ("ready", max_context, rank pids) once every rank has loaded and captured, then
-("out", outputs, (running, steps, mixed steps)) after each step that produced any (one message a
+("out", outputs, (running, steps, mixed steps, engine CPU s)) after each step that produced any (one message a
 step, however many requests), ("failed", message, rank) once the engine failed, and
 ("closed", message or None, rank) last. A reader thread of the caller feeds each
 request's `RequestHandle`. `submit` checks what it can answer at once (capacity,
@@ -67,6 +67,7 @@ class ServingEngine:
         # drains them, so a reader waiting on a sender would close a cycle.
         self._send_lock = threading.Lock()
         self._running = self._steps = self._mixed = 0
+        self._cpu_s = 0.0
         self._error: tuple[str, int | None] | None = None
         self._closed: tuple | None = None
         self._stopping = False
@@ -137,7 +138,7 @@ class ServingEngine:
             while True:
                 msg = self._conn.recv()
                 if msg[0] == "out":
-                    self._running, self._steps, self._mixed = msg[2]
+                    self._running, self._steps, self._mixed, self._cpu_s = msg[2]
                     self._deliver(msg[1])
                 elif msg[0] == "failed":
                     self._fail(msg[1], msg[2])
@@ -214,7 +215,7 @@ class ServingEngine:
         return EngineStats(running=running, waiting=unfinished - running, slots_used=running,
                            slots_total=self.config.max_batch, max_waiting=self.config.max_waiting,
                            healthy=err is None, error=None if err is None else err[0], steps=self._steps,
-                           mixed_steps=self._mixed)
+                           mixed_steps=self._mixed, engine_cpu_s=self._cpu_s)
 
     def rank_pids(self) -> list[int]:
         """The rank processes' ids, in rank order (for tests and operators)."""
@@ -299,8 +300,9 @@ def relay_type(outbox: deque) -> type:
 
 
 def out_message(outbox: deque, running: int, steps: int, mixed: int = 0) -> tuple:
-    """The pipe's message of one step: every output queued in `outbox` (emptied)."""
-    return ("out", [outbox.popleft() for _ in range(len(outbox))], (running, steps, mixed))
+    """The pipe's message of one step: every output queued in `outbox` (emptied), and the
+    engine's counters with this process's CPU seconds (about a microsecond to read)."""
+    return ("out", [outbox.popleft() for _ in range(len(outbox))], (running, steps, mixed, time.process_time()))
 
 
 def _loop(conn, driver, outbox: deque) -> None:

@@ -68,16 +68,20 @@ class _EngineCollector:
         yield CounterMetricFamily("sparkinfer_engine_mixed_steps",
                                   "engine steps whose prompt chunks ran beside decode rows in one forward",
                                   value=s.mixed_steps)
+        yield CounterMetricFamily("sparkinfer_engine_process_cpu_seconds",
+                                  "CPU seconds of the engine process (scheduler, detokenization, pipe)",
+                                  value=s.engine_cpu_s)
 
 
 class ServeMetrics:
     """The app's collectors. in_flight: a callable giving the requests being served."""
 
     def __init__(self, engine, in_flight=lambda: 0):
-        from prometheus_client import CollectorRegistry, Counter, Histogram
+        from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 
         self.registry = reg = CollectorRegistry()
         reg.register(_EngineCollector(engine, in_flight))
+        ProcessCollector(registry=reg)  # this (the HTTP) process's process_cpu_seconds_total, memory, fds
         self.prompt_tokens = Counter("sparkinfer_prompt_tokens", "prompt tokens of accepted requests",
                                      registry=reg)
         self.generation_tokens = Counter("sparkinfer_generation_tokens", "generated tokens sent to clients",

@@ -30,6 +30,8 @@ def test_bench_serve_against_a_url(fake_server, tmp_path, capsys):
     # the server's side: its engine's steps over the level (the fake's stats count them)
     assert all(r["engine_steps"] > 0 and r["ms_per_engine_step"] > 0 for r in rows)
     assert all(0 <= r["mixed_engine_steps"] <= r["engine_steps"] for r in rows)  # the fake: half its steps
+    # the server's CPU a wall second over the level (/proc's clock ticks: 0 is possible on a short level)
+    assert all(r["server_cpu_frac"] >= 0 and r["engine_cpu_frac"] == 0 for r in rows)  # the fake: in-process
     for r in rows:
         assert r["ok"] and (r["completed"], r["failed"], r["model"]) == (8, 0, "fake-model")
         assert r["output_tokens_per_s"] > 0 and r["request_throughput"] > 0

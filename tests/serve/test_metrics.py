@@ -56,6 +56,8 @@ def test_metrics_match_the_requests_sent(fake_server):
                       "sparkinfer_engine_healthy": 1, "sparkinfer_requests_in_flight": 0}
     assert m[("sparkinfer_engine_steps_total", ())] == fake_server.engine.stats().steps > 0
     assert m[("sparkinfer_engine_mixed_steps_total", ())] == fake_server.engine.stats().mixed_steps > 0
+    # the fake engine runs in the server's process: no engine process CPU of its own; the HTTP process's own
+    assert m[("sparkinfer_engine_process_cpu_seconds_total", ())] == 0 and m[("process_cpu_seconds_total", ())] > 0
 
 
 @pytest.mark.fake_kwargs(max_batch=1, max_context=8192)

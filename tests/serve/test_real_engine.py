@@ -134,6 +134,8 @@ def _checks(live: LiveServer, full: bool) -> None:
     assert m[("sparkinfer_request_outcomes_total", (("reason", "overloaded"),))] == burst.count(429)
     assert m[("sparkinfer_request_outcomes_total", (("reason", "abort"),))] == 1
     assert m[("sparkinfer_cache_slots_total", ())] == SLOTS
+    # CPU seconds of the HTTP process and of the engine process, which served every request above
+    assert m[("process_cpu_seconds_total", ())] > 0 and m[("sparkinfer_engine_process_cpu_seconds_total", ())] > 0
 
 
 def _shm_names() -> set[str]:
