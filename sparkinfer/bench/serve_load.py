@@ -336,5 +336,5 @@ def engine_steps(url: str, timeout_s: float = 10.0) -> dict | None:
         return None
     if "steps" not in got:
         return None
-    return {"mixed_steps": 0, "server_cpu_s": None, "engine_cpu_s": None, **got,
+    return {"server_cpu_s": None, "engine_cpu_s": None, **got,
             "steps": int(got["steps"]), "mixed_steps": int(got.get("mixed_steps", 0))}
