@@ -294,12 +294,16 @@ def summarize(results: list[RequestResult], wall_s: float, spec: LoadSpec) -> di
 
 
 def steady(results: list[RequestResult], spec: LoadSpec) -> dict:
-    """{steady_s, steady_output_tokens_per_s}: the steady window of a fixed-concurrency
-    level (module docstring) and the output tokens/s in it; None where the level has
-    no such window (Poisson arrivals, a failed request, or fewer than two waves). A
-    stream chunk of n tokens counts n / chunks of its request's tokens (servers may
-    merge the outputs of a stream that falls behind)."""
-    none = dict(steady_s=None, steady_output_tokens_per_s=None)
+    """{steady_s, steady_output_tokens_per_s, steady_in_flight_frac, steady_first_token_frac}:
+    the steady window of a fixed-concurrency level (module docstring), the output tokens/s
+    in it, the share of the C streams' time in it with a request in flight (sent, not yet
+    answered to its last token: the rest is the client's and the HTTP path's turn-around),
+    and the share of that in-flight time before a request's first token; None where the
+    level has no such window (Poisson arrivals, a failed request, or fewer than two
+    waves). A stream chunk of n tokens counts n / chunks of its request's tokens (servers
+    may merge the outputs of a stream that falls behind)."""
+    none = dict(steady_s=None, steady_output_tokens_per_s=None, steady_in_flight_frac=None,
+                steady_first_token_frac=None)
     if spec.rate is not None or not results or not all(r.ok for r in results):
         return none
     clients = {r.client for r in results}
@@ -307,12 +311,16 @@ def steady(results: list[RequestResult], spec: LoadSpec) -> dict:
     end = min(max(r.sent_s for r in results if r.client == c) for c in clients)
     if end <= start:
         return none
-    tokens = 0.0
+    tokens = flight = first = 0.0
     for r in results:
         at = r.sent_s + r.ttft_s
         times = [at] + [at := at + g for g in r.itl_s]
         tokens += r.output_tokens / len(times) * sum(start <= t <= end for t in times)
-    return dict(steady_s=end - start, steady_output_tokens_per_s=tokens / (end - start))
+        flight += max(0.0, min(end, r.sent_s + r.e2e_s) - max(start, r.sent_s))
+        first += max(0.0, min(end, r.sent_s + r.ttft_s) - max(start, r.sent_s))
+    return dict(steady_s=end - start, steady_output_tokens_per_s=tokens / (end - start),
+                steady_in_flight_frac=flight / (spec.concurrency * (end - start)),
+                steady_first_token_frac=first / flight if flight else None)
 
 
 def engine_steps(url: str, timeout_s: float = 10.0) -> dict | None:

@@ -75,6 +75,9 @@ def test_steady_window_counts_the_tokens_between_first_completion_and_last_sendi
     row = summarize(results, wall_s=5.02, spec=spec)
     start, end = 1.25, 3 * 1.25 + 0.02
     assert row["steady_s"] == pytest.approx(end - start)
+    # back to back: every stream always has a request in flight, 0.5 s of each 1.25 before its first token
+    assert row["steady_in_flight_frac"] == pytest.approx(1.0)
+    assert row["steady_first_token_frac"] == pytest.approx(0.4, abs=0.02)  # the window cuts whole periods
     # the chunks that arrived in [start, end], one token each
     times = [r.sent_s + r.ttft_s + i * 0.25 for r in results for i in range(4)]
     inside = sum(start <= t <= end for t in times)
@@ -83,6 +86,16 @@ def test_steady_window_counts_the_tokens_between_first_completion_and_last_sendi
     merged = _closed_loop(3, 4, chunks=2, gap=0.75)
     inside = sum(start <= r.sent_s + r.ttft_s + i * 0.75 <= end for r in merged for i in range(2))
     assert summarize(merged, 5.02, spec)["steady_output_tokens_per_s"] == pytest.approx(2 * inside / (end - start))
+    # a 0.25 s turn-around between a stream's requests: in flight 1.25 of every 1.5 s
+    spaced = [RequestResult(**{**r.__dict__, "sent_s": r.sent_s + 0.25 * (r.sent_s // 1.25)})
+              for r in _closed_loop(3, 6)]
+    row = summarize(spaced, 9.0, LoadSpec(url="u", model="m", input_len=8, output_len=4, requests=18,
+                                          concurrency=3))
+    lo, hi = 1.25, 5 * 1.5 + 0.02  # the window: first completion, last sending; count in-flight streams at 1 ms
+    ticks = [lo + i * 1e-3 for i in range(round((hi - lo) / 1e-3))]
+    busy = sum(r.sent_s <= t < r.sent_s + r.e2e_s for t in ticks for r in spaced) / (3 * len(ticks))
+    assert row["steady_s"] == pytest.approx(hi - lo) and busy < 0.85  # the turn-arounds show
+    assert row["steady_in_flight_frac"] == pytest.approx(busy, abs=2e-3)
     # no window: one wave, Poisson arrivals, or a failed request
     assert summarize(_closed_loop(3, 1), 1.27, spec)["steady_output_tokens_per_s"] is None
     poisson = LoadSpec(url="u", model="m", input_len=8, output_len=4, requests=12, rate=4.0)
