@@ -162,6 +162,11 @@ def _run_levels(args, url: str, model: str, levels, static, con) -> list[dict]:
             for key, name in (("server_cpu_s", "server_cpu_frac"), ("engine_cpu_s", "engine_cpu_frac")):
                 if steps0[key] is not None and steps1[key] is not None:
                     row[name] = (steps1[key] - steps0[key]) / wall
+            # the engine's share of TTFT, mean ms a request: queued (slot, budget), then the prompt's steps
+            for k in ("queue", "prefill"):
+                n = (steps1[f"{k}_count"] or 0) - (steps0[f"{k}_count"] or 0)
+                if n > 0:
+                    row[f"{k}_ms_mean"] = (steps1[f"{k}_sum"] - steps0[f"{k}_sum"]) / n * 1e3
         if rate is None and conc in static:
             s = static[conc]
             tok_s = s.get("tokens_per_s") or conc / s["us_per_step"] * 1e6

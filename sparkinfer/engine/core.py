@@ -79,6 +79,8 @@ class _Live:
     sched: SchedRequest
     completion: int = 0
     prompt_tokens: int = 0
+    submitted: float = 0.0  # perf_counter at receipt, then at the first step that ran its prompt
+    queued: float | None = None  # receipt to that step; None until it ran, then until its first token
 
 
 class EngineCore:
@@ -123,7 +125,7 @@ class EngineCore:
         text = TextStream(self.tokenizer, prompt, params.stop, self._singles) if self.tokenizer is not None else None
         with self._lock:
             self.sched.add(sr)  # raises CapacityError / EngineOverloaded before anything is kept
-            self._live[rid] = _Live(handle, text, sr, 0, len(prompt))
+            self._live[rid] = _Live(handle, text, sr, 0, len(prompt), time.perf_counter())
             self._by_key[key] = rid
             self._lock.notify_all()
         return handle
@@ -164,6 +166,7 @@ class EngineCore:
                     live = self._live.get(c.request)
                     if live is not None and live.handle.state is RequestState.WAITING:
                         live.handle.state = RequestState.PREFILLING
+                        live.queued, live.submitted = t0 - live.submitted, t0
         if plan is None:
             return False
         t1 = time.perf_counter()
@@ -191,6 +194,9 @@ class EngineCore:
                 reason = FinishReason.STOP
                 self.sched.abort(u.request, FinishReason.STOP)  # frees the slot for the next step
         live.completion += len(u.tokens)
+        timings = None
+        if live.queued is not None and u.tokens:  # the first tokens: how long it queued, how long it prefilled
+            timings, live.queued = (live.queued, time.perf_counter() - live.submitted), None
         handle = live.handle
         if handle.state is not RequestState.FINISHED:
             handle.state = RequestState.RUNNING
@@ -198,7 +204,7 @@ class EngineCore:
             self._drop(u.request)
         # a RequestOutput's fields: the engine process's handles send them as they are
         handle._push_fields((handle.request_id, u.tokens, text, u.logprobs, reason is not None, reason, None,
-                             live.prompt_tokens, live.completion))
+                             live.prompt_tokens, live.completion, timings))
 
     def _finish(self, rid: int, reason: FinishReason, error: str | None = None) -> None:
         live = self._live.get(rid)

@@ -134,6 +134,10 @@ class RequestOutput:
     logprobs: one per new token when the request asked for them, else None.
     finished / finish_reason / error: set on the last output of the request.
     prompt_tokens, completion_tokens: counts so far (for `usage`).
+    timings: (queue_s, prefill_s) on a request's first output with tokens: seconds
+    from the engine's receipt to the step that first ran its prompt, and from the
+    start of that step to this output (the engine's clock; the rest of a
+    time to first token is the caller's and the pipe's); else None.
     """
 
     request_id: str
@@ -145,6 +149,7 @@ class RequestOutput:
     error: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    timings: tuple[float, float] | None = None
 
 
 def merge_outputs(outs: list[RequestOutput]) -> RequestOutput | None:
@@ -155,7 +160,8 @@ def merge_outputs(outs: list[RequestOutput]) -> RequestOutput | None:
     last = outs[-1]
     lps = None if all(o.logprobs is None for o in outs) else tuple(t for o in outs for t in o.logprobs or ())
     return RequestOutput(last.request_id, tuple(t for o in outs for t in o.token_ids), "".join(o.text for o in outs),
-                         lps, last.finished, last.finish_reason, last.error, last.prompt_tokens, last.completion_tokens)
+                         lps, last.finished, last.finish_reason, last.error, last.prompt_tokens, last.completion_tokens,
+                         next((o.timings for o in outs if o.timings is not None), None))
 
 
 @dataclass(frozen=True)

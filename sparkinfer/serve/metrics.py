@@ -92,6 +92,13 @@ class ServeMetrics:
             self.outcomes.labels(reason=reason)
         self.ttft = Histogram("sparkinfer_time_to_first_token_seconds", "arrival to the first generated token",
                               buckets=TTFT_BUCKETS, registry=reg)
+        # the engine's share of it: waiting for a cache slot and a step's prompt budget, then the prompt's steps
+        self.queue_time = Histogram("sparkinfer_request_queue_time_seconds",
+                                    "engine's receipt to the step that first ran the prompt",
+                                    buckets=TTFT_BUCKETS, registry=reg)
+        self.prefill_time = Histogram("sparkinfer_request_prefill_time_seconds",
+                                      "the step that first ran the prompt to the first token out of the engine",
+                                      buckets=TTFT_BUCKETS, registry=reg)
         self.itl = Histogram("sparkinfer_inter_token_latency_seconds",
                              "time between generated tokens (one sample per token)", buckets=ITL_BUCKETS,
                              registry=reg)

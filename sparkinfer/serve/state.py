@@ -81,6 +81,9 @@ class Tracker:
             if self._first is None:
                 self._first = now
                 m.ttft.observe(now - self.arrival)
+                if out.timings is not None:
+                    m.queue_time.observe(out.timings[0])
+                    m.prefill_time.observe(out.timings[1])
             else:
                 m.observe_tokens(n, now - self._last)
             self._last = now

@@ -5,6 +5,8 @@ predictable) and every prompt's last chunk with its first token; stop tokens,
 lengths, aborts and the queue bound are driven from that.
 """
 
+import time
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -223,11 +225,12 @@ def test_random_arrivals_every_request_finishes_in_order(arrivals, slots, budget
 def test_a_handle_reports_waiting_prefilling_running_finished():
     from sparkinfer.engine.core import EngineCore
 
-    class Instant:
+    class Steady:  # every step takes at least 2 ms
         def execute(self, plan):
+            time.sleep(0.002)
             return _fake(plan)
 
-    core = EngineCore(Instant(), SchedulerCaps(slots=1, max_context=64, chunk=4, step_tokens=4))
+    core = EngineCore(Steady(), SchedulerCaps(slots=1, max_context=64, chunk=4, step_tokens=4))
     a = core.submit(list(range(10)), SamplingParams(max_new_tokens=2))
     b = core.submit([1, 2], SamplingParams(max_new_tokens=1))
     assert a.state is RequestState.WAITING and b.state is RequestState.WAITING
@@ -239,7 +242,13 @@ def test_a_handle_reports_waiting_prefilling_running_finished():
     while core.step():
         pass
     assert a.finished and b.finished and a.finish_reason is FinishReason.LENGTH
-    assert [o.token_ids for o in a.result()] == [(10,), (11,)]
+    outs = a.result()
+    assert [o.token_ids for o in outs] == [(10,), (11,)]
+    # the first output says how long the request queued and prefilled; a: at once, then 3 steps of chunks;
+    # b: queued behind a's 4 steps (one slot), then one step
+    (a_queue, a_prefill), (b_queue, b_prefill) = outs[0].timings, b.result()[0].timings
+    assert outs[1].timings is None
+    assert a_queue >= 0 and a_prefill >= 3 * 0.002 and b_queue >= 4 * 0.002 and b_prefill >= 0.002
 
 
 @settings(max_examples=30, deadline=None)

@@ -136,6 +136,12 @@ def _checks(live: LiveServer, full: bool) -> None:
     assert m[("sparkinfer_cache_slots_total", ())] == SLOTS
     # CPU seconds of the HTTP process and of the engine process, which served every request above
     assert m[("process_cpu_seconds_total", ())] > 0 and m[("sparkinfer_engine_process_cpu_seconds_total", ())] > 0
+    # every request that got a first token says how long it queued and prefilled in the engine
+    ttft = m[("sparkinfer_time_to_first_token_seconds_count", ())]
+    assert m[("sparkinfer_request_queue_time_seconds_count", ())] == ttft == \
+        m[("sparkinfer_request_prefill_time_seconds_count", ())] > 0
+    prefill = m[("sparkinfer_request_prefill_time_seconds_sum", ())]
+    assert 0 < prefill < m[("sparkinfer_time_to_first_token_seconds_sum", ())]
 
 
 def _shm_names() -> set[str]:
