@@ -39,19 +39,6 @@ def _shapes(preset: str) -> list[tuple[str, int, int]]:
             ("o", h, c["num_attention_heads"] * d), ("router", e, h)]
 
 
-def _time_us(fn, reps: int, cuda: bool) -> float:
-    """Median us of one call of `fn`: on a GPU `timing.graph_op_us` (a CUDA graph of
-    `reps` calls, so a small shape's launch overhead is not timed); on the CPU the wall
-    clock of one call (dry runs: logic only)."""
-    from sparkinfer.bench.timing import graph_op_us, median, time_calls
-
-    if cuda:
-        import torch
-
-        return graph_op_us(fn, torch.cuda.Stream(), ops=reps)
-    return median(time_calls(fn, 1, cuda=False)) * 1e6
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--presets", default="qwen3-30b-a3b,mixtral-8x7b,glm-4.5-air")
@@ -65,6 +52,7 @@ def main() -> int:
     import torch
 
     from sparkinfer.bench.common import append_rows, default_out, metadata
+    from sparkinfer.bench.timing import sweep_op_us
     from sparkinfer.linear.gemm import GEMM_CANDIDATES, gemm, gemm_tile
 
     cuda = torch.cuda.is_available() and not args.dry_run
@@ -94,8 +82,8 @@ def main() -> int:
                 out = torch.full_like(ref, float("nan"))
                 same = torch.equal(gemm(x, w, out=out, tile=tile, tma=tma), ref)
                 bad += not same
-                us = _time_us(lambda x=x, w=w, tile=tile, out=out, tma=tma: gemm(x, w, out=out, tile=tile, tma=tma),
-                              reps, cuda)
+                us = sweep_op_us(lambda x=x, w=w, tile=tile, out=out, tma=tma: gemm(x, w, out=out, tile=tile, tma=tma),
+                                 cuda, reps)
                 tflops = 2 * m * n * k / us / 1e6
                 rows.append(dict(bench="gemm_tile_sweep", preset=preset, name=name, n=n, k=k, m=m, config=cname,
                                  tile=list(tile), tma=tma, planned=cname == "planned", us=us, tflops=tflops,
@@ -103,7 +91,7 @@ def main() -> int:
                 print(f"  {cname:14s} {str(tile):28s} {us:9.1f} us {tflops:7.1f} TFLOP/s  same bits {same}")
             # cuBLAS beside them: the rate a kernel free to pick its sum order by M reaches
             out = torch.empty_like(ref)
-            us = _time_us(lambda x=x, w=w, out=out: torch.mm(x, w.T, out=out), reps, cuda)
+            us = sweep_op_us(lambda x=x, w=w, out=out: torch.mm(x, w.T, out=out), cuda, reps)
             err = ((out.float() - exact).abs().max() / exact.abs().max()).item()
             rows.append(dict(bench="gemm_tile_sweep", preset=preset, name=name, n=n, k=k, m=m, config="cublas",
                              planned=False, us=us, tflops=2 * m * n * k / us / 1e6, rel_err_vs_fp32=err,

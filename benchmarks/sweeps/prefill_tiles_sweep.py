@@ -32,16 +32,6 @@ from unittest import mock
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # sparkinfer without an install
 
 
-def _time_us(fn, cuda: bool) -> float:
-    from sparkinfer.bench.timing import graph_op_us, median, time_calls
-
-    if cuda:
-        import torch
-
-        return graph_op_us(fn, torch.cuda.Stream(), ops=20)
-    return median(time_calls(fn, 1, cuda=False)) * 1e6
-
-
 def _attention_rows(heads, chunks, dev, cuda):
     import torch
 
@@ -49,6 +39,7 @@ def _attention_rows(heads, chunks, dev, cuda):
     import sparkinfer.attention.launch as alaunch
     from sparkinfer.attention import decode_attention
     from sparkinfer.attention.reference import attention_reference
+    from sparkinfer.bench.timing import sweep_op_us
 
     hq, kvh, d = heads
     planned_cfg = alaunch.attention_config
@@ -75,7 +66,7 @@ def _attention_rows(heads, chunks, dev, cuda):
                                            out=out, lse=lse)
                     fn()
                     same = torch.equal(out, planned)
-                    us = _time_us(fn, cuda)
+                    us = sweep_op_us(fn, cuda)
                 bad += not same
                 rows.append(dict(kernel="attention", batch=b, q_len=q_len, context=ctx, block_m=bm, warps=warps,
                                  us=us, bitwise_equal_planned=same, planned_matches_fp32=ref_ok,
@@ -88,6 +79,7 @@ def _rope_rows(heads, tokens, dev, cuda):
     import torch
 
     import sparkinfer.rope.launch as rlaunch
+    from sparkinfer.bench.timing import sweep_op_us
     from sparkinfer.rope import rope_qk_cache, rotary_table
 
     hq, kvh, d = heads
@@ -112,7 +104,7 @@ def _rope_rows(heads, tokens, dev, cuda):
             with mock.patch.dict(rlaunch.__dict__, _MAX_BLOCK_HEADS=bh, _MIN_PROGRAMS=1):
                 fn, got = run(torch.full((t, hq, d), float("nan"), dtype=torch.bfloat16, device=dev))
                 same = all(torch.equal(a, b) for a, b in zip(got, planned))
-                us = _time_us(fn, cuda)
+                us = sweep_op_us(fn, cuda)
             bad += not same
             rows.append(dict(kernel="rope_qk_cache", tokens=t, block_heads=bh, us=us, bitwise_equal_planned=same,
                              ok=same))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import time
 
-__all__ = ["median", "Graph", "time_calls", "graph_op_us"]
+__all__ = ["median", "Graph", "time_calls", "graph_op_us", "sweep_op_us"]
 
 
 def median(xs) -> float:
@@ -120,3 +120,14 @@ def graph_op_us(fn, stream, *, scope=None, ops: int = 20, reps: int = 15) -> flo
     ts = time_calls(g.replay, reps, cuda=True)
     g.release()
     return median(ts) / ops * 1e6
+
+
+def sweep_op_us(fn, cuda: bool, ops: int = 20) -> float:
+    """A sweep's microseconds per call of `fn`: on a GPU `graph_op_us` (a graph of `ops`
+    calls on a fresh stream, so a small shape's launch overhead is not timed); on the CPU
+    the wall clock of one call (dry runs check logic, not speed)."""
+    if cuda:
+        import torch
+
+        return graph_op_us(fn, torch.cuda.Stream(), ops=ops)
+    return median(time_calls(fn, 1, cuda=False)) * 1e6
