@@ -38,16 +38,21 @@ __all__ = ["gemm", "gemm_tile", "GEMM_WIDE", "GEMM_MID", "GEMM_NARROW", "GEMM_CA
 # m64n128k16). Mid: 64 x 128 in one warpgroup; narrow: 64 x 64, 4x the wide programs.
 # The widest tile of which at least GEMM_MIN_TILES fill the 132 SMs; narrow below
 # that (routers at any M, short chunks). x and w arrive by TMA descriptors
-# (GEMM_TMA). One H200, benchmarks/sweeps/gemm_tile_sweep.py at 24301af (CUDA graphs
-# of 20 calls, sweeps/gemm_tile_sweep_h200.json), Qwen3-30B-A3B's qkv / o / router, us:
-#   M = 256: 12.8 / 12.3 / 7.2 with this rule (cuBLAS 10.1 / 11.4 / 5.1), against
-#            16.5 / 16.3 / 9.6 for the earlier rule (wide or narrow by per-thread loads);
-#   M = 512: 24.1 / 14.5 / 7.0 (cuBLAS 16.5 / 16.3 / 5.3; earlier 31.4 / 22.6 / 8.8);
-#   M = 1,024: 37.6 / 23.9 / 7.0 (29.7 / 22.9 / 5.4; 46.8 / 29.5 / 8.9);
-#   M = 2,048: 70.7 / 49.8 / 7.1 (57.3 / 44.2 / 6.1; 79.4 / 58.7 / 8.9).
-# The best of 14 tiles and loads per shape was within 10% of the rule everywhere
-# (qkv at 512: 21.9 in 128 x 64). Every candidate, by either load, gave the planned
-# tile's bits at every shape and M.
+# (GEMM_TMA). One H200, benchmarks/sweeps/gemm_tile_sweep.py (CUDA graphs of 20 calls),
+# Qwen3-30B-A3B's qkv / o / router, us. At 24301af (sweeps/gemm_tile_sweep_h200_24301af.json,
+# every tile by both loads, the earlier rule planned), this rule's tiles by TMA against
+# the earlier rule (wide or narrow) by per-thread loads:
+#   M = 256: 12.8 / 12.3 / 7.2 against 16.5 / 16.3 / 9.6 (cuBLAS 10.1 / 11.4 / 5.1);
+#   M = 512: 24.1 / 14.5 / 7.0 against 31.4 / 22.6 / 8.8 (cuBLAS 16.5 / 16.3 / 5.3);
+#   M = 1,024: 37.6 / 23.9 / 7.0 against 46.8 / 29.5 / 8.9 (29.7 / 22.9 / 5.4);
+#   M = 2,048: 70.7 / 49.8 / 7.1 against 79.4 / 58.7 / 8.9 (57.3 / 44.2 / 6.1);
+# the best of 14 tiles and loads within 10% of the rule (qkv at 512: 21.9 in 128 x 64).
+# At f23d3de, this rule planned (sweeps/gemm_tile_sweep_h200.json, with GLM-4.5-Air's and
+# Mixtral's shapes): the same within 3% on Qwen3's; the best within 10% of the planned
+# row but for Qwen3's qkv at 512 (24.3 against 21.8) and Mixtral's o at 256 rows (20.6
+# against 15.3 in 128 x 64; one run, not taken). The first row timed of a shape can read
+# high: GLM-4.5-Air's router at 256, planned 64 x 64 by TMA, 15.0, the same tile again 12.0.
+# Every candidate, by either load, gave the planned tile's bits at every shape and M.
 GEMM_WIDE = (128, 128, 64, 4, 8, 8)
 GEMM_MID = (64, 128, 64, 4, 4, 8)
 GEMM_NARROW = (64, 64, 64, 4, 4, 8)
