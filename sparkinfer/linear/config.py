@@ -92,8 +92,12 @@ MAX_GROUPS = 8
 # Features per coarse program (4 warps per 64). At 64 rows x is as many bytes a step as a
 # [64, k] weight tile, so 128 features (8 warps) would halve what each weight byte drags
 # through L2; the sums do not see it (each feature is its own MMA row). 128 failed on the
-# H200 at 75d2646 with a partial buffer sized for 64-feature blocks; fixed since, not yet
-# timed (`linear_decode_sweep.py`'s coarse_bn128 rows), so 64 stays.
+# H200 at 75d2646 with a partial buffer sized for 64-feature blocks; fixed since and
+# timed at 24301af (`linear_decode_sweep.py --shapes qwen3.qkv,qwen3.o,mixtral.o --ms
+# 16,32,64`, sweeps/linear_decode_sweep_h200_24301af.json), 128 against 64 features, us:
+# Qwen3's qkv 11.0 / 11.6 / 15.6 against 10.2 / 11.1 / 15.9 at M = 16 / 32 / 64, its o
+# 9.8 / 11.6 / 15.2 against 9.0 / 10.3 / 10.9, Mixtral's o 14.7 / 16.1 / 20.4 against
+# 13.3 / 14.5 / 20.4: never faster beyond noise, so 64 stays.
 COARSE_BLOCK_N = 64
 # Gated calls (silu(gate) * up computed as x loads) stay on the fine split: H200 at ff3643a,
 # GLM-4.5-Air's shared down [4096, 1408] at M = 32 / 64, fine 15.5 / 24.7 us against coarse
