@@ -89,8 +89,12 @@ def _levels(args) -> list[tuple[int | None, float | None]]:
     return [(int(c), None) for c in args.concurrency.split(",")]
 
 
+def _max_batch(args, levels) -> int:
+    return max((c or args.max_concurrency or 64) for c, _ in levels)
+
+
 def _server_command(args, levels, model: str | None) -> list[str]:
-    batch = max((c or args.max_concurrency or 64) for c, _ in levels)
+    batch = _max_batch(args, levels)
     requests = args.num_requests or max(MIN_REQUESTS, WAVES * batch)
     context = -(-(args.input_len + args.output_len) // CONTEXT_ROUND) * CONTEXT_ROUND
     cmd = [sys.executable, "-m", "sparkinfer.cli", "serve", *(["--demo"] if model is None else ["--model", model]),
@@ -111,6 +115,21 @@ def _server_setting(args, name: str):
         return None
     flag = getattr(args, name)
     return getattr(EngineConfig, name) if flag is None else flag
+
+
+def _policy_steps(args, levels, conc: int, requests: int, mixed: bool) -> int:
+    """`serve_policy.policy_steps` for a level of the server started here (its max batch
+    from `_server_command`, the engine's defaults otherwise; announced chunks where the
+    level ran mixed steps)."""
+    from sparkinfer.bench.serve_policy import policy_steps
+    from sparkinfer.engine.config import EngineConfig
+    from sparkinfer.engine.engine import MIXED_ROWS
+
+    chunk = EngineConfig.prefill_chunk
+    return policy_steps(conc, requests, args.input_len, args.output_len,
+                        slots=_max_batch(args, levels), chunk=chunk,
+                        step_tokens=EngineConfig.step_tokens, announce=MIXED_ROWS * chunk if mixed else 0,
+                        prefill_wait_steps=_server_setting(args, "prefill_wait_steps"))
 
 
 def _static_rows(args, meta) -> dict[int, dict]:
@@ -162,6 +181,8 @@ def _run_levels(args, url: str, model: str, levels, static, con) -> list[dict]:
             for key, name in (("server_cpu_s", "server_cpu_frac"), ("engine_cpu_s", "engine_cpu_frac")):
                 if steps0[key] is not None and steps1[key] is not None:
                     row[name] = (steps1[key] - steps0[key]) / wall
+            if rate is None and not args.url:  # what the scheduler's policy alone needs for this level
+                row["policy_engine_steps"] = _policy_steps(args, levels, conc, n, row["mixed_engine_steps"] > 0)
             # the engine's share of TTFT, mean ms a request: queued (slot, budget), then the prompt's steps
             for k in ("queue", "prefill"):
                 n = (steps1[f"{k}_count"] or 0) - (steps0[f"{k}_count"] or 0)

@@ -152,3 +152,37 @@ def test_a_started_server_gets_the_scheduling_flags():
     assert "--prefill-wait-steps" not in plain and "--mixed-steps" not in plain and wait == 0
     flagged, wait = cmd("--prefill-wait-steps", "3", "--no-mixed-steps")
     assert flagged[flagged.index("--prefill-wait-steps") + 1] == "3" and "--no-mixed-steps" in flagged and wait == 3
+
+
+def test_policy_steps_count_what_the_scheduler_alone_needs():
+    """One stream: each request's prefill step gives its first token, then a step a token,
+    so requests x output_len steps (the served C = 1 level on an H200 counted exactly
+    that). Many streams share steps; slower clients and the announced chunks' extra step
+    only add steps; a level never takes fewer steps than its longest stream's tokens."""
+    from sparkinfer.bench.serve_policy import policy_steps
+
+    caps = dict(slots=8, chunk=4, step_tokens=16)
+    assert policy_steps(1, 6, 10, 5, **caps) == 6 * 5
+    shared = policy_steps(4, 16, 10, 5, **caps)
+    assert 4 * 5 <= shared < 16 * 5
+    assert policy_steps(4, 16, 10, 5, **caps, turnaround_steps=3) > shared
+    assert policy_steps(4, 16, 10, 5, **caps, announce=8) >= shared
+
+
+def test_a_started_servers_level_gets_its_policy_steps():
+    """`bench serve` counts the policy's steps with the server it started: its max batch
+    (the largest level), the engine's chunk and step budget, announced chunks where the
+    level ran mixed steps."""
+    import argparse
+
+    from sparkinfer.bench.serve import _policy_steps, add_arguments
+    from sparkinfer.bench.serve_policy import policy_steps
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    args = p.parse_args(["--preset", "qwen3-30b-a3b", "--input-len", "300", "--output-len", "6"])
+    levels = [(2, None), (4, None)]
+    plain = policy_steps(2, 8, 300, 6, slots=4, chunk=256, step_tokens=2048)
+    assert _policy_steps(args, levels, 2, 8, False) == plain
+    assert _policy_steps(args, levels, 2, 8, True) == policy_steps(2, 8, 300, 6, slots=4, chunk=256,
+                                                                  step_tokens=2048, announce=1024)
