@@ -150,7 +150,7 @@ def _static_rows(args, meta) -> dict[int, dict]:
 
 def _run_levels(args, url: str, model: str, levels, static, con) -> list[dict]:
     from sparkinfer.bench.report import progress
-    from sparkinfer.bench.serve_load import LoadSpec, client_procs, engine_steps, run_load, run_load_procs, summarize
+    from sparkinfer.bench.serve_load import LoadSpec, client_procs, run_load, run_load_procs, server_counters, summarize
 
     rows = []
     for conc, rate in levels:
@@ -164,10 +164,10 @@ def _run_levels(args, url: str, model: str, levels, static, con) -> list[dict]:
                                           concurrency=conc or warm, vocab=args.vocab, seed=1)))
         label = f"C={conc}" if rate is None else f"rate={rate:g}/s"
         procs = args.client_procs or client_procs(conc)
-        steps0 = engine_steps(url)
+        steps0 = server_counters(url)
         with progress(total=n, label=label) as advance:
             results, wall = run_load_procs(spec, procs, on_done=lambda r: advance("ok" if r.ok else "failed"))
-        steps1 = engine_steps(url)
+        steps1 = server_counters(url)
         row = dict(bench="serve", target=args.url or args.model or args.preset or "demo", preset=args.preset,
                    layers=args.layers if args.preset else None, tp=args.tp, experts=args.moe_format,
                    mixed_steps=_server_setting(args, "mixed_steps"),
@@ -185,9 +185,9 @@ def _run_levels(args, url: str, model: str, levels, static, con) -> list[dict]:
                 row["policy_engine_steps"] = _policy_steps(args, levels, conc, n, row["mixed_engine_steps"] > 0)
             # the engine's share of TTFT, mean ms a request: queued (slot, budget), then the prompt's steps
             for k in ("queue", "prefill"):
-                n = (steps1[f"{k}_count"] or 0) - (steps0[f"{k}_count"] or 0)
-                if n > 0:
-                    row[f"{k}_ms_mean"] = (steps1[f"{k}_sum"] - steps0[f"{k}_sum"]) / n * 1e3
+                count = (steps1[f"{k}_count"] or 0) - (steps0[f"{k}_count"] or 0)
+                if count > 0:
+                    row[f"{k}_ms_mean"] = (steps1[f"{k}_sum"] - steps0[f"{k}_sum"]) / count * 1e3
         if rate is None and conc in static:
             s = static[conc]
             tok_s = s.get("tokens_per_s") or conc / s["us_per_step"] * 1e6

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 
 __all__ = ["LoadSpec", "RequestResult", "run_load", "run_load_procs", "client_procs", "summarize", "steady",
-           "served_model", "engine_steps"]
+           "served_model", "server_counters"]
 
 
 @dataclass(frozen=True)
@@ -323,7 +323,7 @@ def steady(results: list[RequestResult], spec: LoadSpec) -> dict:
                 steady_first_token_frac=first / flight if flight else None)
 
 
-def engine_steps(url: str, timeout_s: float = 10.0) -> dict | None:
+def server_counters(url: str, timeout_s: float = 10.0) -> dict | None:
     """{"steps", "mixed_steps", "server_cpu_s", "engine_cpu_s", "queue_sum", "queue_count",
     "prefill_sum", "prefill_count"}: the server's `sparkinfer_engine_steps_total`,
     `sparkinfer_engine_mixed_steps_total`, its HTTP process's `process_cpu_seconds_total`,

@@ -79,8 +79,8 @@ class _Live:
     sched: SchedRequest
     completion: int = 0
     prompt_tokens: int = 0
-    submitted: float = 0.0  # perf_counter at receipt, then at the first step that ran its prompt
-    queued: float | None = None  # receipt to that step; None until it ran, then until its first token
+    submitted: float = 0.0  # perf_counter at receipt
+    admitted: float | None = None  # at the start of the first step that ran its prompt, until its first token
 
 
 class EngineCore:
@@ -166,7 +166,7 @@ class EngineCore:
                     live = self._live.get(c.request)
                     if live is not None and live.handle.state is RequestState.WAITING:
                         live.handle.state = RequestState.PREFILLING
-                        live.queued, live.submitted = t0 - live.submitted, t0
+                        live.admitted = t0
         if plan is None:
             return False
         t1 = time.perf_counter()
@@ -195,8 +195,9 @@ class EngineCore:
                 self.sched.abort(u.request, FinishReason.STOP)  # frees the slot for the next step
         live.completion += len(u.tokens)
         timings = None
-        if live.queued is not None and u.tokens:  # the first tokens: how long it queued, how long it prefilled
-            timings, live.queued = (live.queued, time.perf_counter() - live.submitted), None
+        if live.admitted is not None and u.tokens:  # the first tokens: how long it queued, how long it prefilled
+            timings = (live.admitted - live.submitted, time.perf_counter() - live.admitted)
+            live.admitted = None
         handle = live.handle
         if handle.state is not RequestState.FINISHED:
             handle.state = RequestState.RUNNING
