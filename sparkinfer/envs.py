@@ -1,4 +1,4 @@
-"""Every environment variable the library reads, in one place (debug switches only).
+"""Every environment variable the library reads, in one place.
 
 | variable | effect |
 | --- | --- |
@@ -6,6 +6,8 @@
 | SPARKINFER_TIMEOUT_S | default device-side wait deadline in seconds (default 10; `generate`'s CPU ranks 300) |
 | SPARKINFER_LOG | `debug` prints pool/channel lifecycle events, and failed ranks' tracebacks, to stderr |
 | SPARKINFER_COMMIT | commit recorded in benchmark rows, for trees copied without their `.git` |
+| OPENAI_API_KEY | the key `sparkinfer bench serve --url` sends, as OpenAI's clients read it |
+| SPARKINFER_API_KEY | `sparkinfer serve`'s API key without `--api-key` (a flag shows in `ps`, the environment not) |
 """
 
 from __future__ import annotations
@@ -49,3 +51,13 @@ def debug_log() -> bool:
 def bench_commit() -> str | None:
     """The commit benchmark rows record instead of `git rev-parse HEAD`, if set."""
     return os.environ.get("SPARKINFER_COMMIT") or None
+
+
+def serve_api_key() -> str | None:
+    """SPARKINFER_API_KEY, or None when unset or empty."""
+    return os.environ.get("SPARKINFER_API_KEY") or None
+
+
+def client_api_key() -> str | None:
+    """OPENAI_API_KEY, or None when unset or empty."""
+    return os.environ.get("OPENAI_API_KEY") or None

@@ -6,6 +6,7 @@ the static decode step of `bench decode`.
                            [--input-len 512] [--output-len 128] [--num-requests N] [--decode-results PATH]
     sparkinfer bench serve --model DIR ...              # `sparkinfer serve --model DIR` started here
     sparkinfer bench serve --url http://host:8000 ...   # any OpenAI-compatible server already running
+                                                        # ($OPENAI_API_KEY: the key it asks for)
     sparkinfer bench serve --dry-run                    # `sparkinfer serve --demo` on a CPU rank, tiny sizes
 
 With --preset (a realistic preset, random weights written to --checkpoint-dir by
@@ -106,6 +107,14 @@ def _server_command(args, levels, model: str | None) -> list[str]:
         [] if args.prefill_wait_steps is None else ["--prefill-wait-steps", str(args.prefill_wait_steps)])
 
 
+def _api_key(args) -> str | None:
+    """The key a server given by --url asks for: $OPENAI_API_KEY, as OpenAI's clients read it
+    (no flag: a key on the command line would be recorded in the rows' `command`)."""
+    from sparkinfer.envs import client_api_key
+
+    return client_api_key() if args.url else None
+
+
 def _server_setting(args, name: str):
     """A setting of the server this level ran against (`EngineConfig.<name>`): the flag,
     else the default for a server started here; None for one at --url."""
@@ -153,15 +162,16 @@ def _run_levels(args, url: str, model: str, levels, static, con) -> list[dict]:
     from sparkinfer.bench.serve_load import LoadSpec, client_procs, run_load, run_load_procs, server_counters, summarize
 
     rows = []
+    key = _api_key(args)
     for conc, rate in levels:
         n = args.num_requests or max(MIN_REQUESTS, WAVES * (conc or 16))
         spec = LoadSpec(url=url, model=model, input_len=args.input_len, output_len=args.output_len, requests=n,
-                        concurrency=conc, rate=rate, vocab=args.vocab)
+                        concurrency=conc, rate=rate, vocab=args.vocab, api_key=key)
         warm = args.warmup if args.warmup is not None else max(2, conc or 2)
         if warm:
             asyncio.run(run_load(LoadSpec(url=url, model=model, input_len=args.input_len,
                                           output_len=min(args.output_len, 16), requests=warm,
-                                          concurrency=conc or warm, vocab=args.vocab, seed=1)))
+                                          concurrency=conc or warm, vocab=args.vocab, seed=1, api_key=key)))
         label = f"C={conc}" if rate is None else f"rate={rate:g}/s"
         procs = args.client_procs or client_procs(conc)
         steps0 = server_counters(url)
@@ -232,7 +242,7 @@ def main(args) -> int:
             from sparkinfer.bench.serve_process import started_server
 
             url = stack.enter_context(started_server(cmd, args.startup_timeout, con.print)).url
-        model = served_model(url)
+        model = served_model(url, api_key=_api_key(args))
         rows = _run_levels(args, url, model, levels, _static_rows(args, meta) if args.preset else {}, con)
     print_table(f"serving {model}: {args.input_len}-token prompts, {args.output_len}-token outputs (ms)",
                 ["level", "done", "req/s", "out tok/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "ITL p50",

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 
 __all__ = ["LoadSpec", "RequestResult", "run_load", "run_load_procs", "client_procs", "summarize", "steady",
-           "served_model", "server_counters"]
+           "served_model", "server_counters", "auth_headers"]
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,8 @@ class LoadSpec:
     concurrency: requests in flight at most (None: unbounded, with `rate`). rate:
     Poisson arrivals per second (None: as fast as `concurrency` allows). vocab:
     prompt ids are drawn from [0, vocab). seed: prompts and arrival times.
-    timeout_s: one request's limit."""
+    timeout_s: one request's limit. api_key: sent as `Authorization: Bearer` (None:
+    no header)."""
 
     url: str
     model: str
@@ -54,6 +55,7 @@ class LoadSpec:
     vocab: int = 256
     seed: int = 0
     timeout_s: float = 600.0
+    api_key: str | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -150,7 +152,8 @@ async def _run_load(spec: LoadSpec, todo: list[list[int]], on_done=None,
     rng = random.Random(spec.seed + 1)
     timeout = httpx.Timeout(spec.timeout_s, connect=60.0)
     limits = httpx.Limits(max_connections=limit, max_keepalive_connections=limit)
-    async with httpx.AsyncClient(base_url=spec.url, timeout=timeout, limits=limits) as client:
+    async with httpx.AsyncClient(base_url=spec.url, timeout=timeout, limits=limits,
+                                 headers=auth_headers(spec.api_key)) as client:
 
         async def send(prompt):
             res = await _one(client, spec, prompt)
@@ -256,11 +259,15 @@ def run_load_procs(spec: LoadSpec, procs: int, on_done=None, timeout_s: float | 
     return results, max(p[2] for p in parts) - min(p[1] for p in parts)
 
 
-def served_model(url: str, timeout_s: float = 30.0) -> str:
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def served_model(url: str, timeout_s: float = 30.0, api_key: str | None = None) -> str:
     """The first model a server lists at GET /v1/models."""
     import httpx
 
-    r = httpx.get(f"{url}/v1/models", timeout=timeout_s)
+    r = httpx.get(f"{url}/v1/models", timeout=timeout_s, headers=auth_headers(api_key))
     r.raise_for_status()
     return r.json()["data"][0]["id"]
 

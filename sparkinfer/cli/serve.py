@@ -4,6 +4,7 @@
                      [--draft DIR | --self-draft L --spec-k K] [--max-batch B] [--max-context T]
                      [--max-waiting N] [--host H] [--port P] [--backend auto|cpu|cuda|cuda_shared]
                      [--timeout S] [--served-model-name NAME] [--grace S]
+                     [--api-key KEY] [--allowed-origins ORIGIN ...]
     sparkinfer serve --demo [--preset qwen3_moe-tiny] [--tp 2]    # a tiny random checkpoint, no GPU needed
 
 Then point any OpenAI client at it:
@@ -57,11 +58,14 @@ def serve_engine(engine, options) -> int:
 
 
 def _options(args):
+    from sparkinfer.envs import serve_api_key
     from sparkinfer.serve.server import ServeOptions
     from sparkinfer.serve.state import ServerLimits
 
     return ServeOptions(host=args.host, port=args.port, limits=ServerLimits(grace_s=args.grace),
-                        log_level=args.log_level, access_log=args.log_level in ("debug", "info"))
+                        log_level=args.log_level, access_log=args.log_level in ("debug", "info"),
+                        api_key=args.api_key or serve_api_key(),
+                        allowed_origins=tuple(args.allowed_origins or ()))
 
 
 def run(args) -> int:
@@ -121,6 +125,12 @@ def add_parser(sub) -> None:
     p.add_argument("--served-model-name", default=None, help="the model name clients send (default: the directory's)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8000, help="port (0: any free port; the URL is printed)")
+    p.add_argument("--api-key", default=None, metavar="KEY",
+                   help="/v1/ requests must send 'Authorization: Bearer KEY' (default: $SPARKINFER_API_KEY, "
+                        "which `ps` does not show; neither set: no key asked)")
+    p.add_argument("--allowed-origins", nargs="+", default=None, metavar="ORIGIN",
+                   help="browser origins allowed to call the server, e.g. http://localhost:3000, or '*' (CORS; "
+                        "default none)")
     p.add_argument("--grace", type=float, default=30.0, metavar="S",
                    help="on SIGINT/SIGTERM, seconds in-flight requests may finish before they are aborted")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))

@@ -19,8 +19,8 @@ are fed by the HTTP layer as outputs arrive:
     sparkinfer_prompt_tokens_total                   prompt tokens of accepted requests
     sparkinfer_generation_tokens_total               tokens sent back, as they stream
     sparkinfer_request_outcomes_total{reason}        stop | length | abort | error: how an accepted request
-                                                     ended; invalid (400) | overloaded (429) | unavailable (503):
-                                                     why one was refused
+                                                     ended; invalid (400) | overloaded (429) | unavailable (503)
+                                                     | unauthorized (401, no API key): why one was refused
     sparkinfer_time_to_first_token_seconds           histogram, arrival to the first token
     sparkinfer_inter_token_latency_seconds           histogram, one sample per token (see `observe_tokens`)
     sparkinfer_e2e_request_latency_seconds           histogram, arrival to the last output
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 __all__ = ["ServeMetrics", "OUTCOMES"]
 
-OUTCOMES = ("stop", "length", "abort", "error", "invalid", "overloaded", "unavailable")
+OUTCOMES = ("stop", "length", "abort", "error", "invalid", "overloaded", "unavailable", "unauthorized")
 
 # Bucket edges, seconds. TTFT: a 512-token prefill of Qwen3-30B-A3B's 8 layers takes
 # milliseconds on an H200, a queued request waits for whole generations (seconds), and

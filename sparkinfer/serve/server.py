@@ -29,24 +29,31 @@ __all__ = ["ServeOptions", "OpenAIServer"]
 class ServeOptions:
     """host, port: where to listen (port 0: a free port). limits: the stop and failure
     timings. log_level: uvicorn's ("warning" keeps tests quiet). access_log: one line
-    per request."""
+    per request. api_key: /v1/ requests must send `Authorization: Bearer <api_key>`
+    (None: open). allowed_origins: browser origins allowed to call the server (CORS;
+    "*" any). Both: `serve/access.py`."""
 
     host: str = "127.0.0.1"
     port: int = 8000
     limits: ServerLimits = field(default_factory=ServerLimits)
     log_level: str = "info"
     access_log: bool = True
+    api_key: str | None = field(default=None, repr=False)  # never printed with the options
+    allowed_origins: tuple[str, ...] = ()
 
 
 class OpenAIServer:
     """The app of one engine and the uvicorn server that runs it."""
 
     def __init__(self, engine, options: ServeOptions | None = None):
+        from sparkinfer.serve.access import add_access
         from sparkinfer.serve.app import build_app
 
-        self.options = options or ServeOptions()
-        self.state = ServerState(engine, self.options.limits)
+        self.options = o = options or ServeOptions()
+        self.state = ServerState(engine, o.limits)
         self.app = build_app(self.state)
+        add_access(self.app, api_key=o.api_key, allowed_origins=o.allowed_origins,
+                   on_refused=lambda: self.state.metrics.outcome("unauthorized"))
         self.url: str | None = None
 
     def bind(self) -> socket.socket:

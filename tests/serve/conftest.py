@@ -43,12 +43,13 @@ def wait_until(cond, what: str, timeout_s: float = DEADLINE_S, every_s: float = 
 
 
 class LiveServer:
-    """OpenAIServer.run() in a thread; `error` holds what run() raised."""
+    """OpenAIServer.run() in a thread; `error` holds what run() raised. options: more
+    `ServeOptions` fields (api_key, allowed_origins)."""
 
-    def __init__(self, engine, limits: ServerLimits = LIMITS):
+    def __init__(self, engine, limits: ServerLimits = LIMITS, **options):
         self.engine = engine
         self.server = OpenAIServer(engine, ServeOptions(host="127.0.0.1", port=0, limits=limits,
-                                                        log_level="warning", access_log=False))
+                                                        log_level="warning", access_log=False, **options))
         sock = self.server.bind()  # listening before the thread starts: early requests queue, none is refused
         self.url, self.state = self.server.url, self.server.state
         self.error: BaseException | None = None
@@ -65,7 +66,7 @@ class LiveServer:
         """The real openai client, no retries (a 429 must reach the test), bounded waits."""
         import openai
 
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0,
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=kw.pop("api_key", "unused"), max_retries=0,
                              timeout=kw.pop("timeout", DEADLINE_S), **kw)
 
     def http(self, **kw):

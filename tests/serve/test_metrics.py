@@ -40,7 +40,7 @@ def test_metrics_match_the_requests_sent(fake_server):
     assert m[("sparkinfer_generation_tokens_total", ())] == sum(n for _, n, _ in asked) + chat_prompt + 1
     outcome = {dict(k[1])["reason"]: v for k, v in m.items() if k[0] == "sparkinfer_request_outcomes_total"}
     assert outcome == {"length": 4, "stop": 1, "invalid": 2, "abort": 0, "error": 0, "overloaded": 0,
-                       "unavailable": 0}
+                       "unavailable": 0, "unauthorized": 0}
     assert m[("sparkinfer_time_to_first_token_seconds_count", ())] == 5
     assert m[("sparkinfer_e2e_request_latency_seconds_count", ())] == 5
     # one inter-token sample per token after each request's first
