@@ -30,7 +30,7 @@ from sparkinfer.engine.request import (
     merge_outputs,
 )
 
-__all__ = ["EngineClient", "RequestHandle", "new_request_id"]
+__all__ = ["EngineClient", "RequestHandle", "new_request_id", "push_outputs"]
 
 
 def new_request_id() -> str:
@@ -60,18 +60,17 @@ class RequestHandle:
 
     # ---------------------------------------------------------------- engine side
     def _push(self, out: RequestOutput) -> None:
+        push_outputs(((self, out),))
+
+    def _append(self, out: RequestOutput) -> list:
+        """Queue `out` and return the (loop, event) of each reader to wake (push_outputs wakes them)."""
         with self._cond:
             if out.finished:
                 self.state = RequestState.FINISHED
                 self.finish_reason, self.error = out.finish_reason, out.error
             self._items.append(out)
             self._cond.notify_all()
-            waiters = list(self._waiters)
-        for loop, event in waiters:
-            try:
-                loop.call_soon_threadsafe(event.set)
-            except RuntimeError:  # the reader's loop closed (its client went away)
-                pass
+            return list(self._waiters)
 
     def _push_fields(self, fields: tuple) -> None:
         """`_push(RequestOutput(*fields))`: the engine's loop gives an output's fields, which a
@@ -121,6 +120,26 @@ class RequestHandle:
     def result(self) -> list[RequestOutput]:
         """Every remaining output, blocking until the request finishes."""
         return list(self)
+
+
+def push_outputs(pairs) -> None:
+    """Push each (handle, output) of `pairs`, then wake each event loop that reads any of
+    them once: one `call_soon_threadsafe` (a write to the loop's wake-up pipe) a loop
+    for a step's outputs, not one a request (64 a step at batch 64)."""
+    wake: dict = {}
+    for handle, out in pairs:
+        for loop, event in handle._append(out):
+            wake.setdefault(loop, []).append(event)
+    for loop, events in wake.items():
+        try:
+            loop.call_soon_threadsafe(_set_all, events)
+        except RuntimeError:  # the reader's loop closed (its client went away)
+            pass
+
+
+def _set_all(events) -> None:
+    for event in events:
+        event.set()
 
 
 class EngineClient(Protocol):

@@ -33,7 +33,7 @@ import time
 import weakref
 from collections import deque
 
-from sparkinfer.engine.client import RequestHandle, new_request_id
+from sparkinfer.engine.client import RequestHandle, new_request_id, push_outputs
 from sparkinfer.engine.config import EngineConfig
 from sparkinfer.engine.core import check_request
 from sparkinfer.engine.driver import default_max_context, describe, serve_on_rank
@@ -154,12 +154,11 @@ class ServingEngine:
                 unlink(name)          # on their own once their launcher is gone)
 
     def _deliver(self, packed: list[tuple]) -> None:
-        for p in packed:
-            out = RequestOutput(*p)
-            with self._lock:
-                handle = self._handles.pop(out.request_id) if out.finished else self._handles.get(out.request_id)
-            if handle is not None:
-                handle._push(out)
+        outs = [RequestOutput(*p) for p in packed]
+        with self._lock:
+            pairs = [(h, out) for out in outs if (h := self._handles.pop(out.request_id) if out.finished
+                                                  else self._handles.get(out.request_id)) is not None]
+        push_outputs(pairs)  # each reading event loop woken once a step
 
     def _fail(self, message: str, rank: int | None) -> None:
         """Record the failure and end every request still open with it (the engine

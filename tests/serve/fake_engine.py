@@ -28,7 +28,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from sparkinfer.engine.client import RequestHandle, new_request_id
+from sparkinfer.engine.client import RequestHandle, new_request_id, push_outputs
 from sparkinfer.engine.request import (
     EngineStats,
     FinishReason,
@@ -94,6 +94,7 @@ class FakeEngine:
         self._running: dict[str, _Live] = {}
         self._lock = threading.Condition()
         self._go = threading.Event()
+        self._outbox: list | None = None  # a step's outputs, pushed together at its end
         self._go.set()
         self._closed = False
         self._error: str | None = None
@@ -194,11 +195,24 @@ class FakeEngine:
             self._running[live.handle.request_id] = live
 
     def _step(self) -> None:
+        """Every running request's next token, pushed together as the serving engine's reader
+        pushes a step's outputs (`push_outputs`)."""
         self._steps += 1
-        for rid, live in list(self._running.items()):
-            reason = self._next_token(live)
-            if reason is not None:
-                del self._running[rid]
+        self._outbox = []
+        try:
+            for rid, live in list(self._running.items()):
+                reason = self._next_token(live)
+                if reason is not None:
+                    del self._running[rid]
+        finally:
+            outbox, self._outbox = self._outbox, None
+            push_outputs(outbox)
+
+    def _push(self, handle, out: RequestOutput) -> None:
+        if self._outbox is not None:
+            self._outbox.append((handle, out))
+        else:
+            handle._push(out)
 
     def _next_token(self, live: _Live) -> FinishReason | None:
         h, p = live.handle, live.handle.params
@@ -224,12 +238,12 @@ class FakeEngine:
         if reason is not None:
             self._finish(live, reason, [tok], text=delta, logprobs=lp)
         else:
-            h._push(RequestOutput(h.request_id, (tok,), delta, lp, prompt_tokens=len(h.prompt),
-                                  completion_tokens=len(live.generated)))
+            self._push(h, RequestOutput(h.request_id, (tok,), delta, lp, prompt_tokens=len(h.prompt),
+                                        completion_tokens=len(live.generated)))
         return reason
 
     def _finish(self, live: _Live, reason: FinishReason, ids: list[int], *, text: str = "", logprobs=None,
                 error: str | None = None) -> None:
         h = live.handle
-        h._push(RequestOutput(h.request_id, tuple(ids), text, logprobs, finished=True, finish_reason=reason,
-                              error=error, prompt_tokens=len(h.prompt), completion_tokens=len(live.generated)))
+        self._push(h, RequestOutput(h.request_id, tuple(ids), text, logprobs, finished=True, finish_reason=reason,
+                                    error=error, prompt_tokens=len(h.prompt), completion_tokens=len(live.generated)))

@@ -134,3 +134,36 @@ def test_engine_refusals_become_http_errors(error, status, param, code):
     if status == 503:
         assert state.failure and "rank 1" in state.failure and not state.admitting
     assert not state.in_flight
+
+
+def test_text_chunks_are_pydantics_own_bytes():
+    """A stream's text chunks, made from its template, equal pydantic's dump of the same
+    chunk for every kind of character a tokenizer may decode (controls, quotes,
+    backslashes, non-ASCII, the line separators JSON leaves alone)."""
+    import random
+
+    from sparkinfer.serve.handlers import TextChunks, sse
+    from sparkinfer.serve.protocol import (
+        ChatChunkChoice,
+        ChatCompletionChunk,
+        ChatDelta,
+        CompletionChoice,
+        CompletionResponse,
+    )
+
+    makes = [lambda t: CompletionResponse(id="cmpl-1", model="m/\"q\"", created=7, choices=[CompletionChoice(text=t)]),
+             lambda t: ChatCompletionChunk(id="chatcmpl-1", model="ü", created=7,
+                                           choices=[ChatChunkChoice(delta=ChatDelta(content=t))])]
+    rng = random.Random(0)
+    chars = [chr(i) for i in range(0x250)] + ["\u2028", "\u2029", "\ufffd", "\U0001f600", "\ud7ff", "\ue000", "中"]
+    texts = ["", "\x00sparkinfer-text\x00"] + ["".join(rng.choice(chars) for _ in range(rng.randrange(1, 8)))
+                                               for _ in range(3000)]
+    for make in makes:
+        chunks = TextChunks(make)
+        assert chunks._cut is not None
+        for t in texts:
+            assert chunks(t) == sse(make(t)), repr(t)
+    # a model name holding the stand-in itself: no template, pydantic's dump each time
+    odd = TextChunks(lambda t: CompletionResponse(id="x", model="\x00sparkinfer-text\x00", created=7,
+                                                  choices=[CompletionChoice(text=t)]))
+    assert odd._cut is None and '"text":"a\\"b"' in odd('a"b')
