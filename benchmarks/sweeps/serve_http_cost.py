@@ -15,9 +15,9 @@ request (`ignore_eos`) at fixed concurrency; a warm-up level first.
 
     python3 benchmarks/sweeps/serve_http_cost.py --concurrency 64 --requests 384 --repeats 3
 
-Runs from the checkout it is started in (PYTHONPATH and the working directory name
-the `sparkinfer` and `tests` it imports), so one copy of this script can time two
-commits' servers. CPU numbers of the machine it runs on (the 2-core CI VM is noisy:
+Runs the checkout it is started in (the working directory: its `sparkinfer` and
+`tests` come first on the path), so one copy of this script can time two commits'
+servers. CPU numbers of the machine it runs on (the 2-core CI VM is noisy:
 take the median of --repeats).
 """
 
@@ -55,6 +55,7 @@ def _thread_cpu_s(pid: int) -> dict[int, float]:
 
 
 def main(argv=None) -> int:
+    sys.path.insert(0, os.getcwd())  # the checkout timed: its sparkinfer and its tests (the fake engine)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--concurrency", default="64")
     ap.add_argument("--requests", type=int, default=384, help="requests per level")
