@@ -34,7 +34,8 @@ _ENGINE_FIELDS = {"tp": "tp", "dcp": "dcp", "moe_format": "moe_format", "draft":
                   "max_context": "max_context", "max_waiting": "max_waiting", "backend": "backend",
                   "timeout": "timeout_s", "served_model_name": "name", "batch_invariant": "batch_invariant",
                   "prefill_chunk": "prefill_chunk", "step_tokens": "step_tokens",
-                  "prefill_wait_steps": "prefill_wait_steps", "mixed_steps": "mixed_steps"}
+                  "prefill_wait_steps": "prefill_wait_steps", "mixed_steps": "mixed_steps",
+                  "prefix_reuse": "prefix_reuse"}
 
 
 def engine_config(args, model: str):
@@ -116,6 +117,9 @@ def add_parser(sub) -> None:
     p.add_argument("--mixed-steps", action=argparse.BooleanOptionalAction, default=None,
                    help="run new prompt chunks beside the next step's decode rows in one forward "
                         "(default: on where the ranks can: a GPU, no draft, DCP 1; docs/serving.md)")
+    p.add_argument("--prefix-reuse", action=argparse.BooleanOptionalAction, default=None,
+                   help="a request starts after the whole prompt chunks its cache slot's last request left, where "
+                        "its prompt begins with them (a chat's next turn; default on, off with a draft model)")
     p.add_argument("--backend", default=None, choices=("auto", "cpu", "cuda", "cuda_shared"))
     p.add_argument("--timeout", type=float, default=None, metavar="S",
                    help="seconds a rank may stall before the engine fails and names it")

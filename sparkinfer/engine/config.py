@@ -41,7 +41,10 @@ class EngineConfig:
     where the ranks can (a GPU, no draft, DCP 1, batch-invariant; elsewhere this
     changes nothing). On one H200 (Qwen3-30B-A3B, 8 layers, 512-token prompts, steady
     window of `bench serve`, b7e0718) it took C = 32 / 64 from 0.79 / 0.73 to 0.83 /
-    0.78 of the static step, C = 1 / 8 unchanged (docs/serving.md)"""
+    0.78 of the static step, C = 1 / 8 unchanged (docs/serving.md). prefix_reuse: a
+    request may start after the whole prompt chunks its slot's last request left
+    (a chat's next turn; the same bits as computing them, `engine/scheduler.py`);
+    never with a draft model."""
 
     model: str
     tp: int = 1
@@ -62,6 +65,7 @@ class EngineConfig:
     name: str | None = None
     batch_invariant: bool = True
     mixed_steps: bool = True
+    prefix_reuse: bool = True
 
     @property
     def speculative(self) -> bool:

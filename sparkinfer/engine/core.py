@@ -205,7 +205,7 @@ class EngineCore:
             self._drop(u.request)
         # a RequestOutput's fields: the engine process's handles send them as they are
         handle._push_fields((handle.request_id, u.tokens, text, u.logprobs, reason is not None, reason, None,
-                             live.prompt_tokens, live.completion, timings))
+                             live.prompt_tokens, live.completion, timings, live.sched.reused))
 
     def _finish(self, rid: int, reason: FinishReason, error: str | None = None) -> None:
         live = self._live.get(rid)
@@ -213,7 +213,7 @@ class EngineCore:
             return
         self._drop(rid)
         live.handle._push(RequestOutput(live.handle.request_id, (), "", None, True, reason, error,
-                                        len(live.sched.prompt), live.completion))
+                                        len(live.sched.prompt), live.completion, None, live.sched.reused))
 
     def _drop(self, rid: int) -> None:
         live = self._live.pop(rid, None)

@@ -206,7 +206,7 @@ class Driver:
         self.caps = SchedulerCaps(slots=config.max_batch, max_context=int(rec[1]), chunk=chunk,
                                   step_tokens=max(config.step_tokens, chunk), max_waiting=config.max_waiting,
                                   speculative=config.speculative, prefill_wait_steps=config.prefill_wait_steps,
-                                  announce=int(rec[2]))
+                                  announce=int(rec[2]), reuse_prefix=config.prefix_reuse)
         self.core = EngineCore(_RankExecutor(plans, self._results, self), self.caps, tokenizer=tokenizer,
                                eos_ids=tuple(spec.eos_token_ids), vocab_size=spec.vocab_size,
                                handle_type=handle_type or RequestHandle)

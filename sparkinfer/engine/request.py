@@ -138,6 +138,8 @@ class RequestOutput:
     from the engine's receipt to the step that first ran its prompt, and from the
     start of that step to this output (the engine's clock; the rest of a
     time to first token is the caller's and the pipe's); else None.
+    cached_tokens: prompt tokens whose cache entries the request found in its slot
+    (prefix reuse, `engine/scheduler.py`), not computed again.
     """
 
     request_id: str
@@ -150,6 +152,7 @@ class RequestOutput:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     timings: tuple[float, float] | None = None
+    cached_tokens: int = 0
 
 
 def merge_outputs(outs: list[RequestOutput]) -> RequestOutput | None:
@@ -161,7 +164,7 @@ def merge_outputs(outs: list[RequestOutput]) -> RequestOutput | None:
     lps = None if all(o.logprobs is None for o in outs) else tuple(t for o in outs for t in o.logprobs or ())
     return RequestOutput(last.request_id, tuple(t for o in outs for t in o.token_ids), "".join(o.text for o in outs),
                          lps, last.finished, last.finish_reason, last.error, last.prompt_tokens, last.completion_tokens,
-                         next((o.timings for o in outs if o.timings is not None), None))
+                         next((o.timings for o in outs if o.timings is not None), None), last.cached_tokens)
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ speculative round.
     updates = s.update(plan, result)     # new tokens per request, and which finished
 
 Policy:
-- Admission is first come, first served: a waiting request takes the lowest free
-  cache slot as soon as one is free; nothing overtakes it (a long prompt at the head
+- Admission is first come, first served: a waiting request takes a free cache slot
+  (below: prefix reuse) as soon as one is free; nothing overtakes it (a long prompt at the head
   waits for a slot like any other). Beyond `max_waiting` queued requests, `add`
   refuses (EngineOverloaded): the queue never grows without bound.
 - A step runs every decoding request once (one graph replay of R rows, or one
@@ -44,6 +44,19 @@ Policy:
   its prefill forwards and hence its logits depend on the request alone (batch
   invariance); the budget decides only how many chunks run in a step.
 - A finished or aborted request frees its slot before the next step's admission.
+- Prefix reuse (`reuse_prefix`): a freed slot keeps the cache entries its request's
+  prompt chunks wrote (its first `prefilled` prompt tokens). A request admitted while
+  such a slot is free takes the one whose kept prompt shares the longest prefix with
+  its own, and starts prefilling after the shared whole chunks (at most its prompt
+  less its last token, which must run for the first token's logits); otherwise the
+  slot freed longest ago (a never-used one first), so recent prompts stay longest.
+  The next turn of a chat (its prompt: the last one, the reply, a new message) then
+  prefills only from the last chunk boundary of the previous prompt. The kept entries
+  are bitwise what the request would write itself: prompt chunks at the same
+  multiples of C, each row's bits its own (generated tokens' entries, written by
+  decode steps with other kernels, are never reused). Off with a draft model (its
+  cache would need the same), and `SchedRequest.reused` says how many tokens a
+  request found.
 
 Each slot's decode row is kept in a table in the plan's column layout (`DecodeRows`),
 written at admission and advanced as tokens come, so a step's rows are one masked
@@ -85,7 +98,8 @@ class SchedulerCaps:
     1..k + 1 tokens). prefill_wait_steps: how long prefill may wait for a fuller
     forward while requests decode (0: never; see the module docstring). announce:
     prompt tokens a plan may announce for the next one (`StepPlan.next_prefill`; 0:
-    none; see the module docstring)."""
+    none; see the module docstring). reuse_prefix: a request may start after the
+    prompt chunks a freed slot kept (module docstring; never when speculative)."""
 
     slots: int
     max_context: int
@@ -95,6 +109,7 @@ class SchedulerCaps:
     speculative: bool = False
     prefill_wait_steps: int = 0
     announce: int = 0
+    reuse_prefix: bool = True
 
     def __post_init__(self):
         if self.slots < 1 or self.max_context < 2 or self.chunk < 1 or self.step_tokens < 1 or self.max_waiting < 0 \
@@ -121,6 +136,7 @@ class SchedRequest:
     out: list[int] = field(default_factory=list)
     finish: FinishReason | None = None
     limit: int = 0
+    reused: int = 0
 
 
 class Update(NamedTuple):
@@ -144,7 +160,7 @@ class Scheduler:
 
     def __init__(self, caps: SchedulerCaps):
         self.caps = caps
-        self.free = list(range(caps.slots))  # kept sorted: the lowest free slot goes first
+        self.free = list(range(caps.slots))  # kept sorted (`_take_slot` picks among them)
         self.waiting: deque[SchedRequest] = deque()
         self.active: dict[int, SchedRequest] = {}  # holding a slot, in admission order
         self.steps = 0
@@ -155,6 +171,12 @@ class Scheduler:
         self._table = np.zeros((caps.slots, 10), dtype=np.int64)
         self._running = np.zeros(caps.slots, dtype=bool)
         self._announced: tuple[PrefillChunk, ...] = ()  # the last plan's next_prefill
+        # prefix reuse: each free slot's kept prompt tokens, the step it was freed at (0: never
+        # used), and the free slots by their kept first chunk (a new prompt's candidates)
+        self._kept: list[list[int] | None] = [None] * caps.slots
+        self._freed_at = [0] * caps.slots
+        self._by_first: dict[tuple, set[int]] = {}
+        self._reuse = caps.reuse_prefix and not caps.speculative  # a draft's cache would need the same
 
     # ------------------------------------------------------------------ requests
     def add(self, req: SchedRequest) -> None:
@@ -187,6 +209,38 @@ class Scheduler:
         self._running[r.slot] = False
         self.free.append(r.slot)
         self.free.sort()
+        self._freed_at[r.slot] = self.steps + 1
+        c = self.caps.chunk
+        if self._reuse and r.prefilled >= c:  # whole chunks only: those are what a reuse takes
+            kept = r.prompt[:r.prefilled - r.prefilled % c]
+            self._kept[r.slot] = kept
+            self._by_first.setdefault(tuple(kept[:c]), set()).add(r.slot)
+
+    def _take_slot(self, r: SchedRequest) -> int:
+        """The free slot for `r` (module docstring: the longest kept prefix of whole chunks,
+        else the slot freed longest ago); sets r.prefilled and r.reused to the tokens it
+        finds there. The slot's kept prompt is dropped: its request writes over it."""
+        c, best, reused = self.caps.chunk, None, 0
+        limit = len(r.prompt) - 1  # the last prompt token always runs: its logits give the first token
+        if self._reuse and limit >= c:
+            for slot in self._by_first.get(tuple(r.prompt[:c]), ()):
+                kept, n = self._kept[slot], c
+                while n + c <= min(limit, len(kept)) and r.prompt[n:n + c] == kept[n:n + c]:
+                    n += c
+                if n > reused or (n == reused and slot < best):
+                    best, reused = slot, n
+        if best is None:
+            best = min(self.free, key=lambda s: (self._freed_at[s], s))
+        self.free.remove(best)
+        kept = self._kept[best]
+        if kept is not None:
+            first = tuple(kept[:c])
+            self._by_first[first].discard(best)
+            if not self._by_first[first]:
+                del self._by_first[first]
+            self._kept[best] = None
+        r.prefilled = r.reused = reused
+        return best
 
     @property
     def has_work(self) -> bool:
@@ -200,7 +254,7 @@ class Scheduler:
     def schedule(self) -> StepPlan | None:
         while self.waiting and self.free:
             r = self.waiting.popleft()
-            r.slot, r.state, r.prefilled = self.free.pop(0), RequestState.PREFILLING, 0
+            r.slot, r.state = self._take_slot(r), RequestState.PREFILLING
             self.active[r.id] = r
             self._table[r.slot] = [r.id, r.slot, 0, 0, 0, *sampling_words(r.params)]
         rows = DecodeRows(self._table[self._running])  # the decoding requests, in slot order

@@ -51,7 +51,7 @@ _EXIT_S = 10.0
 
 def _pack(out: RequestOutput) -> tuple:
     return (out.request_id, out.token_ids, out.text, out.logprobs, out.finished, out.finish_reason, out.error,
-            out.prompt_tokens, out.completion_tokens, out.timings)
+            out.prompt_tokens, out.completion_tokens, out.timings, out.cached_tokens)
 
 
 class ServingEngine:

@@ -167,7 +167,7 @@ def _chat_logprobs(tok, outs: list[RequestOutput]) -> ChatLogprobs:
 
 
 def _usage(out: RequestOutput) -> Usage:
-    return Usage.of(out.prompt_tokens, out.completion_tokens)
+    return Usage.of(out.prompt_tokens, out.completion_tokens, out.cached_tokens)
 
 
 async def _all_outputs(tracker: Tracker) -> list[RequestOutput]:

@@ -17,6 +17,7 @@ are fed by the HTTP layer as outputs arrive:
                                                      chunks ran beside decode rows (mixed steps)
     sparkinfer_requests_in_flight                    requests the HTTP layer is serving
     sparkinfer_prompt_tokens_total                   prompt tokens of accepted requests
+    sparkinfer_prompt_cached_tokens_total            of them, found in a cache slot (prefix reuse)
     sparkinfer_generation_tokens_total               tokens sent back, as they stream
     sparkinfer_request_outcomes_total{reason}        stop | length | abort | error: how an accepted request
                                                      ended; invalid (400) | overloaded (429) | unavailable (503)
@@ -82,6 +83,9 @@ class ServeMetrics:
         self.registry = reg = CollectorRegistry()
         reg.register(_EngineCollector(engine, in_flight))
         ProcessCollector(registry=reg)  # this (the HTTP) process's process_cpu_seconds_total, memory, fds
+        self.cached_prompt_tokens = Counter("sparkinfer_prompt_cached_tokens",
+                                            "prompt tokens found in a cache slot (prefix reuse), not prefilled again",
+                                            registry=reg)
         self.prompt_tokens = Counter("sparkinfer_prompt_tokens", "prompt tokens of accepted requests",
                                      registry=reg)
         self.generation_tokens = Counter("sparkinfer_generation_tokens", "generated tokens sent to clients",

@@ -31,7 +31,7 @@ __all__ = ["APIError", "ErrorInfo", "ErrorResponse", "StreamOptions", "Completio
            "ChatCompletionRequest", "Usage", "CompletionLogprobs", "CompletionChoice", "CompletionResponse",
            "TopLogprob", "ChatTokenLogprob", "ChatLogprobs", "ChatResponseMessage", "ChatChoice",
            "ChatCompletionResponse", "ChatDelta", "ChatChunkChoice", "ChatCompletionChunk", "ModelCard",
-           "ModelList", "sampling_params", "MAX_STOP", "COMPLETIONS_DEFAULT_MAX_TOKENS"]
+           "PromptTokensDetails", "ModelList", "sampling_params", "MAX_STOP", "COMPLETIONS_DEFAULT_MAX_TOKENS"]
 
 # OpenAI's documented limits: completions' logprobs 0..5, chat's top_logprobs 0..20.
 MAX_COMPLETION_LOGPROBS = 5
@@ -253,14 +253,23 @@ def _now() -> int:
     return int(time.time())
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0
+
+
 class Usage(BaseModel):
+    """OpenAI's usage; prompt_tokens_details.cached_tokens: prompt tokens found in the
+    cache (prefix reuse), as OpenAI reports its prompt caching."""
+
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
 
     @classmethod
-    def of(cls, prompt: int, completion: int) -> Usage:
-        return cls(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+    def of(cls, prompt: int, completion: int, cached: int = 0) -> Usage:
+        return cls(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+                   prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
 
 
 class CompletionLogprobs(BaseModel):

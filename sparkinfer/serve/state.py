@@ -84,6 +84,7 @@ class Tracker:
                 if out.timings is not None:
                     m.queue_time.observe(out.timings[0])
                     m.prefill_time.observe(out.timings[1])
+                m.cached_prompt_tokens.inc(out.cached_tokens)
             else:
                 m.observe_tokens(n, now - self._last)
             self._last = now

@@ -5,7 +5,8 @@ request gives its solo tokens and logits beside the others, bitwise, at TP 2 and
 TP 2 + DCP 2, with the abort, the queue order and the chunking checked as on the CPU;
 a prompt chunk's solo bits in captured prefill forwards of several chunks (one rank);
 and mixed steps (test_mixed.py) captured: one against its decode and prefill rows (one
-rank), and a schedule whose announced chunks run beside decode rows at TP 2.
+rank), and a schedule whose announced chunks run beside decode rows at TP 2; a chat's
+next turn after the chunks its slot kept (prefix reuse, test_prefix_reuse_ranks.py).
 """
 
 import os
@@ -42,3 +43,11 @@ def test_gpu_a_captured_mixed_step_gives_each_row_its_own_kind_of_bits(paths):
 def test_gpu_announced_chunks_change_no_token_on_two_ranks(paths):
     test_mixed.check_served(run_ranks(test_mixed._served, 2, backend="cuda_shared", args=(paths["mixtral-tiny"],),
                                       timeout_s=600))
+
+
+def test_gpu_a_next_turn_after_kept_chunks_gives_its_solo_bits(paths):
+    """test_prefix_reuse_ranks.py captured on one rank, turn 2's chunks also announced into mixed steps."""
+    from tests.engine import test_prefix_reuse_ranks as reuse
+
+    reuse.check(*run_ranks(reuse._worker, 1, backend="cuda", args=(paths["qwen3_moe-tiny"], (0, 4 * reuse.CHUNK)),
+                           timeout_s=600)[0])

@@ -37,6 +37,7 @@ def test_completion_streaming_and_not(served):
     choice = whole.choices[0]
     assert choice.finish_reason == "length"
     assert (whole.usage.prompt_tokens, whole.usage.completion_tokens, whole.usage.total_tokens) == (11, 7, 18)
+    assert whole.usage.prompt_tokens_details.cached_tokens == 0  # an 11-token prompt: no whole chunk to reuse
     stream = client.completions.create(model=model, prompt="hello world", max_tokens=7, stream=True,
                                        stream_options={"include_usage": True}, **GREEDY)
     text, reason, usage = _stream_text(stream)

@@ -36,6 +36,7 @@ def test_metrics_match_the_requests_sent(fake_server):
 
     chat_prompt = len("user: hi\nassistant: ")
     assert m[("sparkinfer_prompt_tokens_total", ())] == sum(len(p) for p, _, _ in asked) + chat_prompt
+    assert m[("sparkinfer_prompt_cached_tokens_total", ())] == 0  # the fake engine keeps no cache
     # generated tokens: each completion's n, and the chat's prompt replayed then EOS
     assert m[("sparkinfer_generation_tokens_total", ())] == sum(n for _, n, _ in asked) + chat_prompt + 1
     outcome = {dict(k[1])["reason"]: v for k, v in m.items() if k[0] == "sparkinfer_request_outcomes_total"}
