@@ -8,6 +8,7 @@ the static decode step of `bench decode`.
     sparkinfer bench serve --url http://host:8000 ...   # any OpenAI-compatible server already running
                                                         # ($OPENAI_API_KEY: the key it asks for)
     sparkinfer bench serve --dry-run                    # `sparkinfer serve --demo` on a CPU rank, tiny sizes
+    sparkinfer bench serve ... --turns 4 [--no-prefix-reuse]   # chats: each turn's prompt extends the last
 
 With --preset (a realistic preset, random weights written to --checkpoint-dir by
 `models.random_checkpoint`, as `bench decode` draws them) or --model, the benchmark
@@ -60,6 +61,11 @@ def add_arguments(p) -> None:
     p.add_argument("--backend", default=None, choices=("auto", "cpu", "cuda", "cuda_shared"))
     p.add_argument("--mixed-steps", action=argparse.BooleanOptionalAction, default=None,
                    help="start the server with --mixed-steps / --no-mixed-steps (default: the server's default)")
+    p.add_argument("--prefix-reuse", action=argparse.BooleanOptionalAction, default=None,
+                   help="start the server with --prefix-reuse / --no-prefix-reuse (default: the server's default)")
+    p.add_argument("--turns", type=int, default=1,
+                   help="requests a conversation: each turn's prompt is the last one's and --input-len new tokens "
+                        "(a chat; a server that keeps prefixes finds them)")
     p.add_argument("--prefill-wait-steps", type=int, default=None, metavar="W",
                    help="start the server with --prefill-wait-steps W (default: the server's default)")
     p.add_argument("--concurrency", default="1,8,32,64", help="fixed-concurrency levels")
@@ -97,14 +103,15 @@ def _max_batch(args, levels) -> int:
 def _server_command(args, levels, model: str | None) -> list[str]:
     batch = _max_batch(args, levels)
     requests = args.num_requests or max(MIN_REQUESTS, WAVES * batch)
-    context = -(-(args.input_len + args.output_len) // CONTEXT_ROUND) * CONTEXT_ROUND
+    context = -(-(args.turns * args.input_len + args.output_len) // CONTEXT_ROUND) * CONTEXT_ROUND
     cmd = [sys.executable, "-m", "sparkinfer.cli", "serve", *(["--demo"] if model is None else ["--model", model]),
            "--tp", str(args.tp), "--moe-format", args.moe_format, "--max-batch", str(batch),
            "--max-context", str(context), "--max-waiting", str(requests), "--port", "0", "--log-level", "warning"]
     cmd += ["--served-model-name", args.preset] if args.preset else []
     return cmd + (["--backend", args.backend] if args.backend else []) + (
         [] if args.mixed_steps is None else ["--mixed-steps" if args.mixed_steps else "--no-mixed-steps"]) + (
-        [] if args.prefill_wait_steps is None else ["--prefill-wait-steps", str(args.prefill_wait_steps)])
+        [] if args.prefill_wait_steps is None else ["--prefill-wait-steps", str(args.prefill_wait_steps)]) + (
+        [] if args.prefix_reuse is None else ["--prefix-reuse" if args.prefix_reuse else "--no-prefix-reuse"])
 
 
 def _api_key(args) -> str | None:
@@ -165,8 +172,9 @@ def _run_levels(args, url: str, model: str, levels, static, con) -> list[dict]:
     key = _api_key(args)
     for conc, rate in levels:
         n = args.num_requests or max(MIN_REQUESTS, WAVES * (conc or 16))
+        n = -(-n // args.turns) * args.turns  # whole conversations
         spec = LoadSpec(url=url, model=model, input_len=args.input_len, output_len=args.output_len, requests=n,
-                        concurrency=conc, rate=rate, vocab=args.vocab, api_key=key)
+                        concurrency=conc, rate=rate, vocab=args.vocab, api_key=key, turns=args.turns)
         warm = args.warmup if args.warmup is not None else max(2, conc or 2)
         if warm:
             asyncio.run(run_load(LoadSpec(url=url, model=model, input_len=args.input_len,
@@ -182,6 +190,7 @@ def _run_levels(args, url: str, model: str, levels, static, con) -> list[dict]:
                    layers=args.layers if args.preset else None, tp=args.tp, experts=args.moe_format,
                    mixed_steps=_server_setting(args, "mixed_steps"),
                    prefill_wait_steps=_server_setting(args, "prefill_wait_steps"),
+                   prefix_reuse=_server_setting(args, "prefix_reuse"),
                    model=model, client_procs=procs, **summarize(results, wall, spec))
         if steps0 is not None and steps1 is not None and steps1["steps"] > steps0["steps"]:  # the server's side
             n_steps = steps1["steps"] - steps0["steps"]
@@ -191,7 +200,7 @@ def _run_levels(args, url: str, model: str, levels, static, con) -> list[dict]:
             for key, name in (("server_cpu_s", "server_cpu_frac"), ("engine_cpu_s", "engine_cpu_frac")):
                 if steps0[key] is not None and steps1[key] is not None:
                     row[name] = (steps1[key] - steps0[key]) / wall
-            if rate is None and not args.url:  # what the scheduler's policy alone needs for this level
+            if rate is None and not args.url and args.turns == 1:  # what the scheduler's policy alone needs
                 row["policy_engine_steps"] = _policy_steps(args, levels, conc, n, row["mixed_engine_steps"] > 0)
             # the engine's share of TTFT, mean ms a request: queued (slot, budget), then the prompt's steps
             for k in ("queue", "prefill"):

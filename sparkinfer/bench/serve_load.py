@@ -9,7 +9,10 @@ OpenAI-compatible server, at a fixed concurrency or with Poisson arrivals.
 Each request is a POST /v1/completions of `input_len` random token ids (so its
 length is exact whatever the tokenizer, and no two prompts share a prefix) asking
 for `output_len` tokens greedily with `ignore_eos` (so every output has that
-length), streamed with usage. Times are the client's: TTFT from sending the request
+length), streamed with usage. With `turns` > 1 a stream runs conversations: each
+turn's prompt is the last turn's and `input_len` new ids, so prompts share prefixes
+as a chat's do (`cached_prompt_frac`: the share of prompt tokens the server said it
+found cached, `usage.prompt_tokens_details.cached_tokens`). Times are the client's: TTFT from sending the request
 to the first chunk carrying tokens; ITL the gaps between such chunks (one chunk per
 engine output: a speculative round's tokens arrive together); TPOT (e2e - TTFT) /
 (output tokens - 1) per request; E2E sending to the last byte.
@@ -43,7 +46,10 @@ class LoadSpec:
     Poisson arrivals per second (None: as fast as `concurrency` allows). vocab:
     prompt ids are drawn from [0, vocab). seed: prompts and arrival times.
     timeout_s: one request's limit. api_key: sent as `Authorization: Bearer` (None:
-    no header)."""
+    no header). turns: requests a conversation: turn t's prompt is its conversation's
+    first t + 1 messages of input_len random tokens (the last turn's prompt, then a new
+    message), sent when turn t - 1 completes, so a server that keeps a conversation's
+    prefix finds it (fixed concurrency only; requests a multiple of turns)."""
 
     url: str
     model: str
@@ -56,6 +62,14 @@ class LoadSpec:
     seed: int = 0
     timeout_s: float = 600.0
     api_key: str | None = field(default=None, repr=False)
+    turns: int = 1
+
+    def __post_init__(self):
+        from sparkinfer.errors import ShapeError
+
+        if self.turns < 1 or self.requests % self.turns or (self.turns > 1 and self.rate is not None):
+            raise ShapeError(f"turns={self.turns} with {self.requests} requests and rate={self.rate}: turns must be "
+                             ">= 1, divide the requests, and (above 1) come with a fixed concurrency")
 
 
 @dataclass
@@ -73,11 +87,19 @@ class RequestResult:
     itl_s: list[float] = field(default_factory=list)
     sent_s: float = 0.0
     client: int = 0
+    cached_tokens: int = 0
 
 
 def prompts(spec: LoadSpec) -> list[list[int]]:
+    """Request i's prompt: turn i % turns of conversation i // turns (`LoadSpec.turns`)."""
     rng = random.Random(spec.seed)
-    return [[rng.randrange(spec.vocab) for _ in range(spec.input_len)] for _ in range(spec.requests)]
+    out = []
+    for _ in range(spec.requests // spec.turns):
+        convo: list[int] = []
+        for _ in range(spec.turns):
+            convo = convo + [rng.randrange(spec.vocab) for _ in range(spec.input_len)]
+            out.append(convo)
+    return out
 
 
 async def _one(client, spec: LoadSpec, prompt: list[int]) -> RequestResult:
@@ -112,6 +134,8 @@ async def _one(client, spec: LoadSpec, prompt: list[int]) -> RequestResult:
                 if event.get("usage"):
                     res.output_tokens = int(event["usage"]["completion_tokens"])
                     res.prompt_tokens = int(event["usage"]["prompt_tokens"])
+                    res.cached_tokens = int((event["usage"].get("prompt_tokens_details") or {}).get("cached_tokens")
+                                            or 0)
     except Exception as e:  # noqa: BLE001 - a failed request is a result, the run goes on
         res.error = f"{type(e).__name__}: {e}"[:300]
         return res
@@ -166,9 +190,10 @@ async def _run_load(spec: LoadSpec, todo: list[list[int]], on_done=None,
             tickets = tickets or _Tickets()
             done: dict[int, RequestResult] = {}
 
-            async def stream():
-                while (i := tickets.take(len(todo))) is not None:
-                    done[i] = await send(todo[i])
+            async def stream():  # a conversation at a time (one request each without turns)
+                while (c := tickets.take(len(todo) // spec.turns)) is not None:
+                    for i in range(c * spec.turns, (c + 1) * spec.turns):
+                        done[i] = await send(todo[i])
 
             await asyncio.gather(*(stream() for _ in range(limit)))
             return [done[i] for i in sorted(done)], t0, time.perf_counter()
@@ -292,6 +317,8 @@ def summarize(results: list[RequestResult], wall_s: float, spec: LoadSpec) -> di
     return dict(
         input_len=spec.input_len, output_len=spec.output_len, concurrency=spec.concurrency, rate=spec.rate,
         num_requests=len(results), completed=len(done), failed=len(results) - len(done), duration_s=wall_s,
+        turns=spec.turns, cached_prompt_frac=sum(r.cached_tokens for r in done) / max(1, sum(r.prompt_tokens
+                                                                                             for r in done)),
         request_throughput=len(done) / wall_s, output_tokens_per_s=out_tokens / wall_s,
         total_tokens_per_s=(out_tokens + sum(r.prompt_tokens for r in done)) / wall_s,
         **_pcts([r.ttft_s for r in done], "ttft_ms"), **_pcts(tpot, "tpot_ms"),

@@ -186,3 +186,35 @@ def test_a_started_servers_level_gets_its_policy_steps():
     assert _policy_steps(args, levels, 2, 8, False) == plain
     assert _policy_steps(args, levels, 2, 8, True) == policy_steps(2, 8, 300, 6, slots=4, chunk=256,
                                                                   step_tokens=2048, announce=1024)
+
+
+@pytest.mark.fake_kwargs(max_batch=4, step_s=0.002, max_context=512)
+def test_conversations_send_their_turns_in_order_each_prompt_extending_the_last(fake_server, tmp_path):
+    from sparkinfer.errors import ShapeError
+
+    out = tmp_path / "serve.json"
+    assert main(["bench", "serve", "--url", fake_server.url, "--input-len", "8", "--output-len", "3", "--turns", "3",
+                 "--num-requests", "10", "--concurrency", "2", "--warmup", "0", "--vocab", "200",
+                 "--out", str(out)]) == 0
+    row = json.loads(out.read_text())[-1]
+    # 10 requests rounded up to whole conversations of 3 turns; the fake keeps no prefix
+    assert row["ok"] and (row["completed"], row["turns"], row["cached_prompt_frac"]) == (12, 3, 0.0)
+    sent = [p for _, p, _ in fake_server.engine.submitted]
+    assert sorted(map(len, sent)) == [8] * 4 + [16] * 4 + [24] * 4
+    # each conversation's turn t + 1 arrives after its turn t, and begins with it
+    for i, p in enumerate(sent):
+        if len(p) > 8:
+            assert any(q == p[:len(p) - 8] for q in sent[:i]), "a turn came before the turn it extends"
+    spec = LoadSpec(url="u", model="m", input_len=4, output_len=2, requests=6, concurrency=2, turns=3)
+    ps = prompts(spec)
+    assert [len(p) for p in ps] == [4, 8, 12] * 2 and ps[1][:4] == ps[0] and ps[2][:8] == ps[1] and ps[3] != ps[0]
+    assert prompts(LoadSpec(url="u", model="m", input_len=4, output_len=2, requests=3))[0] == \
+        prompts(LoadSpec(url="u", model="m", input_len=4, output_len=2, requests=3, turns=1))[0]
+    for bad in (dict(requests=5, concurrency=2, turns=3), dict(requests=6, rate=2.0, turns=3),
+                dict(requests=6, turns=0)):
+        with pytest.raises(ShapeError, match="turns"):
+            LoadSpec(url="u", model="m", input_len=4, output_len=2, **bad)
+    row = summarize([RequestResult(ok=True, prompt_tokens=16, output_tokens=2, ttft_s=0.1, e2e_s=0.2, itl_s=[0.1],
+                                   cached_tokens=8)], 1.0, LoadSpec(url="u", model="m", input_len=16, output_len=2,
+                                                                    requests=1, concurrency=1))
+    assert row["cached_prompt_frac"] == 0.5
