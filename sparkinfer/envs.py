@@ -39,6 +39,19 @@ def default_timeout_s() -> float:
     return value
 
 
+# Device-side wait deadline given to CPU ranks unless SPARKINFER_TIMEOUT_S is set: the
+# default 10 s is a GPU's. Under Triton's interpreter one rank may still be preparing its
+# MoE weights while another waits at the first all-reduce: `generate --tp 4` of an
+# 8-head tiny checkpoint on a loaded 2-core host failed with CollectiveTimeout at 10 s.
+CPU_TIMEOUT_S = 300
+
+
+def cpu_rank_env(backend: str) -> dict[str, str]:
+    """The environment a launcher gives its ranks: SPARKINFER_TIMEOUT_S=CPU_TIMEOUT_S on CPU
+    ranks unless it is set; nothing on a GPU."""
+    return {"SPARKINFER_TIMEOUT_S": str(CPU_TIMEOUT_S)} if backend == "cpu" and not timeout_s_set() else {}
+
+
 def timeout_s_set() -> bool:
     """True when SPARKINFER_TIMEOUT_S is set (non-empty): a launcher then leaves it to the ranks."""
     return bool(os.environ.get("SPARKINFER_TIMEOUT_S", "").strip())

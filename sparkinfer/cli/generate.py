@@ -22,12 +22,6 @@ import time
 
 __all__ = ["add_parser"]
 
-# Device-side wait deadline given to CPU ranks unless SPARKINFER_TIMEOUT_S is set: the
-# default 10 s is a GPU's. Under Triton's interpreter one rank may still be preparing its
-# MoE weights while another waits at the first all-reduce: `generate --tp 4` of an
-# 8-head tiny checkpoint on a loaded 2-core host failed with CollectiveTimeout at 10 s.
-CPU_TIMEOUT_S = 300
-
 
 def generate(args) -> int:
     from rich.console import Console
@@ -60,7 +54,7 @@ def generate(args) -> int:
                           max_len=len(ids) + args.max_new_tokens + 1, draft=args.draft,
                           self_draft=args.self_draft, spec_k=args.spec_k)
     con.print(f"[dim]{len(ids)} prompt tokens; TP={args.tp} DCP={args.dcp} on {backend}; experts {args.moe_format}")
-    env = {} if backend != "cpu" or envs.timeout_s_set() else {"SPARKINFER_TIMEOUT_S": str(CPU_TIMEOUT_S)}
+    env = envs.cpu_rank_env(backend)
     t0 = time.perf_counter()
     res = run_ranks(_generate_on_rank, args.tp, backend=backend, args=(req, args.prompt),
                     timeout_s=args.timeout, env=env)[0]

@@ -8,7 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["EngineConfig"]
+__all__ = ["EngineConfig", "GPU_STALL_S"]
+
+# How long a GPU rank may go without publishing a step's result or a heartbeat before the
+# engine fails and names it: far beyond any step (milliseconds), short enough to end a hang.
+GPU_STALL_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -31,7 +35,8 @@ class EngineConfig:
     fuller forward (0, the default: prefill every step; 8 measured no faster under
     load on an H200, docs/serving.md). backend: "auto" | "cpu" | "cuda" |
     "cuda_shared" (`sparkinfer.runtime.run_ranks`). timeout_s: how long a rank may
-    stall before the engine fails every request and names it. graphs: decode steps
+    stall before the engine fails every request and names it (None: 60 s, and
+    `envs.CPU_TIMEOUT_S` on CPU ranks, whose interpreted steps are slow). graphs: decode steps
     in CUDA graphs (None: on a GPU). name: the model name served (None: the
     directory's name). batch_invariant: a request's logits are the same bits
     whatever runs beside it (every kernel's sums follow the row alone); False takes
@@ -60,12 +65,20 @@ class EngineConfig:
     step_tokens: int = 2048
     prefill_wait_steps: int = 0
     backend: str = "auto"
-    timeout_s: float = 60.0
+    timeout_s: float | None = None
     graphs: bool | None = None
     name: str | None = None
     batch_invariant: bool = True
     mixed_steps: bool = True
     prefix_reuse: bool = True
+
+    def stall_s(self, backend: str) -> float:
+        """timeout_s, or its default on `backend` (the resolved one: "cpu", "cuda", ...)."""
+        from sparkinfer.envs import CPU_TIMEOUT_S
+
+        if self.timeout_s is not None:
+            return self.timeout_s
+        return float(CPU_TIMEOUT_S) if backend == "cpu" else GPU_STALL_S
 
     @property
     def speculative(self) -> bool:

@@ -20,6 +20,7 @@ that stops answering fails every request with an error that names it.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import uuid
@@ -185,6 +186,7 @@ class Driver:
             tokenizer = None
         max_context = default_max_context(spec, config.max_context)
         backend = resolve_backend(config.backend, config.tp)
+        self.config = config = dataclasses.replace(config, timeout_s=config.stall_s(backend))
         chunk = config.prefill_chunk
         geo = _Geometry.of(config, chunk)
         timeout = config.timeout_s
@@ -212,11 +214,13 @@ class Driver:
                                handle_type=handle_type or RequestHandle)
         return self
     def _start_ranks(self, backend: str, args: tuple) -> None:
+        from sparkinfer.envs import cpu_rank_env
         from sparkinfer.runtime.ranks import run_ranks
 
         def launch():
             try:
-                run_ranks(serve_on_rank, self.config.tp, backend=backend, args=args, timeout_s=float("inf"))
+                run_ranks(serve_on_rank, self.config.tp, backend=backend, args=args, timeout_s=float("inf"),
+                          env=cpu_rank_env(backend))
             except BaseException as e:  # noqa: BLE001 - reported to the engine loop and to callers
                 self._launch_error = e
                 if self.core is not None:
