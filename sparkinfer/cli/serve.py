@@ -122,7 +122,7 @@ def add_parser(sub) -> None:
                         "its prompt begins with them (a chat's next turn; default on, off with a draft model)")
     p.add_argument("--backend", default=None, choices=("auto", "cpu", "cuda", "cuda_shared"))
     p.add_argument("--timeout", type=float, default=None, metavar="S",
-                   help="seconds a rank may stall before the engine fails and names it")
+                   help="seconds a rank may stall before the engine fails and names it (default 60; 300 on CPU ranks)")
     p.add_argument("--batch-dependent", dest="batch_invariant", action="store_false", default=None,
                    help="let a request's logits depend on its neighbours for speed: cuBLAS projections "
                         "(default: batch-invariant, docs/performance.md says what it costs)")
