@@ -253,7 +253,9 @@ def main(args) -> int:
             url = stack.enter_context(started_server(cmd, args.startup_timeout, con.print)).url
         model = served_model(url, api_key=_api_key(args))
         rows = _run_levels(args, url, model, levels, _static_rows(args, meta) if args.preset else {}, con)
-    print_table(f"serving {model}: {args.input_len}-token prompts, {args.output_len}-token outputs (ms)",
+    turns = f", {args.turns}-turn chats (prompt tokens found cached: " + ", ".join(
+        f"{r['cached_prompt_frac']:.0%}" for r in rows) + ")" if args.turns > 1 else ""
+    print_table(f"serving {model}: {args.input_len}-token prompts, {args.output_len}-token outputs{turns} (ms)",
                 ["level", "done", "req/s", "out tok/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "ITL p50",
                  "ITL p90", "ITL p99", "static tok/s", "serve/static", "steady/static", "CPU http / engine", "ok"],
                 [[f"C={r['concurrency']}" if r["rate"] is None else f"{r['rate']:g}/s", r["completed"],

@@ -189,7 +189,7 @@ def test_a_started_servers_level_gets_its_policy_steps():
 
 
 @pytest.mark.fake_kwargs(max_batch=4, step_s=0.002, max_context=512)
-def test_conversations_send_their_turns_in_order_each_prompt_extending_the_last(fake_server, tmp_path):
+def test_conversations_send_their_turns_in_order_each_prompt_extending_the_last(fake_server, tmp_path, capsys):
     from sparkinfer.errors import ShapeError
 
     out = tmp_path / "serve.json"
@@ -197,6 +197,7 @@ def test_conversations_send_their_turns_in_order_each_prompt_extending_the_last(
                  "--num-requests", "10", "--concurrency", "2", "--warmup", "0", "--vocab", "200",
                  "--out", str(out)]) == 0
     row = json.loads(out.read_text())[-1]
+    assert "3-turn chats (prompt tokens found cached: 0%)" in capsys.readouterr().out
     # 10 requests rounded up to whole conversations of 3 turns; the fake keeps no prefix
     assert row["ok"] and (row["completed"], row["turns"], row["cached_prompt_frac"]) == (12, 3, 0.0)
     sent = [p for _, p, _ in fake_server.engine.submitted]
