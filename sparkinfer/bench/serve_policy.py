@@ -26,8 +26,10 @@ def policy_steps(concurrency: int, requests: int, input_len: int, output_len: in
     from sparkinfer.engine.request import SamplingParams
     from sparkinfer.engine.scheduler import SchedRequest, Scheduler, SchedulerCaps
 
+    # the level's prompts are random ids, which share no prefix: these stand-ins must not either
     caps = SchedulerCaps(slots=slots, max_context=input_len + output_len, chunk=chunk, step_tokens=step_tokens,
-                         max_waiting=requests, prefill_wait_steps=prefill_wait_steps, announce=announce)
+                         max_waiting=requests, prefill_wait_steps=prefill_wait_steps, announce=announce,
+                         reuse_prefix=False)
     sched, params = Scheduler(caps), SamplingParams(max_new_tokens=output_len, ignore_eos=True)
     sent = 0
 

@@ -30,7 +30,15 @@ import numpy as np
 
 from sparkinfer.engine.config import EngineConfig
 from sparkinfer.engine.core import EngineCore
-from sparkinfer.engine.plan import RESULT_HEAD, StepPlan, decode_plan, decode_result, encode_plan, encode_result
+from sparkinfer.engine.plan import (
+    PLAN_HEAD,
+    RESULT_HEAD,
+    StepPlan,
+    decode_plan,
+    decode_result,
+    encode_plan,
+    encode_result,
+)
 from sparkinfer.engine.scheduler import SchedulerCaps
 from sparkinfer.errors import CheckpointError, EngineFailed, RankFailed, RingError, SetupError
 
@@ -63,7 +71,7 @@ class _Geometry:
     def of(cls, cfg: EngineConfig, chunk: int) -> _Geometry:
         rows = cfg.max_batch
         tokens = 2 * (max(cfg.step_tokens, chunk) + chunk)  # the plan's chunks and those it announces
-        plan = 8 * (7 + 10 * (rows + tokens) + tokens)
+        plan = 8 * (PLAN_HEAD + 10 * (rows + tokens) + tokens + 3 * rows)  # rows: at most one copy a slot
         per_token = 1 + 2 * 20
         new = cfg.spec_k + 1 if cfg.speculative else 1
         result = 8 * (RESULT_HEAD + (3 + new * (1 + per_token)) * (2 * rows + tokens))

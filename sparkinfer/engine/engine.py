@@ -213,6 +213,15 @@ class Engine:
         self._rows: dict[int, RowSampling] = {}
         self.launches = 0  # forwards launched: an output of launch() is current while this holds
 
+    def copy_prefix(self, src: int, dst: int, tokens: int) -> None:
+        """Cache entries of positions [0, tokens) from slot src to slot dst, every layer (with
+        decode-context parallelism, this rank's share: position p lives at p // W on rank
+        p % W). Stream-ordered after what was launched before, before what is launched after."""
+        cache, sh = self.dec.cache, self.dec.sh
+        n = -(-(tokens - sh.rank) // sh.dcp) if sh.dcp > 1 else tokens
+        for t in (cache.k, cache.v):
+            t[:, dst, :n].copy_(t[:, src, :n])
+
     # ------------------------------------------------------------------ steps
     def bucket(self, rows: int) -> int:
         for b in self.buckets:

@@ -35,7 +35,7 @@ from sparkinfer.errors import ShapeError
 
 __all__ = ["DecodeRow", "DecodeRows", "SamplingColumns", "PrefillChunk", "StepPlan", "RowResult", "TokenRows",
            "StepResult", "encode_plan", "decode_plan", "encode_result", "decode_result", "sampling_words",
-           "RESULT_HEAD"]
+           "RESULT_HEAD", "PLAN_HEAD"]
 
 
 @dataclass(frozen=True)
@@ -220,19 +220,24 @@ class StepPlan:
     `shutdown` asks the ranks to leave their loop (no rows). `decode` is held as
     `DecodeRows` whatever sequence of `DecodeRow`s it is given. next_prefill: the
     chunks the next plan will prefill (announced, so a rank may run them beside the
-    next step's decode rows that it launches ahead; the next plan still lists them)."""
+    next step's decode rows that it launches ahead; the next plan still lists them).
+    copies: (source slot, destination slot, tokens): the cache entries of positions
+    [0, tokens) copied from one slot to another, in order, before anything else of the
+    plan runs (prefix reuse from a running request, `scheduler.py`)."""
 
     step: int
     decode: DecodeRows = field(default_factory=lambda: _NO_ROWS)
     prefill: tuple[PrefillChunk, ...] = ()
     shutdown: bool = False
     next_prefill: tuple[PrefillChunk, ...] = ()
+    copies: tuple[tuple[int, int, int], ...] = ()
 
     def __post_init__(self):
         if not isinstance(self.decode, DecodeRows):
             object.__setattr__(self, "decode", DecodeRows.of(self.decode) if self.decode else _NO_ROWS)
         object.__setattr__(self, "prefill", tuple(self.prefill))
         object.__setattr__(self, "next_prefill", tuple(self.next_prefill))
+        object.__setattr__(self, "copies", tuple(tuple(c) for c in self.copies))
 
     @property
     def empty(self) -> bool:
@@ -287,10 +292,11 @@ class StepResult:
 
 
 # ---------------------------------------------------------------------- codec
-# Plan record: [MAGIC, step, shutdown, R, C, total chunk tokens, N], then the R rows'
+# Plan record: [MAGIC, step, shutdown, R, C, total chunk tokens, N, K], then the R rows'
 # columns (_ROW words a row), C + N chunks of _CHUNK words (the plan's, then the N it
-# announces), then their tokens.
+# announces), their tokens, then K copies of 3 words (source, destination, tokens).
 _MAGIC = 0x53504B50  # "SPKP"
+PLAN_HEAD = 8  # words of the plan record's header
 
 
 _PARAMS: dict[tuple, SamplingParams] = {}  # a step's rows repeat the same few sampling words
@@ -311,14 +317,16 @@ def encode_plan(plan: StepPlan) -> np.ndarray:
     """int64 [n] record of a plan."""
     chunks = plan.prefill + plan.next_prefill
     head = [_MAGIC, plan.step, int(plan.shutdown), len(plan.decode), len(plan.prefill),
-            sum(len(c.tokens) for c in chunks), len(plan.next_prefill)]
-    if not chunks:  # a decode step: the header and the rows' columns
+            sum(len(c.tokens) for c in chunks), len(plan.next_prefill), len(plan.copies)]
+    if not chunks and not plan.copies:  # a decode step: the header and the rows' columns
         return np.concatenate((np.asarray(head, dtype=np.int64), plan.decode.cols.ravel()))
     words = []
     for c in chunks:
         words += [c.request, c.slot, c.start, len(c.tokens), int(c.last)] + sampling_words(c.params)
     for c in chunks:
         words += c.tokens
+    for c in plan.copies:
+        words += c
     return np.concatenate((np.asarray(head, dtype=np.int64), plan.decode.cols.ravel(),
                            np.asarray(words, dtype=np.int64)))
 
@@ -329,11 +337,11 @@ def decode_plan(rec) -> StepPlan:
     w = np.frombuffer(rec, dtype=np.int64) if not isinstance(rec, np.ndarray) else rec
     if int(w[0]) != _MAGIC:
         raise ShapeError(f"decode_plan: not a step-plan record (first word {int(w[0]):#x})")
-    step, shutdown, nr, nc, _, nn = w[1:7].tolist()
-    o = 7
+    step, shutdown, nr, nc, _, nn, nk = w[1:PLAN_HEAD].tolist()
+    o = PLAN_HEAD
     rows = DecodeRows(w[o:o + nr * _ROW].reshape(nr, _ROW))
     o += nr * _ROW
-    if not nc and not nn:
+    if not nc and not nn and not nk:
         return StepPlan(step, rows, (), bool(shutdown))
     heads = w[o:o + (nc + nn) * _CHUNK].reshape(nc + nn, _CHUNK).tolist()
     o += (nc + nn) * _CHUNK
@@ -342,7 +350,8 @@ def decode_plan(rec) -> StepPlan:
         toks = tuple(w[o:o + v[3]].tolist())
         o += v[3]
         chunks.append(PrefillChunk(v[0], v[1], v[2], toks, bool(v[4]), _sampling_from(v[5:])))
-    return StepPlan(step, rows, tuple(chunks[:nc]), bool(shutdown), tuple(chunks[nc:]))
+    copies = tuple(map(tuple, w[o:o + 3 * nk].reshape(nk, 3).tolist()))
+    return StepPlan(step, rows, tuple(chunks[:nc]), bool(shutdown), tuple(chunks[nc:]), copies)
 
 
 # Result record: [MAGIC, step, proposed, accepted, R, C, one], then with one = 1 the R

@@ -108,6 +108,8 @@ class ModelRunner:
             self.draft.capture_all((1, 2), self.prefill_chunk)
 
     def execute(self, plan: StepPlan) -> StepResult:
+        for src, dst, n in plan.copies:  # before this plan's chunks and the next one's launched ahead
+            self.target.copy_prefix(src, dst, n)
         kept = {} if self.keep_logits else None
         ahead, self._ahead = self._ahead, None
         if self.draft is not None:

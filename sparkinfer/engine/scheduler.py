@@ -50,6 +50,9 @@ Policy:
   its own, and starts prefilling after the shared whole chunks (at most its prompt
   less its last token, which must run for the first token's logits); otherwise the
   slot freed longest ago (a never-used one first), so recent prompts stay longest.
+  A running request's prompt chunks serve too (a system prompt many conversations
+  share): the plan copies them into the new request's slot (`StepPlan.copies`) before
+  anything of it runs; its chunks never rewrite those positions.
   The next turn of a chat (its prompt: the last one, the reply, a new message) then
   prefills only from the last chunk boundary of the previous prompt. The kept entries
   are bitwise what the request would write itself: prompt chunks at the same
@@ -177,6 +180,7 @@ class Scheduler:
         self._freed_at = [0] * caps.slots
         self._by_first: dict[tuple, set[int]] = {}
         self._reuse = caps.reuse_prefix and not caps.speculative  # a draft's cache would need the same
+        self._copies: list[tuple[int, int, int]] = []  # this plan's (source, destination, tokens)
 
     # ------------------------------------------------------------------ requests
     def add(self, req: SchedRequest) -> None:
@@ -218,17 +222,23 @@ class Scheduler:
 
     def _take_slot(self, r: SchedRequest) -> int:
         """The free slot for `r` (module docstring: the longest kept prefix of whole chunks,
-        else the slot freed longest ago); sets r.prefilled and r.reused to the tokens it
-        finds there. The slot's kept prompt is dropped: its request writes over it."""
-        c, best, reused = self.caps.chunk, None, 0
+        in place, or copied from a running request's prompt, else the slot freed longest
+        ago); sets r.prefilled and r.reused to the tokens it finds. The slot's kept prompt
+        is dropped: its request writes over it."""
+        c, best, reused, source = self.caps.chunk, None, 0, None
         limit = len(r.prompt) - 1  # the last prompt token always runs: its logits give the first token
         if self._reuse and limit >= c:
-            for slot in self._by_first.get(tuple(r.prompt[:c]), ()):
-                kept, n = self._kept[slot], c
-                while n + c <= min(limit, len(kept)) and r.prompt[n:n + c] == kept[n:n + c]:
-                    n += c
-                if n > reused or (n == reused and slot < best):
-                    best, reused = slot, n
+            first = tuple(r.prompt[:c])
+            kept = [(s, self._kept[s]) for s in sorted(self._by_first.get(first, ()))]
+            running = [(a.slot, a.prompt[:a.prefilled]) for a in self.active.values()
+                       if a.prefilled >= c and tuple(a.prompt[:c]) == first]
+            for copy, candidates in ((False, kept), (True, running)):  # in place wins a tie
+                for slot, prompt in candidates:
+                    n = c
+                    while n + c <= min(limit, len(prompt)) and r.prompt[n:n + c] == prompt[n:n + c]:
+                        n += c
+                    if n > reused:
+                        best, reused, source = (None, n, slot) if copy else (slot, n, None)
         if best is None:
             best = min(self.free, key=lambda s: (self._freed_at[s], s))
         self.free.remove(best)
@@ -239,6 +249,8 @@ class Scheduler:
             if not self._by_first[first]:
                 del self._by_first[first]
             self._kept[best] = None
+        if source is not None:
+            self._copies.append((source, best, reused))
         r.prefilled = r.reused = reused
         return best
 
@@ -252,6 +264,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------ steps
     def schedule(self) -> StepPlan | None:
+        self._copies = []
         while self.waiting and self.free:
             r = self.waiting.popleft()
             r.slot, r.state = self._take_slot(r), RequestState.PREFILLING
@@ -283,7 +296,7 @@ class Scheduler:
         if not rows and not prefill:
             return None
         self.steps += 1
-        return StepPlan(self.steps, rows, prefill, next_prefill=self._announced)
+        return StepPlan(self.steps, rows, prefill, next_prefill=self._announced, copies=tuple(self._copies))
 
     def _chunks(self, budget: int, planned: dict[int, int]) -> list[PrefillChunk]:
         """Prompt chunks in admission order while `budget` tokens last (at least one), each

@@ -53,9 +53,9 @@ class _Recorder:
         return res
 
 
-def _run(runner, schedule, speculative=False, announce=0):
+def _run(runner, schedule, speculative=False, announce=0, slots=SLOTS):
     """Step a fresh core through `schedule`: (tokens, logits, finish reasons, plans) per request."""
-    caps = SchedulerCaps(slots=SLOTS, max_context=runner.max_context, chunk=CHUNK, step_tokens=CHUNK,
+    caps = SchedulerCaps(slots=slots, max_context=runner.max_context, chunk=CHUNK, step_tokens=CHUNK,
                          speculative=speculative, announce=announce)
     ex = _Recorder(runner)
     core = EngineCore(ex, caps)

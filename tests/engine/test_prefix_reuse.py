@@ -127,3 +127,47 @@ def test_outputs_and_usage_say_how_many_prompt_tokens_were_found():
     usage = _usage(again[-1]).model_dump()
     assert usage == {"prompt_tokens": 22, "completion_tokens": 2, "total_tokens": 24,
                      "prompt_tokens_details": {"cached_tokens": 16}}
+
+
+def test_a_running_requests_prompt_chunks_are_copied_into_a_new_slot():
+    """A system prompt many conversations share: a request admitted while another with
+    the same first chunks runs copies them (`StepPlan.copies`, before anything of the plan
+    runs) and starts after them; a kept prefix in a free slot of the same length wins
+    (no copy)."""
+    from sparkinfer.engine.plan import decode_plan, encode_plan
+
+    s = Scheduler(_caps(step_tokens=C))  # one chunk a step
+    system = list(range(1, 17))  # two chunks
+    a = _req(0, system + [40] * 10, new=20)
+    s.add(a)
+    copies: list = []
+    while a.prefilled < 16:  # a's two system chunks run
+        plan = s.schedule()
+        s.update(plan, _fake(plan))
+    b = _req(1, system + [50] * 5)
+    s.add(b)
+    plan = s.schedule()
+    assert plan.copies == ((0, 1, 16),) and b.slot == 1 and b.reused == 16
+    assert [(c.request, c.start) for c in plan.prefill] == [(0, 16)]  # a's last chunk first, in admission order
+    assert decode_plan(encode_plan(plan)).copies == plan.copies  # through the ranks' ring record
+    copies.append(plan.copies)
+    s.update(plan, _fake(plan))
+    while (plan := s.schedule()) is not None:
+        copies.append(plan.copies)
+        s.update(plan, _fake(plan))
+    assert copies[1:] == [()] * (len(copies) - 1)  # one copy, in the plan that admitted b
+    # both finished: slot 0 keeps a's 24, slot 1 b's 16; a request sharing 16 with both takes the
+    # lower of them in place (a tie), copying nothing
+    c = _req(2, system + [60] * 3)
+    s.add(c)
+    plan = s.schedule()
+    assert plan.copies == () and c.reused == 16 and c.slot == 0
+
+
+def test_no_copy_from_a_request_whose_chunks_have_not_run():
+    s = Scheduler(_caps(step_tokens=C))
+    system = list(range(1, 17))
+    s.add(_req(0, system + [1] * 4))
+    s.add(_req(1, system + [2] * 4))  # admitted in the same plan as the first: nothing to copy yet
+    plan = s.schedule()
+    assert plan.copies == () and [(c.request, c.slot, c.start) for c in plan.prefill] == [(0, 0, 0)]

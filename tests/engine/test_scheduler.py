@@ -31,7 +31,10 @@ def _fake_ids(plan) -> StepResult:
 
 
 def _req(i, n, new=4, stops=()):
-    return SchedRequest(i, list(range(100, 100 + n)), SamplingParams(max_new_tokens=new), frozenset(stops))
+    """Request i: n prompt tokens of its own (no two requests share a prefix: prefix reuse,
+    test_prefix_reuse.py, would start one after the other's chunks)."""
+    return SchedRequest(i, list(range(1000 * i + 100, 1000 * i + 100 + n)), SamplingParams(max_new_tokens=new),
+                        frozenset(stops))
 
 
 def _run(s: Scheduler, spec_tokens=1, limit=1000):
