@@ -140,6 +140,7 @@ class SchedRequest:
     finish: FinishReason | None = None
     limit: int = 0
     reused: int = 0
+    first: tuple = ()  # its first chunk's tokens, once admitted (a later prompt's reuse candidates)
 
 
 class Update(NamedTuple):
@@ -231,7 +232,7 @@ class Scheduler:
             first = tuple(r.prompt[:c])
             kept = [(s, self._kept[s]) for s in sorted(self._by_first.get(first, ()))]
             running = [(a.slot, a.prompt[:a.prefilled]) for a in self.active.values()
-                       if a.prefilled >= c and tuple(a.prompt[:c]) == first]
+                       if a.prefilled >= c and a.first == first]
             for copy, candidates in ((False, kept), (True, running)):  # in place wins a tie
                 for slot, prompt in candidates:
                     n = c
@@ -252,6 +253,7 @@ class Scheduler:
         if source is not None:
             self._copies.append((source, best, reused))
         r.prefilled = r.reused = reused
+        r.first = tuple(r.prompt[:c]) if self._reuse else ()
         return best
 
     @property
