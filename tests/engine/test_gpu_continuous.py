@@ -49,5 +49,6 @@ def test_gpu_a_next_turn_after_kept_chunks_gives_its_solo_bits(paths):
     """test_prefix_reuse_ranks.py captured on one rank, turn 2's chunks also announced into mixed steps."""
     from tests.engine import test_prefix_reuse_ranks as reuse
 
-    reuse.check(*run_ranks(reuse._worker, 1, backend="cuda", args=(paths["qwen3_moe-tiny"], (0, 4 * reuse.CHUNK)),
-                           timeout_s=600)[0])
+    alone, chats = run_ranks(reuse._worker, 1, backend="cuda", args=(paths["qwen3_moe-tiny"], True), timeout_s=600)[0]
+    assert len(chats) == 2 and any(p.next_prefill for p in chats[1][3]), "no chunk was announced into a mixed step"
+    reuse.check(alone, chats)

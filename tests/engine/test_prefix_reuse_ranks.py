@@ -33,7 +33,7 @@ SCHEDULE = [(0, TURN1, GREEDY, None), (0, TURN1, SamplingParams(temperature=0.9,
                                        None), (10, TURN2, GREEDY, None), (10, OTHER, GREEDY, None)]
 
 
-def _worker(world, path, announce=(0,), dcp=1):
+def _worker(world, path, mixed=False, dcp=1):
     cfg = EngineConfig(model=str(path), tp=world.world_size, dcp=dcp, max_batch=SLOTS, prefill_chunk=CHUNK,
                        step_tokens=CHUNK)
     s = ModelSession.for_config(world, cfg, 64)
@@ -41,6 +41,7 @@ def _worker(world, path, announce=(0,), dcp=1):
         ref = ModelRunner(s.engine, keep_logits=True, lookahead=False)
         alone = [_run(ref, [(0, p, GREEDY, None)], slots=SLOTS) for p in (TURN2, OTHER)]
         runner = ModelRunner(s.engine, keep_logits=True, lookahead=True)
+        announce = (0, runner.announce_tokens) if mixed else (0,)  # mixed: chunks announced into mixed steps
         return alone, [_run(runner, SCHEDULE, announce=a, slots=SLOTS) for a in announce]
     finally:
         s.close()
@@ -62,7 +63,7 @@ def check(alone, chats) -> None:
 @pytest.mark.parametrize("family,world,dcp", [("qwen3_moe-tiny", 1, 1), ("mixtral-tiny", 2, 2)],
                          ids=["qwen3_tp1", "mixtral_tp2_dcp2"])
 def test_reused_and_copied_prefixes_give_the_tokens_and_logits_computed_from_scratch(paths, family, world, dcp):
-    results = run_ranks(_worker, world, backend="cpu", args=(paths[family], (0,), dcp), timeout_s=900)
+    results = run_ranks(_worker, world, backend="cpu", args=(paths[family], False, dcp), timeout_s=900)
     check(*results[0])
     for other in results[1:]:  # every rank ran the same plans and drew the same tokens
         assert other[1][0][0] == results[0][1][0][0]
