@@ -40,7 +40,7 @@ def _worker(world, path, mixed=False, dcp=1):
     try:
         ref = ModelRunner(s.engine, keep_logits=True, lookahead=False)
         alone = [_run(ref, [(0, p, GREEDY, None)], slots=SLOTS) for p in (TURN2, OTHER)]
-        runner = ModelRunner(s.engine, keep_logits=True, lookahead=True)
+        runner = ModelRunner(s.engine, keep_logits=True, lookahead=True, mixed=mixed)
         announce = (0, runner.announce_tokens) if mixed else (0,)  # mixed: chunks announced into mixed steps
         return alone, [_run(runner, SCHEDULE, announce=a, slots=SLOTS) for a in announce]
     finally:
