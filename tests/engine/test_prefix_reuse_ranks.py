@@ -29,8 +29,9 @@ TURN1 = [7, 33, 90, 12, 55, 1, 2, 3, 99, 100, 42, 8, 9, 10, 11, 12, 13, 14, 15, 
 TURN2 = TURN1 + [61, 62, 63] + [20, 21, 22, 23, 24, 25, 26, 27, 28, 29]
 OTHER = TURN1[:16] + [70, 71, 72, 73, 74, 75, 76, 77, 78, 79, 80]  # the same system prompt, another question
 GREEDY = SamplingParams(max_new_tokens=3)
-SCHEDULE = [(0, TURN1, GREEDY, None), (0, TURN1, SamplingParams(temperature=0.9, top_k=20, seed=5, max_new_tokens=16),
-                                       None), (10, TURN2, GREEDY, None), (10, OTHER, GREEDY, None)]
+# the second turn-1 request decodes past both arrivals whatever it draws (ignore_eos), so it is running then
+LONG = SamplingParams(temperature=0.9, top_k=20, seed=5, max_new_tokens=16, ignore_eos=True)
+SCHEDULE = [(0, TURN1, GREEDY, None), (0, TURN1, LONG, None), (10, TURN2, GREEDY, None), (10, OTHER, GREEDY, None)]
 
 
 def _worker(world, path, mixed=False, dcp=1):
