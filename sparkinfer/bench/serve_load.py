@@ -314,13 +314,13 @@ def summarize(results: list[RequestResult], wall_s: float, spec: LoadSpec) -> di
     out_tokens = sum(r.output_tokens for r in done)
     tpot = [(r.e2e_s - r.ttft_s) / (r.output_tokens - 1) for r in done if r.output_tokens > 1]
     errors = sorted({r.error for r in results if r.error})
+    prompt_tokens = sum(r.prompt_tokens for r in done)
     return dict(
         input_len=spec.input_len, output_len=spec.output_len, concurrency=spec.concurrency, rate=spec.rate,
         num_requests=len(results), completed=len(done), failed=len(results) - len(done), duration_s=wall_s,
-        turns=spec.turns, cached_prompt_frac=sum(r.cached_tokens for r in done) / max(1, sum(r.prompt_tokens
-                                                                                             for r in done)),
+        turns=spec.turns, cached_prompt_frac=sum(r.cached_tokens for r in done) / max(1, prompt_tokens),
         request_throughput=len(done) / wall_s, output_tokens_per_s=out_tokens / wall_s,
-        total_tokens_per_s=(out_tokens + sum(r.prompt_tokens for r in done)) / wall_s,
+        total_tokens_per_s=(out_tokens + prompt_tokens) / wall_s,
         **_pcts([r.ttft_s for r in done], "ttft_ms"), **_pcts(tpot, "tpot_ms"),
         **_pcts([g for r in done for g in r.itl_s], "itl_ms"), **_pcts([r.e2e_s for r in done], "e2e_ms"),
         **steady(results, spec), errors=errors[:5],

@@ -175,11 +175,10 @@ class Scheduler:
         self._table = np.zeros((caps.slots, 10), dtype=np.int64)
         self._running = np.zeros(caps.slots, dtype=bool)
         self._announced: tuple[PrefillChunk, ...] = ()  # the last plan's next_prefill
-        # prefix reuse: each free slot's kept prompt tokens, the step it was freed at (0: never
-        # used), and the free slots by their kept first chunk (a new prompt's candidates)
-        self._kept: list[list[int] | None] = [None] * caps.slots
+        # prefix reuse: each free slot's kept (first chunk, prompt tokens), and the step it was
+        # freed at (0: never used)
+        self._kept: list[tuple[tuple, list[int]] | None] = [None] * caps.slots
         self._freed_at = [0] * caps.slots
-        self._by_first: dict[tuple, set[int]] = {}
         self._reuse = caps.reuse_prefix and not caps.speculative  # a draft's cache would need the same
         self._copies: list[tuple[int, int, int]] = []  # this plan's (source, destination, tokens)
 
@@ -217,9 +216,7 @@ class Scheduler:
         self._freed_at[r.slot] = self.steps + 1
         c = self.caps.chunk
         if self._reuse and r.prefilled >= c:  # whole chunks only: those are what a reuse takes
-            kept = r.prompt[:r.prefilled - r.prefilled % c]
-            self._kept[r.slot] = kept
-            self._by_first.setdefault(tuple(kept[:c]), set()).add(r.slot)
+            self._kept[r.slot] = (r.first, r.prompt[:r.prefilled - r.prefilled % c])
 
     def _take_slot(self, r: SchedRequest) -> int:
         """The free slot for `r` (module docstring: the longest kept prefix of whole chunks,
@@ -230,7 +227,7 @@ class Scheduler:
         limit = len(r.prompt) - 1  # the last prompt token always runs: its logits give the first token
         if self._reuse and limit >= c:
             first = tuple(r.prompt[:c])
-            kept = [(s, self._kept[s]) for s in sorted(self._by_first.get(first, ()))]
+            kept = [(s, k[1]) for s in self.free if (k := self._kept[s]) is not None and k[0] == first]
             running = [(a.slot, a.prompt[:a.prefilled]) for a in self.active.values()
                        if a.prefilled >= c and a.first == first]
             for copy, candidates in ((False, kept), (True, running)):  # in place wins a tie
@@ -243,13 +240,7 @@ class Scheduler:
         if best is None:
             best = min(self.free, key=lambda s: (self._freed_at[s], s))
         self.free.remove(best)
-        kept = self._kept[best]
-        if kept is not None:
-            first = tuple(kept[:c])
-            self._by_first[first].discard(best)
-            if not self._by_first[first]:
-                del self._by_first[first]
-            self._kept[best] = None
+        self._kept[best] = None
         if source is not None:
             self._copies.append((source, best, reused))
         r.prefilled = r.reused = reused

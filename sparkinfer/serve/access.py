@@ -22,13 +22,13 @@ outside the key check, so a preflight (which carries no key) is answered.
 from __future__ import annotations
 
 import hmac
-import json
+
+from starlette.responses import JSONResponse
 
 from sparkinfer.errors import SetupError
+from sparkinfer.serve.protocol import APIError
 
-__all__ = ["RequireApiKey", "add_access", "UNAUTHORIZED"]
-
-UNAUTHORIZED = 401
+__all__ = ["RequireApiKey", "add_access"]
 
 
 class RequireApiKey:
@@ -42,7 +42,7 @@ class RequireApiKey:
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope["path"].startswith("/v1/") and not self._authorized(scope):
             self.on_refused()
-            await _refuse(send)
+            await _refuse(scope, receive, send)
             return
         await self.app(scope, receive, send)
 
@@ -51,15 +51,12 @@ class RequireApiKey:
         return hmac.compare_digest(given, self._expected)
 
 
-async def _refuse(send) -> None:
-    body = json.dumps({"error": {
-        "message": "no valid API key: send the server's key as 'Authorization: Bearer <key>' (the OpenAI "
-                   "clients' api_key, or OPENAI_API_KEY)",
-        "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}}).encode()
-    await send({"type": "http.response.start", "status": UNAUTHORIZED,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            (b"www-authenticate", b"Bearer")]})
-    await send({"type": "http.response.body", "body": body})
+async def _refuse(scope, receive, send) -> None:
+    """The 401, with OpenAI's error body as every other refusal of the server has it."""
+    err = APIError(401, "no valid API key: send the server's key as 'Authorization: Bearer <key>' (the OpenAI "
+                        "clients' api_key, or OPENAI_API_KEY)", code="invalid_api_key")
+    await JSONResponse(err.body().model_dump(), status_code=err.status,
+                       headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
 
 
 def add_access(app, *, api_key: str | None = None, allowed_origins: tuple[str, ...] = (),
