@@ -11,15 +11,14 @@ the first one's slot and starts at position 16 (two whole chunks, in place), and
 conversation with the same first 16 tokens, which takes the third slot and starts at
 16 after a copy of them (`StepPlan.copies`). Each step is launched ahead as served (the
 stray write of turn 1's last step included). The references run each alone on a fresh
-core (nothing kept, every chunk computed). test_gpu_continuous.py runs the same on a
-GPU, with the chunks also announced into mixed steps.
+core (nothing kept, every chunk computed). At DCP 1 the schedule runs once more with
+its chunks announced into mixed steps; test_gpu_continuous.py runs that on a GPU.
 """
 
 import pytest
 import torch
 
 from sparkinfer.engine import EngineConfig, SamplingParams
-from sparkinfer.engine.runner import ModelRunner
 from sparkinfer.engine.session import ModelSession
 from sparkinfer.runtime import run_ranks
 from tests.engine.test_continuous import CHUNK, _run
@@ -39,9 +38,10 @@ def _worker(world, path, mixed=False, dcp=1):
                        step_tokens=CHUNK)
     s = ModelSession.for_config(world, cfg, 64)
     try:
-        ref = ModelRunner(s.engine, keep_logits=True, lookahead=False)
+        # the session's runners: their forwards take CHUNK-token chunks (the scheduler's), not max_tokens
+        ref, runner = s.runner(keep_logits=True), s.runner(keep_logits=True, mixed=mixed)
+        ref.lookahead, runner.lookahead = False, True  # launched ahead on the CPU too (default: GPU only)
         alone = [_run(ref, [(0, p, GREEDY, None)], slots=SLOTS) for p in (TURN2, OTHER)]
-        runner = ModelRunner(s.engine, keep_logits=True, lookahead=True, mixed=mixed)
         announce = (0, runner.announce_tokens) if mixed else (0,)  # mixed: chunks announced into mixed steps
         return alone, [_run(runner, SCHEDULE, announce=a, slots=SLOTS) for a in announce]
     finally:
@@ -64,7 +64,9 @@ def check(alone, chats) -> None:
 @pytest.mark.parametrize("family,world,dcp", [("qwen3_moe-tiny", 1, 1), ("mixtral-tiny", 2, 2)],
                          ids=["qwen3_tp1", "mixtral_tp2_dcp2"])
 def test_reused_and_copied_prefixes_give_the_tokens_and_logits_computed_from_scratch(paths, family, world, dcp):
-    results = run_ranks(_worker, world, backend="cpu", args=(paths[family], False, dcp), timeout_s=900)
+    mixed = dcp == 1  # mixed steps need DCP 1: there turn 2's chunks are also announced into them
+    results = run_ranks(_worker, world, backend="cpu", args=(paths[family], mixed, dcp), timeout_s=900)
     check(*results[0])
+    assert not mixed or any(p.next_prefill for p in results[0][1][1][3]), "no chunk was announced"
     for other in results[1:]:  # every rank ran the same plans and drew the same tokens
         assert other[1][0][0] == results[0][1][0][0]
