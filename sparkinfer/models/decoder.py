@@ -12,7 +12,8 @@ kernel) -> attention over the cache (with DCP: all heads over this rank's
 token share, merged by log-sum-exp) -> o projection (a partial sum per rank)
 -> all-reduce + residual + RMSNorm (one kernel) -> routed experts (+ shared
 experts) or a dense MLP, partial per rank -> all-reduce + residual + RMSNorm
-with the next layer's input norm (the final norm after the last layer).
+with the next layer's input norm (the final norm after the last layer; on one
+rank the MoE layer's top-k sum runs inside that norm, `RouteSum`).
 Every rank holds bitwise the same hidden state after each layer.
 
 Batch invariance (`batch_invariant=True`, the default): a row's logits are the
@@ -42,7 +43,7 @@ from sparkinfer.layers.aux_stream import CudaStreamOps, moe_with_shared_experts
 from sparkinfer.linear import gemm, linear, linear_sync
 from sparkinfer.models.torch_ops import TorchOps
 from sparkinfer.models.weights import DenseMLPWeights, ExpertWeights, ModelWeights, Sharding
-from sparkinfer.moe import MoECaps, MoELayer, MoESpec, plan_supports_aux_stream_overlap
+from sparkinfer.moe import MoECaps, MoELayer, MoESpec, RouteSum, plan_supports_aux_stream_overlap
 from sparkinfer.norm import add_rms_norm, rms_norm
 from sparkinfer.rope import rope_qk_cache, rotary_table
 from sparkinfer.runtime.devices import cuda_sm_count
@@ -210,6 +211,8 @@ class Decoder:
         eps = self.spec.rms_eps
         if self.torch_ops is not None:
             return self.torch_ops.norm(partial, residual, weight, eps)
+        if isinstance(partial, RouteSum):  # a MoE layer's top-k sum, run inside this norm
+            return partial.add_rms_norm(residual, weight, eps)
         if self.sh.world == 1:
             return add_rms_norm(partial, residual, weight, eps)
         return self.comm.all_reduce_add_rms_norm(partial, residual, weight, eps, batch_invariant=self.batch_invariant)
@@ -328,7 +331,9 @@ class Decoder:
         def routed(h, logits):
             if self.torch_ops is not None:
                 return self.torch_ops.moe(h, logits, m, m.correction_bias, out)
-            return self.moe[i](h, logits, out=out)
+            # one rank: the top-k sum waits for the norm after the layer (`RouteSum`); ranks
+            # all-reduce the summed output first
+            return self.moe[i](h, logits, out=out, reduce=self.sh.world > 1)
         if m.shared is None:
             return routed(x, router(x))
         safe = self.torch_ops is not None or plan_supports_aux_stream_overlap(self.moe[i].plan)

@@ -17,7 +17,7 @@ import torch
 from sparkinfer.errors import ShapeError
 from sparkinfer.moe.binding import allocate_scratch, bind
 from sparkinfer.moe.plan import MoEPlan, plan
-from sparkinfer.moe.runner import run
+from sparkinfer.moe.runner import RouteSum, run
 from sparkinfer.moe.spec import MoECaps, MoESpec
 from sparkinfer.moe.weights import prepare_weights
 
@@ -47,14 +47,17 @@ class MoELayer:
         self.bias = bias
 
     def __call__(self, x: torch.Tensor, logits: torch.Tensor, *,
-                 out: torch.Tensor | None = None) -> torch.Tensor:
+                 out: torch.Tensor | None = None, reduce: bool = True) -> torch.Tensor | RouteSum:
         """x: bf16 [T, H]; logits: [T, E] router logits; out: optional [T, H].
 
-        Returns out. Allocates only when out is None (refused during capture);
-        no host sync; capture-legal with out given.
+        Returns out; reduce False: a `RouteSum` (out's dtype) for the residual add +
+        RMSNorm after the layer to sum, out untouched. Allocates only when out is None
+        (refused during capture); no host sync; capture-legal with out given.
         """
         b = bind(self.plan, self.scratch, self.weights, x=x, out=out, logits=logits,
                  bias=self.bias)
+        if not reduce:
+            return run(b, reduce=False)
         run(b)
         return b.out
 

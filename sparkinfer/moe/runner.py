@@ -17,23 +17,26 @@ decode FC1's weights to bf16 -> FC1 (bf16 tiles) -> decode FC2's -> FC2.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from sparkinfer.errors import ShapeError
 from sparkinfer.moe.binding import _ACT, MoEBinding, max_tiles, sort_chunk, sort_split
 from sparkinfer.moe.kernels.common import NVFP4_TILE_ROWS
 from sparkinfer.moe.kernels.convert import moe_quant_kernel, nvfp4_dequant_kernel
 from sparkinfer.moe.kernels.fc1 import moe_fc1_kernel
 from sparkinfer.moe.kernels.fc2 import moe_act_kernel, moe_fc2_kernel
-from sparkinfer.moe.kernels.reduce import moe_reduce_kernel
+from sparkinfer.moe.kernels.reduce import moe_reduce_kernel, moe_reduce_norm_kernel
 from sparkinfer.moe.kernels.sort import sort_count_kernel, sort_offsets_kernel, sort_scatter_kernel
 from sparkinfer.moe.plan import FP8_BLOCK, MICRO_BLOCK_M
 from sparkinfer.moe.routing.launch import route
+from sparkinfer.norm.launch import check_rows
 
-__all__ = ["run"]
+__all__ = ["RouteSum", "run"]
 
 # Top-k reduce width: the widest BH whose grid still has >= SMs / 2 programs,
 # else 128. H200 at 14cdea2 (reduce kernel alone, benchmarks/results/
@@ -98,8 +101,9 @@ def _weights(w, s, g, nvfp4: bool) -> _Weights:
     return _Weights(w, w if s is None else s, w if g is None else g, strides)
 
 
-def run(b: MoEBinding) -> None:
-    """Compute b.out [T, H] = MoE(b.x) for the bound call.
+def run(b: MoEBinding, reduce: bool = True) -> RouteSum | None:
+    """Compute b.out [T, H] = MoE(b.x) for the bound call; reduce False: everything but
+    the top-k sum, returned as a `RouteSum` for the residual add + RMSNorm after it.
 
     Allocates nothing, never syncs with the host, legal inside CUDA graph
     capture (all grids come from T and the plan, never from routed data).
@@ -124,12 +128,72 @@ def run(b: MoEBinding) -> None:
         part, splits, stride_ps = _grouped(b, w1, w2, common), 1, 0
     t, h = b.tokens, c.hidden
     pdl = MICRO_PDL and cfg.family == "micro" and not b.interpret
+    if not reduce:
+        return RouteSum(part, b.topk_ids, b.topk_weights, splits, stride_ps, c.num_experts,
+                        spec.router_weight_after_fc2, pdl, b.out.dtype)
     bh = next((bh for bh in REDUCE_BLOCKS_H if 2 * t * triton.cdiv(h, bh) >= c.num_sms),
               REDUCE_BLOCKS_H[-1])
     moe_reduce_kernel[(t, triton.cdiv(h, bh))](
         part, b.topk_ids, b.topk_weights, b.out, h, stride_ps, part.stride(-2),
         b.out.stride(0), E=c.num_experts, K=c.top_k, S=splits,
         BH=bh, WEIGHT_AFTER=spec.router_weight_after_fc2, **(dict(PDL=True, launch_pdl=True) if pdl else {}))
+
+
+@dataclass(frozen=True)
+class RouteSum:
+    """A MoE call's output not yet summed over its top-k routes (`run(b, reduce=False)`):
+    FC2's rows part [S, R, H] (S splits, stride_ps apart; grouped: S 1), the routes'
+    expert ids and router weights, and the dtype the sum rounds to; `+ extra` adds a
+    [T, H] tensor (a shared expert's output) after that rounding, as a torch add would.
+
+    `add_rms_norm` runs the sum inside the residual add + RMSNorm that follows the layer
+    (moe_reduce_norm_kernel): the bits of moe_reduce_kernel then `sparkinfer.norm`'s
+    add_rms_norm (tests/moe/test_route_sum.py), one launch fewer per MoE layer (issue 28;
+    tests/models/test_launch_count.py)."""
+
+    part: torch.Tensor
+    ids: torch.Tensor
+    weights: torch.Tensor
+    splits: int
+    stride_ps: int
+    experts: int
+    weight_after: bool
+    wait: bool  # FC2 lets its successor launch early (micro): the sum waits in gdc_wait
+    dtype: torch.dtype
+    extra: torch.Tensor | None = None
+
+    def __add__(self, extra: torch.Tensor) -> RouteSum:
+        if self.extra is not None:
+            raise ShapeError("a RouteSum takes one extra term; add the others to it first")
+        return dataclasses.replace(self, extra=extra)
+
+    def add_rms_norm(self, residual: torch.Tensor, weight: torch.Tensor, eps: float, *,
+                     out: torch.Tensor | None = None, residual_out: torch.Tensor | None = None):
+        """(out, residual_out) = (rmsnorm(x + residual) * weight, x + residual), x this
+        sum (rounded to `dtype`, + extra). Shapes and dtypes as `sparkinfer.norm.add_rms_norm`."""
+        t, k = self.ids.shape
+        h = weight.shape[-1]
+        check_rows("residual", residual, h)
+        if residual.shape[0] != t or residual.dtype != self.dtype:
+            raise ShapeError(f"residual {tuple(residual.shape)} {residual.dtype}: the sum is [{t}, {h}] "
+                             f"{self.dtype}")
+        extra = self.extra if self.extra is not None else residual
+        check_rows("extra", extra, h)
+        out = torch.empty_like(residual) if out is None else out
+        residual_out = torch.empty_like(residual) if residual_out is None else residual_out
+        for name, x in (("out", out), ("residual_out", residual_out)):
+            check_rows(name, x, h)
+        if t:
+            block = triton.next_power_of_2(h)
+            pdl = residual.device.type == "cuda"
+            moe_reduce_norm_kernel[(t,)](
+                self.part, self.ids, self.weights, extra, residual, weight, out, residual_out, h,
+                self.stride_ps, self.part.stride(-2), extra.stride(0), residual.stride(0), out.stride(0),
+                residual_out.stride(0), float(eps), E=self.experts, K=k, S=self.splits,
+                WEIGHT_AFTER=self.weight_after, HAS_EXTRA=self.extra is not None, BLOCK_H=block,
+                PDL=pdl, WAIT=self.wait, num_warps=min(16, max(1, block // 512)),
+                **(dict(launch_pdl=True) if self.wait else {}))
+        return out, residual_out
 
 
 def _micro(b: MoEBinding, w1: _Weights, w2: _Weights, common: dict):

@@ -75,6 +75,16 @@ def add_rms_norm_kernel(p_x, p_res, p_w, p_out, p_res_out, H, stride_x, stride_r
     o_h = tl.arange(0, BLOCK_H)
     m_h = o_h < H
     b_x = tl.load(p_x + i_t * stride_x + o_h, mask=m_h, other=0.0).to(tl.float32)
+    norm_row(b_x, p_res, p_w, p_out, p_res_out, i_t, o_h, m_h, H, stride_res, stride_out,
+             stride_res_out, eps, HAS_RES)
+
+
+@triton.jit
+def norm_row(b_x, p_res, p_w, p_out, p_res_out, i_t, o_h, m_h, H, stride_res, stride_out,
+             stride_res_out, eps, HAS_RES: tl.constexpr):
+    """Row i_t's residual add + RMSNorm of x (fp32 [BLOCK_H], masked by m_h): stores
+    residual_out (x + residual, rounded) and out (add_rms_norm_kernel; the MoE top-k sum
+    folded in front of it, moe/kernels/reduce.py)."""
     if HAS_RES:
         b_r = tl.load(p_res + i_t * stride_res + o_h, mask=m_h, other=0.0).to(tl.float32)
         # the residual stream is stored rounded; the norm reads the stored value

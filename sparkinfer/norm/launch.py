@@ -8,12 +8,13 @@ import triton
 from sparkinfer.errors import DTypeError, LayoutError, ShapeError
 from sparkinfer.norm.kernel import add_rms_norm_kernel
 
-__all__ = ["add_rms_norm", "rms_norm"]
+__all__ = ["add_rms_norm", "check_rows", "rms_norm"]
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def _rows(name: str, t: torch.Tensor, h: int) -> None:
+def check_rows(name: str, t: torch.Tensor, h: int) -> None:
+    """Refuse a [T, H] operand that is not [T, h], 16/32-bit float, last dim contiguous."""
     if t.dim() != 2 or t.shape[1] != h:
         raise ShapeError(f"{name} must be [T, H={h}]; got {tuple(t.shape)}")
     if t.dtype not in _DTYPES:
@@ -34,21 +35,21 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     serves captures).
     """
     h = weight.shape[-1]
-    _rows("x", x, h)
+    check_rows("x", x, h)
     if weight.shape != (h,):
         raise ShapeError(f"weight must be [H]; got {tuple(weight.shape)}")
     if residual is not None:
-        _rows("residual", residual, h)
+        check_rows("residual", residual, h)
         if residual.shape != x.shape or residual.device != x.device:
             raise ShapeError(f"residual {tuple(residual.shape)} on {residual.device} must match x "
                              f"{tuple(x.shape)} on {x.device}")
         if residual_out is None:
             residual_out = torch.empty_like(residual)
-        _rows("residual_out", residual_out, h)
+        check_rows("residual_out", residual_out, h)
     dtype = residual.dtype if residual is not None else x.dtype
     if out is None:
         out = torch.empty(x.shape, dtype=dtype, device=x.device)
-    _rows("out", out, h)
+    check_rows("out", out, h)
     t = x.shape[0]
     if t:
         res = residual if residual is not None else x

@@ -43,15 +43,17 @@ from sparkinfer.models.weights import Sharding
 LAYERS = 3  # Qwen3 and GLM presets' own count (layer 0 dense); Mixtral's 2 raised to 3
 L, N = "triton: linear_stream_kernel", "triton: add_rms_norm_kernel"
 ATTN = {"triton: rope_qk_cache_kernel": 1, "triton: attention_kernel": 1}
+# on one rank the top-k sum runs inside the residual add + RMSNorm after the layer (`RouteSum`:
+# moe_reduce_kernel and one add_rms_norm_kernel, and GLM's torch add, folded into one launch)
 MOE = {"triton: routing_kernel": 1, "triton: moe_fc1_kernel": 1, "triton: moe_fc2_kernel": 1,
-       "triton: moe_reduce_kernel": 1}
-# The launches of one MoE layer, as of this commit: qkv, o and router projections, two norms,
-# rotary + cache write, attention, routing, the expert kernels; GLM adds its shared expert's
-# two projections and the torch add of its output to the routed experts'.
+       "triton: moe_reduce_norm_kernel": 1}
+# The launches of one MoE layer, as of this commit: qkv, o and router projections, the norm
+# after attention, rotary + cache write, attention, routing, the expert kernels and the top-k
+# sum with the norm after the layer; GLM adds its shared expert's two projections.
 LAYER = {
-    "qwen3_moe-tiny": {L: 3, N: 2, **ATTN, **MOE},  # 11
-    "glm4_moe-tiny": {L: 5, N: 2, **ATTN, **MOE, "torch: add": 1},  # 14
-    "mixtral-tiny": {L: 3, N: 2, **ATTN, **MOE},  # 11
+    "qwen3_moe-tiny": {L: 3, N: 1, **ATTN, **MOE},  # 10
+    "glm4_moe-tiny": {L: 5, N: 1, **ATTN, **MOE},  # 12
+    "mixtral-tiny": {L: 3, N: 1, **ATTN, **MOE},  # 10
 }
 # The launches of the whole step at LAYERS layers, as of this commit: the layers, the embedding
 # lookup and its norm, the LM head, and the sampler's two (a row's chunks, then their argmax; one
@@ -59,12 +61,12 @@ LAYER = {
 SAMPLE = {"triton: _argmax_partials_kernel": 1, "triton: _gumbel_argmax_kernel": 1}
 STEP = {
     # layer 0 dense: gate_up and down projections (silu applied as down loads its input)
-    "qwen3_moe-tiny": {L: 11, N: 7, "triton: rope_qk_cache_kernel": 3, "triton: attention_kernel": 3,
-                       **{k: 2 for k in MOE}, "torch: embedding": 1, **SAMPLE},  # 35
-    "glm4_moe-tiny": {L: 15, N: 7, "triton: rope_qk_cache_kernel": 3, "triton: attention_kernel": 3,
-                      **{k: 2 for k in MOE}, "torch: add": 2, "torch: embedding": 1, **SAMPLE},  # 41
-    "mixtral-tiny": {L: 10, N: 7, "triton: rope_qk_cache_kernel": 3, "triton: attention_kernel": 3,
-                     **{k: 3 for k in MOE}, "torch: embedding": 1, **SAMPLE},  # 38
+    "qwen3_moe-tiny": {L: 11, N: 5, "triton: rope_qk_cache_kernel": 3, "triton: attention_kernel": 3,
+                       **{k: 2 for k in MOE}, "torch: embedding": 1, **SAMPLE},  # 33
+    "glm4_moe-tiny": {L: 15, N: 5, "triton: rope_qk_cache_kernel": 3, "triton: attention_kernel": 3,
+                      **{k: 2 for k in MOE}, "torch: embedding": 1, **SAMPLE},  # 37
+    "mixtral-tiny": {L: 10, N: 4, "triton: rope_qk_cache_kernel": 3, "triton: attention_kernel": 3,
+                     **{k: 3 for k in MOE}, "torch: embedding": 1, **SAMPLE},  # 35
 }
 UPDATE = ("Update LAYER / STEP in tests/models/test_launch_count.py only with a measurement showing "
           "the step did not get slower (`sparkinfer bench decode` on a GPU, before and after).")

@@ -4,7 +4,8 @@ error norm and worst element, `tests/moe/_util.check_moe`) at a mid-size shape, 
 NVFP4 decodes bitwise equal, CUDA-graph replay bitwise equal to eager; the
 Mixtral micro case repeated and replayed bitwise with both decodes; fp8_block
 at the four benchmark shapes (format reference, repeats and replays bitwise);
-the NVFP4 dequantized path against the NVFP4 kernels."""
+the NVFP4 dequantized path against the NVFP4 kernels; the top-k sum folded into the
+norm after the layer (test_route_sum.py) bitwise against reduce then norm."""
 
 import dataclasses
 import os
@@ -15,6 +16,7 @@ import torch
 from sparkinfer.moe import MoECaps, MoESpec, allocate_scratch, bind, moe_reference, plan, prepare_weights, run
 from sparkinfer.moe.routing import route_reference
 from sparkinfer.quant import FP8BlockTensor, NVFP4Tensor
+from tests.moe import test_route_sum
 from tests.moe._util import assert_moe_close, poison_scratch, random_layer
 
 pytestmark = pytest.mark.skipif(
@@ -279,3 +281,10 @@ def _padded_case(p, src, t, spec):
     ref = moe_reference(x, src, route_reference(logits, spec, p.caps.top_k), spec=spec)
     assert_moe_close(first, ref, spec.weight_format)
     _repeats_and_replays_bitwise(b, out, first, repeats=1, replays=2)
+
+
+@pytest.mark.parametrize("case", [c[0] for c in test_route_sum.CASES])
+def test_gpu_the_folded_top_k_sum_gives_the_bits_of_reduce_then_norm(case):
+    """tests/moe/test_route_sum.py compiled, with a random shared-expert term (rounded to nearest)."""
+    _, kw, t, invariant = next(c for c in test_route_sum.CASES if c[0] == case)
+    test_route_sum.check(MoESpec(**kw), t, invariant, "cuda", exact_extra=False, seed=3)

@@ -21,7 +21,9 @@ together like that one's. Not yet timed on the H200 (`bench_moe.py` covers it).
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from sparkinfer.norm.kernel import norm_row
 
 
 @triton.jit
@@ -41,6 +43,15 @@ def reduce_row(p_part, p_ids, p_topk_w, p_out, t, o_h, H, stride_ps, stride_pr,
                WEIGHT_AFTER: tl.constexpr):
     """out[t, o_h] of token t (one program of moe_reduce_kernel)."""
     m_h = o_h < H
+    b_out = route_sum(p_part, p_ids, p_topk_w, t, o_h, m_h, stride_ps, stride_pr, E, K, S, WEIGHT_AFTER)
+    tl.store(p_out + tl.cast(t, tl.int64) * stride_o + o_h, b_out.to(p_out.dtype.element_ty),
+             mask=m_h)
+
+
+@triton.jit
+def route_sum(p_part, p_ids, p_topk_w, t, o_h, m_h, stride_ps, stride_pr, E: tl.constexpr,
+              K: tl.constexpr, S: tl.constexpr, WEIGHT_AFTER: tl.constexpr):
+    """fp32 sum over token t's routes of its FC2 rows at o_h (module docstring's order)."""
     b_out = tl.zeros(o_h.shape, dtype=tl.float32)
     for k in tl.static_range(K):
         r = t * K + k
@@ -53,5 +64,34 @@ def reduce_row(p_part, p_ids, p_topk_w, p_out, t, o_h, H, stride_ps, stride_pr,
         if WEIGHT_AFTER:
             b_r *= tl.where(ok, tl.load(p_topk_w + r), 0.0)
         b_out += b_r
-    tl.store(p_out + tl.cast(t, tl.int64) * stride_o + o_h, b_out.to(p_out.dtype.element_ty),
-             mask=m_h)
+    return b_out
+
+
+@triton.jit
+def moe_reduce_norm_kernel(p_part, p_ids, p_topk_w, p_extra, p_res, p_w, p_out, p_res_out, H,
+                           stride_ps, stride_pr, stride_extra, stride_res, stride_out,
+                           stride_res_out, eps, E: tl.constexpr, K: tl.constexpr,
+                           S: tl.constexpr, WEIGHT_AFTER: tl.constexpr, HAS_EXTRA: tl.constexpr,
+                           BLOCK_H: tl.constexpr, PDL: tl.constexpr = False,
+                           WAIT: tl.constexpr = False):
+    """The top-k sum of token t folded into the residual add + RMSNorm after it
+    (`RouteSum.add_rms_norm`): the sum rounded to the residual's dtype as
+    moe_reduce_kernel stores it, plus `extra` (a shared expert's output) rounded as a
+    torch add rounds, then `norm_row`: the unfused pair's bits, one launch fewer.
+    PDL: lets the next kernel launch at entry (as add_rms_norm_kernel); WAIT:
+    launched early behind FC2 (micro), so FC2's rows are read after gdc_wait."""
+    if PDL:
+        gdc_launch_dependents()
+    if WAIT:
+        gdc_wait()
+    i_t = tl.program_id(0).to(tl.int64)
+    o_h = tl.arange(0, BLOCK_H)
+    m_h = o_h < H
+    dtype = p_res_out.dtype.element_ty
+    b_x = route_sum(p_part, p_ids, p_topk_w, i_t, o_h, m_h, stride_ps, stride_pr, E, K, S,
+                    WEIGHT_AFTER).to(dtype).to(tl.float32)
+    if HAS_EXTRA:
+        b_e = tl.load(p_extra + i_t * stride_extra + o_h, mask=m_h, other=0.0).to(tl.float32)
+        b_x = (b_x + b_e).to(dtype).to(tl.float32)
+    norm_row(b_x, p_res, p_w, p_out, p_res_out, i_t, o_h, m_h, H, stride_res, stride_out,
+             stride_res_out, eps, True)
