@@ -96,7 +96,6 @@ def scratch_specs(plan: MoEPlan) -> tuple[ScratchSpec, ...]:
         nch = triton.cdiv(r, sort_chunk(e))
         ep = triton.next_power_of_2(e)
         specs += [ScratchSpec("sort_counts", (nch, ep), torch.int32),
-                  ScratchSpec("sort_base", (nch, ep), torch.int32),
                   ScratchSpec("tile_expert", (tiles,), torch.int32),
                   ScratchSpec("sorted_route", (rows,), torch.int32),
                   ScratchSpec("inter", (rows, i), act),

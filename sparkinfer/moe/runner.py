@@ -5,7 +5,7 @@ R = T*K routes, S splits.
 
 micro:   [routing] -> FC1 (+ activation, bf16; or fp32 partials when split)
          -> FC2 (fp32 partials) -> weighted top-k sum.
-grouped: [routing] -> sort count -> sort offsets -> sort scatter -> FC1 +
+grouped: [routing] -> sort count -> sort scatter (+ offsets) -> FC1 +
          activation (bf16, sorted rows) -> FC2 (per route) -> weighted top-k sum.
 
 fp8_block: the same kernels with e4m3 operands; micro quantizes x inside FC1,
@@ -31,7 +31,7 @@ from sparkinfer.moe.kernels.convert import moe_quant_kernel, nvfp4_dequant_kerne
 from sparkinfer.moe.kernels.fc1 import moe_fc1_kernel
 from sparkinfer.moe.kernels.fc2 import moe_act_kernel, moe_fc2_kernel
 from sparkinfer.moe.kernels.reduce import moe_reduce_kernel, moe_reduce_norm_kernel
-from sparkinfer.moe.kernels.sort import sort_count_kernel, sort_offsets_kernel, sort_scatter_kernel
+from sparkinfer.moe.kernels.sort import sort_count_kernel, sort_scatter_kernel
 from sparkinfer.moe.plan import FP8_BLOCK, MICRO_BLOCK_M
 from sparkinfer.moe.routing.launch import route
 from sparkinfer.norm.launch import check_rows
@@ -77,11 +77,9 @@ def _sort(b: MoEBinding, routes: int, block_m: int, tiles: int) -> None:
     sort_count_kernel[(nch,)](ids, s["sort_counts"], s["sorted_route"], routes, sub,
                               triton.cdiv(rows, nch), rows, E=c.num_experts, EP=ep, CH=ch,
                               FILL=1024)
-    sort_offsets_kernel[(1,)](s["sort_counts"], s["sort_base"], s["tile_expert"], nch, tiles,
-                              E=c.num_experts, EP=ep, CB=max(1, 8192 // ep), BM=block_m,
-                              TB=max(1, 8192 // ep), num_warps=8)
-    sort_scatter_kernel[(nch,)](ids, s["sort_base"], s["sorted_route"], routes, sub,
-                                E=c.num_experts, EP=ep, CH=ch)
+    sort_scatter_kernel[(nch,)](ids, s["sort_counts"], s["sorted_route"], s["tile_expert"], routes, sub,
+                                nch, tiles, E=c.num_experts, EP=ep, CH=ch, CB=max(1, 8192 // ep), BM=block_m,
+                                TB=max(1, 8192 // ep), num_warps=8)
 
 
 @dataclass(frozen=True)

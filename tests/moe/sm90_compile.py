@@ -20,7 +20,7 @@ import sparkinfer.moe.runner as moe_run
 _PTR = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32",
         torch.int32: "*i32", torch.uint8: "*u8", torch.float8_e4m3fn: "*fp8e4nv"}
 KERNELS = ("moe_fc1_kernel", "moe_act_kernel", "moe_fc2_kernel", "moe_reduce_kernel",
-           "sort_count_kernel", "sort_offsets_kernel", "sort_scatter_kernel", "moe_quant_kernel",
+           "sort_count_kernel", "sort_scatter_kernel", "moe_quant_kernel",
            "nvfp4_dequant_kernel")
 
 

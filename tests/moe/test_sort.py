@@ -1,7 +1,8 @@
 """The grouped family's counting sort (kernels/sort.py through runner._sort):
 sorted_route and tile_expert exactly as a stable sort by expert makes them, with
-one and several one-hot tiles per program, ids outside [0, E) dropped, and the
-padding rows -1 whatever the scratch held before."""
+one and several one-hot tiles per program, one and several blocks of counts for a
+scatter program to sum, ids outside [0, E) dropped, and the padding rows and tiles
+-1 whatever the scratch held before."""
 
 import types
 
@@ -28,8 +29,10 @@ def _reference(ids: torch.Tensor, e: int, bm: int, tiles: int):
     return rows, tile_e
 
 
+# (256, 256, 8, 128): 64 chunks, two blocks of counts (CB 32) for each scatter program to sum;
+# (256, 64, 8, 4): 4 programs take tile_expert's 288 tiles in three turns of 32 each
 @pytest.mark.parametrize("e,t,k,programs", [(256, 64, 8, 128), (256, 64, 8, 4), (8, 600, 2, 1),
-                                            (4, 9, 2, 128)])
+                                            (4, 9, 2, 128), (256, 256, 8, 128)])
 def test_sort_matches_a_stable_sort_by_expert(monkeypatch, e, t, k, programs):
     monkeypatch.setattr(binding, "SORT_PROGRAMS", programs)  # 4 and 1: several tiles a program
     caps = MoECaps(max_tokens=max(t, 32), num_experts=e, top_k=k, hidden=64, intermediate=64)
