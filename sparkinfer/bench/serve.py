@@ -202,11 +202,14 @@ def _run_levels(args, url: str, model: str, levels, static, con) -> list[dict]:
                     row[name] = (steps1[key] - steps0[key]) / wall
             if rate is None and not args.url and args.turns == 1:  # what the scheduler's policy alone needs
                 row["policy_engine_steps"] = _policy_steps(args, levels, conc, n, row["mixed_engine_steps"] > 0)
-            # the engine's share of TTFT, mean ms a request: queued (slot, budget), then the prompt's steps
-            for k in ("queue", "prefill"):
+            # TTFT's parts, mean ms a request: queued in the engine (slot, budget), then the prompt's
+            # steps; and the HTTP handler's TTFT (request in to the first token out of the engine), so
+            # the client's TTFT less it is the transport's and the HTTP stack's share
+            for k, name in (("queue", "queue_ms_mean"), ("prefill", "prefill_ms_mean"),
+                            ("ttft", "server_ttft_ms_mean")):
                 count = (steps1[f"{k}_count"] or 0) - (steps0[f"{k}_count"] or 0)
                 if count > 0:
-                    row[f"{k}_ms_mean"] = (steps1[f"{k}_sum"] - steps0[f"{k}_sum"]) / count * 1e3
+                    row[name] = (steps1[f"{k}_sum"] - steps0[f"{k}_sum"]) / count * 1e3
         if rate is None and conc in static:
             s = static[conc]
             tok_s = s.get("tokens_per_s") or conc / s["us_per_step"] * 1e6

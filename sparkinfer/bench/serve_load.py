@@ -359,18 +359,20 @@ def steady(results: list[RequestResult], spec: LoadSpec) -> dict:
 
 def server_counters(url: str, timeout_s: float = 10.0) -> dict | None:
     """{"steps", "mixed_steps", "server_cpu_s", "engine_cpu_s", "queue_sum", "queue_count",
-    "prefill_sum", "prefill_count"}: the server's `sparkinfer_engine_steps_total`,
-    `sparkinfer_engine_mixed_steps_total`, its HTTP process's `process_cpu_seconds_total`,
-    `sparkinfer_engine_process_cpu_seconds_total` and the request queue and prefill time
-    histograms' sums and counts (0 or None when absent) from GET /metrics; None from a
-    server that exports no step count."""
+    "prefill_sum", "prefill_count", "ttft_sum", "ttft_count"}: the server's
+    `sparkinfer_engine_steps_total`, `sparkinfer_engine_mixed_steps_total`, its HTTP
+    process's `process_cpu_seconds_total`, `sparkinfer_engine_process_cpu_seconds_total`,
+    and the request queue time, prefill time and time-to-first-token histograms' sums and
+    counts (0 or None when absent) from GET /metrics; None from a server that exports no
+    step count."""
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
     names = {"sparkinfer_engine_steps_total": "steps", "sparkinfer_engine_mixed_steps_total": "mixed_steps",
              "process_cpu_seconds_total": "server_cpu_s", "sparkinfer_engine_process_cpu_seconds_total": "engine_cpu_s",
              **{f"sparkinfer_request_{k}_time_seconds_{s}": f"{k}_{s}" for k in ("queue", "prefill")
-                for s in ("sum", "count")}}
+                for s in ("sum", "count")},
+             **{f"sparkinfer_time_to_first_token_seconds_{s}": f"ttft_{s}" for s in ("sum", "count")}}
     got = {}
     try:
         text = httpx.get(f"{url}/metrics", timeout=timeout_s).text
@@ -382,6 +384,6 @@ def server_counters(url: str, timeout_s: float = 10.0) -> dict | None:
         return None
     if "steps" not in got:
         return None
-    return {"server_cpu_s": None, "engine_cpu_s": None, "queue_sum": None, "queue_count": None,
-            "prefill_sum": None, "prefill_count": None, **got,
+    return {"server_cpu_s": None, "engine_cpu_s": None, **{f"{k}_{s}": None for k in ("queue", "prefill", "ttft")
+                                                            for s in ("sum", "count")}, **got,
             "steps": int(got["steps"]), "mixed_steps": int(got.get("mixed_steps", 0))}

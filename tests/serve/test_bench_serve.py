@@ -32,6 +32,8 @@ def test_bench_serve_against_a_url(fake_server, tmp_path, capsys):
     assert all(0 <= r["mixed_engine_steps"] <= r["engine_steps"] for r in rows)  # the fake: half its steps
     # the server's CPU a wall second over the level (/proc's clock ticks: 0 is possible on a short level)
     assert all(r["server_cpu_frac"] >= 0 and r["engine_cpu_frac"] == 0 for r in rows)  # the fake: in-process
+    # the server's TTFT (its handler's request in to first token out) lies inside the client's, request by request
+    assert all(0 < r["server_ttft_ms_mean"] <= r["ttft_ms_mean"] for r in rows)
     for r in rows:
         assert r["ok"] and (r["completed"], r["failed"], r["model"]) == (8, 0, "fake-model")
         assert r["output_tokens_per_s"] > 0 and r["request_throughput"] > 0
