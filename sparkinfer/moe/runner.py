@@ -177,6 +177,8 @@ class RouteSum:
                              f"{self.dtype}")
         extra = self.extra if self.extra is not None else residual
         check_rows("extra", extra, h)
+        if extra.shape[0] != t:
+            raise ShapeError(f"extra {tuple(extra.shape)}: the sum is [{t}, {h}]")
         out = torch.empty_like(residual) if out is None else out
         residual_out = torch.empty_like(residual) if residual_out is None else residual_out
         for name, x in (("out", out), ("residual_out", residual_out)):

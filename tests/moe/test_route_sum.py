@@ -58,7 +58,7 @@ def test_the_folded_top_k_sum_gives_the_bits_of_reduce_then_norm(kw, t, invarian
         assert cfg.split2 > 1, "the case meant to sum FC2 partials does not split FC2"
 
 
-def test_rejects_a_second_extra_term_and_another_residual_dtype():
+def test_rejects_a_second_extra_term_another_residual_dtype_and_extra_rows():
     caps = MoECaps(max_tokens=4, num_experts=4, top_k=1, hidden=H, intermediate=32, num_sms=8)
     w1, w2 = torch.randn(4, 64, H).bfloat16(), torch.randn(4, H, 32).bfloat16()
     layer = MoELayer(caps, MoESpec(), (w1, w2), device="cpu")
@@ -68,3 +68,5 @@ def test_rejects_a_second_extra_term_and_another_residual_dtype():
         (s + torch.zeros(2, H, dtype=torch.bfloat16)) + torch.zeros(2, H, dtype=torch.bfloat16)
     with pytest.raises(ShapeError, match="the sum is"):
         s.add_rms_norm(torch.randn(2, H), torch.ones(H), 1e-6)
+    with pytest.raises(ShapeError, match=r"extra \(3, 64\)"):
+        (s + torch.zeros(3, H, dtype=torch.bfloat16)).add_rms_norm(torch.randn(2, H).bfloat16(), torch.ones(H), 1e-6)
