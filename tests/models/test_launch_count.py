@@ -25,7 +25,9 @@ On an H200 (at e57bcde with the engine's uncommitted work of the time) the same
 eager step launched, per the torch profiler, exactly the kernels counted here:
 35, 41 and 38, with `linear_preload_kernel` in place of the CPU's
 `linear_stream_kernel` (`linear` picks its variant by machine), so the tables'
-names are the CPU's and their totals hold on the GPU.
+names are the CPU's and their totals hold on the GPU. Since 8875db0 (the top-k sum in
+the norm after the layer, `RouteSum`) the totals are 33, 37 and 35: one launch fewer a
+MoE layer, two for GLM (measured faster: docs/performance.md).
 """
 
 import collections
