@@ -34,7 +34,7 @@ from sparkinfer.moe.kernels.reduce import moe_reduce_kernel, moe_reduce_norm_ker
 from sparkinfer.moe.kernels.sort import sort_count_kernel, sort_scatter_kernel
 from sparkinfer.moe.plan import FP8_BLOCK, MICRO_BLOCK_M
 from sparkinfer.moe.routing.launch import route
-from sparkinfer.norm.launch import check_rows
+from sparkinfer.norm.launch import check_rows, row_launch
 
 __all__ = ["RouteSum", "run"]
 
@@ -184,15 +184,12 @@ class RouteSum:
         for name, x in (("out", out), ("residual_out", residual_out)):
             check_rows(name, x, h)
         if t:
-            block = triton.next_power_of_2(h)
-            pdl = residual.device.type == "cuda"
             moe_reduce_norm_kernel[(t,)](
                 self.part, self.ids, self.weights, extra, residual, weight, out, residual_out, h,
                 self.stride_ps, self.part.stride(-2), extra.stride(0), residual.stride(0), out.stride(0),
                 residual_out.stride(0), float(eps), E=self.experts, K=k, S=self.splits,
-                WEIGHT_AFTER=self.weight_after, HAS_EXTRA=self.extra is not None, BLOCK_H=block,
-                PDL=pdl, WAIT=self.wait, num_warps=min(16, max(1, block // 512)),
-                **(dict(launch_pdl=True) if self.wait else {}))
+                WEIGHT_AFTER=self.weight_after, HAS_EXTRA=self.extra is not None, WAIT=self.wait,
+                **row_launch(h, residual.device), **(dict(launch_pdl=True) if self.wait else {}))
         return out, residual_out
 
 

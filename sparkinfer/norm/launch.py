@@ -8,7 +8,7 @@ import triton
 from sparkinfer.errors import DTypeError, LayoutError, ShapeError
 from sparkinfer.norm.kernel import add_rms_norm_kernel
 
-__all__ = ["add_rms_norm", "check_rows", "rms_norm"]
+__all__ = ["add_rms_norm", "check_rows", "rms_norm", "row_launch"]
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -21,6 +21,14 @@ def check_rows(name: str, t: torch.Tensor, h: int) -> None:
         raise DTypeError(f"{name} dtype {t.dtype}; use bf16, fp16 or fp32")
     if t.stride(1) != 1:
         raise LayoutError(f"{name} must have a contiguous last dim; strides {t.stride()}")
+
+
+def row_launch(h: int, device) -> dict:
+    """Launch options of a one-program-a-row norm kernel over rows of h elements: the whole row
+    in one block (BLOCK_H), 512 elements a warp up to 16, PDL (its successor may launch at
+    entry) on a GPU."""
+    block = triton.next_power_of_2(h)
+    return dict(BLOCK_H=block, PDL=torch.device(device).type == "cuda", num_warps=min(16, max(1, block // 512)))
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
@@ -54,11 +62,9 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     if t:
         res = residual if residual is not None else x
         res_out = residual_out if residual is not None else out
-        block = triton.next_power_of_2(h)
         add_rms_norm_kernel[(t,)](x, res, weight, out, res_out, h, x.stride(0), res.stride(0),
                                   out.stride(0), res_out.stride(0), float(eps),
-                                  HAS_RES=residual is not None, BLOCK_H=block, PDL=x.device.type == "cuda",
-                                  num_warps=min(16, max(1, block // 512)))
+                                  HAS_RES=residual is not None, **row_launch(h, x.device))
     return out, (residual_out if residual is not None else x)
 
 

@@ -87,7 +87,7 @@ def moe_reduce_norm_kernel(p_part, p_ids, p_topk_w, p_extra, p_res, p_w, p_out, 
     i_t = tl.program_id(0).to(tl.int64)
     o_h = tl.arange(0, BLOCK_H)
     m_h = o_h < H
-    dtype = p_res_out.dtype.element_ty
+    dtype = p_res.dtype.element_ty  # the sum's dtype (RouteSum checks the residual has it)
     b_x = route_sum(p_part, p_ids, p_topk_w, i_t, o_h, m_h, stride_ps, stride_pr, E, K, S,
                     WEIGHT_AFTER).to(dtype).to(tl.float32)
     if HAS_EXTRA:
