@@ -2,12 +2,12 @@
 """Prefill-sized tiles of attention and of rope_qk_cache: time the candidates against the planned one.
 
 Legend: T tokens of a step, Q queries of a chunk, G query heads per KV head, BM rows of an
-attention program (queries x G heads), W its warps, BH heads of a rope program.
+attention program (queries x G heads), W its warps, BR (token, head) rows of a rope program.
 
 - attention: chunks of Q queries at a context (`--chunks`), each with BM in {128, 64} and
   W in {8, 4} (`attention.config.PREFILL_BLOCK_M` and the config's warps replaced);
-- rope: `rope_qk_cache` over T tokens (`--tokens`) in head blocks of {32, 16, 8, 4, 1}
-  (`rope.launch._MAX_BLOCK_HEADS`, and the narrowing floor lifted so the block holds).
+- rope: `rope_qk_cache` over T tokens (`--tokens`) in blocks of {32, 16, 8, 4, 1} (token, head)
+  rows (`rope.launch.MAX_BLOCK_ROWS`, and the narrowing floor lifted so the block holds).
 
 Each call is timed in a CUDA graph of 20 calls (`timing.graph_op_us`) on random inputs and
 checked bitwise against the planned launch (a row's bits must not follow the tile, or the
@@ -100,15 +100,15 @@ def _rope_rows(heads, tokens, dev, cuda):
             return fn, (q_out.clone(), caches[0].clone(), caches[1].clone())
 
         _, planned = run(torch.empty(t, hq, d, dtype=torch.bfloat16, device=dev))
-        for bh in (32, 16, 8, 4, 1):
-            with mock.patch.dict(rlaunch.__dict__, _MAX_BLOCK_HEADS=bh, _MIN_PROGRAMS=1):
+        for br in (32, 16, 8, 4, 1):
+            with mock.patch.dict(rlaunch.__dict__, MAX_BLOCK_ROWS=br, _MIN_PROGRAMS=1):
                 fn, got = run(torch.full((t, hq, d), float("nan"), dtype=torch.bfloat16, device=dev))
                 same = all(torch.equal(a, b) for a, b in zip(got, planned))
                 us = sweep_op_us(fn, cuda)
             bad += not same
-            rows.append(dict(kernel="rope_qk_cache", tokens=t, block_heads=bh, us=us, bitwise_equal_planned=same,
+            rows.append(dict(kernel="rope_qk_cache", tokens=t, block_rows=br, us=us, bitwise_equal_planned=same,
                              ok=same))
-            print(f"rope T={t:5d} BH={bh:2d}: {us:8.1f} us  same bits {same}")
+            print(f"rope T={t:5d} BR={br:2d}: {us:8.1f} us  same bits {same}")
     return rows, bad
 
 

@@ -11,21 +11,33 @@ from sparkinfer.errors import DTypeError, LayoutError, ShapeError
 from sparkinfer.rope.kernel import rope_qk_cache_kernel
 
 _MIN_PROGRAMS = 128  # about one per SM of an H200 (132)
-# At most 8 heads a program (1,024 elements at D = 128, 8 a thread): more, smaller
-# programs hide the loads' latency. One H200 (benchmarks/sweeps/prefill_tiles_sweep.py
-# at a7dbc59, sweeps/prefill_tiles_sweep_h200.json; Qwen3-30B-A3B's 32 + 4 heads, CUDA
-# graphs of 20 calls), us per call at 64 / 256 / 1,024 tokens: 3.6 / 5.9 / 16.6 in
-# blocks of 8 heads against 4.6 / 7.9 / 23.1 in blocks of 32 (the earlier rule);
-# blocks of 4: 3.4 / 6.6 / 19.3, of 1: 5.0 / 13.7 / 49.1; the same bits in every case.
-_MAX_BLOCK_HEADS = 8
+# A program takes at most MAX_BLOCK_ROWS (token, head) rows, fewer while the grid would
+# have under _MIN_PROGRAMS programs (a decode step's few tokens: one row a program at
+# batch 1, so 36 programs run Qwen3-30B-A3B's 32 + 4 heads side by side). The rows run on
+# across tokens (kernel.py). The earlier kernel took up to 8 heads of one token a
+# program; one H200 (benchmarks/sweeps/prefill_tiles_sweep.py at a7dbc59,
+# sweeps/prefill_tiles_sweep_h200.json; Qwen3-30B-A3B's heads, CUDA graphs of 20 calls),
+# us per call at 64 / 256 / 1,024 tokens: 3.6 / 5.9 / 16.6 in blocks of 8 heads, 4.6 /
+# 7.9 / 23.1 in blocks of 32 (36 heads fill 64 rows: 28 idle), 5.0 / 13.7 / 49.1 in
+# blocks of 1; the same bits in every case.
+MAX_BLOCK_ROWS = 32
 
-__all__ = ["RotaryTable", "rotary_table", "rope_qk_cache"]
+__all__ = ["RotaryTable", "rotary_table", "rope_qk_cache", "rope_block_rows", "MAX_BLOCK_ROWS"]
 
 
 def _min_programs(device: torch.device) -> int:
     """Programs a call should at least have: about one per SM on a GPU; one for the
     interpreter, which runs programs one after another (more only cost CI time)."""
     return _MIN_PROGRAMS if device.type == "cuda" else 1
+
+
+def rope_block_rows(rows: int, block_d: int, min_programs: int) -> int:
+    """(token, head) rows a program takes: MAX_BLOCK_ROWS (at most 4,096 elements),
+    halved while fewer than min_programs programs would cover `rows`. Pure."""
+    block = max(1, min(MAX_BLOCK_ROWS, 4096 // block_d))
+    while block > 1 and triton.cdiv(rows, block) < min_programs:
+        block //= 2
+    return block
 
 
 @dataclass(frozen=True)
@@ -86,20 +98,15 @@ def rope_qk_cache(qkv: torch.Tensor, positions: torch.Tensor, slots: torch.Tenso
     if t == 0:
         return q_out
     block_d = triton.next_power_of_2(d)
-    block_heads = max(1, min(triton.next_power_of_2(hq + kvh), 4096 // block_d, _MAX_BLOCK_HEADS))
-    # a decode step has few tokens: narrower head blocks, so the grid is not one or two
-    # programs running every head in series (H200, Qwen3-30B-A3B dims at batch 1: 4.5 us
-    # per call with 2 programs of 32 heads; benchmarks/results/decode_profile_h200.json)
-    while block_heads > 1 and t * triton.cdiv(hq + kvh, block_heads) < _min_programs(qkv.device):
-        block_heads //= 2
+    rows = t * (hq + kvh)
+    block_rows = rope_block_rows(rows, block_d, _min_programs(qkv.device))
     qw, kw = norms if norms is not None else (table.cos, table.cos)
-    grid = (t, triton.cdiv(hq + kvh, block_heads))
-    rope_qk_cache_kernel[grid](
+    rope_qk_cache_kernel[(triton.cdiv(rows, block_rows),)](
         qkv, positions, slots, table.cos, table.sin, qw, kw, q_out, k_cache, v_cache,
         qkv.stride(0), table.cos.stride(0), q_out.stride(0), q_out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        hq, kvh, d, table.rotary_dim, k_cache.shape[1], kv_stride, kv_offset, float(eps),
-        HAS_NORM=norms is not None, BLOCK_HEADS=block_heads, BLOCK_D=block_d,
+        t, hq, kvh, d, table.rotary_dim, k_cache.shape[1], kv_stride, kv_offset, float(eps),
+        HAS_NORM=norms is not None, BLOCK_ROWS=block_rows, BLOCK_D=block_d,
         num_warps=4)
     return q_out

@@ -84,3 +84,37 @@ def test_a_tokens_bits_do_not_depend_on_the_step(monkeypatch):
     p = int(pos[probe])
     assert torch.equal(q_one[0].view(torch.int16), q_all[probe].view(torch.int16))
     assert torch.equal(one[0][1, p].view(torch.int16), caches[0][0, p].view(torch.int16))
+
+
+@pytest.mark.parametrize("block", [1, 4, 8])
+def test_row_blocks_across_tokens_give_the_same_bits(monkeypatch, block):
+    """Blocks of (token, head) rows that start and end inside a token (3 + 2 heads: a
+    block of 4 or 8 holds parts of two or three tokens) give the bits of the widest
+    block, q and both caches, every element, poisoned first."""
+    hq, kvh, d, t, s = 3, 2, 32, 7, 2
+    g = torch.Generator().manual_seed(11)
+    qkv = torch.randn(t, (hq + 2 * kvh) * d, generator=g).bfloat16()
+    pos = torch.randperm(t, generator=g).int()
+    slots = torch.randint(0, s, (t,), generator=g).int()
+    table = rotary_table(d, 10000.0, t, "cpu")
+    norms = ((1 + 0.1 * torch.randn(d, generator=g)).bfloat16(), (1 + 0.1 * torch.randn(d, generator=g)).bfloat16())
+
+    def run():
+        caches = [torch.full((s, t, kvh, d), float("nan"), dtype=torch.bfloat16) for _ in range(2)]
+        q = rope_qk_cache(qkv, pos, slots, table, caches, (hq, kvh, d), norms=norms)
+        return [x.view(torch.int16) for x in (q, *caches)]
+
+    assert rope_launch.rope_block_rows(t * (hq + kvh), d, 1) == 32  # one program holds every row
+    wide = run()
+    monkeypatch.setattr(rope_launch, "MAX_BLOCK_ROWS", block)
+    assert rope_launch.rope_block_rows(t * (hq + kvh), d, 1) == block
+    for a, b in zip(run(), wide):
+        assert torch.equal(a, b)
+
+
+def test_block_rows_rule():
+    """Full blocks where enough programs remain; halved toward one row a program at few tokens."""
+    assert rope_launch.rope_block_rows(1024 * 36, 128, 128) == 32
+    assert rope_launch.rope_block_rows(64 * 36, 128, 128) == 16  # 144 programs
+    assert rope_launch.rope_block_rows(36, 128, 128) == 1  # batch 1: one head a program
+    assert rope_launch.rope_block_rows(10, 256, 1) == 16  # at most 4,096 elements
