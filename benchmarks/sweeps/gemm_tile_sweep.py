@@ -7,7 +7,8 @@ a tile is (BM, BN, BK, stages, warps, G), BK fixed at 64 (`sparkinfer.linear.gem
 For each preset's projection shapes (qkv, o, router; `--presets`) and M in `--m`,
 times `gemm` with the tile `gemm_tile(M, N)` plans and with each of `GEMM_CANDIDATES` (a CUDA
 graph of `--reps` calls, `timing.graph_op_us`), each by per-thread loads and by TMA
-descriptors, and cuBLAS (torch.mm) beside them, on random inputs, and checks every
+descriptors (and with TMA in the --schedules beyond "tiles": persistent, warp-specialized),
+and cuBLAS (torch.mm) beside them, on random inputs, and checks every
 candidate's output against the planned tile's bitwise (a row's bits must not follow
 the tile, or M would change them) and the planned output against an fp32 reference
 (bf16 rounding). Prints a table per shape and M, writes JSON rows with
@@ -44,6 +45,10 @@ def main() -> int:
     ap.add_argument("--presets", default="qwen3-30b-a3b,mixtral-8x7b,glm-4.5-air")
     ap.add_argument("--m", default="256,512,1024,2048")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--schedules", default="tiles",
+                    help="comma list of gemm schedules (tiles, persistent, ws); beyond tiles, each is timed "
+                         "with TMA loads on the --schedule-tiles candidates")
+    ap.add_argument("--schedule-tiles", default="128x128,128x256,64x256,128x64-w8")
     ap.add_argument("--out", default=None, help="default benchmarks/results/sweeps/gemm_tile_sweep_<machine>.json")
     ap.add_argument("--dry-run", action="store_true", help="CPU, interpreter, tiny shapes")
     args = ap.parse_args()
@@ -53,7 +58,13 @@ def main() -> int:
 
     from sparkinfer.bench.common import append_rows, default_out, metadata
     from sparkinfer.bench.timing import sweep_op_us
-    from sparkinfer.linear.gemm import GEMM_CANDIDATES, gemm, gemm_tile
+    from sparkinfer.linear.gemm import GEMM_CANDIDATES, GEMM_SCHEDULE, gemm, gemm_tile
+
+    schedules = set(args.schedules.split(","))
+    sched_tiles = args.schedule_tiles.split(",")
+    unknown = sorted(set(sched_tiles) - set(GEMM_CANDIDATES))
+    if unknown:
+        ap.error(f"--schedule-tiles: unknown {unknown}; choose from {sorted(GEMM_CANDIDATES)}")
 
     cuda = torch.cuda.is_available() and not args.dry_run
     dev = torch.device("cuda" if cuda else "cpu")
@@ -75,20 +86,32 @@ def main() -> int:
             ref_ok = torch.allclose(ref.float(), exact, rtol=2 ** -7, atol=1e-5 * k)
             bad += not ref_ok
             print(f"\n{preset} {name} N={n} K={k} M={m} (planned {planned})")
-            cands = {"planned": (planned, None),
-                     **{c: (t, False) for c, t in GEMM_CANDIDATES.items()},
-                     **{c + "+tma": (t, True) for c, t in GEMM_CANDIDATES.items()}}
-            for cname, (tile, tma) in cands.items():
+            cands = {"planned": (planned, None, None)}
+            if "tiles" in schedules:
+                cands.update({c: (t, False, "tiles") for c, t in GEMM_CANDIDATES.items()})
+                cands.update({c + "+tma": (t, True, "tiles") for c, t in GEMM_CANDIDATES.items()})
+            for sch in schedules - {"tiles"}:
+                cands.update({f"{c}+tma+{sch}": (GEMM_CANDIDATES[c], True, sch) for c in sched_tiles})
+            for cname, (tile, tma, sch) in cands.items():
                 out = torch.full_like(ref, float("nan"))
-                same = torch.equal(gemm(x, w, out=out, tile=tile, tma=tma), ref)
+                try:
+                    same = torch.equal(gemm(x, w, out=out, tile=tile, tma=tma, schedule=sch), ref)
+                except Exception as e:  # a schedule the compiler refuses for this tile: a row, not a stop
+                    print(f"  {cname:14s} {str(tile):28s} failed: {type(e).__name__}: {str(e)[:200]}")
+                    rows.append(dict(bench="gemm_tile_sweep", preset=preset, name=name, n=n, k=k, m=m, config=cname,
+                                     tile=list(tile), tma=tma, schedule=sch, planned=False,
+                                     error=f"{type(e).__name__}: {str(e)[:500]}", ok=False))
+                    bad += 1
+                    continue
                 bad += not same
-                us = sweep_op_us(lambda x=x, w=w, tile=tile, out=out, tma=tma: gemm(x, w, out=out, tile=tile, tma=tma),
-                                 cuda, reps)
+                us = sweep_op_us(lambda x=x, w=w, tile=tile, out=out, tma=tma, sch=sch:
+                                 gemm(x, w, out=out, tile=tile, tma=tma, schedule=sch), cuda, reps)
                 tflops = 2 * m * n * k / us / 1e6
                 rows.append(dict(bench="gemm_tile_sweep", preset=preset, name=name, n=n, k=k, m=m, config=cname,
-                                 tile=list(tile), tma=tma, planned=cname == "planned", us=us, tflops=tflops,
-                                 bitwise_equal_planned=same, planned_matches_fp32=ref_ok, ok=same and ref_ok))
-                print(f"  {cname:14s} {str(tile):28s} {us:9.1f} us {tflops:7.1f} TFLOP/s  same bits {same}")
+                                 tile=list(tile), tma=tma, schedule=sch or GEMM_SCHEDULE, planned=cname == "planned",
+                                 us=us, tflops=tflops, bitwise_equal_planned=same, planned_matches_fp32=ref_ok,
+                                 ok=same and ref_ok))
+                print(f"  {cname:24s} {str(tile):28s} {us:9.1f} us {tflops:7.1f} TFLOP/s  same bits {same}")
             # cuBLAS beside them: the rate a kernel free to pick its sum order by M reaches
             out = torch.empty_like(ref)
             us = sweep_op_us(lambda x=x, w=w, out=out: torch.mm(x, w.T, out=out), cuda, reps)

@@ -31,7 +31,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from sparkinfer.envs import triton_interpret
 from sparkinfer.errors import DTypeError, LayoutError, ShapeError
 
-__all__ = ["gemm", "gemm_tile", "GEMM_WIDE", "GEMM_MID", "GEMM_NARROW", "GEMM_CANDIDATES"]
+__all__ = ["gemm", "gemm_tile", "GEMM_WIDE", "GEMM_MID", "GEMM_NARROW", "GEMM_CANDIDATES", "GEMM_SCHEDULE"]
 
 # (BM, BN, BK, stages, warps, G). Wide: 128 x 128 tiles of bf16 in 64-deep steps, 4
 # stages (128 KiB of shared memory on sm_90's 227), 8 warps (two warpgroups of
@@ -60,6 +60,11 @@ GEMM_MIN_TILES = 96
 # x and w by TMA descriptors (the MoE kernels' loads) instead of per-thread loads,
 # where both are 16-byte aligned (a row stride of 8 bf16 elements).
 GEMM_TMA = True
+# How programs map to tiles (`gemm`'s schedule): one a tile; one an SM walking them
+# (persistent); persistent with the TMA loads and the MMAs in separate warps ("ws",
+# Triton's warp specialization). Timed by benchmarks/sweeps/gemm_tile_sweep.py --schedules.
+GEMM_SCHEDULE = "tiles"
+_SCHEDULES = {"tiles": 0, "persistent": 1, "ws": 2}
 # The tiles `benchmarks/sweeps/gemm_tile_sweep.py` times beside the planned one.
 GEMM_CANDIDATES = {
     "64x64": GEMM_NARROW,
@@ -86,8 +91,24 @@ _DTYPES = (torch.bfloat16, torch.float16)
 @triton.jit(do_not_specialize=["M"])  # one compiled kernel at every M
 def gemm_kernel(p_x, p_w, p_b, p_out, M, N, K, stride_xm, stride_wn, stride_om,
                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, G: tl.constexpr,
-                HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr):
-    pid = tl.program_id(0)
+                HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr,
+                SCHEDULE: tl.constexpr = 0):
+    if SCHEDULE == 0:  # one program a tile
+        gemm_one_tile(tl.program_id(0), p_x, p_w, p_b, p_out, M, N, K, stride_xm, stride_wn, stride_om,
+                      BM, BN, BK, G, HAS_BIAS, UPCAST, TMA)
+    else:  # persistent: a program per SM walks the tiles; 2: loads and MMAs in their own warps
+        tiles = tl.cdiv(M, BM) * tl.cdiv(N, BN)
+        for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0), warp_specialize=SCHEDULE == 2):
+            gemm_one_tile(tile, p_x, p_w, p_b, p_out, M, N, K, stride_xm, stride_wn, stride_om,
+                          BM, BN, BK, G, HAS_BIAS, UPCAST, TMA)
+
+
+@triton.jit
+def gemm_one_tile(pid, p_x, p_w, p_b, p_out, M, N, K, stride_xm, stride_wn, stride_om,
+                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, G: tl.constexpr,
+                  HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr):
+    """Output tile `pid` (G row tiles per feature column, in launch order): its K steps
+    in order from zero."""
     tiles_m = tl.cdiv(M, BM)
     tiles_n = tl.cdiv(N, BN)
     per_group = G * tiles_n
@@ -121,20 +142,30 @@ def gemm_kernel(p_x, p_w, p_b, p_out, M, N, K, stride_xm, stride_wn, stride_om,
              mask=m_m[:, None] & m_n[None, :])
 
 
+def _sm_count(device: torch.device) -> int:
+    """Programs of a persistent schedule: one per SM (4 for the interpreter)."""
+    if device.type != "cuda":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def _tma_ok(t: torch.Tensor) -> bool:
     """A TMA descriptor needs a 16-byte aligned base and row stride."""
     return t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
 
 
 def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
-         out: torch.Tensor | None = None, tile: tuple | None = None, tma: bool | None = None) -> torch.Tensor:
+         out: torch.Tensor | None = None, tile: tuple | None = None, tma: bool | None = None,
+         schedule: str | None = None) -> torch.Tensor:
     """x [M, K] @ w [N, K].T (+ bias [N]) -> [M, N] in w's dtype (bf16 or fp16, x alike,
     unit stride along K), fp32 accumulation in K order in BK = 64 steps: a row's result
     is the same bits at any M and whatever the other rows hold. tile: (BM, BN, BK,
     stages, warps, G) instead of `gemm_tile(M, N)` (tile sweeps; BK must stay 64 for the
     same bits). tma: load x and w by TMA descriptors (None: `GEMM_TMA` where x and w are
-    16-byte aligned); the same bits either way. No host sync; capture-legal once the
-    shape's kernel has compiled."""
+    16-byte aligned); the same bits either way. schedule: "tiles" (a program a tile),
+    "persistent" (a program an SM walking the tiles) or "ws" (persistent, loads and MMAs
+    in their own warps; TMA only); None: GEMM_SCHEDULE. The same bits in every case. No
+    host sync; capture-legal once the shape's kernel has compiled."""
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
         raise ShapeError(f"gemm: x [M, K] and w [N, K] with the same K; got {tuple(x.shape)} and {tuple(w.shape)}")
     if w.dtype not in _DTYPES or x.dtype != w.dtype:
@@ -161,8 +192,14 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
     k = w.shape[1]
     d_x = TensorDescriptor(x, [m, k], [x.stride(0), 1], [bm, bk]) if tma else x
     d_w = TensorDescriptor(w, [n, k], [w.stride(0), 1], [bn, bk]) if tma else w
-    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
+    schedule = schedule or GEMM_SCHEDULE
+    if schedule not in _SCHEDULES or (schedule == "ws" and not tma):
+        raise LayoutError(f"gemm: schedule must be one of {sorted(_SCHEDULES)} ('ws' with TMA loads); got "
+                          f"{schedule!r} with tma={tma}")
+    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    grid = (tiles if schedule == "tiles" else min(tiles, _sm_count(x.device)),)
     gemm_kernel[grid](d_x, d_w, bias if bias is not None else w, out, m, n, k, x.stride(0), w.stride(0),
                       out.stride(0), BM=bm, BN=bn, BK=bk, G=group, HAS_BIAS=bias is not None,
-                      UPCAST=triton_interpret(), TMA=tma, num_warps=warps, num_stages=stages)
+                      UPCAST=triton_interpret(), TMA=tma, SCHEDULE=_SCHEDULES[schedule], num_warps=warps,
+                      num_stages=stages)
     return out

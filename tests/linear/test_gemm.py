@@ -46,7 +46,8 @@ def test_a_row_is_the_same_bits_at_any_m_beside_any_rows():
 def test_every_tile_gives_the_same_bits():
     """The tile follows the output's size (`gemm_tile`), so a row's bits must not follow
     the tile: each candidate of the tile sweep, by per-thread loads and by TMA
-    descriptors, against the planned one, bitwise."""
+    descriptors, one program a tile and persistent (warp-specialized with TMA), against
+    the planned one, bitwise."""
     from sparkinfer.linear.gemm import GEMM_CANDIDATES, GEMM_MID, GEMM_NARROW, GEMM_WIDE, gemm_tile
 
     assert gemm_tile(256, 2048) == GEMM_NARROW and gemm_tile(1024, 2048) == GEMM_WIDE
@@ -58,9 +59,11 @@ def test_every_tile_gives_the_same_bits():
     w = (torch.randn(n, k, generator=g) / k ** 0.5).to(torch.bfloat16).to(DEV)
     planned = gemm(x, w)
     for name, tile in GEMM_CANDIDATES.items():
-        for tma in (False, True):
+        for tma, schedule in ((False, "tiles"), (True, "tiles"), (False, "persistent"), (True, "persistent"),
+                              (True, "ws")):
             out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=DEV)
-            assert torch.equal(gemm(x, w, out=out, tile=tile, tma=tma), planned), (name, tma)
+            assert torch.equal(gemm(x, w, out=out, tile=tile, tma=tma, schedule=schedule), planned), \
+                (name, tma, schedule)
 
 
 def test_unaligned_rows_take_per_thread_loads():
@@ -75,6 +78,10 @@ def test_unaligned_rows_take_per_thread_loads():
     assert torch.equal(gemm(odd, w), gemm(x, w, tma=True))
     with pytest.raises(LayoutError, match="16-byte aligned"):
         gemm(odd, w, tma=True)
+    with pytest.raises(LayoutError, match="'ws' with TMA loads"):
+        gemm(odd, w, schedule="ws")
+    with pytest.raises(LayoutError, match="schedule must be one of"):
+        gemm(x, w, schedule="stream")
 
 
 def test_bad_inputs_are_refused():
