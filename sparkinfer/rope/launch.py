@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from sparkinfer.envs import triton_interpret
 from sparkinfer.errors import DTypeError, LayoutError, ShapeError
 from sparkinfer.rope.kernel import rope_qk_cache_kernel
 
@@ -21,6 +22,11 @@ _MIN_PROGRAMS = 128  # about one per SM of an H200 (132)
 # 7.9 / 23.1 in blocks of 32 (36 heads fill 64 rows: 28 idle), 5.0 / 13.7 / 49.1 in
 # blocks of 1; the same bits in every case.
 MAX_BLOCK_ROWS = 32
+# Launched with programmatic dependent launch on a GPU: the qkv projection before it
+# (`linear`) lets its successor launch at entry, so rope's programs are resident and
+# have read their positions, slots and rotary rows when the projection ends
+# (kernel.py). The A/B is in docs/performance.md (decode rows).
+ROPE_PDL = True
 
 __all__ = ["RotaryTable", "rotary_table", "rope_qk_cache", "rope_block_rows", "MAX_BLOCK_ROWS"]
 
@@ -101,12 +107,13 @@ def rope_qk_cache(qkv: torch.Tensor, positions: torch.Tensor, slots: torch.Tenso
     rows = t * (hq + kvh)
     block_rows = rope_block_rows(rows, block_d, _min_programs(qkv.device))
     qw, kw = norms if norms is not None else (table.cos, table.cos)
+    pdl = ROPE_PDL and qkv.is_cuda and not triton_interpret()
     rope_qk_cache_kernel[(triton.cdiv(rows, block_rows),)](
         qkv, positions, slots, table.cos, table.sin, qw, kw, q_out, k_cache, v_cache,
         qkv.stride(0), table.cos.stride(0), q_out.stride(0), q_out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         t, hq, kvh, d, table.rotary_dim, k_cache.shape[1], kv_stride, kv_offset, float(eps),
-        HAS_NORM=norms is not None, BLOCK_ROWS=block_rows, BLOCK_D=block_d,
-        num_warps=4)
+        HAS_NORM=norms is not None, BLOCK_ROWS=block_rows, BLOCK_D=block_d, PDL=pdl,
+        num_warps=4, **(dict(launch_pdl=True) if pdl else {}))
     return q_out

@@ -12,10 +12,15 @@ NaN logit gets NaN in every weight (both routings), so its output row is NaN
 like the fp32 reference's; softmax over a +inf or all -inf row is NaN by IEEE
 (inf - inf) and routes the same way. NaN scores select as -inf, so selection
 never depends on how max treats NaN (the GPU's max drops it, numpy keeps it).
+
+PDL (launch.py): launched with programmatic dependent launch behind the router's
+`linear`, which lets its successor launch at entry; the kernel waits for it before
+reading the logits.
 """
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
 
 @triton.jit
@@ -30,10 +35,12 @@ def _top1(x, o):
 def routing_kernel(p_logits, p_bias, p_ids, p_w, stride_l, scale,
                    E: tl.constexpr, EP: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
                    SIGMOID: tl.constexpr, G: tl.constexpr, EG: tl.constexpr, TG: tl.constexpr,
-                   RENORM: tl.constexpr):
+                   RENORM: tl.constexpr, PDL: tl.constexpr = False):
     i_t = tl.program_id(0)
     o_e = tl.arange(0, EP)
     m_e = o_e < E
+    if PDL:  # launched early behind the router projection: its logits once it has ended
+        gdc_wait()
     b_l = tl.load(p_logits + i_t.to(tl.int64) * stride_l + o_e, mask=m_e,
                   other=-float("inf")).to(tl.float32)
     has_nan = tl.sum((b_l != b_l).to(tl.int32), axis=0) > 0

@@ -8,9 +8,14 @@ from __future__ import annotations
 import torch
 import triton
 
+from sparkinfer.envs import triton_interpret
 from sparkinfer.errors import DTypeError, PlanError, ShapeError
 from sparkinfer.moe.routing.kernel import routing_kernel
 from sparkinfer.moe.spec import MoESpec
+
+# Programmatic dependent launch on a GPU: the program is resident when the router
+# projection ends (the A/B: docs/performance.md, decode rows).
+ROUTING_PDL = True
 
 
 def route(logits: torch.Tensor, spec: MoESpec, out: tuple[torch.Tensor, torch.Tensor], *,
@@ -45,9 +50,10 @@ def route(logits: torch.Tensor, spec: MoESpec, out: tuple[torch.Tensor, torch.Te
         raise PlanError(f"route: n_group={g} must be a power of two")
     if t == 0:
         return
+    pdl = ROUTING_PDL and logits.is_cuda and not triton_interpret()
     routing_kernel[(t,)](
         logits, bias if bias is not None else w, ids, w, logits.stride(0),
         float(spec.routed_scaling_factor),
         E=e, EP=triton.next_power_of_2(e), K=k, KP=triton.next_power_of_2(k),
         SIGMOID=sigmoid, G=g, EG=e // g, TG=spec.topk_group if sigmoid else 1,
-        RENORM=spec.renormalize, num_warps=4)
+        RENORM=spec.renormalize, PDL=pdl, num_warps=4, **(dict(launch_pdl=True) if pdl else {}))
