@@ -16,6 +16,10 @@ from sparkinfer.moe.spec import MoESpec
 # Programmatic dependent launch on a GPU: the program is resident when the router
 # projection ends (the A/B: docs/performance.md, decode rows).
 ROUTING_PDL = True
+# One warp a token: each of the K selections is a max and a min over the E scores, in a
+# chain; within one warp a reduction is shuffles alone, across four it also crosses
+# shared memory and a barrier. The A/B is in docs/performance.md (decode rows).
+ROUTING_WARPS = 1
 
 
 def route(logits: torch.Tensor, spec: MoESpec, out: tuple[torch.Tensor, torch.Tensor], *,
@@ -56,4 +60,4 @@ def route(logits: torch.Tensor, spec: MoESpec, out: tuple[torch.Tensor, torch.Te
         float(spec.routed_scaling_factor),
         E=e, EP=triton.next_power_of_2(e), K=k, KP=triton.next_power_of_2(k),
         SIGMOID=sigmoid, G=g, EG=e // g, TG=spec.topk_group if sigmoid else 1,
-        RENORM=spec.renormalize, PDL=pdl, num_warps=4, **(dict(launch_pdl=True) if pdl else {}))
+        RENORM=spec.renormalize, PDL=pdl, num_warps=ROUTING_WARPS, **(dict(launch_pdl=True) if pdl else {}))
