@@ -16,8 +16,8 @@ most 2**13 terms of < 1 unit each against a sum of >= 2**45 units, a relative
 error under 2**-32, against 2**-24 for one fp32 rounding.
 
 PDL: the kernel lets its successor launch at entry (`gdc_launch_dependents`).
-The norm itself launches like any kernel (it waits for its predecessor), but
-the projection after it (`sparkinfer.linear`, launched with programmatic
+WAIT (launch.NORM_WAIT): the norm is itself launched early behind the projection
+before it and waits in `gdc_wait` before its first read; the projection after it (`sparkinfer.linear`, launched with programmatic
 dependent launch) may then start while the norm runs and load its weights,
 waiting in `gdc_wait` only for x (MEASURED.md, H200: a 2048 x 2048 GEMV chain
 4.18 -> 2.76 us once the predecessor let it launch early). A successor launched
@@ -26,7 +26,7 @@ without PDL is unaffected.
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 # fixed-point units below the top of the row's largest binade: terms < 2**47, and
 # 2**16 of them (H up to 65536) still sum below 2**63
@@ -68,9 +68,13 @@ def sum_squares_2(a, b):
 @triton.jit
 def add_rms_norm_kernel(p_x, p_res, p_w, p_out, p_res_out, H, stride_x, stride_res, stride_out,
                         stride_res_out, eps, HAS_RES: tl.constexpr, BLOCK_H: tl.constexpr,
-                        PDL: tl.constexpr = False):
+                        PDL: tl.constexpr = False, WAIT: tl.constexpr = False):
+    """PDL: lets the next kernel launch at entry; WAIT: launched early itself (launch_pdl),
+    so it waits for its predecessor before its first read or write."""
     if PDL:
         gdc_launch_dependents()
+    if WAIT:
+        gdc_wait()
     i_t = tl.program_id(0).to(tl.int64)
     o_h = tl.arange(0, BLOCK_H)
     m_h = o_h < H

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import triton
 
+from sparkinfer.envs import triton_interpret
 from sparkinfer.errors import DTypeError, LayoutError, ShapeError
 from sparkinfer.norm.kernel import add_rms_norm_kernel
 
@@ -21,6 +22,12 @@ def check_rows(name: str, t: torch.Tensor, h: int) -> None:
         raise DTypeError(f"{name} dtype {t.dtype}; use bf16, fp16 or fp32")
     if t.stride(1) != 1:
         raise LayoutError(f"{name} must have a contiguous last dim; strides {t.stride()}")
+
+
+# add_rms_norm launched with programmatic dependent launch on a GPU: behind a projection
+# (`linear` lets its successor launch at entry) its programs are resident when the
+# projection ends. The A/B is in docs/performance.md (decode rows).
+NORM_WAIT = True
 
 
 def row_launch(h: int, device) -> dict:
@@ -60,11 +67,13 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     check_rows("out", out, h)
     t = x.shape[0]
     if t:
+        wait = NORM_WAIT and x.is_cuda and not triton_interpret()
         res = residual if residual is not None else x
         res_out = residual_out if residual is not None else out
         add_rms_norm_kernel[(t,)](x, res, weight, out, res_out, h, x.stride(0), res.stride(0),
                                   out.stride(0), res_out.stride(0), float(eps),
-                                  HAS_RES=residual is not None, **row_launch(h, x.device))
+                                  HAS_RES=residual is not None, WAIT=wait, **row_launch(h, x.device),
+                                  **(dict(launch_pdl=True) if wait else {}))
     return out, (residual_out if residual is not None else x)
 
 
