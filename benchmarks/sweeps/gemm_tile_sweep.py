@@ -48,7 +48,8 @@ def main() -> int:
     ap.add_argument("--schedules", default="tiles",
                     help="comma list of gemm schedules (tiles, persistent, ws); beyond tiles, each is timed "
                          "with TMA loads on the --schedule-tiles candidates")
-    ap.add_argument("--schedule-tiles", default="128x128,128x256,64x256,128x64-w8")
+    # warp specialization partitions 4-warp tiles only (sparkinfer/linear/gemm.py)
+    ap.add_argument("--schedule-tiles", default="128x64,64x128,128x128-w4,128x128")
     ap.add_argument("--out", default=None, help="default benchmarks/results/sweeps/gemm_tile_sweep_<machine>.json")
     ap.add_argument("--dry-run", action="store_true", help="CPU, interpreter, tiny shapes")
     args = ap.parse_args()

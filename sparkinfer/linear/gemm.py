@@ -62,7 +62,11 @@ GEMM_MIN_TILES = 96
 GEMM_TMA = True
 # How programs map to tiles (`gemm`'s schedule): one a tile; one an SM walking them
 # (persistent); persistent with the TMA loads and the MMAs in separate warps ("ws",
-# Triton's warp specialization). Timed by benchmarks/sweeps/gemm_tile_sweep.py --schedules.
+# Triton's warp specialization). Compiled for sm_90 on the CPU (Triton 3.6,
+# tests/models/test_compile_sm90.py): the loop is partitioned (a producer warp and
+# setmaxnreg) for tiles of 4 warps only; at 8 warps (128 x 128, 128 x 256) it stays
+# one partition, the persistent schedule. Untimed: benchmarks/sweeps/gemm_tile_sweep.py
+# --schedules times them.
 GEMM_SCHEDULE = "tiles"
 _SCHEDULES = {"tiles": 0, "persistent": 1, "ws": 2}
 # The tiles `benchmarks/sweeps/gemm_tile_sweep.py` times beside the planned one.
@@ -71,6 +75,7 @@ GEMM_CANDIDATES = {
     "64x128": GEMM_MID,
     "128x64": (128, 64, 64, 4, 4, 8),
     "128x64-w8": (128, 64, 64, 4, 8, 8),
+    "128x128-w4": (128, 128, 64, 4, 4, 8),
     "128x128": GEMM_WIDE,
     "64x256": (64, 256, 64, 3, 8, 8),
     "128x256": (128, 256, 64, 3, 8, 8),

@@ -15,18 +15,20 @@ _MIN_PROGRAMS = 128  # about one per SM of an H200 (132)
 # A program takes at most MAX_BLOCK_ROWS (token, head) rows, fewer while the grid would
 # have under _MIN_PROGRAMS programs (a decode step's few tokens: one row a program at
 # batch 1, so 36 programs run Qwen3-30B-A3B's 32 + 4 heads side by side). The rows run on
-# across tokens (kernel.py). The earlier kernel took up to 8 heads of one token a
-# program; one H200 (benchmarks/sweeps/prefill_tiles_sweep.py at a7dbc59,
+# across tokens (kernel.py), so a wider block wastes no lanes on a head count that is not
+# a power of two; 8, the best measured block of the earlier kernel (up to 8 heads of one
+# token a program), until `benchmarks/sweeps/prefill_tiles_sweep.py` times 8 to 32 rows
+# of this one. The earlier kernel on one H200 (benchmarks/sweeps/prefill_tiles_sweep.py at a7dbc59,
 # sweeps/prefill_tiles_sweep_h200.json; Qwen3-30B-A3B's heads, CUDA graphs of 20 calls),
 # us per call at 64 / 256 / 1,024 tokens: 3.6 / 5.9 / 16.6 in blocks of 8 heads, 4.6 /
 # 7.9 / 23.1 in blocks of 32 (36 heads fill 64 rows: 28 idle), 5.0 / 13.7 / 49.1 in
 # blocks of 1; the same bits in every case.
-MAX_BLOCK_ROWS = 32
-# Launched with programmatic dependent launch on a GPU: the qkv projection before it
-# (`linear`) lets its successor launch at entry, so rope's programs are resident and
-# have read their positions, slots and rotary rows when the projection ends
-# (kernel.py). The A/B is in docs/performance.md (decode rows).
-ROPE_PDL = True
+MAX_BLOCK_ROWS = 8
+# Programmatic dependent launch (kernel.py): the qkv projection before it (`linear`) lets
+# its successor launch at entry, so rope's programs could be resident, with their
+# positions, slots and rotary rows read, when the projection ends. Off until timed on a
+# GPU (compiled for sm_90 on the CPU: tests/models/test_compile_sm90.py).
+ROPE_PDL = False
 
 __all__ = ["RotaryTable", "rotary_table", "rope_qk_cache", "rope_block_rows", "MAX_BLOCK_ROWS"]
 
@@ -107,7 +109,7 @@ def rope_qk_cache(qkv: torch.Tensor, positions: torch.Tensor, slots: torch.Tenso
     rows = t * (hq + kvh)
     block_rows = rope_block_rows(rows, block_d, _min_programs(qkv.device))
     qw, kw = norms if norms is not None else (table.cos, table.cos)
-    pdl = ROPE_PDL and qkv.is_cuda and not triton_interpret()
+    pdl = ROPE_PDL and qkv.device.type != "cpu" and not triton_interpret()
     rope_qk_cache_kernel[(triton.cdiv(rows, block_rows),)](
         qkv, positions, slots, table.cos, table.sin, qw, kw, q_out, k_cache, v_cache,
         qkv.stride(0), table.cos.stride(0), q_out.stride(0), q_out.stride(1),

@@ -104,6 +104,7 @@ def test_row_blocks_across_tokens_give_the_same_bits(monkeypatch, block):
         q = rope_qk_cache(qkv, pos, slots, table, caches, (hq, kvh, d), norms=norms)
         return [x.view(torch.int16) for x in (q, *caches)]
 
+    monkeypatch.setattr(rope_launch, "MAX_BLOCK_ROWS", 32)
     assert rope_launch.rope_block_rows(t * (hq + kvh), d, 1) == 32  # one program holds every row
     wide = run()
     monkeypatch.setattr(rope_launch, "MAX_BLOCK_ROWS", block)
@@ -112,8 +113,10 @@ def test_row_blocks_across_tokens_give_the_same_bits(monkeypatch, block):
         assert torch.equal(a, b)
 
 
-def test_block_rows_rule():
+def test_block_rows_rule(monkeypatch):
     """Full blocks where enough programs remain; halved toward one row a program at few tokens."""
+    assert rope_launch.rope_block_rows(1024 * 36, 128, 128) == rope_launch.MAX_BLOCK_ROWS
+    monkeypatch.setattr(rope_launch, "MAX_BLOCK_ROWS", 32)
     assert rope_launch.rope_block_rows(1024 * 36, 128, 128) == 32
     assert rope_launch.rope_block_rows(64 * 36, 128, 128) == 16  # 144 programs
     assert rope_launch.rope_block_rows(36, 128, 128) == 1  # batch 1: one head a program

@@ -13,13 +13,13 @@ from sparkinfer.errors import DTypeError, PlanError, ShapeError
 from sparkinfer.moe.routing.kernel import routing_kernel
 from sparkinfer.moe.spec import MoESpec
 
-# Programmatic dependent launch on a GPU: the program is resident when the router
-# projection ends (the A/B: docs/performance.md, decode rows).
-ROUTING_PDL = True
-# One warp a token: each of the K selections is a max and a min over the E scores, in a
-# chain; within one warp a reduction is shuffles alone, across four it also crosses
-# shared memory and a barrier. The A/B is in docs/performance.md (decode rows).
-ROUTING_WARPS = 1
+# Programmatic dependent launch behind the router projection (kernel.py), and one warp
+# a token instead of four: each of the K selections is a max and a min over the E
+# scores, in a chain, and within one warp a reduction is shuffles alone (across four it
+# also crosses shared memory and a barrier). Both off until timed on a GPU (compiled
+# for sm_90 on the CPU: tests/models/test_compile_sm90.py).
+ROUTING_PDL = False
+ROUTING_WARPS = 4
 
 
 def route(logits: torch.Tensor, spec: MoESpec, out: tuple[torch.Tensor, torch.Tensor], *,
@@ -54,7 +54,7 @@ def route(logits: torch.Tensor, spec: MoESpec, out: tuple[torch.Tensor, torch.Te
         raise PlanError(f"route: n_group={g} must be a power of two")
     if t == 0:
         return
-    pdl = ROUTING_PDL and logits.is_cuda and not triton_interpret()
+    pdl = ROUTING_PDL and logits.device.type != "cpu" and not triton_interpret()
     routing_kernel[(t,)](
         logits, bias if bias is not None else w, ids, w, logits.stride(0),
         float(spec.routed_scaling_factor),
