@@ -202,11 +202,12 @@ def _run_levels(args, url: str, model: str, levels, static, con) -> list[dict]:
                     row[name] = (steps1[key] - steps0[key]) / wall
             if rate is None and not args.url and args.turns == 1:  # what the scheduler's policy alone needs
                 row["policy_engine_steps"] = _policy_steps(args, levels, conc, n, row["mixed_engine_steps"] > 0)
-            # TTFT's parts, mean ms a request: queued in the engine (slot, budget), then the prompt's
-            # steps; and the HTTP handler's TTFT (request in to the first token out of the engine), so
-            # the client's TTFT less it is the transport's and the HTTP stack's share
-            for k, name in (("queue", "queue_ms_mean"), ("prefill", "prefill_ms_mean"),
-                            ("ttft", "server_ttft_ms_mean")):
+            # TTFT's parts, mean ms a request: the way into the engine process (pipe, the step in
+            # progress), queued in the engine (slot, budget), the prompt's steps, the first token's way
+            # back to its handler; and the handler's TTFT (its submit to the first token in hand), so the
+            # client's TTFT less it is the transport's and the HTTP stack's share
+            for k, name in (("pickup", "pickup_ms_mean"), ("queue", "queue_ms_mean"), ("prefill", "prefill_ms_mean"),
+                            ("return", "return_ms_mean"), ("ttft", "server_ttft_ms_mean")):
                 count = (steps1[f"{k}_count"] or 0) - (steps0[f"{k}_count"] or 0)
                 if count > 0:
                     row[name] = (steps1[f"{k}_sum"] - steps0[f"{k}_sum"]) / count * 1e3
@@ -268,6 +269,13 @@ def main(args) -> int:
                   fmt(r.get("static_tokens_per_s"), 0), fmt(r.get("serve_vs_static")),
                   fmt(r.get("steady_vs_static")),
                   f"{fmt(r.get('server_cpu_frac'))} / {fmt(r.get('engine_cpu_frac'))}", r["ok"]] for r in rows])
+    parts = ("pickup", "queue", "prefill", "return", "server_ttft")
+    if any(r.get("server_ttft_ms_mean") is not None for r in rows):  # a server that exports the histograms
+        print_table("mean TTFT and its parts (ms): the server's (its submit to the first token in hand) = into the "
+                    "engine process + queued + prefill + back to the handler; the client's adds the HTTP stacks",
+                    ["level", "client", *parts],
+                    [[f"C={r['concurrency']}" if r["rate"] is None else f"{r['rate']:g}/s", fmt(r["ttft_ms_mean"], 2),
+                      *(fmt(r.get(f"{p}_ms_mean"), 2) for p in parts)] for r in rows])
     out = args.out or default_out("serve", meta, args.tp, dry_run=args.dry_run)
     con.print(f"rows -> {append_rows(out, rows, meta)}")
     return 0 if all(r["ok"] for r in rows) else 1

@@ -357,20 +357,23 @@ def steady(results: list[RequestResult], spec: LoadSpec) -> dict:
                 steady_first_token_frac=first / flight if flight else None)
 
 
+# The server's TTFT histogram and the histograms of its parts (serve/metrics.py)
+TTFT_PARTS = ("pickup", "queue", "prefill", "return", "ttft")
+
+
 def server_counters(url: str, timeout_s: float = 10.0) -> dict | None:
-    """{"steps", "mixed_steps", "server_cpu_s", "engine_cpu_s", "queue_sum", "queue_count",
-    "prefill_sum", "prefill_count", "ttft_sum", "ttft_count"}: the server's
-    `sparkinfer_engine_steps_total`, `sparkinfer_engine_mixed_steps_total`, its HTTP
-    process's `process_cpu_seconds_total`, `sparkinfer_engine_process_cpu_seconds_total`,
-    and the request queue time, prefill time and time-to-first-token histograms' sums and
-    counts (0 or None when absent) from GET /metrics; None from a server that exports no
-    step count."""
+    """{"steps", "mixed_steps", "server_cpu_s", "engine_cpu_s", "<part>_sum", "<part>_count"}:
+    the server's `sparkinfer_engine_steps_total`, `sparkinfer_engine_mixed_steps_total`, its
+    HTTP process's `process_cpu_seconds_total`, `sparkinfer_engine_process_cpu_seconds_total`,
+    and the sums and counts of the request pickup, queue, prefill and return time and the
+    time-to-first-token histograms (parts TTFT_PARTS; 0 or None when absent) from GET
+    /metrics; None from a server that exports no step count."""
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
     names = {"sparkinfer_engine_steps_total": "steps", "sparkinfer_engine_mixed_steps_total": "mixed_steps",
              "process_cpu_seconds_total": "server_cpu_s", "sparkinfer_engine_process_cpu_seconds_total": "engine_cpu_s",
-             **{f"sparkinfer_request_{k}_time_seconds_{s}": f"{k}_{s}" for k in ("queue", "prefill")
+             **{f"sparkinfer_request_{k}_time_seconds_{s}": f"{k}_{s}" for k in TTFT_PARTS if k != "ttft"
                 for s in ("sum", "count")},
              **{f"sparkinfer_time_to_first_token_seconds_{s}": f"ttft_{s}" for s in ("sum", "count")}}
     got = {}
@@ -384,6 +387,6 @@ def server_counters(url: str, timeout_s: float = 10.0) -> dict | None:
         return None
     if "steps" not in got:
         return None
-    return {"server_cpu_s": None, "engine_cpu_s": None, **{f"{k}_{s}": None for k in ("queue", "prefill", "ttft")
+    return {"server_cpu_s": None, "engine_cpu_s": None, **{f"{k}_{s}": None for k in TTFT_PARTS
                                                             for s in ("sum", "count")}, **got,
             "steps": int(got["steps"]), "mixed_steps": int(got.get("mixed_steps", 0))}

@@ -29,6 +29,7 @@ from sparkinfer.engine.request import (
     MAX_SEED,
     EngineStats,
     FinishReason,
+    FirstTimings,
     RequestOutput,
     RequestState,
     SamplingParams,
@@ -81,6 +82,7 @@ class _Live:
     prompt_tokens: int = 0
     submitted: float = 0.0  # perf_counter at receipt
     admitted: float | None = None  # at the start of the first step that ran its prompt, until its first token
+    pickup: float | None = None  # the caller's send to the receipt (FirstTimings.pickup_s)
 
 
 class EngineCore:
@@ -110,8 +112,11 @@ class EngineCore:
         self.sched_s = 0.0  # host time in schedule() + update() + output processing, summed
 
     # ------------------------------------------------------------------ callers (any thread)
-    def submit(self, prompt: list[int], params: SamplingParams, request_id: str | None = None) -> RequestHandle:
-        """Queue a request; raises as `EngineClient.submit` says. Never blocks on the model."""
+    def submit(self, prompt: list[int], params: SamplingParams, request_id: str | None = None, *,
+               sent_at: float | None = None) -> RequestHandle:
+        """Queue a request; raises as `EngineClient.submit` says. Never blocks on the model.
+        sent_at: the caller's `time.monotonic()` when it sent the request from another process."""
+        pickup = None if sent_at is None else max(0.0, time.monotonic() - sent_at)
         if self.error is not None:
             raise EngineFailed(f"the engine stopped: {self.error}")
         prompt = check_request(prompt, params, vocab_size=self.vocab_size, tokenizer=self.tokenizer)
@@ -125,7 +130,7 @@ class EngineCore:
         text = TextStream(self.tokenizer, prompt, params.stop, self._singles) if self.tokenizer is not None else None
         with self._lock:
             self.sched.add(sr)  # raises CapacityError / EngineOverloaded before anything is kept
-            self._live[rid] = _Live(handle, text, sr, 0, len(prompt), time.perf_counter())
+            self._live[rid] = _Live(handle, text, sr, 0, len(prompt), time.perf_counter(), pickup=pickup)
             self._by_key[key] = rid
             self._lock.notify_all()
         return handle
@@ -196,7 +201,8 @@ class EngineCore:
         live.completion += len(u.tokens)
         timings = None
         if live.admitted is not None and u.tokens:  # the first tokens: how long it queued, how long it prefilled
-            timings = (live.admitted - live.submitted, time.perf_counter() - live.admitted)
+            timings = FirstTimings(live.admitted - live.submitted, time.perf_counter() - live.admitted, live.pickup,
+                                   time.monotonic())
             live.admitted = None
         handle = live.handle
         if handle.state is not RequestState.FINISHED:

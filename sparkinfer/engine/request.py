@@ -17,11 +17,12 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from sparkinfer.errors import ShapeError
 
-__all__ = ["SamplingParams", "RequestState", "FinishReason", "TokenLogprob", "RequestOutput", "EngineStats",
-           "merge_outputs", "MAX_LOGPROBS", "MAX_SEED"]
+__all__ = ["SamplingParams", "RequestState", "FinishReason", "TokenLogprob", "RequestOutput", "FirstTimings",
+           "EngineStats", "merge_outputs", "MAX_LOGPROBS", "MAX_SEED"]
 
 # top-n logprobs a request may ask for (OpenAI's completions API allows 5, chat 20).
 MAX_LOGPROBS = 20
@@ -124,6 +125,21 @@ class TokenLogprob:
     top: tuple[tuple[int, float], ...] = ()
 
 
+class FirstTimings(NamedTuple):
+    """Where a request's time to its first token went inside the engine, on its first
+    output with tokens. queue_s: the engine's receipt to the start of the step that
+    first ran its prompt; prefill_s: from there to this output. pickup_s: the caller's
+    send to the engine's receipt, over the engine process's pipe and past the step in
+    progress (None for an engine in the caller's process). emitted_at: `time.monotonic()`
+    when the engine made this output (one clock for every process of a host), so the
+    receiver's monotonic time less it is the way back (flush, pipe, reader thread)."""
+
+    queue_s: float
+    prefill_s: float
+    pickup_s: float | None = None
+    emitted_at: float | None = None
+
+
 @dataclass(frozen=True)
 class RequestOutput:
     """One increment of a request's output, as it streams.
@@ -134,10 +150,7 @@ class RequestOutput:
     logprobs: one per new token when the request asked for them, else None.
     finished / finish_reason / error: set on the last output of the request.
     prompt_tokens, completion_tokens: counts so far (for `usage`).
-    timings: (queue_s, prefill_s) on a request's first output with tokens: seconds
-    from the engine's receipt to the step that first ran its prompt, and from the
-    start of that step to this output (the engine's clock; the rest of a
-    time to first token is the caller's and the pipe's); else None.
+    timings: `FirstTimings` on a request's first output with tokens, else None.
     cached_tokens: prompt tokens whose cache entries the request found in its slot
     (prefix reuse, `engine/scheduler.py`), not computed again.
     """
@@ -151,7 +164,7 @@ class RequestOutput:
     error: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    timings: tuple[float, float] | None = None
+    timings: FirstTimings | None = None
     cached_tokens: int = 0
 
 

@@ -191,7 +191,7 @@ class ServingEngine:
                                            retry_after_s=1.0)
                 self._handles[key] = handle
             try:
-                self._conn.send(("submit", key, prompt, params))
+                self._conn.send(("submit", key, prompt, params, time.monotonic()))
             except OSError:  # the engine process is gone; the reader ends the handles it knows
                 with self._lock:
                     self._handles.pop(key, None)
@@ -318,7 +318,7 @@ def _loop(conn, driver, outbox: deque) -> None:
             msg = conn.recv()
             if msg[0] == "submit":
                 try:
-                    core.submit(msg[2], msg[3], msg[1])
+                    core.submit(msg[2], msg[3], msg[1], sent_at=msg[4])
                 except Exception as e:  # noqa: BLE001 - the request ends with it; the engine goes on
                     outbox.append(_pack(RequestOutput(msg[1], finished=True, finish_reason=FinishReason.ERROR,
                                                       error=describe(e), prompt_tokens=len(msg[2]))))

@@ -22,7 +22,11 @@ are fed by the HTTP layer as outputs arrive:
     sparkinfer_request_outcomes_total{reason}        stop | length | abort | error: how an accepted request
                                                      ended; invalid (400) | overloaded (429) | unavailable (503)
                                                      | unauthorized (401, no API key): why one was refused
-    sparkinfer_time_to_first_token_seconds           histogram, arrival to the first token
+    sparkinfer_time_to_first_token_seconds           histogram, arrival to the first token; its parts:
+    sparkinfer_request_pickup_time_seconds           histogram, the submit to the engine's receipt
+    sparkinfer_request_queue_time_seconds            histogram, the receipt to the step that first ran the prompt
+    sparkinfer_request_prefill_time_seconds          histogram, that step to the first token out of the engine
+    sparkinfer_request_return_time_seconds           histogram, the first token out of the engine to its handler
     sparkinfer_inter_token_latency_seconds           histogram, one sample per token (see `observe_tokens`)
     sparkinfer_e2e_request_latency_seconds           histogram, arrival to the last output
 """
@@ -37,6 +41,8 @@ OUTCOMES = ("stop", "length", "abort", "error", "invalid", "overloaded", "unavai
 # milliseconds on an H200, a queued request waits for whole generations (seconds), and
 # CPU ranks under the Triton interpreter take seconds per step: 1 ms .. 60 s.
 TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# A hop between the server's processes: a pipe message (tens of us), at most a step (ms).
+HOP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 # ITL: a decode step of 8 layers of Qwen3-30B-A3B is 676 us at batch 1 and 1,774 us at
 # 64 (README's decode table); 48 layers are 6x that; CPU steps take 0.1-2 s: 0.5 ms .. 2.5 s.
 ITL_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.006, 0.01, 0.02, 0.04, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -103,6 +109,13 @@ class ServeMetrics:
         self.prefill_time = Histogram("sparkinfer_request_prefill_time_seconds",
                                       "the step that first ran the prompt to the first token out of the engine",
                                       buckets=TTFT_BUCKETS, registry=reg)
+        # the ways in and out of the engine process (FirstTimings)
+        self.pickup_time = Histogram("sparkinfer_request_pickup_time_seconds",
+                                     "the server's submit to the engine's receipt (the pipe, the step in progress)",
+                                     buckets=HOP_BUCKETS, registry=reg)
+        self.return_time = Histogram("sparkinfer_request_return_time_seconds",
+                                     "the first token out of the engine to its HTTP handler (the engine's flush, "
+                                     "the pipe, the reader thread, the event loop)", buckets=HOP_BUCKETS, registry=reg)
         self.itl = Histogram("sparkinfer_inter_token_latency_seconds",
                              "time between generated tokens (one sample per token)", buckets=ITL_BUCKETS,
                              registry=reg)

@@ -81,9 +81,14 @@ class Tracker:
             if self._first is None:
                 self._first = now
                 m.ttft.observe(now - self.arrival)
-                if out.timings is not None:
-                    m.queue_time.observe(out.timings[0])
-                    m.prefill_time.observe(out.timings[1])
+                t = out.timings
+                if t is not None:
+                    m.queue_time.observe(t.queue_s)
+                    m.prefill_time.observe(t.prefill_s)
+                    if t.pickup_s is not None:
+                        m.pickup_time.observe(t.pickup_s)
+                    if t.emitted_at is not None:
+                        m.return_time.observe(max(0.0, time.monotonic() - t.emitted_at))
                 m.cached_prompt_tokens.inc(out.cached_tokens)
             else:
                 m.observe_tokens(n, now - self._last)

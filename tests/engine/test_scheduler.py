@@ -249,9 +249,16 @@ def test_a_handle_reports_waiting_prefilling_running_finished():
     assert [o.token_ids for o in outs] == [(10,), (11,)]
     # the first output says how long the request queued and prefilled; a: at once, then 3 steps of chunks;
     # b: queued behind a's 4 steps (one slot), then one step
-    (a_queue, a_prefill), (b_queue, b_prefill) = outs[0].timings, b.result()[0].timings
+    ta, tb = outs[0].timings, b.result()[0].timings
     assert outs[1].timings is None
-    assert a_queue >= 0 and a_prefill >= 3 * 0.002 and b_queue >= 4 * 0.002 and b_prefill >= 0.002
+    assert ta.queue_s >= 0 and ta.prefill_s >= 3 * 0.002 and tb.queue_s >= 4 * 0.002 and tb.prefill_s >= 0.002
+    # in the caller's process: no pipe to cross; made at the engine's monotonic time, b after a
+    assert ta.pickup_s is None and ta.emitted_at <= tb.emitted_at <= time.monotonic()
+    # sent from another process at sent_at: the receipt says how long the way in took
+    c = core.submit([1, 2], SamplingParams(max_new_tokens=1), sent_at=time.monotonic() - 0.5)
+    while core.step():
+        pass
+    assert 0.5 <= c.result()[0].timings.pickup_s < 5
 
 
 @settings(max_examples=30, deadline=None)

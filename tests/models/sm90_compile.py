@@ -114,7 +114,8 @@ def compile_case(name: str) -> dict:
                 sm90=".target sm_90" in ptx, launch_pdl=bool(kw.get("launch_pdl")), num_warps=kw.get("num_warps"),
                 pdl_waits=ptx.count("griddepcontrol.wait"),
                 pdl_triggers=ptx.count("griddepcontrol.launch_dependents"),
-                wgmma=len(re.findall(r"wgmma\.mma_async", ptx)), tma_loads=len(re.findall(r"cp\.async\.bulk\.tensor", ptx)),
+                wgmma=len(re.findall(r"wgmma\.mma_async", ptx)),
+                tma_loads=len(re.findall(r"cp\.async\.bulk\.tensor", ptx)),
                 bar_shared=len(re.findall(r"mbarrier\.(?:try_wait|arrive)", ptx)),
                 setmaxnreg=len(re.findall(r"setmaxnreg", ptx)),
                 warp_specialized="ttg.warp_specialize(" in compiled.asm["ttgir"], **_before_wait(ptx))
