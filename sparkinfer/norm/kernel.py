@@ -18,8 +18,8 @@ error under 2**-32, against 2**-24 for one fp32 rounding.
 PDL: the kernel lets its successor launch at entry (`gdc_launch_dependents`).
 WAIT (launch.NORM_WAIT): the norm is itself launched early behind the projection
 before it and waits in `gdc_wait` before its first read. The projection after it
-(`sparkinfer.linear`, launched with programmatic dependent launch) may start while the norm runs and load its weights,
-waiting in `gdc_wait` only for x (MEASURED.md, H200: a 2048 x 2048 GEMV chain
+(`sparkinfer.linear`, launched with programmatic dependent launch) may start while
+the norm runs and load its weights, waiting in `gdc_wait` only for x (MEASURED.md, H200: a 2048 x 2048 GEMV chain
 4.18 -> 2.76 us once the predecessor let it launch early). A successor launched
 without PDL is unaffected.
 """
