@@ -93,12 +93,9 @@ CASES = {
     "rope-t64-pdl": lambda: _rope(64, True, 8),
     "rope-t1024-rows32": lambda: _rope(1024, False, 32),  # the widest block the sweep times
     "norm-t1-wait": lambda: _norm(1, True),
-    "norm-t64": lambda: _norm(64, False),
     "routing-t1-pdl-w1": lambda: _routing(1, True, 1),
-    "routing-t64-w4": lambda: _routing(64, False, 4),
     "gemm-qkv-1024-persistent": lambda: _gemm(1024, (HQ + 2 * KVH) * D, H, "128x128", "persistent"),
     "gemm-qkv-1024-ws": lambda: _gemm(1024, (HQ + 2 * KVH) * D, H, "128x128-w4", "ws"),
-    "gemm-o-1024-ws": lambda: _gemm(1024, H, HQ * D, "128x64", "ws"),
 }
 
 
