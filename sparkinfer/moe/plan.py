@@ -188,7 +188,11 @@ FP8_BLOCK = 128
 # warps; BM 64 at 4 warps spills 960 in FC1): the fp32 accumulators, each K
 # step's dot result (the block scales keep it out of the MMA accumulation) and
 # the per-column scales of this step and the next (`kernels/fp8.py`) do not
-# fit beside each other. BM 64 at 8 warps: 255 / 191 registers, no spill.
+# fit beside each other. BM 64 at 8 warps: 255 / 191 registers, no spill. Tried on the
+# CPU (ptxas, 2026-12-05): keeping the accumulator in units of each step's scales, so the
+# dot accumulates inside the MMA with no tile of its own, cut FC1's spill at BM 128 to
+# 580 bytes (516 with one activation-scale vector for gate and up) and left FC2's at 216:
+# the per-column scale vectors in the accumulator's layout take the registers too. Not kept.
 FP8_MAX_BLOCK_M = 64
 # Batch invariance (MoECaps.batch_invariant): a token's output must not depend on
 # T, at decode sizes (rows of a step, queries of a speculative verify) as at
