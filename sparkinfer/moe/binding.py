@@ -258,6 +258,8 @@ def bind(plan: MoEPlan, scratch: dict, weights: MoEWeights, *, x: torch.Tensor,
     if cfg.fc1_passes != 1 and (cfg.fc1_passes != 2 or fmt != "fp8_block" or cfg.family != "grouped"):
         raise PlanError(f"bind: config fc1_passes={cfg.fc1_passes} for a {cfg.family!r} {fmt} bucket; "
                         "only grouped fp8_block configs take 2 (an activation group in two halves), else 1")
+    if cfg.fp8_rescale and fmt != "fp8_block":
+        raise PlanError(f"bind: config fp8_rescale=True for {fmt} weights; only fp8_block configs take it")
     bk = cfg.block_k
     dense = fmt == "bf16" or cfg.dequant_experts > 0  # plain bf16 rows: any step
     if bk and (not dense or bk % 32 or c.hidden % bk or plan.intermediate % bk):

@@ -188,12 +188,15 @@ FP8_BLOCK = 128
 # warps; BM 64 at 4 warps spills 960 in FC1): the fp32 accumulators, each K
 # step's dot result (the block scales keep it out of the MMA accumulation) and
 # the per-column scales of this step and the next (`kernels/fp8.py`) do not
-# fit beside each other. BM 64 at 8 warps: 255 / 191 registers, no spill. Tried on the
-# CPU (ptxas, 2026-12-05): keeping the accumulator in units of each step's scales, so the
-# dot accumulates inside the MMA with no tile of its own, cut FC1's spill at BM 128 to
-# 580 bytes (516 with one activation-scale vector for gate and up) and left FC2's at 216:
-# the per-column scale vectors in the accumulator's layout take the registers too. Not kept.
+# fit beside each other. BM 64 at 8 warps: 255 / 191 registers, no spill.
 FP8_MAX_BLOCK_M = 64
+# The rescaled accumulation with the routed rows on the MMA's M side (TileConfig.fp8_rescale,
+# kernels/fp8.py) compiles at BM 128 without a spill (sm_90 on the CPU: FC1 one pass 238
+# registers, FC2 166; in swap-AB the rescaling alone left FC1 spilling 580 bytes, FC2 216:
+# the per-column scales spread over every thread's accumulator columns). Untimed: off in
+# plans until `benchmarks/sweeps/moe_tile_sweep.py --formats fp8_block` times
+# tuning.TILES_FP8's rescaled tiles on a GPU, and the invariance test runs it.
+FP8_RESCALE = False
 # Batch invariance (MoECaps.batch_invariant): a token's output must not depend on
 # T, at decode sizes (rows of a step, queries of a speculative verify) as at
 # prefill sizes (a forward of several requests' prompt chunks). A route's sum
@@ -251,6 +254,10 @@ class TileConfig:
     fc1_passes (fp8_block grouped only): 2 runs each FC1 program's 128 rows (one
     activation group) as two K passes of 64 (kernels/fc1.py), so BM 128 fits the
     registers; same bytes. Never planned: slower than one pass on the H200 (tuning.TILES_FP8).
+    fp8_rescale (fp8_block): the accumulation kept in units of each K step's scales, the dot
+    accumulating inside the MMA, and grouped tiles with their routed rows on the MMA's M
+    side (kernels/fp8.py RESCALE, ROWS): BM 128 in one pass fits the registers. Other
+    sums than without it, so a plan sets it in every bucket or none (FP8_RESCALE).
     """
 
     family: str
@@ -268,6 +275,7 @@ class TileConfig:
     group_m: int = 0
     tma: bool = False
     fc1_passes: int = 1
+    fp8_rescale: bool = False
 
 
 @dataclass(frozen=True)
@@ -463,8 +471,10 @@ def plan(caps: MoECaps, spec: MoESpec) -> MoEPlan:
         bounds.append(b)
         b *= 2
     bounds.append(caps.max_tokens)
-    return MoEPlan(caps, spec, chunk, tuple((t, _config(padded, spec, t, chunk)) for t in bounds),
-                   intermediate=inter)
+    p = MoEPlan(caps, spec, chunk, tuple((t, _config(padded, spec, t, chunk)) for t in bounds),
+                intermediate=inter)
+    # the rescaled FP8 accumulation in every bucket or none (TileConfig.fp8_rescale)
+    return p.with_changes(fp8_rescale=True) if FP8_RESCALE and spec.weight_format == "fp8_block" else p
 
 
 def plan_supports_aux_stream_overlap(p: MoEPlan) -> bool:

@@ -117,8 +117,8 @@ def run(b: MoEBinding, reduce: bool = True) -> RouteSum | None:
                   RP=triton.next_power_of_2(MICRO_BLOCK_M * c.top_k), BK=bk, GATED=spec.gated,
                   ACT=_ACT[spec.activation], NVFP4=nvfp4, FP8=fmt == "fp8_block",
                   GSCALE=nvfp4, WEIGHT_BEFORE=not spec.router_weight_after_fc2,
-                  PTX_DECODE=cfg.decode == "ptx", INTERPRET=b.interpret,
-                  num_warps=cfg.num_warps)
+                  PTX_DECODE=cfg.decode == "ptx", INTERPRET=b.interpret, RESCALE=cfg.fp8_rescale,
+                  ROWS=cfg.fp8_rescale and cfg.family == "grouped", num_warps=cfg.num_warps)
     if cfg.family == "micro":
         part, splits = _micro(b, w1, w2, common)
         stride_ps = part.stride(0)

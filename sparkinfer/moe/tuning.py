@@ -69,7 +69,13 @@ TILES_SMALL = (("bm16", 16, 64, 64, 4, 2, 128), ("bn2-128", 32, 64, 128, 4, 2, 1
 # us planned / best of these: Qwen3 M 1024 339 / 386, M 4096 962 / 1,103; Mixtral 1,783 /
 # 2,087, 6,423 / 7,173 (their FC1 below the planned one's share of the FP8 rate at every point).
 # Kept as sweep candidates, never planned.
-TILES_FP8 = (("bm128-2pass", 128, 128, 128, 8, 1, 128, 2), ("bm128-2pass-bn2-64", 128, 128, 64, 8, 1, 128, 2),
+# Then the rescaled accumulation (plan.FP8_RESCALE; the 9th field): BM 128 in one pass and
+# in two, and the planned BM 64; listed first, so tile_candidates' cap of 13 keeps them.
+# Compiled for sm_90 on the CPU without a spill (tests/moe/test_compile_sm90.py). Untimed.
+TILES_FP8 = (("bm128-rescale", 128, 128, 128, 8, 1, 128, 1, True),
+             ("bm128-2pass-rescale", 128, 128, 128, 8, 1, 128, 2, True),
+             ("bm64-rescale", 64, 128, 128, 8, 1, 128, 1, True),
+             ("bm128-2pass", 128, 128, 128, 8, 1, 128, 2), ("bm128-2pass-bn2-64", 128, 128, 64, 8, 1, 128, 2),
              ("bm64-2pass", 64, 128, 128, 8, 1, 128, 2))
 # NVFP4 (decode in registers): BK 128 only (BK fixes the prepared interleave).
 # BN1 128, BM 256 (12 bytes) and BM 128 at 4 warps (4 bytes) spill; the planned
@@ -167,8 +173,9 @@ def _other_nvfp4_path(p: MoEPlan, tokens: int) -> tuple[str, TileConfig]:
 
 
 def _tile(p: MoEPlan, bm: int, bn1: int, bn2: int, warps: int, per_sm: int, bk: int,
-          chosen: TileConfig, passes: int = 1) -> MoEPlan:
-    """p forced to these tiles, with the chosen config's decode, program order and loads."""
+          chosen: TileConfig, passes: int = 1, rescale: bool = False) -> MoEPlan:
+    """p forced to these tiles, with the chosen config's decode, program order and loads
+    (rescale: the rescaled FP8 accumulation, TileConfig.fp8_rescale)."""
     nvfp4 = p.spec.weight_format == "nvfp4"
     fp8 = p.spec.weight_format == "fp8_block"
     halves = 2 if p.spec.gated else 1
@@ -183,7 +190,7 @@ def _tile(p: MoEPlan, bm: int, bn1: int, bn2: int, warps: int, per_sm: int, bk: 
     fc2 = _weight_bytes(bn2, bk, nvfp4, fp8) + bk * bm * act
     cfg = TileConfig("grouped", bm, bn1, bn2, num_warps=warps, stages1=stages(fc1),
                      stages2=stages(fc2), decode=chosen.decode, group_m=chosen.group_m,
-                     tma=chosen.tma, fc1_passes=passes)
+                     tma=chosen.tma, fc1_passes=passes, fp8_rescale=rescale or chosen.fp8_rescale)
     return dataclasses.replace(p.forced(cfg), chunk=bk)
 
 
@@ -191,8 +198,8 @@ def tile_candidates(p: MoEPlan, tokens: int, small: bool = False) -> tuple[tuple
     """(name, plan) to time at a grouped batch of `tokens`: ("planned", p) first,
     then p forced to each tile of TILES_LARGE (planned BM >= 64), TILES_SMALL
     (BM <= 32) or TILES_NVFP4, pipeline depth 2..4 from the shared memory a
-    step needs (one or two programs per SM); fp8_block at BM >= 64 also TILES_FP8
-    (FC1 in two passes). A plan's chunk is BK: a BK 64 plan
+    step needs (one or two programs per SM); fp8_block at BM >= 64 TILES_FP8 first
+    (FC1 in two passes; the rescaled accumulation). A plan's chunk is BK: a BK 64 plan
     needs weights prepared for it (bf16: the same tensors). Tiles whose BK does
     not divide H and I (or exceeds the plan's chunk), and repeats of an earlier
     (BK, config), are left out; at most 13. small: TILES_SMALL whatever BM was planned
@@ -207,18 +214,18 @@ def tile_candidates(p: MoEPlan, tokens: int, small: bool = False) -> tuple[tuple
     elif p.spec.weight_format == "nvfp4":
         table = TILES_NVFP4
     elif p.spec.weight_format == "fp8_block" and chosen.block_m >= 64:
-        table = TILES_LARGE + TILES_FP8
+        table = TILES_FP8 + TILES_LARGE
     else:
         table = TILES_LARGE if chosen.block_m >= 64 else TILES_SMALL
     out, seen = [("planned", p)], {(p.chunk, chosen)}
-    for name, bm, bn1, bn2, warps, per_sm, bk, *passes in table:
+    for name, bm, bn1, bn2, warps, per_sm, bk, *extra in table:
         if p.caps.hidden % bk or p.intermediate % bk or bk > p.chunk:
             continue
         if p.spec.weight_format == "fp8_block" and (bk, bn1) != (FP8_BLOCK, FP8_BLOCK):
             continue  # a K step is one scale block; FC1 programs hold whole activation groups
         if p.spec.weight_format == "fp8_block" and FP8_BLOCK % bn2:
             continue  # an FC2 tile takes one weight scale a step: its rows lie in one block
-        tp = _tile(p, bm, bn1, bn2, warps, per_sm, bk, chosen, *passes)
+        tp = _tile(p, bm, bn1, bn2, warps, per_sm, bk, chosen, *extra)
         if name == "deep":  # the plan's tiles, one stage deeper where shared memory allows
             tp = p.forced(dataclasses.replace(chosen, stages1=tp.buckets[0][1].stages1,
                                               stages2=tp.buckets[0][1].stages2))

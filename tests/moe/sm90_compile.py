@@ -122,15 +122,19 @@ def compile_sm90(launch: Launch):
 
 
 def compile_plan_launches(shape: dict, fmt: str, tokens: int, max_tokens: int,
-                          spec_kw: dict | None = None, decode: str = "arith") -> list[dict]:
+                          spec_kw: dict | None = None, decode: str = "arith", tile: list | None = None) -> list[dict]:
     """Compile every launch of one call (router included) at real dims (meta
-    tensors); usage rows per kernel."""
+    tensors); usage rows per kernel. tile: a `tuning` tile row's fields after its name
+    (BM, BN1, BN2, warps, programs per SM, BK[, FC1 passes[, rescale]]) forced on the plan."""
     from sparkinfer.moe import MoECaps, MoESpec, allocate_scratch, bind, plan
+    from sparkinfer.moe.tuning import _tile
     from tests.moe._util import meta_weights
 
     caps = MoECaps(max_tokens=max_tokens, **shape)
     spec = MoESpec(weight_format=fmt, **(spec_kw or {}))
     p = plan(caps, spec).with_changes(decode=decode)
+    if tile is not None:
+        p = _tile(p, *tile[:6], p.config_for(tokens), *tile[6:])
     h, e = caps.hidden, caps.num_experts
     meta = dict(dtype=torch.bfloat16, device="meta")
     bias = (torch.empty(e, device="meta") if spec.routing == "sigmoid_grouped" else None)
@@ -152,7 +156,8 @@ def compile_plan_launches(shape: dict, fmt: str, tokens: int, max_tokens: int,
                                                    compiled.asm["ptx"]))),
                          cvt_e4m3=len(re.findall(r"cvt\.rn\.satfinite\.e4m3x2\.f32",
                                                  compiled.asm["ptx"])),
-                         dequant_experts=b.config.dequant_experts))
+                         dequant_experts=b.config.dequant_experts, block_m=b.config.block_m,
+                         fp8_rescale=b.config.fp8_rescale))
     return rows
 
 

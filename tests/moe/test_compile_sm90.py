@@ -113,3 +113,20 @@ def test_nvfp4_dequantized_path_launches_decode_then_bf16_tiles(compiled):
         assert r["dequant_experts"] == 85
         if r["kernel"].startswith("moe_fc"):
             assert r["mma"] and all(m.endswith(".f32.bf16.bf16") for m in r["mma"]), r
+
+
+def test_fp8_rescaled_tiles_fit_bm128():
+    """The rescaled FP8 accumulation (plan.FP8_RESCALE; grouped rows on the MMA's M
+    side) at Qwen3-30B-A3B's dims, T 4096: FC1 at BM 128 in one pass and FC2 at BM 128
+    compile without a spill on e4m3 wgmma, where the scaled dot spills (plan.py's
+    FP8_MAX_BLOCK_M); so does the planned BM 64."""
+    rows = _compile([[QWEN3, "fp8_block", 4096, 4096, {}, "arith", tile]
+                     for tile in ([128, 128, 128, 8, 1, 128, 1, True], [64, 128, 128, 8, 1, 128, 1, True])])
+    for case, bm in zip(rows, (128, 64)):
+        fc = [r for r in case if r["kernel"].startswith("moe_fc")]
+        assert len(fc) == 2, case
+        for r in fc:
+            assert r["fp8_rescale"] and r["block_m"] == bm and r["spill"] == 0, r
+            assert r["shared"] <= H200_MAX_SHARED, r
+            assert r["mma"] and all(m.endswith(".f32.e4m3.e4m3") for m in r["mma"]), r
+

@@ -39,7 +39,16 @@ from sparkinfer.moe.kernels.common import (
     split_chunks,
     step_weight_tile,
 )
-from sparkinfer.moe.kernels.fp8 import act_operand, scaled_dot, step_scales, store_act, store_act_pair
+from sparkinfer.moe.kernels.fp8 import (
+    act_operand,
+    fp8_acc,
+    rescaled_dot,
+    rescaled_sum,
+    scaled_dot,
+    step_scales,
+    store_act,
+    store_act_pair,
+)
 
 
 @triton.jit
@@ -54,7 +63,8 @@ def moe_fc1_kernel(
     NVFP4: tl.constexpr, FP8: tl.constexpr, X_FP8: tl.constexpr, GSCALE: tl.constexpr,
     WEIGHT_BEFORE: tl.constexpr, PTX_DECODE: tl.constexpr,
     INTERPRET: tl.constexpr, PDL: tl.constexpr = False, GROUP: tl.constexpr = 0,
-    TMA: tl.constexpr = False, PASSES: tl.constexpr = 1,
+    TMA: tl.constexpr = False, PASSES: tl.constexpr = 1, RESCALE: tl.constexpr = False,
+    ROWS: tl.constexpr = False,
 ):
     i_m, i_n = grouped_ids(I, BN, GROUP)
     e, route, o_row = program_rows(p_ids, p_sorted, p_tile_e, i_m, T, E, K, BM, KP, RP, MICRO)
@@ -63,7 +73,7 @@ def moe_fc1_kernel(
                  o_row, i_n, tl.program_id(2), I, num_chunks, chunks_per_split,
                  stride_x, stride_we, stride_wn, stride_se, stride_os, stride_or, alpha, limit,
                  K, BM, BN, BK, PARTIALS, GATED, ACT, NVFP4, FP8, X_FP8, GSCALE, WEIGHT_BEFORE,
-                 PTX_DECODE, INTERPRET, PDL, TMA, PASSES)
+                 PTX_DECODE, INTERPRET, PDL, TMA, PASSES, RESCALE, ROWS)
 
 
 @triton.jit
@@ -71,18 +81,23 @@ def fc1_sums(p_x, p_xs, p_w, p_s, d_w, e_w, tok, m_row, row0, i_s, I, num_chunks
              chunks_per_split, stride_x, stride_we, stride_wn, stride_se, BN: tl.constexpr,
              BK: tl.constexpr, GATED: tl.constexpr, NVFP4: tl.constexpr, FP8: tl.constexpr,
              X_FP8: tl.constexpr, PTX_DECODE: tl.constexpr, INTERPRET: tl.constexpr,
-             TMA: tl.constexpr):
+             TMA: tl.constexpr, RESCALE: tl.constexpr = False, ROWS: tl.constexpr = False):
     """FC1's gate and up sums fp32 [BN, BM] of weight rows row0.. (gate; up: I + row0..)
     over reduction split i_s, for token rows `tok` (masked by m_row). FP8: x is e4m3 with
     scales p_xs [T, H/BK] when X_FP8, else bf16 quantized per step here. TMA: the weight
-    tiles come through the descriptor d_w over p_w [E, N1, H] (block [1, BN, BK])."""
+    tiles come through the descriptor d_w over p_w [E, N1, H] (block [1, BN, BK]).
+    RESCALE, ROWS (FP8): the accumulation of kernels/fp8.py's `rescaled_dot`."""
     o_n = row0 + tl.arange(0, BN)
     m_n = o_n < I
     o_k = k_order(BK, NVFP4)  # the weight operand's K order
     p_we = p_w + e_w.to(tl.int64) * stride_we
     p_se = p_s + e_w.to(tl.int64) * stride_se
-    b_g = tl.zeros([BN, tok.shape[0]], dtype=tl.float32)
-    b_u = tl.zeros([BN, tok.shape[0]], dtype=tl.float32)
+    if FP8 and RESCALE:  # [BM, BN] with ROWS, and the sums' units
+        b_g, unit_g = fp8_acc(BN, tok.shape[0], ROWS)
+        b_u, unit_u = fp8_acc(BN, tok.shape[0], ROWS)
+    else:
+        b_g = tl.zeros([BN, tok.shape[0]], dtype=tl.float32)
+        b_u = tl.zeros([BN, tok.shape[0]], dtype=tl.float32)
     c_lo, c_hi = split_chunks(i_s, chunks_per_split, num_chunks)
     n_wg, n_wu, n_xs = 0.0, 0.0, 0  # FP8: the next step's scales (`step_scales`)
     if FP8:
@@ -109,13 +124,22 @@ def fc1_sums(p_x, p_xs, p_w, p_s, d_w, e_w, tok, m_row, row0, i_s, I, num_chunks
                                            X_FP8)
             b_cg = b_xs * b_wg
             b_cu = b_xs * b_wu
-        b_g = scaled_dot(step_weight_tile(d_w, e_w, p_we, b_sg, row0, o_n, m_n, c, stride_wn,
-                                          num_chunks, BN, BK, NVFP4, FP8, PTX_DECODE, INTERPRET,
-                                          TMA), b_x, b_g, b_cg, FP8)
+        b_wt = step_weight_tile(d_w, e_w, p_we, b_sg, row0, o_n, m_n, c, stride_wn, num_chunks, BN, BK,
+                                NVFP4, FP8, PTX_DECODE, INTERPRET, TMA)
+        if FP8 and RESCALE:
+            b_g, unit_g = rescaled_dot(b_wt, b_x, b_g, unit_g, b_cg, ROWS)
+        else:
+            b_g = scaled_dot(b_wt, b_x, b_g, b_cg, FP8)
         if GATED:
-            b_u = scaled_dot(step_weight_tile(d_w, e_w, p_we, b_su, I + row0, o_n + I, m_n, c,
-                                              stride_wn, num_chunks, BN, BK, NVFP4, FP8,
-                                              PTX_DECODE, INTERPRET, TMA), b_x, b_u, b_cu, FP8)
+            b_wt = step_weight_tile(d_w, e_w, p_we, b_su, I + row0, o_n + I, m_n, c, stride_wn,
+                                    num_chunks, BN, BK, NVFP4, FP8, PTX_DECODE, INTERPRET, TMA)
+            if FP8 and RESCALE:
+                b_u, unit_u = rescaled_dot(b_wt, b_x, b_u, unit_u, b_cu, ROWS)
+            else:
+                b_u = scaled_dot(b_wt, b_x, b_u, b_cu, FP8)
+    if FP8 and RESCALE:
+        b_g = rescaled_sum(b_g, unit_g, ROWS)
+        b_u = rescaled_sum(b_u, unit_u, ROWS)
     return b_g, b_u
 
 
@@ -139,7 +163,7 @@ def fc1_tile(p_x, p_xs, p_w, p_s, p_gs, p_topk_w, p_out, p_os, d_w, e, e_w, rout
              ACT: tl.constexpr, NVFP4: tl.constexpr, FP8: tl.constexpr, X_FP8: tl.constexpr,
              GSCALE: tl.constexpr, WEIGHT_BEFORE: tl.constexpr, PTX_DECODE: tl.constexpr,
              INTERPRET: tl.constexpr, PDL: tl.constexpr, TMA: tl.constexpr,
-             PASSES: tl.constexpr = 1):
+             PASSES: tl.constexpr = 1, RESCALE: tl.constexpr = False, ROWS: tl.constexpr = False):
     """One FC1 tile: expert e (>= 0; its weights at index e_w of p_w / p_s), rows
     route [BM] (-1: inactive) stored at rows o_row, weight rows i_n*BN..,
     reduction split i_s (one program of moe_fc1_kernel; `fc1_sums`). FP8: the
@@ -150,7 +174,7 @@ def fc1_tile(p_x, p_xs, p_w, p_s, p_gs, p_topk_w, p_out, p_os, d_w, e, e_w, rout
     BP: tl.constexpr = BN // PASSES
     b_g, b_u = fc1_sums(p_x, p_xs, p_w, p_s, d_w, e_w, tok, m_row, i_n * BN, i_s, I, num_chunks,
                         chunks_per_split, stride_x, stride_we, stride_wn, stride_se, BP, BK, GATED,
-                        NVFP4, FP8, X_FP8, PTX_DECODE, INTERPRET, TMA)
+                        NVFP4, FP8, X_FP8, PTX_DECODE, INTERPRET, TMA, RESCALE, ROWS)
     o_n = i_n * BN + tl.arange(0, BP)
     m_n = o_n < I
     if PASSES == 2:  # FP8 only (bind): the first half's activation waits for the second's
@@ -158,7 +182,7 @@ def fc1_tile(p_x, p_xs, p_w, p_s, p_gs, p_topk_w, p_out, p_os, d_w, e, e_w, rout
         b_g, b_u = fc1_sums(p_x, p_xs, p_w, p_s, d_w, e_w, tok, m_row, i_n * BN + BP, i_s, I,
                             num_chunks, chunks_per_split, stride_x, stride_we, stride_wn,
                             stride_se, BP, BK, GATED, NVFP4, FP8, X_FP8, PTX_DECODE, INTERPRET,
-                            TMA)
+                            TMA, RESCALE, ROWS)
         if PDL:
             gdc_launch_dependents()
         b_h1 = routed_act(b_g, b_u, p_topk_w, route, m_row, alpha, limit, ACT, WEIGHT_BEFORE, INTERPRET)

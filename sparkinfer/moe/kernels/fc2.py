@@ -34,7 +34,15 @@ from sparkinfer.moe.kernels.common import (
     split_chunks,
     step_weight_tile,
 )
-from sparkinfer.moe.kernels.fp8 import act_operand, scaled_dot, step_scales, store_act
+from sparkinfer.moe.kernels.fp8 import (
+    act_operand,
+    fp8_acc,
+    rescaled_dot,
+    rescaled_sum,
+    scaled_dot,
+    step_scales,
+    store_act,
+)
 
 
 @triton.jit
@@ -90,6 +98,7 @@ def moe_fc2_kernel(
     NVFP4: tl.constexpr, FP8: tl.constexpr, X_FP8: tl.constexpr,  # X_FP8: FC1's (unused)
     GSCALE: tl.constexpr, PTX_DECODE: tl.constexpr, INTERPRET: tl.constexpr,
     PDL: tl.constexpr = False, GROUP: tl.constexpr = 0, TMA: tl.constexpr = False,
+    RESCALE: tl.constexpr = False, ROWS: tl.constexpr = False,
 ):
     i_m, i_n = grouped_ids(H, BN, GROUP)
     e, route, o_arow = program_rows(p_ids, p_sorted, p_tile_e, i_m, T, E, K, BM, KP, RP, MICRO)
@@ -97,7 +106,7 @@ def moe_fc2_kernel(
         fc2_tile(p_a, p_as, p_w, p_s, p_gs, p_out, d_w, d_a, e, e - e_lo, route, o_arow,
                  i_m * BM, i_n, tl.program_id(2), H, num_chunks, chunks_per_split, stride_ar,
                  stride_we, stride_wn, stride_se, stride_os, stride_or, BM, BN, BK, NVFP4, FP8,
-                 GSCALE, PTX_DECODE, INTERPRET, PDL, TMA)
+                 GSCALE, PTX_DECODE, INTERPRET, PDL, TMA, RESCALE, ROWS)
 
 
 @triton.jit
@@ -106,20 +115,24 @@ def fc2_tile(p_a, p_as, p_w, p_s, p_gs, p_out, d_w, d_a, e, e_w, route, o_arow, 
              stride_os, stride_or, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
              NVFP4: tl.constexpr, FP8: tl.constexpr, GSCALE: tl.constexpr,
              PTX_DECODE: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr,
-             TMA: tl.constexpr):
+             TMA: tl.constexpr, RESCALE: tl.constexpr = False, ROWS: tl.constexpr = False):
     """One FC2 tile: expert e (>= 0; its weights at index e_w), activation rows
     o_arow for routes `route` [BM] (-1: inactive; FP8: e4m3 with scales p_as
     [rows, I/BK]), weight rows i_n*BN.., reduction split i_s; stores
     out[i_s, route, n] (one program of moe_fc2_kernel). TMA (grouped: the tile's
     rows are a_row0..a_row0+BM): weight tiles through d_w over p_w [E, H, I],
-    activation tiles through d_a over p_a [rows, I] (block [BM, BK])."""
+    activation tiles through d_a over p_a [rows, I] (block [BM, BK]). RESCALE, ROWS (FP8): the
+    accumulation of kernels/fp8.py's `rescaled_dot`."""
     m_row = route >= 0
     o_n = i_n * BN + tl.arange(0, BN)
     m_n = o_n < H
     o_k = k_order(BK, NVFP4)  # the weight operand's K order
     p_we = p_w + e_w.to(tl.int64) * stride_we
     p_se = p_s + e_w.to(tl.int64) * stride_se
-    b_acc = tl.zeros([BN, BM], dtype=tl.float32)
+    if FP8 and RESCALE:  # [BM, BN] with ROWS, and the sum's units
+        b_acc, b_unit = fp8_acc(BN, BM, ROWS)
+    else:
+        b_acc = tl.zeros([BN, BM], dtype=tl.float32)
     c_lo, c_hi = split_chunks(i_s, chunks_per_split, num_chunks)
     if PDL:  # launched early (programmatic dependent launch): FC1's rows are ready after this
         gdc_wait()
@@ -143,9 +156,14 @@ def fc2_tile(p_a, p_as, p_w, p_s, p_gs, p_out, d_w, d_a, e, e_w, route, o_arow, 
             b_c = n_as * n_w
             n_w, _, n_as = step_scales(p_se, i_n * BN, 0, p_as, o_arow, m_row,
                                        tl.minimum(c + 1, c_hi - 1), num_chunks, BK, False, True)
-        b_acc = scaled_dot(step_weight_tile(d_w, e_w, p_we, b_s, i_n * BN, o_n, m_n, c, stride_wn,
-                                            num_chunks, BN, BK, NVFP4, FP8, PTX_DECODE, INTERPRET,
-                                            TMA), b_a, b_acc, b_c, FP8)
+        b_wt = step_weight_tile(d_w, e_w, p_we, b_s, i_n * BN, o_n, m_n, c, stride_wn, num_chunks, BN, BK,
+                                NVFP4, FP8, PTX_DECODE, INTERPRET, TMA)
+        if FP8 and RESCALE:
+            b_acc, b_unit = rescaled_dot(b_wt, b_a, b_acc, b_unit, b_c, ROWS)
+        else:
+            b_acc = scaled_dot(b_wt, b_a, b_acc, b_c, FP8)
+    if FP8 and RESCALE:
+        b_acc = rescaled_sum(b_acc, b_unit, ROWS)
     if PDL:
         gdc_launch_dependents()
     if GSCALE:  # NVFP4's global scale, once per output instead of once per weight

@@ -14,7 +14,21 @@ with it), the conversion nearest-even and saturating
 (cvt.rn.satfinite.e4m3x2.f32 on sm_90). A K step multiplies the
 fp32 result of one e4m3 x e4m3 tensor-core dot by w_scale[row block, k block]
 * a_scale[row, k block] and adds it to the fp32 accumulator (the scales change
-every 128 elements of K, so they cannot ride inside the MMA accumulation).
+every 128 elements of K, so they cannot ride inside the MMA accumulation as
+they are).
+
+RESCALE (TileConfig.fp8_rescale, `rescaled_dot`): the accumulator is kept in
+units of the latest step's scale, per routed row: before a step it is
+multiplied by (previous scale / this scale) and the dot accumulates into it
+inside the MMA; the end multiplies by the last scale (`rescaled_sum`). No fp32
+tile holds a step's own product. ROWS (grouped tiles): the accumulator is
+[BM, BN], the routed rows on the MMA's M side, so a row's scale is a register
+or two of each thread's accumulator rows instead of a vector across its
+columns (swap-AB puts the rows on N). For sm_90 at Qwen3-30B-A3B's dims, BM 128,
+compiled on the CPU (tests/moe/test_compile_sm90.py): FC1 in one pass 238
+registers and no spill, FC2 166 and none, where the scaled dot in swap-AB spills
+1,172 and 216 bytes (plan.FP8_MAX_BLOCK_M). The sums round differently (one more
+fp32 rounding a step), so a plan takes RESCALE for every token count or none.
 
 The Triton interpreter converts fp32 to fp8e4nv wrongly (500 -> 256, 464 ->
 NaN, 17 -> 18, subnormals to 0: checked on Triton 3.6), and its dots are
@@ -169,6 +183,41 @@ def scaled_dot(b_w, b_a, b_acc, b_scale, FP8: tl.constexpr):
     else:
         b_acc = tl.dot(b_w, b_a, b_acc)
     return b_acc
+
+
+@triton.jit
+def fp8_acc(BN: tl.constexpr, BM: tl.constexpr, ROWS: tl.constexpr):
+    """(a zero accumulator, [BM, BN] with ROWS else [BN, BM]; its units [BM], ones)."""
+    if ROWS:
+        b_acc = tl.zeros([BM, BN], dtype=tl.float32)
+    else:
+        b_acc = tl.zeros([BN, BM], dtype=tl.float32)
+    return b_acc, tl.full([BM], 1.0, dtype=tl.float32)
+
+
+@triton.jit
+def rescaled_dot(b_w, b_a, b_acc, b_unit, b_scale, ROWS: tl.constexpr):
+    """RESCALE's K step (module docstring): b_acc (in units b_unit [BM]) brought to this
+    step's scales b_scale [BM], W [BN, BK] @ A [BK, BM] accumulated into it by the MMA.
+    A scale of 0 (a weight block of zeros, whose dot is 0) keeps the unit. Returns
+    (b_acc, its units)."""
+    b_c = tl.where(b_scale == 0.0, b_unit, b_scale)
+    b_r = b_unit / b_c
+    if ROWS:
+        b_acc = tl.dot(tl.trans(b_a), tl.trans(b_w), b_acc * b_r[:, None])
+    else:
+        b_acc = tl.dot(b_w, b_a, b_acc * b_r[None, :])
+    return b_acc, b_c
+
+
+@triton.jit
+def rescaled_sum(b_acc, b_unit, ROWS: tl.constexpr):
+    """The fp32 sum [BN, BM] of a RESCALE accumulator."""
+    if ROWS:
+        b_sum = tl.trans(b_acc * b_unit[:, None])
+    else:
+        b_sum = b_acc * b_unit[None, :]
+    return b_sum
 
 
 @triton.jit
