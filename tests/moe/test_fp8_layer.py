@@ -92,15 +92,15 @@ def test_fp8_layer_matches_the_references(kw, t, e, k, sms):
 
 
 RESCALED = [  # id, T, num_sms, forced grouped tile (BM, BN1, BN2, warps, per SM, BK, FC1 passes) or None
-    ("micro", 3, 1, None), ("grouped", 20, 132, None), ("grouped-bm128", 20, 132, (128, 128, 128, 8, 1, 128, 1)),
+    ("micro", 3, 1, None), ("grouped-bm128", 20, 132, (128, 128, 128, 8, 1, 128, 1)),
 ]
 
 
 @pytest.mark.parametrize("t,sms,tile", [c[1:] for c in RESCALED], ids=[c[0] for c in RESCALED])
 def test_fp8_rescaled_accumulation_matches_the_references(monkeypatch, t, sms, tile):
     """plan.FP8_RESCALE: every bucket keeps its accumulators in units of each K step's
-    scales (grouped: the routed rows on the MMA's M side), in both families and at BM
-    128, within the same bounds as the scaled dot; its outputs repeat bitwise."""
+    scales (grouped: the routed rows on the MMA's M side), in both families (grouped at
+    BM 128), within the same bounds as the scaled dot; its outputs repeat bitwise."""
     import importlib
 
     from sparkinfer.moe.tuning import _tile
