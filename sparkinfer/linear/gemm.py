@@ -30,6 +30,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from sparkinfer.envs import triton_interpret
 from sparkinfer.errors import DTypeError, LayoutError, ShapeError
+from sparkinfer.runtime.devices import cuda_sm_count
 
 __all__ = ["gemm", "gemm_tile", "GEMM_WIDE", "GEMM_MID", "GEMM_NARROW", "GEMM_CANDIDATES", "GEMM_SCHEDULE"]
 
@@ -148,10 +149,8 @@ def gemm_one_tile(pid, p_x, p_w, p_b, p_out, M, N, K, stride_xm, stride_wn, stri
 
 
 def _sm_count(device: torch.device) -> int:
-    """Programs of a persistent schedule: one per SM (4 for the interpreter)."""
-    if device.type != "cuda":
-        return 4
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    """Programs of a persistent schedule: one per SM (cached; 4 for the interpreter)."""
+    return cuda_sm_count(device) if device.type == "cuda" else 4
 
 
 def _tma_ok(t: torch.Tensor) -> bool:

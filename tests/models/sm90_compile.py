@@ -20,19 +20,11 @@ from unittest import mock
 import torch
 
 from tests.linear.sm90_compile import _before_wait
-from tests.moe.sm90_compile import Launch, compile_sm90, ptxas_usage
+from tests.moe.sm90_compile import Launch, _Recorder, compile_sm90, ptxas_usage
 
 # Qwen3-30B-A3B: 32 query heads, 4 KV heads of 128, hidden 2048, 128 experts, top 8
 HQ, KVH, D, H, E, K = 32, 4, 128, 2048, 128, 8
 _META = dict(device="meta")
-
-
-class _Recorder:
-    def __init__(self, fn, sink):
-        self.fn, self.sink = fn, sink
-
-    def __getitem__(self, grid):
-        return lambda *a, **k: self.sink.append(Launch(self.fn, grid, a, k))
 
 
 def _record(module, kernel: str, call, **flags) -> Launch:
