@@ -97,14 +97,16 @@ def _moe_spec(spec, fmt: str) -> MoESpec:
 
 
 def moe_layer(spec, m: ExpertWeights, *, moe_format: str, max_tokens: int, num_sms: int,
-              batch_invariant: bool) -> MoELayer:
+              batch_invariant: bool, share_scratch: MoELayer | None = None) -> MoELayer:
     """The `MoELayer` of one layer's loaded experts `m` (plans, prepares a copy of the
-    weights the kernels read). Allocates; not capture-legal."""
+    weights the kernels read; share_scratch: an earlier layer of the model, whose
+    scratch it reuses). Allocates; not capture-legal."""
     caps = MoECaps(max_tokens=max_tokens, num_experts=spec.num_experts, top_k=spec.top_k,
                    hidden=spec.hidden, intermediate=_local_inter(m), tp_rank=0, tp_size=1,
                    num_sms=num_sms, batch_invariant=batch_invariant)
     bias = m.correction_bias.float() if m.correction_bias is not None else None
-    return MoELayer(caps, _moe_spec(spec, moe_format), (m.w1, m.w2), device=m.router.device, bias=bias)
+    return MoELayer(caps, _moe_spec(spec, moe_format), (m.w1, m.w2), device=m.router.device, bias=bias,
+                    share_scratch=share_scratch)
 
 
 def _fp32_routers(spec, weights: ModelWeights) -> None:
@@ -122,7 +124,8 @@ def prepare_moe(spec, weights: ModelWeights, *, moe_format: str, max_tokens: int
     memory returns before the next layer is prepared. Without it a model holds its experts
     twice: Mixtral-8x7B at 32 layers 93 GB of weights plus 60 GB of prepared gate/up
     copies, more than one H200. Released weights cannot build another decoder (ops="torch"
-    reads them). Allocates; not capture-legal."""
+    reads them). The layers share one scratch (they run one after another; `allocate_scratch`).
+    Allocates; not capture-legal."""
     dev = weights.final_norm.device
     # the interpreter runs programs one after another: on the CPU one "SM" plans the fewest programs
     num_sms = cuda_sm_count(dev) if dev.type == "cuda" else 1
@@ -132,8 +135,9 @@ def prepare_moe(spec, weights: ModelWeights, *, moe_format: str, max_tokens: int
         if not isinstance(m, ExpertWeights):
             out.append(None)
             continue
+        first = next((layer for layer in out if layer is not None), None)
         out.append(moe_layer(spec, m, moe_format=moe_format, max_tokens=max_tokens, num_sms=num_sms,
-                             batch_invariant=batch_invariant))
+                             batch_invariant=batch_invariant, share_scratch=first))
         if release:
             m.w1, m.w2 = _on_meta(m.w1), _on_meta(m.w2)
     _fp32_routers(spec, weights)

@@ -30,12 +30,14 @@ class MoELayer:
     caps, spec: see `MoECaps`, `MoESpec`. weights: (w1, w2), FC1 [E, N1, H] and
     FC2 [E, H, I] (dense tensors for "bf16", `NVFP4Tensor` for "nvfp4"; full or
     this rank's shard of I, see `prepare_weights`). bias: fp32 [E] routing correction bias
-    ("sigmoid_grouped"). Construction plans, prepares the weights and allocates
+    ("sigmoid_grouped"). share_scratch: a layer whose calls never overlap this one's
+    (an earlier layer of the same model): its scratch buffers are reused where they
+    fit (`allocate_scratch`). Construction plans, prepares the weights and allocates
     scratch on `device`: not capture-legal.
     """
 
     def __init__(self, caps: MoECaps, spec: MoESpec, weights: tuple, *, device="cuda",
-                 bias: torch.Tensor | None = None):
+                 bias: torch.Tensor | None = None, share_scratch: MoELayer | None = None):
         if not isinstance(weights, (tuple, list)) or len(weights) != 2:
             got = f"{len(weights)} tensors" if isinstance(weights, (tuple, list)) else type(weights).__name__
             raise ShapeError(f"MoELayer weights must be (w1, w2): FC1 [E, N1, H] and FC2 [E, H, I]; got {got} "
@@ -43,7 +45,8 @@ class MoELayer:
         self.plan: MoEPlan = plan(caps, spec)
         w1, w2 = (w.to(device) if isinstance(w, torch.Tensor) else w for w in weights)
         self.weights = prepare_weights(self.plan, w1, w2)
-        self.scratch = allocate_scratch(self.plan, device)
+        self.scratch = allocate_scratch(self.plan, device,
+                                        share=share_scratch.scratch if share_scratch is not None else None)
         self.bias = bias
 
     def __call__(self, x: torch.Tensor, logits: torch.Tensor, *,

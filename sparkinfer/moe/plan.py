@@ -173,11 +173,13 @@ GROUP_M = 8
 # at 256 rows Qwen3 M=4096 1166 vs 1576, Mixtral M=1024 2598 vs 2918; at 1024
 # Mixtral M=4096 5893 vs 9902; below, at 128 rows, DeepSeek-V3 M=4096 17652 vs
 # 13904 and its TP8 shard 2529 vs 2505, at 64 rows Qwen3 M=1024 842 vs 548 and
-# Mixtral M=256 1977 vs 1111. The threshold lies between 128 and 256 rows. A
-# batch-invariant plan (MoECaps' default, and `bench moe`'s) never takes the
-# copies: the path would follow T, and the two paths are not known to give the
-# same bits (the copies' tiles take a chunk's K in natural order, the NVFP4
-# kernel's in its register order, `nvfp4_tile`; not compared).
+# Mixtral M=256 1977 vs 1111. The threshold lies between 128 and 256 rows.
+# Batch-invariant plans (MoECaps' default, and `bench moe`'s) take the copies too:
+# they are stored in the NVFP4 kernels' K order (kernels/convert.py) and their bf16
+# tiles gather the activations in it (`step_k_order`), so a route's sums are the
+# NVFP4 kernels' to the bit (tests/moe/test_fp8_layer.py) whichever path T picks.
+# Those sweeps timed copies in natural K order with TMA-loaded FC2 activations;
+# the K-ordered gathers (4-byte pairs, as the NVFP4 kernels load) are untimed.
 NVFP4_DEQUANT_MIN_ROWS = 160
 # fp8_block: one weight scale per 128 x 128 block and one activation scale per
 # 128 elements of a row, so a K step is one block (BK 128) and FC1 programs
@@ -206,9 +208,8 @@ FP8_RESCALE = False
 # into one fp32 accumulator in K order whatever the tile (BM routed rows, BN weight
 # rows, BK), so micro and grouped tiles give a route the same FC1 and FC2 sums;
 # both round FC2's output to out_dtype (binding.scratch_specs) before the top-k
-# sum, which adds routes in k order (kernels/reduce.py). NVFP4's dequantized path
-# sums in the natural K order where its kernels use `k_order`, and is chosen by the
-# mean rows per expert (so by T): invariant plans never take it.
+# sum, which adds routes in k order (kernels/reduce.py). NVFP4's dequantized path,
+# chosen by the mean rows per expert (so by T), sums in its kernels' K order.
 # What unsplit costs where the heuristic split, H200 micro sweep at b2e0991
 # (benchmarks/results/sweeps/moe_micro_sweep_h200.json), us at M = 1, bf16:
 # Qwen3-30B-A3B FC2 (2 splits planned) 27.6 planned vs 25.2 unsplit (3 stages),
@@ -388,8 +389,7 @@ def _config(caps: MoECaps, spec: MoESpec, tokens: int, chunk: int) -> TileConfig
     active = min(caps.num_experts, routes)
     nvfp4 = spec.weight_format == "nvfp4"
     experts = dequant_chunk(caps, spec) if nvfp4 else 0
-    if tokens > MICRO_MAX_TOKENS and experts and routes / active >= NVFP4_DEQUANT_MIN_ROWS and \
-            not caps.batch_invariant:
+    if tokens > MICRO_MAX_TOKENS and experts and routes / active >= NVFP4_DEQUANT_MIN_ROWS:
         bf16 = _config(caps, dataclasses.replace(spec, weight_format="bf16"), tokens, chunk)
         return dataclasses.replace(bf16, dequant_experts=experts)
     halves = 2 if spec.gated else 1  # FC1 weight tiles per step (gate, up)

@@ -12,7 +12,9 @@ fp8_block: the same kernels with e4m3 operands; micro quantizes x inside FC1,
 grouped in one pass before it (`moe_quant_kernel`); FC2's input is e4m3 +
 scales from FC1's (or the act kernel's) epilogue.
 NVFP4 buckets with `dequant_experts`: grouped, and per chunk of experts:
-decode FC1's weights to bf16 -> FC1 (bf16 tiles) -> decode FC2's -> FC2.
+decode FC1's weights to bf16 -> FC1 (bf16 tiles) -> decode FC2's -> FC2; the
+copies keep the NVFP4 kernels' K order, FC1 gathers x and stores FC2's input
+in it, so the sums are theirs (`step_k_order`, `k_position`).
 """
 
 from __future__ import annotations
@@ -252,7 +254,7 @@ def _grouped(b: MoEBinding, w1: _Weights, w2: _Weights, common: dict):
     alpha, limit = float(spec.swiglu_alpha), float(spec.swiglu_limit)
     n1 = (2 if spec.gated else 1) * i
     chunk = cfg.dequant_experts
-    if chunk:  # bf16 kernels on decoded copies, the global scale in their epilogues
+    if chunk:  # bf16 kernels on decoded copies (in NVFP4's K order), the global scale in their epilogues
         common = dict(common, NVFP4=False, GSCALE=True)
         wb = s["w_bf16"]
     for e_lo in range(0, e, chunk or e):
@@ -265,7 +267,8 @@ def _grouped(b: MoEBinding, w1: _Weights, w2: _Weights, common: dict):
             _desc(cfg, ww1, e_hi - e_lo, n1, h, cfg.block_n1 // cfg.fc1_passes, bk), t, i, h // bk, h // bk,
             e_lo, e_hi, x.stride(0), *ww1.strides, 0, inter.stride(0), alpha, limit,
             BM=cfg.block_m, BN=cfg.block_n1, MICRO=False, PARTIALS=False, X_FP8=True,
-            num_stages=cfg.stages1, GROUP=cfg.group_m, TMA=cfg.tma, PASSES=cfg.fc1_passes, **common)
+            num_stages=cfg.stages1, GROUP=cfg.group_m, TMA=cfg.tma, PASSES=cfg.fc1_passes,
+            KCH=b.plan.chunk if chunk else 0, **common)
         if chunk:
             ww2 = _decoded(b, w2, wb, e_lo, e_hi, h, i)
         d_a = TensorDescriptor(inter, list(inter.shape), list(inter.stride()),

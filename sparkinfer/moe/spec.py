@@ -95,10 +95,10 @@ class MoECaps:
     num_sms: streaming multiprocessors of the target GPU (132 on an H200); the
     planner splits work to fill them.
     batch_invariant: a token's output is the same bits at every T, whatever
-    the other tokens are: no reduction split chosen by T, no NVFP4 dequantized
-    path (chosen by T), and both families round a route's FC2 output to
-    out_dtype before the top-k sum (`plan.py`). False: splits and the
-    dequantized path where they measured faster.
+    the other tokens are: no reduction split chosen by T, and both families
+    round a route's FC2 output to out_dtype before the top-k sum (`plan.py`;
+    the NVFP4 dequantized path, chosen by T, sums in the NVFP4 kernels' order).
+    False: splits where they measured faster.
     dequant_scratch_bytes: the most scratch the NVFP4 large-batch path may hold
     for bf16 copies of a chunk of experts (`plan.NVFP4_DEQUANT_MIN_ROWS`); 0
     never takes that path. 512 MiB holds 2 Mixtral FC1s (235 MB each), 9

@@ -175,7 +175,9 @@ def _other_nvfp4_path(p: MoEPlan, tokens: int) -> tuple[str, TileConfig]:
 def _tile(p: MoEPlan, bm: int, bn1: int, bn2: int, warps: int, per_sm: int, bk: int,
           chosen: TileConfig, passes: int = 1, rescale: bool = False) -> MoEPlan:
     """p forced to these tiles, with the chosen config's decode, program order and loads
-    (rescale: the rescaled FP8 accumulation, TileConfig.fp8_rescale)."""
+    (rescale: the rescaled FP8 accumulation, TileConfig.fp8_rescale). NVFP4: the NVFP4
+    kernels' tiles, whose prepared weights no TMA descriptor walks, even where the plan
+    chose the dequantized path (its bf16 tiles load the copies by TMA)."""
     nvfp4 = p.spec.weight_format == "nvfp4"
     fp8 = p.spec.weight_format == "fp8_block"
     halves = 2 if p.spec.gated else 1
@@ -190,7 +192,7 @@ def _tile(p: MoEPlan, bm: int, bn1: int, bn2: int, warps: int, per_sm: int, bk: 
     fc2 = _weight_bytes(bn2, bk, nvfp4, fp8) + bk * bm * act
     cfg = TileConfig("grouped", bm, bn1, bn2, num_warps=warps, stages1=stages(fc1),
                      stages2=stages(fc2), decode=chosen.decode, group_m=chosen.group_m,
-                     tma=chosen.tma, fc1_passes=passes, fp8_rescale=rescale or chosen.fp8_rescale)
+                     tma=chosen.tma and not nvfp4, fc1_passes=passes, fp8_rescale=rescale or chosen.fp8_rescale)
     return dataclasses.replace(p.forced(cfg), chunk=bk)
 
 

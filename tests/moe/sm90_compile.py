@@ -146,9 +146,11 @@ def compile_plan_launches(shape: dict, fmt: str, tokens: int, max_tokens: int,
         compiled = compile_sm90(launch)
         # byte loads left synchronous (not turned into cp.async by the pipeliner)
         sync_u8 = len(re.findall(r"tt\.load [^\n]*!tt\.ptr<i8>", compiled.asm["ttgir"]))
+        # 2-D bf16 tiles loaded synchronously (each K step waits on memory)
+        sync_tiles = len(re.findall(r"tt\.load [^\n]*tensor<\d+x\d+x!tt\.ptr<bf16>", compiled.asm["ttgir"]))
         rows.append(dict(kernel=launch.fn.fn.__name__, family=b.config.family,
                          grid=list(launch.grid), **ptxas_usage(compiled),
-                         sm90=".target sm_90" in compiled.asm["ptx"], sync_u8_loads=sync_u8,
+                         sm90=".target sm_90" in compiled.asm["ptx"], sync_u8_loads=sync_u8, sync_bf16_tiles=sync_tiles,
                          launch_pdl=bool(launch.kwargs.get("launch_pdl")),
                          pdl_waits=compiled.asm["ptx"].count("griddepcontrol.wait"),
                          pdl_triggers=compiled.asm["ptx"].count("griddepcontrol.launch_dependents"),

@@ -117,3 +117,13 @@ def test_prepare_weights_nvfp4_rejects_dense_and_bad_global_scale():
     bad = type(q1)(q1.packed, q1.scales, q1.global_scale[:2])
     with pytest.raises(ShapeError, match="global_scale shape"):
         prepare_weights(p, bad, quantize_nvfp4(w2))
+
+
+def test_allocate_scratch_takes_shared_buffers_only_where_they_fit():
+    p = plan(CAPS, MoESpec())
+    first = allocate_scratch(p, "cpu")
+    again = allocate_scratch(p, "cpu", share=first)
+    assert all(again[k] is first[k] for k in first)
+    bigger = allocate_scratch(plan(dataclasses.replace(CAPS, max_tokens=64), MoESpec()), "cpu", share=first)
+    assert bigger["topk_ids"] is not first["topk_ids"] and bigger["topk_ids"].shape == (64, 2)
+    assert bigger["tile_expert"] is not first.get("tile_expert")

@@ -25,8 +25,8 @@ CASES = [("qwen3", fmt, t) for fmt in ("bf16", "nvfp4") for t in (1, 64, 1024)] 
     # fp8_block: micro (FC1 split: the act kernel quantizes; unsplit: FC1's epilogue), grouped
     ("qwen3", "fp8_block", 1), ("mixtral", "fp8_block", 4), ("qwen3", "fp8_block", 64),
     ("dsv3_tp8", "fp8_block", 4096),
-    # NVFP4 from 160 rows per expert: decoded to bf16 in expert chunks, bf16 tiles (a
-    # batch-dependent plan: invariant ones never take that path)
+    # NVFP4 from 160 rows per expert: decoded to bf16 in expert chunks, bf16 tiles (in
+    # NVFP4's K order, so batch-invariant plans take it too)
     ("qwen3_4k-ptx", "nvfp4", 4096),
     # a per-rank I the plan pads (176 -> 192)
     ("glm_air_tp8-ptx", "nvfp4", 1), ("glm_air_tp8", "bf16", 64)]
@@ -48,7 +48,7 @@ def _compile(cases: list) -> list:
 @pytest.fixture(scope="module")
 def compiled():
     shapes = {"qwen3": (QWEN3, 1024, {}), "dsv3_tp8": (DSV3_TP8, 4096, DSV3_ROUTING),
-              "mixtral": (MIXTRAL, 16, {}), "qwen3_4k": (dict(QWEN3, batch_invariant=False), 4096, {}),
+              "mixtral": (MIXTRAL, 16, {}), "qwen3_4k": (QWEN3, 4096, {}),
               "glm_air_tp8": (GLM_AIR_TP8, 64, {})}
     case = [(*shapes[name.split("-")[0]], "ptx" if name.endswith("-ptx") else "arith")
             for name, _, _ in CASES]
@@ -103,7 +103,9 @@ def test_fp8_kernels_use_e4m3_tensor_cores(compiled, name, fmt, t):
 
 def test_nvfp4_dequantized_path_launches_decode_then_bf16_tiles(compiled):
     """Qwen3 at T 4096 (256 rows per expert): per chunk of 85 experts, decode
-    FC1's weights -> FC1 on bf16 tensor cores -> decode FC2's -> FC2."""
+    FC1's weights -> FC1 on bf16 tensor cores -> decode FC2's -> FC2. FC1's x,
+    gathered in NVFP4's K order, rides the cp.async pipeline (no synchronous tile
+    load: with the step's offsets unaligned to Triton's analysis it did not)."""
     rows = compiled[("qwen3_4k-ptx", "nvfp4", 4096)]
     names = [r["kernel"] for r in rows]
     gemm = [n for n in names if n in ("nvfp4_dequant_kernel", "moe_fc1_kernel", "moe_fc2_kernel")]
@@ -113,6 +115,7 @@ def test_nvfp4_dequantized_path_launches_decode_then_bf16_tiles(compiled):
         assert r["dequant_experts"] == 85
         if r["kernel"].startswith("moe_fc"):
             assert r["mma"] and all(m.endswith(".f32.bf16.bf16") for m in r["mma"]), r
+            assert r["sync_bf16_tiles"] == 0, r
 
 
 def test_fp8_rescaled_tiles_fit_bm128():

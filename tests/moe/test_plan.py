@@ -6,6 +6,7 @@ import torch
 
 from sparkinfer.errors import CapacityError, DTypeError, PlanError
 from sparkinfer.moe import MoECaps, MoESpec, plan, plan_supports_aux_stream_overlap, scratch_specs
+from sparkinfer.moe.plan import MICRO_MAX_TOKENS, NVFP4_DEQUANT_MIN_ROWS
 
 DSV3 = dict(num_experts=256, top_k=8, hidden=7168, intermediate=2048)
 DSV3_TP8 = dict(num_experts=256, top_k=8, hidden=7168, intermediate=256)
@@ -43,17 +44,21 @@ def test_plan_decisions(shape, t, family, bm, s1, s2):
 
 @pytest.mark.parametrize("fmt", ["bf16", "nvfp4"])
 @pytest.mark.parametrize("shape", [DSV3_TP8, QWEN3, MIXTRAL], ids=["dsv3tp8", "qwen3", "mixtral"])
-def test_batch_invariant_plans_never_split_nor_dequantize(shape, fmt):
-    """Every bucket, decode and prefill sizes: unsplit FC1 and FC2, the NVFP4
-    kernels (not the dequantized bf16 path, whose K order differs); a small-expert
-    shape (E 8, K 8: 160 mean rows from T 160) would dequantize there otherwise."""
+def test_batch_invariant_plans_never_split(shape, fmt):
+    """Every bucket, decode and prefill sizes: unsplit FC1 and FC2. NVFP4 decodes
+    its experts to bf16 copies from 160 mean rows an expert as batch-dependent
+    plans do (the copies give the kernels' bits: tests/moe/test_fp8_layer.py): a
+    small-expert shape (E 8, K 8) at T 256, not at T 128."""
     small = dict(num_experts=8, top_k=8, hidden=1024, intermediate=1024)
     for sh in (shape, small):
         p = plan(MoECaps(max_tokens=1024, **sh), MoESpec(weight_format=fmt))
         for t, cfg in p.buckets:
-            assert (cfg.split1, cfg.split2, cfg.dequant_experts) == (1, 1, 0), (sh, t, cfg)
-    heur = plan(MoECaps(max_tokens=1024, batch_invariant=False, **small), MoESpec(weight_format="nvfp4"))
-    assert heur.config_for(256).dequant_experts > 0
+            assert (cfg.split1, cfg.split2) == (1, 1), (sh, t, cfg)
+            rows = t * sh["top_k"] / min(sh["num_experts"], t * sh["top_k"])
+            want = fmt == "nvfp4" and t > MICRO_MAX_TOKENS and rows >= NVFP4_DEQUANT_MIN_ROWS
+            assert (cfg.dequant_experts > 0) == want, (sh, t, cfg)
+    inv = plan(MoECaps(max_tokens=1024, **small), MoESpec(weight_format="nvfp4"))
+    assert inv.config_for(256).dequant_experts > 0 and not inv.config_for(128).dequant_experts
     specs = {s.name: s for s in scratch_specs(plan(MoECaps(max_tokens=64, **shape), MoESpec(weight_format=fmt)))}
     assert specs["fc2_partial"].dtype == torch.bfloat16 and specs["route_out"].dtype == torch.bfloat16
 

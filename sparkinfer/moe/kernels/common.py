@@ -124,9 +124,58 @@ def k_order(BK: tl.constexpr, NVFP4: tl.constexpr):
     activation loads)."""
     k = tl.arange(0, BK)
     if NVFP4:
-        return (BK // 4) * ((k // 2) % 4) + 2 * (k // 8) + k % 2
+        return _nvfp4_element(k, BK)
     else:
         return k
+
+
+@triton.jit
+def _nvfp4_element(k, CH: tl.constexpr):
+    """The element of a CH chunk that NVFP4's logical k reads (`k_order`)."""
+    return (CH // 4) * ((k // 2) % 4) + 2 * (k // 8) + k % 2
+
+
+@triton.jit
+def step_k_order(o_k, c, BK: tl.constexpr, CH: tl.constexpr):
+    """Offsets from c * BK of the reduction elements that step c of BK (dividing CH)
+    reads: o_k, or, CH > 0, NVFP4's `k_order` within chunks of CH. The NVFP4
+    dequantized path stores its bf16 copies in that order (`nvfp4_dequant_kernel`),
+    so its bf16 steps sum a chunk's products in the NVFP4 kernels' order; FC1
+    gathers x at these offsets to match. BK is a multiple of 32, so the step's
+    first logical k f (a multiple of BK) only shifts the elements by f/4: the
+    offsets are a constant pattern plus -3f/4, a multiple of 8 (told to Triton:
+    without it the pairs' alignment is unknown and FC1's x tiles compiled to
+    synchronous loads, 48 KB less staged, tests/moe/test_compile_sm90.py)."""
+    if CH > 0:
+        first = (c * BK) % CH  # this step's first logical k in its chunk
+        return _nvfp4_element(tl.arange(0, BK), CH) + tl.multiple_of(first // 4 - first, 8)
+    else:
+        return o_k
+
+
+@triton.jit
+def k_position(j, CH: tl.constexpr):
+    """Where column j of FC1's output goes in the dequantized path's FC2 input: at
+    the logical k whose element it is within its chunk of CH (`k_order` inverted:
+    element (CH/4) c + 8u + 4 j1 + 2 j0 + q0 -> k = q0 + 2c + 8 j0 + 16 j1 + 32u).
+    FC2 then reads its input in natural order beside copies in `k_order` (TMA
+    loads, no gather: a [64, 128] gather of int64 pointers spilled FC2 at BM 128)."""
+    el = j % CH
+    r = el % (CH // 4)
+    k = r % 2 + 2 * (el // (CH // 4)) + 8 * ((r // 2) % 2) + 16 * ((r // 4) % 2) + 32 * (r // 8)
+    return j - el + k
+
+
+@triton.jit
+def rows_in_k_order(b, CH: tl.constexpr):
+    """b [BN, BM] (BN a multiple of CH) with each chunk's rows reordered so that row
+    k holds the row of element k_order(k): stored in natural order, each column j
+    lands at `k_position(j)`. A shuffle in registers where per-element positions cost
+    FC1 (BM 128, BN 128 at Qwen3-30B-A3B's dims, sm_90) a 180-byte spill."""
+    BN: tl.constexpr = b.shape[0]
+    BM: tl.constexpr = b.shape[1]
+    b = tl.reshape(b, [BN // CH, 4, CH // 32, 2, 2, 2, BM])  # (chunk, c, u, j1, j0, q0, BM)
+    return tl.reshape(tl.permute(b, (0, 2, 3, 4, 1, 5, 6)), [BN, BM])  # k = q0 + 2c + 8 j0 + 16 j1 + 32 u
 
 
 @triton.jit
@@ -167,9 +216,8 @@ def load_scales_2(p_s, row0, n_rows, offset, c, num_chunks, BN: tl.constexpr,
 
 @triton.jit
 def nvfp4_tile(p_w, b_c, o_n, m_n, c, num_chunks, BN: tl.constexpr, BK: tl.constexpr,
-               PTX_DECODE: tl.constexpr, INTERPRET: tl.constexpr, NATURAL: tl.constexpr = False):
-    """NVFP4 weight tile [BN, BK] in `k_order` (NATURAL: in row order, for the
-    dequantize kernel), times 2**-8 (see NVFP4_WORD_ASM).
+               PTX_DECODE: tl.constexpr, INTERPRET: tl.constexpr):
+    """NVFP4 weight tile [BN, BK] in `k_order`, times 2**-8 (see NVFP4_WORD_ASM).
 
     Each thread loads its prepared words with LDS.128 and decodes them into the
     wgmma A registers with no layout conversion. Measured on the sm_90a SASS of
@@ -205,8 +253,6 @@ def nvfp4_tile(p_w, b_c, o_n, m_n, c, num_chunks, BN: tl.constexpr, BK: tl.const
         h2 = _halves(r2)
         h3 = _halves(r3)
     w = tl.join(tl.join(h0, h1), tl.join(h2, h3))  # [BN, NW, 2 (q0), 2 (j0), 2 (j1)]
-    if NATURAL:  # word n holds elements 8n + 4 j1 + 2 j0 + q0
-        return tl.reshape(tl.permute(w, (0, 1, 4, 3, 2)), [BN, BK])
     w = tl.reshape(w, [BN, 4, U, 2, 2, 2])
     return tl.reshape(tl.permute(w, (0, 2, 5, 4, 1, 3)), [BN, BK])
 

@@ -40,13 +40,17 @@ def nvfp4_dequant_kernel(p_w, p_s, p_out, e_lo, E, N, R, num_chunks, stride_we, 
                          PTX_DECODE: tl.constexpr, INTERPRET: tl.constexpr):
     """Experts e_lo + i_e (those < E) of a prepared NVFP4 matrix [E, N, R]
     (tiled words p_w and scale codes p_s, `sparkinfer.moe.weights`) -> bf16
-    rows out[i_e, n, r] = e2m1 * e4m3 * 2**-8, exact (the GEMM multiplies by
-    the global scale * 2**8, as the NVFP4 kernels do). Grid (experts of the
-    chunk, cdiv(N, BN), R / BK): one chunk of BN rows per program, decoded as
-    the GEMMs decode (`nvfp4_tile`) but kept in row order, so each prepared
-    word becomes 16 contiguous output bytes. No K loop: the loads have no dot
-    to ride a cp.async pipeline, so many small programs keep them in flight;
-    the bf16 writes (2 of the 2.56 bytes moved per weight) dominate."""
+    rows of e2m1 * e4m3 * 2**-8, exact (the GEMM multiplies by the global
+    scale * 2**8, as the NVFP4 kernels do), each chunk of BK in the NVFP4
+    kernels' K order: out[i_e, n, c * BK + k] = w[n, c * BK + k_order(k)]. FC1's
+    bf16 tiles gather x in the same order (`step_k_order`) and store FC2's input
+    in it (`k_position`), so every sum is the NVFP4 kernels' own, bit for bit, and
+    a batch-invariant plan may take this path at any T (plan.py). Grid
+    (experts of the chunk, cdiv(N, BN), R / BK): one chunk of BN rows per
+    program, decoded as the GEMMs decode (`nvfp4_tile`), stored as decoded. No
+    K loop: the loads have no dot to ride a cp.async pipeline, so many small
+    programs keep them in flight; the bf16 writes (2 of the 2.56 bytes moved
+    per weight) dominate."""
     e = e_lo + tl.program_id(0)
     if e < E:
         c = tl.program_id(2)
@@ -54,8 +58,7 @@ def nvfp4_dequant_kernel(p_w, p_s, p_out, e_lo, E, N, R, num_chunks, stride_we, 
         m_n = o_n < N
         p_we = p_w + e.to(tl.int64) * stride_we
         b_c = load_scales(p_s + e.to(tl.int64) * stride_se, o_n, m_n, c, num_chunks, BK)
-        b_w = nvfp4_tile(p_we, b_c, o_n, m_n, c, num_chunks, BN, BK, PTX_DECODE, INTERPRET,
-                         True)
+        b_w = nvfp4_tile(p_we, b_c, o_n, m_n, c, num_chunks, BN, BK, PTX_DECODE, INTERPRET)
         p_oe = p_out + tl.program_id(0).to(tl.int64) * stride_oe
         o_k = tl.arange(0, BK)
         tl.store(p_oe + o_n[:, None].to(tl.int64) * R + c * BK + o_k[None, :], b_w,

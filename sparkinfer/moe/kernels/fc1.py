@@ -33,10 +33,13 @@ from sparkinfer.moe.kernels.common import (
     activation,
     grouped_ids,
     k_order,
+    k_position,
     load_scales,
     load_scales_2,
     program_rows,
+    rows_in_k_order,
     split_chunks,
+    step_k_order,
     step_weight_tile,
 )
 from sparkinfer.moe.kernels.fp8 import (
@@ -64,7 +67,7 @@ def moe_fc1_kernel(
     WEIGHT_BEFORE: tl.constexpr, PTX_DECODE: tl.constexpr,
     INTERPRET: tl.constexpr, PDL: tl.constexpr = False, GROUP: tl.constexpr = 0,
     TMA: tl.constexpr = False, PASSES: tl.constexpr = 1, RESCALE: tl.constexpr = False,
-    ROWS: tl.constexpr = False,
+    ROWS: tl.constexpr = False, KCH: tl.constexpr = 0,
 ):
     i_m, i_n = grouped_ids(I, BN, GROUP)
     e, route, o_row = program_rows(p_ids, p_sorted, p_tile_e, i_m, T, E, K, BM, KP, RP, MICRO)
@@ -73,7 +76,7 @@ def moe_fc1_kernel(
                  o_row, i_n, tl.program_id(2), I, num_chunks, chunks_per_split,
                  stride_x, stride_we, stride_wn, stride_se, stride_os, stride_or, alpha, limit,
                  K, BM, BN, BK, PARTIALS, GATED, ACT, NVFP4, FP8, X_FP8, GSCALE, WEIGHT_BEFORE,
-                 PTX_DECODE, INTERPRET, PDL, TMA, PASSES, RESCALE, ROWS)
+                 PTX_DECODE, INTERPRET, PDL, TMA, PASSES, RESCALE, ROWS, KCH)
 
 
 @triton.jit
@@ -81,12 +84,14 @@ def fc1_sums(p_x, p_xs, p_w, p_s, d_w, e_w, tok, m_row, row0, i_s, I, num_chunks
              chunks_per_split, stride_x, stride_we, stride_wn, stride_se, BN: tl.constexpr,
              BK: tl.constexpr, GATED: tl.constexpr, NVFP4: tl.constexpr, FP8: tl.constexpr,
              X_FP8: tl.constexpr, PTX_DECODE: tl.constexpr, INTERPRET: tl.constexpr,
-             TMA: tl.constexpr, RESCALE: tl.constexpr = False, ROWS: tl.constexpr = False):
+             TMA: tl.constexpr, RESCALE: tl.constexpr = False, ROWS: tl.constexpr = False,
+             KCH: tl.constexpr = 0):
     """FC1's gate and up sums fp32 [BN, BM] of weight rows row0.. (gate; up: I + row0..)
     over reduction split i_s, for token rows `tok` (masked by m_row). FP8: x is e4m3 with
     scales p_xs [T, H/BK] when X_FP8, else bf16 quantized per step here. TMA: the weight
     tiles come through the descriptor d_w over p_w [E, N1, H] (block [1, BN, BK]).
-    RESCALE, ROWS (FP8): the accumulation of kernels/fp8.py's `rescaled_dot`."""
+    RESCALE, ROWS (FP8): the accumulation of kernels/fp8.py's `rescaled_dot`. KCH > 0:
+    bf16 copies in NVFP4's K order within chunks of KCH (`step_k_order`)."""
     o_n = row0 + tl.arange(0, BN)
     m_n = o_n < I
     o_k = k_order(BK, NVFP4)  # the weight operand's K order
@@ -104,8 +109,8 @@ def fc1_sums(p_x, p_xs, p_w, p_s, d_w, e_w, tok, m_row, row0, i_s, I, num_chunks
         n_wg, n_wu, n_xs = step_scales(p_se, row0, row0 + I, p_xs, tok, m_row, c_lo,
                                        num_chunks, BK, GATED, X_FP8)
     for c in range(c_lo, c_hi):
-        b_x, b_xs = act_operand(p_x, tok, m_row, o_k, c, stride_x, BK, FP8, not X_FP8,
-                                INTERPRET)  # [BK, BM], FP8 and not X_FP8: scales [BM]
+        b_x, b_xs = act_operand(p_x, tok, m_row, step_k_order(o_k, c, BK, KCH), c, stride_x, BK, FP8,
+                                not X_FP8, INTERPRET)  # [BK, BM], FP8 and not X_FP8: scales [BM]
         b_sg = 0  # NVFP4: E4M3 scale bytes [BN, BK/16] of gate / up rows
         b_su = 0
         if NVFP4:
@@ -163,18 +168,20 @@ def fc1_tile(p_x, p_xs, p_w, p_s, p_gs, p_topk_w, p_out, p_os, d_w, e, e_w, rout
              ACT: tl.constexpr, NVFP4: tl.constexpr, FP8: tl.constexpr, X_FP8: tl.constexpr,
              GSCALE: tl.constexpr, WEIGHT_BEFORE: tl.constexpr, PTX_DECODE: tl.constexpr,
              INTERPRET: tl.constexpr, PDL: tl.constexpr, TMA: tl.constexpr,
-             PASSES: tl.constexpr = 1, RESCALE: tl.constexpr = False, ROWS: tl.constexpr = False):
+             PASSES: tl.constexpr = 1, RESCALE: tl.constexpr = False, ROWS: tl.constexpr = False,
+             KCH: tl.constexpr = 0):
     """One FC1 tile: expert e (>= 0; its weights at index e_w of p_w / p_s), rows
     route [BM] (-1: inactive) stored at rows o_row, weight rows i_n*BN..,
     reduction split i_s (one program of moe_fc1_kernel; `fc1_sums`). FP8: the
     activation is stored as e4m3 with scales p_os [rows, I/BK] (BN == BK); PASSES 2:
-    in two halves of BN / 2 rows (module docstring)."""
+    in two halves of BN / 2 rows (module docstring). KCH > 0 (NVFP4's dequantized
+    path): x gathered and the activation stored in NVFP4's K order (`k_position`)."""
     m_row = route >= 0
     tok = tl.where(m_row, route // K, 0)
     BP: tl.constexpr = BN // PASSES
     b_g, b_u = fc1_sums(p_x, p_xs, p_w, p_s, d_w, e_w, tok, m_row, i_n * BN, i_s, I, num_chunks,
                         chunks_per_split, stride_x, stride_we, stride_wn, stride_se, BP, BK, GATED,
-                        NVFP4, FP8, X_FP8, PTX_DECODE, INTERPRET, TMA, RESCALE, ROWS)
+                        NVFP4, FP8, X_FP8, PTX_DECODE, INTERPRET, TMA, RESCALE, ROWS, KCH)
     o_n = i_n * BN + tl.arange(0, BP)
     m_n = o_n < I
     if PASSES == 2:  # FP8 only (bind): the first half's activation waits for the second's
@@ -182,7 +189,7 @@ def fc1_tile(p_x, p_xs, p_w, p_s, p_gs, p_topk_w, p_out, p_os, d_w, e, e_w, rout
         b_g, b_u = fc1_sums(p_x, p_xs, p_w, p_s, d_w, e_w, tok, m_row, i_n * BN + BP, i_s, I,
                             num_chunks, chunks_per_split, stride_x, stride_we, stride_wn,
                             stride_se, BP, BK, GATED, NVFP4, FP8, X_FP8, PTX_DECODE, INTERPRET,
-                            TMA, RESCALE, ROWS)
+                            TMA, RESCALE, ROWS, KCH)
         if PDL:
             gdc_launch_dependents()
         b_h1 = routed_act(b_g, b_u, p_topk_w, route, m_row, alpha, limit, ACT, WEIGHT_BEFORE, INTERPRET)
@@ -204,5 +211,11 @@ def fc1_tile(p_x, p_xs, p_w, p_s, p_gs, p_topk_w, p_out, p_os, d_w, e, e_w, rout
         else:
             b_h = routed_act(b_g, b_u, p_topk_w, route, m_row, alpha, limit, ACT, WEIGHT_BEFORE,
                              INTERPRET)
-            store_act(p_out, p_os, b_h, o_row, m_row, o_n, m_n, i_n, I // BN, stride_or, FP8,
+            o_st = o_n
+            if KCH > 0:  # the dequantized path: FC2's copies are in NVFP4's K order
+                if BN % KCH == 0:
+                    b_h = rows_in_k_order(b_h, KCH)
+                else:
+                    o_st = k_position(o_n, KCH)
+            store_act(p_out, p_os, b_h, o_row, m_row, o_st, m_n, i_n, I // BN, stride_or, FP8,
                       INTERPRET)
