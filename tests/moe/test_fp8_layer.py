@@ -196,29 +196,31 @@ def test_fp8_tensor_parallel_shards_sum_to_the_full_layer():
     assert rel <= TOL["format"][0] and mx <= TOL["format"][1], (rel, mx)
 
 
-def test_nvfp4_dequantized_path_gives_the_kernel_paths_bits():
+@pytest.mark.parametrize("h,i,bn1", [(384, 256, 64), (384, 256, 128), (160, 96, 64)])
+def test_nvfp4_dequantized_path_gives_the_kernel_paths_bits(h, i, bn1):
     """The dequantized path forced at T 20 (E 4 in chunks of 3 and 1, bf16 steps
     of 64 over copies in chunks of 128: half a chunk's K order a step) against the
     NVFP4 grouped kernels: the same bits (so a batch-invariant plan may switch
-    paths with T), and both against the reference of the dequantized weights;
-    H 160 / I 96: rows not a multiple of the 64-row tile, chunk 32, steps of 32."""
+    paths with T), and both against the reference of the dequantized weights.
+    FC1 tiles of 64 rows store FC2's input at `k_position`, of 128 (a chunk) after
+    `rows_in_k_order`; H 160 / I 96: rows not a multiple of the 64-row tile, chunk
+    32 (tiles of 64 rows: two chunks, reordered in registers), steps of 32."""
     spec = MoESpec(weight_format="nvfp4")
-    for h, i in ((384, 256), (160, 96)):
-        caps = MoECaps(max_tokens=32, num_experts=4, top_k=2, hidden=h, intermediate=i)
-        p, w, src, _ = random_layer(caps, spec)
-        x, logits = torch.randn(20, h).bfloat16(), torch.randn(20, 4)
-        ref = moe_reference(x, src, route_reference(logits, spec, 2), spec=spec)
-        outs = []
-        for cfg in (p.config_for(20), TileConfig("grouped", 16, 64, 128, dequant_experts=3,
-                                                 block_k=32 if h == 160 else 64)):
-            pf = p.forced(cfg)
-            scratch = allocate_scratch(pf, "cpu")
-            out = torch.full((20, h), float("nan"), dtype=torch.bfloat16)
-            run(bind(pf, scratch, w, x=x, out=out, logits=logits))
-            assert_moe_close(out, ref)
-            outs.append(out)
-        assert "w_bf16" in scratch and scratch["w_bf16"].numel() == 3 * 2 * i * h
-        assert torch.equal(outs[1], outs[0])
+    caps = MoECaps(max_tokens=32, num_experts=4, top_k=2, hidden=h, intermediate=i)
+    p, w, src, _ = random_layer(caps, spec)
+    x, logits = torch.randn(20, h).bfloat16(), torch.randn(20, 4)
+    ref = moe_reference(x, src, route_reference(logits, spec, 2), spec=spec)
+    outs = []
+    for cfg in (p.config_for(20), TileConfig("grouped", 16, bn1, 128, dequant_experts=3,
+                                             block_k=32 if h == 160 else 64)):
+        pf = p.forced(cfg)
+        scratch = allocate_scratch(pf, "cpu")
+        out = torch.full((20, h), float("nan"), dtype=torch.bfloat16)
+        run(bind(pf, scratch, w, x=x, out=out, logits=logits))
+        assert_moe_close(out, ref)
+        outs.append(out)
+    assert "w_bf16" in scratch and scratch["w_bf16"].numel() == 3 * 2 * i * h
+    assert torch.equal(outs[1], outs[0])
 
 
 @pytest.mark.parametrize("invariant", [True, False])
