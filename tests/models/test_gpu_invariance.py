@@ -82,12 +82,14 @@ def test_attention_probe_row(heads, q_len):
 @pytest.mark.parametrize("fmt", ["bf16", "nvfp4"])
 @pytest.mark.parametrize("dims", [(128, 8, 2048, 768), (8, 2, 4096, 14336)], ids=["qwen3", "mixtral"])
 def test_moe_probe_token(dims, fmt):
-    """T = 1..256 cross micro (<= 16) and grouped tiles (Mixtral bf16: block_m 16, 32, then
-    the wide 64 tiles; NVFP4 16..64); the probe token's output must not move."""
+    """T = 1..4096 cross micro (<= 16) and grouped tiles (Mixtral bf16: block_m 16, 32, then
+    the wide 64 tiles; NVFP4 16..64) and, for NVFP4 from 160 routed rows an expert (Mixtral
+    T 1024, both at 4096), the bf16 tiles on decoded copies; the probe token's output must
+    not move."""
     from sparkinfer.quant import quantize_nvfp4
 
     e, k, h, i = dims
-    caps = MoECaps(max_tokens=256, num_experts=e, top_k=k, hidden=h, intermediate=i)
+    caps = MoECaps(max_tokens=4096, num_experts=e, top_k=k, hidden=h, intermediate=i)
     g = torch.Generator(device="cuda").manual_seed(2)
     w1 = torch.randn(e, 2 * i, h, generator=g, device="cuda") / h ** 0.5
     w2 = torch.randn(e, h, i, generator=g, device="cuda") / i ** 0.5
@@ -105,10 +107,12 @@ def test_moe_probe_token(dims, fmt):
         return layer(x, logits)[t // 2]
 
     want = run(1)
-    tiles = {t: (c.family, c.block_m, c.block_k) for t, c in layer.plan.buckets}
-    bad = [(t, tiles.get(t), _diff(got, want)) for t in (2, 4, 8, 16, 32, 64, 128, 256)
+    tiles = {t: (c.family, c.block_m, c.block_k, c.dequant_experts) for t, c in layer.plan.buckets}
+    bad = [(t, tiles.get(t), _diff(got, want)) for t in (2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096)
            if not torch.equal(_bits(got := run(t)), _bits(want))]
     assert not bad, bad
+    if fmt == "nvfp4":  # the copies were among the paths compared
+        assert layer.plan.config_for(4096).dequant_experts > 0
 
 
 # ---------------------------------------------------------------- fused norm (one rank), rope
