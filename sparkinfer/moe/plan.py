@@ -175,11 +175,11 @@ GROUP_M = 8
 # 13904 and its TP8 shard 2529 vs 2505, at 64 rows Qwen3 M=1024 842 vs 548 and
 # Mixtral M=256 1977 vs 1111. The threshold lies between 128 and 256 rows.
 # Batch-invariant plans (MoECaps' default, and `bench moe`'s) take the copies too:
-# they are stored in the NVFP4 kernels' K order (kernels/convert.py) and their bf16
-# tiles gather the activations in it (`step_k_order`), so a route's sums are the
-# NVFP4 kernels' to the bit (tests/moe/test_fp8_layer.py) whichever path T picks.
-# Those sweeps timed copies in natural K order with TMA-loaded FC2 activations;
-# the K-ordered gathers (4-byte pairs, as the NVFP4 kernels load) are untimed.
+# they are stored in the NVFP4 kernels' K order (kernels/convert.py), FC1 gathers x
+# in it and stores FC2's input in it (`step_k_order`, `k_position`), so a route's sums
+# are the NVFP4 kernels' to the bit (tests/moe/test_dequant_order.py) whichever path T
+# picks. Those sweeps timed copies in natural K order; FC1's K-ordered x gathers
+# (4-byte pairs, as the NVFP4 kernels load) and reordered store are untimed.
 NVFP4_DEQUANT_MIN_ROWS = 160
 # fp8_block: one weight scale per 128 x 128 block and one activation scale per
 # 128 elements of a row, so a K step is one block (BK 128) and FC1 programs

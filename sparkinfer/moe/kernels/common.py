@@ -159,7 +159,7 @@ def k_position(j, CH: tl.constexpr):
     the logical k whose element it is within its chunk of CH (`k_order` inverted:
     element (CH/4) c + 8u + 4 j1 + 2 j0 + q0 -> k = q0 + 2c + 8 j0 + 16 j1 + 32u).
     FC2 then reads its input in natural order beside copies in `k_order` (TMA
-    loads, no gather: a [64, 128] gather of int64 pointers spilled FC2 at BM 128)."""
+    loads, no gather: a [64, 128] gather of int64 pointers spilled FC2 100 bytes at BM 128)."""
     el = j % CH
     r = el % (CH // 4)
     k = r % 2 + 2 * (el // (CH // 4)) + 8 * ((r // 2) % 2) + 16 * ((r // 4) % 2) + 32 * (r // 8)
