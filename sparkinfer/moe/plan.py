@@ -170,10 +170,10 @@ GROUP_M = 8
 # Measured on one H200 (`sparkinfer bench moe --sweep --formats nvfp4 --m
 # 256,1024,4096` at 4edaaed, sweeps/moe_sweep_nvfp4_h200.json: the dequantized
 # path against the NVFP4 kernel's planned tiles, us, mean rows per active expert):
-# at 256 rows Qwen3 M=4096 1166 vs 1576, Mixtral M=1024 2598 vs 2918; at 1024
-# Mixtral M=4096 5893 vs 9902; below, at 128 rows, DeepSeek-V3 M=4096 17652 vs
-# 13904 and its TP8 shard 2529 vs 2505, at 64 rows Qwen3 M=1024 842 vs 548 and
-# Mixtral M=256 1977 vs 1111. The threshold lies between 128 and 256 rows.
+# at 256 rows Qwen3 M=4096 1166 vs 1527, Mixtral M=1024 2598 vs 2896; at 1024
+# Mixtral M=4096 5893 vs 9858; below, at 128 rows, DeepSeek-V3 M=4096 17652 vs
+# 13756 and its TP8 shard 2529 vs 2361, at 64 rows Qwen3 M=1024 842 vs 539 and
+# Mixtral M=256 1977 vs 1121. The threshold lies between 128 and 256 rows.
 # Batch-invariant plans (MoECaps' default, and `bench moe`'s) take the copies too:
 # they are stored in the NVFP4 kernels' K order (kernels/convert.py), FC1 gathers x
 # in it and stores FC2's input in it (`step_k_order`, `k_position`), so a route's sums
