@@ -129,15 +129,15 @@ def prepare_moe(spec, weights: ModelWeights, *, moe_format: str, max_tokens: int
     dev = weights.final_norm.device
     # the interpreter runs programs one after another: on the CPU one "SM" plans the fewest programs
     num_sms = cuda_sm_count(dev) if dev.type == "cuda" else 1
-    out = []
+    out, first = [], None  # first: the MoE layer whose scratch the later ones share
     for lw in weights.layers:
         m = lw.mlp
         if not isinstance(m, ExpertWeights):
             out.append(None)
             continue
-        first = next((layer for layer in out if layer is not None), None)
         out.append(moe_layer(spec, m, moe_format=moe_format, max_tokens=max_tokens, num_sms=num_sms,
                              batch_invariant=batch_invariant, share_scratch=first))
+        first = first or out[-1]
         if release:
             m.w1, m.w2 = _on_meta(m.w1), _on_meta(m.w2)
     _fp32_routers(spec, weights)
