@@ -28,7 +28,7 @@ MAX_BLOCK_ROWS = 8
 # its successor launch at entry, so rope's programs could be resident, with their
 # positions, slots and rotary rows read, when the projection ends. Off until timed on a
 # GPU (compiled for sm_90 on the CPU: tests/models/test_compile_sm90.py).
-ROPE_PDL = True
+ROPE_PDL = False
 
 __all__ = ["RotaryTable", "rotary_table", "rope_qk_cache", "rope_block_rows", "MAX_BLOCK_ROWS"]
 

@@ -18,7 +18,7 @@ from sparkinfer.moe.spec import MoESpec
 # scores, in a chain, and within one warp a reduction is shuffles alone (across four it
 # also crosses shared memory and a barrier). Both off until timed on a GPU (compiled
 # for sm_90 on the CPU: tests/models/test_compile_sm90.py).
-ROUTING_PDL = True
+ROUTING_PDL = False
 ROUTING_WARPS = 4
 
 
