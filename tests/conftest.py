@@ -2,9 +2,12 @@ import os
 
 import pytest
 
+from sparkinfer.runtime.interpreter import exact_dots
+
 # CPU ranks and in-process kernels run through the Triton interpreter; the
 # launcher sets this for its children, and this covers in-process tests.
 os.environ.setdefault("TRITON_INTERPRET", "1")
+exact_dots()  # interpreted dots whose bits do not follow the host's BLAS (CPU ranks do the same)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's worker hook reads the groups into the test ids
