@@ -26,7 +26,7 @@ from starlette.exceptions import HTTPException
 
 from sparkinfer.serve import handlers
 from sparkinfer.serve.protocol import APIError, ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
-from sparkinfer.serve.state import ServerState, Tracker
+from sparkinfer.serve.state import Choices, ServerState
 
 __all__ = ["build_app"]
 
@@ -43,16 +43,16 @@ def build_app(state: ServerState):
         """Server-sent events whose generator is closed, and whose request is released,
         however the response ends (finished, the client gone, the server cancelling)."""
 
-        def __init__(self, events, tracker: Tracker):
+        def __init__(self, events, choices: Choices):
             super().__init__(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-            self.tracker = tracker
+            self.choices = choices
 
         async def __call__(self, scope, receive, send):
             try:
                 await super().__call__(scope, receive, send)
             finally:
                 await self.body_iterator.aclose()
-                self.tracker.close()
+                self.choices.close()
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -106,22 +106,22 @@ def build_app(state: ServerState):
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):
-        tracker = handlers.start_completion(state, req)
+        choices = handlers.start_completion(state, req)
         if req.stream:
-            return EventStream(handlers.completion_events(state, tracker, req), tracker)
-        return await _unless_disconnected(request, handlers.completion_response(state, tracker, req), tracker)
+            return EventStream(handlers.completion_events(state, choices, req), choices)
+        return await _unless_disconnected(request, handlers.completion_response(state, choices, req), choices)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, request: Request):
-        tracker = handlers.start_chat(state, req)
+        choices = handlers.start_chat(state, req)
         if req.stream:
-            return EventStream(handlers.chat_events(state, tracker, req), tracker)
-        return await _unless_disconnected(request, handlers.chat_response(state, tracker, req), tracker)
+            return EventStream(handlers.chat_events(state, choices, req), choices)
+        return await _unless_disconnected(request, handlers.chat_response(state, choices, req), choices)
 
     return app
 
 
-async def _unless_disconnected(request, work, tracker: Tracker):
+async def _unless_disconnected(request, work, choices: Choices):
     """Await `work`, unless the client disconnects first: then cancel it (its request is
     aborted in the engine) and answer nobody. A plain response has no stream to notice
     the disconnect, so the request's receive channel is watched beside it."""
@@ -135,7 +135,7 @@ async def _unless_disconnected(request, work, tracker: Tracker):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         gone.cancel()
-        tracker.close()
+        choices.close()
     if task.cancelled():
         return Response(status_code=499)  # nginx's "client closed request": no one reads it
     return task.result()

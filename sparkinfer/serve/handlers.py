@@ -1,12 +1,15 @@
 """Completions and chat completions: a request becomes an engine call, its outputs
 become a response or a stream of server-sent events.
 
-    tracker = start_completion(state, req)          # validate, tokenize, submit (APIError on refusal)
-    events = completion_events(state, tracker, req)  # async generator of "data: {...}\\n\\n" ... "data: [DONE]\\n\\n"
-    body = await completion_response(state, tracker, req)
+    choices = start_completion(state, req)          # validate, tokenize, submit (APIError on refusal)
+    events = completion_events(state, choices, req)  # async generator of "data: {...}\\n\\n" ... "data: [DONE]\\n\\n"
+    body = await completion_response(state, choices, req)
 
 Text, stop strings, finish reasons, logprobs and token counts come from the engine
-(`RequestOutput`); this module only maps them to OpenAI's fields. A request the
+(`RequestOutput`); this module only maps them to OpenAI's fields. A request of n
+choices is n engine requests (`protocol.choice_params`: seed + i each), streamed as
+they come, each chunk naming its choice's index; usage counts the prompt once and
+every choice's tokens. A request the
 engine ended with an error (a rank died) or aborted (the server is stopping) ends a
 stream with an error event and a whole response with a 500 or 503.
 """
@@ -14,6 +17,7 @@ stream with an error event and a whole response with a 500 or 503.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import time
 from collections.abc import AsyncIterator
@@ -39,9 +43,10 @@ from sparkinfer.serve.protocol import (
     CompletionResponse,
     TopLogprob,
     Usage,
+    choice_params,
     sampling_params,
 )
-from sparkinfer.serve.state import ServerState, Tracker
+from sparkinfer.serve.state import Choices, ServerState
 
 __all__ = ["start_completion", "start_chat", "completion_events", "completion_response", "chat_events",
            "chat_response", "sse", "DONE"]
@@ -86,7 +91,7 @@ def _check_model(state: ServerState, name: str) -> None:
                             "(GET /v1/models)", param="model", code="model_not_found")
 
 
-def start_completion(state: ServerState, req: CompletionRequest) -> Tracker:
+def start_completion(state: ServerState, req: CompletionRequest) -> Choices:
     """Check the model, tokenize a text prompt, map the sampling fields, submit."""
     state.check_admitting()
     _check_model(state, req.model)
@@ -99,10 +104,10 @@ def start_completion(state: ServerState, req: CompletionRequest) -> Tracker:
     if not prompt:
         raise APIError(400, "the prompt is empty", param="prompt")
     params = sampling_params(req, prompt_len=len(prompt), max_context=state.engine.max_context)
-    return state.submit(prompt, params)
+    return state.submit_choices(prompt, choice_params(params, req.choices))
 
 
-def start_chat(state: ServerState, req: ChatCompletionRequest) -> Tracker:
+def start_chat(state: ServerState, req: ChatCompletionRequest) -> Choices:
     """Check the model, apply the checkpoint's chat template, map the sampling fields, submit."""
     state.check_admitting()
     _check_model(state, req.model)
@@ -115,7 +120,7 @@ def start_chat(state: ServerState, req: ChatCompletionRequest) -> Tracker:
     except ChatTemplateError as e:
         raise APIError(400, str(e), param="messages", code="chat_template_error") from None
     params = sampling_params(req, prompt_len=len(prompt), max_context=state.engine.max_context)
-    return state.submit(prompt, params, prompt_field="messages")
+    return state.submit_choices(prompt, choice_params(params, req.choices), prompt_field="messages")
 
 
 # ---------------------------------------------------------------------------- outputs out
@@ -166,71 +171,84 @@ def _chat_logprobs(tok, outs: list[RequestOutput]) -> ChatLogprobs:
         for out in outs for t in out.logprobs or ()])
 
 
-def _usage(out: RequestOutput) -> Usage:
-    return Usage.of(out.prompt_tokens, out.completion_tokens, out.cached_tokens)
+def _usage(lasts: list[RequestOutput]) -> Usage:
+    """The request's usage from each choice's last output: the prompt once, every
+    choice's new tokens, the prompt tokens every choice found cached."""
+    return Usage.of(lasts[0].prompt_tokens, sum(o.completion_tokens for o in lasts),
+                    min(o.cached_tokens for o in lasts))
 
 
-async def _all_outputs(tracker: Tracker) -> list[RequestOutput]:
-    async with contextlib.aclosing(tracker.outputs()) as outs:
-        return [out async for out in outs]
+async def _choice_outputs(state: ServerState, choices: Choices) -> list[list[RequestOutput]]:
+    """Every choice's outputs, once all have finished; the first failure raised."""
+    outs: list[list[RequestOutput]] = [[] for _ in range(len(choices))]
+    async with contextlib.aclosing(choices.outputs()) as merged:
+        async for i, out in merged:
+            if (err := _failure(state, out)) is not None:
+                raise err
+            outs[i].append(out)
+    return outs
 
 
-async def completion_response(state: ServerState, tracker: Tracker, req: CompletionRequest) -> CompletionResponse:
-    outs = await _all_outputs(tracker)
-    last = outs[-1]
-    if (err := _failure(state, last)) is not None:
-        raise err
+async def completion_response(state: ServerState, choices: Choices, req: CompletionRequest) -> CompletionResponse:
+    outs = await _choice_outputs(state, choices)
     tok = state.engine.tokenizer
-    choice = CompletionChoice(text="".join(o.text for o in outs), finish_reason=_reason(last),
-                              logprobs=_completion_logprobs(tok, outs, 0) if req.logprobs is not None else None)
-    return CompletionResponse(id=f"cmpl-{tracker.request_id}", model=req.model, choices=[choice], usage=_usage(last))
+    body = [CompletionChoice(index=i, text="".join(o.text for o in c), finish_reason=_reason(c[-1]),
+                             logprobs=_completion_logprobs(tok, c, 0) if req.logprobs is not None else None)
+            for i, c in enumerate(outs)]
+    return CompletionResponse(id=f"cmpl-{choices.request_id}", model=req.model, choices=body,
+                              usage=_usage([c[-1] for c in outs]))
 
 
-async def chat_response(state: ServerState, tracker: Tracker, req: ChatCompletionRequest) -> ChatCompletionResponse:
-    outs = await _all_outputs(tracker)
-    last = outs[-1]
-    if (err := _failure(state, last)) is not None:
-        raise err
-    choice = ChatChoice(message=ChatResponseMessage(content="".join(o.text for o in outs)), finish_reason=_reason(last),
-                        logprobs=_chat_logprobs(state.engine.tokenizer, outs) if req.logprobs else None)
-    return ChatCompletionResponse(id=f"chatcmpl-{tracker.request_id}", model=req.model, choices=[choice],
-                                  usage=_usage(last))
+async def chat_response(state: ServerState, choices: Choices, req: ChatCompletionRequest) -> ChatCompletionResponse:
+    outs = await _choice_outputs(state, choices)
+    tok = state.engine.tokenizer
+    body = [ChatChoice(index=i, message=ChatResponseMessage(content="".join(o.text for o in c)),
+                       finish_reason=_reason(c[-1]), logprobs=_chat_logprobs(tok, c) if req.logprobs else None)
+            for i, c in enumerate(outs)]
+    return ChatCompletionResponse(id=f"chatcmpl-{choices.request_id}", model=req.model, choices=body,
+                                  usage=_usage([c[-1] for c in outs]))
 
 
-async def completion_events(state: ServerState, tracker: Tracker, req: CompletionRequest) -> AsyncIterator[str]:
+async def completion_events(state: ServerState, choices: Choices, req: CompletionRequest) -> AsyncIterator[str]:
     """One chunk per output that carries tokens (a chunk's text may be empty: the engine
-    holds back text that may begin a stop string), the finish reason on the last; a
-    usage chunk (no choices) when stream_options.include_usage; then [DONE]."""
-    rid, tok, offset = f"cmpl-{tracker.request_id}", state.engine.tokenizer, 0
+    holds back text that may begin a stop string), the finish reason on a choice's last;
+    once every choice has finished, a usage chunk (no choices) when
+    stream_options.include_usage; then [DONE]."""
+    rid, tok, n = f"cmpl-{choices.request_id}", state.engine.tokenizer, len(choices)
     created = int(time.time())  # one timestamp a stream, as OpenAI's chunks carry
+    offsets, lasts = [0] * n, [None] * n
 
-    def chunk(text: str, lp=None, finish=None) -> CompletionResponse:
+    def chunk(i: int, text: str, lp=None, finish=None) -> CompletionResponse:
         return CompletionResponse(id=rid, model=req.model, created=created,
-                                  choices=[CompletionChoice(text=text, logprobs=lp, finish_reason=finish)])
+                                  choices=[CompletionChoice(index=i, text=text, logprobs=lp, finish_reason=finish)])
 
-    texts = TextChunks(chunk)
-    async with contextlib.aclosing(tracker.outputs()) as outs:
-        async for out in outs:
+    texts = [TextChunks(functools.partial(chunk, i)) for i in range(n)]
+    async with contextlib.aclosing(choices.outputs()) as merged:
+        async for i, out in merged:
             if (err := _failure(state, out)) is not None:
                 yield sse(err.body())
                 break
             if req.logprobs is None and not out.finished:
                 if out.token_ids or out.text:
-                    offset += len(out.text)
-                    yield texts(out.text)
+                    offsets[i] += len(out.text)
+                    yield texts[i](out.text)
             elif out.token_ids or out.text or out.finished:
-                lp = _completion_logprobs(tok, [out], offset) if req.logprobs is not None else None
-                offset += len(out.text)
-                yield sse(chunk(out.text, lp, _reason(out)))
-            if out.finished and req.include_usage:
-                yield sse(CompletionResponse(id=rid, model=req.model, created=created, choices=[], usage=_usage(out)))
+                lp = _completion_logprobs(tok, [out], offsets[i]) if req.logprobs is not None else None
+                offsets[i] += len(out.text)
+                yield sse(chunk(i, out.text, lp, _reason(out)))
+            if out.finished:
+                lasts[i] = out
+        else:
+            if req.include_usage:
+                yield sse(CompletionResponse(id=rid, model=req.model, created=created, choices=[], usage=_usage(lasts)))
     yield DONE
 
 
-async def chat_events(state: ServerState, tracker: Tracker, req: ChatCompletionRequest) -> AsyncIterator[str]:
-    """The assistant role first, then content deltas as for completions."""
-    rid, tok = f"chatcmpl-{tracker.request_id}", state.engine.tokenizer
+async def chat_events(state: ServerState, choices: Choices, req: ChatCompletionRequest) -> AsyncIterator[str]:
+    """Each choice's assistant role first, then content deltas as for completions."""
+    rid, tok, n = f"chatcmpl-{choices.request_id}", state.engine.tokenizer, len(choices)
     created = int(time.time())
+    lasts = [None] * n
 
     def model(choices, usage=None) -> ChatCompletionChunk:
         return ChatCompletionChunk(id=rid, model=req.model, created=created, choices=choices, usage=usage)
@@ -238,20 +256,25 @@ async def chat_events(state: ServerState, tracker: Tracker, req: ChatCompletionR
     def chunk(choices, usage=None) -> str:
         return sse(model(choices, usage))
 
-    texts = TextChunks(lambda text: model([ChatChunkChoice(delta=ChatDelta(content=text))]))
-    yield chunk([ChatChunkChoice(delta=ChatDelta(role="assistant", content=""))])
-    async with contextlib.aclosing(tracker.outputs()) as outs:
-        async for out in outs:
+    texts = [TextChunks(lambda text, i=i: model([ChatChunkChoice(index=i, delta=ChatDelta(content=text))]))
+             for i in range(n)]
+    for i in range(n):
+        yield chunk([ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=""))])
+    async with contextlib.aclosing(choices.outputs()) as merged:
+        async for i, out in merged:
             if (err := _failure(state, out)) is not None:
                 yield sse(err.body())
                 break
             if not req.logprobs and not out.finished:
                 if out.token_ids or out.text:
-                    yield texts(out.text)
+                    yield texts[i](out.text)
             elif out.token_ids or out.text or out.finished:
                 lp = _chat_logprobs(tok, [out]) if req.logprobs else None
-                yield chunk([ChatChunkChoice(delta=ChatDelta(content=out.text), logprobs=lp,
+                yield chunk([ChatChunkChoice(index=i, delta=ChatDelta(content=out.text), logprobs=lp,
                                              finish_reason=_reason(out))])
-            if out.finished and req.include_usage:
-                yield chunk([], _usage(out))
+            if out.finished:
+                lasts[i] = out
+        else:
+            if req.include_usage:
+                yield chunk([], _usage(lasts))
     yield DONE

@@ -11,7 +11,7 @@ an unknown top-level field is a 400 naming it, as OpenAI's own API answers
 ("Unrecognized request argument supplied"): a misspelt `temprature` silently
 ignored would sample with the default and look like a model problem. OpenAI
 fields this server does not implement are accepted at their neutral value only
-(presence_penalty 0, echo false, ...) and rejected otherwise, so no request is
+(presence_penalty 0, echo false, best_of 1, ...) and rejected otherwise, so no request is
 served with different maths than it asked for. Chat messages ignore unknown keys:
 clients send a previous response's message back (with `refusal`, `annotations`,
 `tool_calls`: null), and a message key cannot change how tokens are drawn.
@@ -20,6 +20,7 @@ Extensions, as vLLM names them: `top_k`, `ignore_eos`.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Annotated, Literal
 
@@ -31,7 +32,8 @@ __all__ = ["APIError", "ErrorInfo", "ErrorResponse", "StreamOptions", "Completio
            "ChatCompletionRequest", "Usage", "CompletionLogprobs", "CompletionChoice", "CompletionResponse",
            "TopLogprob", "ChatTokenLogprob", "ChatLogprobs", "ChatResponseMessage", "ChatChoice",
            "ChatCompletionResponse", "ChatDelta", "ChatChunkChoice", "ChatCompletionChunk", "ModelCard",
-           "PromptTokensDetails", "ModelList", "sampling_params", "MAX_STOP", "COMPLETIONS_DEFAULT_MAX_TOKENS"]
+           "PromptTokensDetails", "ModelList", "sampling_params", "choice_params", "MAX_STOP", "MAX_CHOICES",
+           "COMPLETIONS_DEFAULT_MAX_TOKENS"]
 
 # OpenAI's documented limits: completions' logprobs 0..5, chat's top_logprobs 0..20.
 MAX_COMPLETION_LOGPROBS = 5
@@ -41,6 +43,10 @@ MAX_CHAT_TOP_LOGPROBS = 20
 MAX_STOP = 16
 # OpenAI's documented default for /v1/completions (chat's default is the rest of the context).
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+# Choices a request may ask for (`n`): each is an engine request of its own (a slot, and its
+# prompt's prefill unless a running choice's chunks are copied), so one HTTP request cannot
+# take more than this of the waiting queue.
+MAX_CHOICES = 16
 
 StopString = Annotated[str, StringConstraints(min_length=1)]
 TokenId = Annotated[int, Field(ge=0)]
@@ -96,7 +102,7 @@ class _Sampling(_Request):
     model: str
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int | None = 1
+    n: int | None = Field(1, ge=1, le=MAX_CHOICES)
     temperature: float | None = Field(None, ge=0, allow_inf_nan=False)  # None: OpenAI's default, 1
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=-1)  # extension; -1 (vLLM's "off") and 0 keep every token
@@ -109,11 +115,6 @@ class _Sampling(_Request):
     logit_bias: dict[str, float] | None = None
     user: str | None = None
 
-    @field_validator("n")
-    @classmethod
-    def _one(cls, v):
-        return _neutral("n", v, (1, None))
-
     @field_validator("presence_penalty", "frequency_penalty")
     @classmethod
     def _no_penalty(cls, v, info):
@@ -125,6 +126,10 @@ class _Sampling(_Request):
         if v:
             raise ValueError("logit_bias is not supported by this server (send {} or leave it out)")
         return v
+
+    @property
+    def choices(self) -> int:
+        return self.n or 1
 
     def stops(self) -> tuple[str, ...]:
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
@@ -246,6 +251,16 @@ def sampling_params(req: CompletionRequest | ChatCompletionRequest, *, prompt_le
         top_p=1.0 if req.top_p is None else req.top_p,
         top_k=max(req.top_k or 0, 0), seed=req.seed, max_new_tokens=new, stop=req.stops(),
         ignore_eos=req.ignore_eos, logprobs=logprobs)
+
+
+def choice_params(params: SamplingParams, n: int) -> list[SamplingParams]:
+    """The parameters of each of n choices: choice i draws with seed + i (mod 2^63) when
+    the request set one, so every choice is reproducible alone (a request with n = 1 and
+    that seed gives the same tokens); without a seed each choice gets its own from the
+    engine. Greedy choices are all the same text, as OpenAI's."""
+    if params.seed is None:
+        return [params] * n
+    return [dataclasses.replace(params, seed=(params.seed + i) % (MAX_SEED + 1)) for i in range(n)]
 
 
 # ---------------------------------------------------------------------------- responses

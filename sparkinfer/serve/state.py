@@ -7,6 +7,10 @@ requests it is serving, and why it stops.
         async for out in outs: ...
     tracker.close()                                   # idempotent: aborts the request if it has not finished
 
+    choices = state.submit_choices(prompt_ids, [params_0, params_1])  # all accepted, or none
+    async with aclosing(choices.outputs()) as outs:   # (choice index, output) as they come
+        async for i, out in outs: ...
+
 Stopping. `request_stop()` (SIGINT/SIGTERM; a flag, safe from a signal handler)
 and an unhealthy engine (`engine.stats().healthy` False, polled by `supervise`)
 both end the same way: stop admitting (new requests and /health answer 503), let
@@ -31,7 +35,7 @@ from sparkinfer.errors import CapacityError, EngineFailed, EngineOverloaded, Sha
 from sparkinfer.serve.metrics import ServeMetrics
 from sparkinfer.serve.protocol import APIError
 
-__all__ = ["ServerLimits", "ServerState", "Tracker"]
+__all__ = ["ServerLimits", "ServerState", "Tracker", "Choices"]
 
 
 @dataclass(frozen=True)
@@ -107,6 +111,61 @@ class Tracker:
         self.state.in_flight.pop(self.request_id, None)
 
 
+class Choices:
+    """The engine requests of one HTTP request, a Tracker per choice (OpenAI's `n`),
+    followed and closed together."""
+
+    def __init__(self, trackers: list[Tracker]):
+        self.trackers = trackers
+
+    def __len__(self) -> int:
+        return len(self.trackers)
+
+    @property
+    def request_id(self) -> str:
+        return self.trackers[0].request_id
+
+    async def outputs(self):
+        """(choice index, output) of every choice as they arrive, until each has finished;
+        closing it early closes (aborts) every choice."""
+        if len(self.trackers) == 1:  # no tasks for the common case
+            async with contextlib.aclosing(self.trackers[0].outputs()) as outs:
+                async for out in outs:
+                    yield 0, out
+            return
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def follow(i: int, tracker: Tracker) -> None:
+            try:
+                async with contextlib.aclosing(tracker.outputs()) as outs:
+                    async for out in outs:
+                        queue.put_nowait((i, out, None))
+                queue.put_nowait((i, None, None))
+            except Exception as e:  # noqa: BLE001 - re-raised by the reader
+                queue.put_nowait((i, None, e))
+
+        tasks = [asyncio.create_task(follow(i, t)) for i, t in enumerate(self.trackers)]
+        try:
+            live = len(tasks)
+            while live:
+                i, out, err = await queue.get()
+                if err is not None:
+                    raise err
+                if out is None:
+                    live -= 1
+                else:
+                    yield i, out
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self.close()
+
+    def close(self) -> None:
+        for tracker in self.trackers:
+            tracker.close()
+
+
 class ServerState:
     """The engine, the metrics, the requests in flight and the stop logic of one app."""
 
@@ -128,10 +187,12 @@ class ServerState:
         if not self.admitting:
             raise APIError(503, "the server is shutting down", type="service_unavailable", code="shutting_down")
 
-    def submit(self, prompt: list[int], params: SamplingParams, *, prompt_field: str = "prompt") -> Tracker:
+    def submit(self, prompt: list[int], params: SamplingParams, *, prompt_field: str = "prompt",
+               count: bool = True) -> Tracker:
         """Submit to the engine and follow the request. Refusals become APIErrors:
         EngineOverloaded 429 with Retry-After; CapacityError and ShapeError 400 naming
-        `prompt_field`; EngineFailed 503 (and the server stops)."""
+        `prompt_field`; EngineFailed 503 (and the server stops). count: add the prompt
+        to the prompt-token counter (submit_choices counts once all are accepted)."""
         self.check_admitting()
         arrival = time.perf_counter()
         try:
@@ -149,8 +210,27 @@ class ServerState:
             raise APIError(503, f"the engine failed: {e}", type="service_unavailable", code="engine_failed") from None
         tracker = Tracker(self, handle, arrival)
         self.in_flight[handle.request_id] = tracker
-        self.metrics.prompt_tokens.inc(len(prompt))
+        if count:
+            self.metrics.prompt_tokens.inc(len(prompt))
         return tracker
+
+    def submit_choices(self, prompt: list[int], params: list[SamplingParams], *,
+                       prompt_field: str = "prompt") -> Choices:
+        """Submit one engine request per choice: all are accepted, or the ones already
+        submitted are aborted and the refusal is raised (a 429 turns away the whole
+        request, never part of it)."""
+        trackers: list[Tracker] = []
+        try:
+            for p in params:
+                trackers.append(self.submit(prompt, p, prompt_field=prompt_field, count=False))
+        except APIError:
+            for tracker in trackers:  # withdrawn, not aborted: the request is counted as refused
+                tracker.done = True
+                self.engine.abort(tracker.request_id)
+                self.in_flight.pop(tracker.request_id, None)
+            raise
+        self.metrics.prompt_tokens.inc(len(prompt) * len(trackers))
+        return Choices(trackers)
 
     # ------------------------------------------------------------ health and stopping
     def health(self) -> tuple[int, dict]:

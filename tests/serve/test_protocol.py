@@ -61,7 +61,8 @@ def test_checks_that_need_the_prompt(req, prompt_len, param, match):
 
 
 @pytest.mark.parametrize("extra, field", [
-    ({"n": 2}, "n"), ({"temperature": -0.1}, "temperature"), ({"top_p": 0}, "top_p"), ({"top_p": 1.01}, "top_p"),
+    ({"n": 0}, "n"), ({"n": 17}, "n"), ({"best_of": 2}, "best_of"), ({"temperature": -0.1}, "temperature"),
+    ({"top_p": 0}, "top_p"), ({"top_p": 1.01}, "top_p"),
     ({"max_tokens": 0}, "max_tokens"), ({"max_tokens": 3.0}, "max_tokens"), ({"logprobs": 6}, "logprobs"),
     ({"presence_penalty": 0.5}, "presence_penalty"), ({"echo": True}, "echo"), ({"stop": [""]}, "stop"),
     ({"stop": ["a"] * 17}, "stop"), ({"seed": -1}, "seed"), ({"top_k": -2}, "top_k"), ({"stream": "yes"}, "stream"),

@@ -3,7 +3,8 @@ ranks, through the real openai client.
 
 One launch per TP of a one-layer checkpoint runs the checks in order (a launch
 costs tens of seconds under the interpreter, a forward about a second). At both
-TPs: completions and chat, streamed and not, against each other; 16 concurrent
+TPs: completions and chat, streamed and not, against each other; two sampled
+choices of one request against each served alone with its seed; 16 concurrent
 clients whose greedy outputs (text and every token's log-probability, so the
 logits themselves) equal each prompt served alone. At TP 1 (the driver's logic is
 the same at any TP; a forward is half the TP 2 one): a cancelled stream frees its
@@ -91,6 +92,13 @@ def _checks(live: LiveServer, full: bool) -> None:
     chunks = list(client.chat.completions.create(model=model, messages=msgs, max_completion_tokens=NEW,
                                                  temperature=0, stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
+    # n = 2 sampled choices: choice i is the request with seed + i served alone, to the last bit
+    def sampled(n, seed):
+        out = client.completions.create(model=model, prompt=PROMPTS[2], max_tokens=NEW, temperature=1.0, seed=seed,
+                                        n=n, logprobs=0, extra_body={"ignore_eos": True})
+        return [(c.index, c.text, list(c.logprobs.token_logprobs)) for c in out.choices], out.usage.completion_tokens
+    pair, used = sampled(2, 7)
+    assert pair == [(i, *sampled(1, 7 + i)[0][0][1:]) for i in range(2)] and used == 2 * NEW
     # 16 concurrent clients: each output equals its prompt served alone, to the last bit of every logprob
     asked = PROMPTS * 4
     with ThreadPoolExecutor(16) as pool:
@@ -127,7 +135,8 @@ def _checks(live: LiveServer, full: bool) -> None:
         assert r.status_code == 400
     assert _greedy(client, model, PROMPTS[1]) == alone[PROMPTS[1]]
     m = _scrape(live)
-    served = len(PROMPTS) + 1 + 2 + len(asked) + burst.count("length") + 1  # the cancelled one ended as an abort
+    # the cancelled one ended as an abort; the n = 2 request counts a request per choice
+    served = len(PROMPTS) + 1 + 2 + 4 + len(asked) + burst.count("length") + 1
     assert m[("sparkinfer_e2e_request_latency_seconds_count", ())] == served
     assert m[("sparkinfer_request_outcomes_total", (("reason", "length"),))] == served
     assert m[("sparkinfer_request_outcomes_total", (("reason", "invalid"),))] == 4
