@@ -1,8 +1,13 @@
 import os
 
-import pytest
+# One BLAS thread (set before numpy loads OpenBLAS): interpreted dots are small matmuls, and
+# OpenBLAS's threads spinning beside the other worker and the ranks made them 3x slower here
+# (runtime/ranks.py does the same for CPU ranks).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from sparkinfer.runtime.interpreter import exact_dots
+import pytest  # noqa: E402
+
+from sparkinfer.runtime.interpreter import exact_dots  # noqa: E402
 
 # CPU ranks and in-process kernels run through the Triton interpreter; the
 # launcher sets this for its children, and this covers in-process tests.

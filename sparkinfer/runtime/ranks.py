@@ -243,19 +243,24 @@ def run_ranks(
         for r in range(world_size)
     ]
     # CPU ranks must see TRITON_INTERPRET=1 from their first import: unpickling `fn` and
-    # `args` can import kernel modules, and @triton.jit reads the variable when it decorates
-    saved = os.environ.get("TRITON_INTERPRET")
-    if backend == "cpu":
-        os.environ["TRITON_INTERPRET"] = "1"
+    # `args` can import kernel modules, and @triton.jit reads the variable when it decorates.
+    # And one BLAS thread unless the caller chose: interpreted dots are small matmuls, and
+    # OpenBLAS's threads spinning beside the ranks made a [64, 64] x [64, 128] one take 601 us
+    # against 199 on one thread (a busy 2-core host, numpy 2.2's OpenBLAS 0.3.29).
+    spawn_env = {"TRITON_INTERPRET": "1"} if backend == "cpu" else {}
+    if backend == "cpu" and "OPENBLAS_NUM_THREADS" not in os.environ:
+        spawn_env["OPENBLAS_NUM_THREADS"] = "1"
+    saved = {k: os.environ.get(k) for k in spawn_env}
+    os.environ.update(spawn_env)
     try:
         for p in procs:
             p.start()
     finally:
-        if backend == "cpu":
-            if saved is None:
-                os.environ.pop("TRITON_INTERPRET", None)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
             else:
-                os.environ["TRITON_INTERPRET"] = saved
+                os.environ[k] = v
     done: dict[int, Any] = {}
     deadline = time.monotonic() + timeout_s
     try:
