@@ -9,9 +9,10 @@ Text, stop strings, finish reasons, logprobs and token counts come from the engi
 (`RequestOutput`); this module only maps them to OpenAI's fields. A request of n
 choices is n engine requests (`protocol.choice_params`: seed + i each), streamed as
 they come, each chunk naming its choice's index; usage counts the prompt once and
-every choice's tokens. A request the
-engine ended with an error (a rank died) or aborted (the server is stopping) ends a
-stream with an error event and a whole response with a 500 or 503.
+every choice's tokens. A request the engine ended with an error (a rank died) or
+aborted (the server is stopping) ends a stream with an error event and a whole
+response with a 500 or 503 (with n > 1: the first choice to end so; the others are
+aborted).
 """
 
 from __future__ import annotations
