@@ -103,11 +103,14 @@ class Tracker:
             m.e2e.observe(now - self.arrival)
             m.outcome((out.finish_reason or FinishReason.ERROR).value)
 
-    def close(self) -> None:
+    def close(self, *, counted: bool = True) -> None:
+        """counted: an unfinished request counts as an abort (False: withdrawn before the
+        server accepted its HTTP request, which is counted as refused)."""
         if not self.done:
             self.done = True
             self.state.engine.abort(self.request_id)
-            self.state.metrics.outcome("abort")
+            if counted:
+                self.state.metrics.outcome("abort")
         self.state.in_flight.pop(self.request_id, None)
 
 
@@ -224,10 +227,8 @@ class ServerState:
             for p in params:
                 trackers.append(self.submit(prompt, p, prompt_field=prompt_field, count=False))
         except APIError:
-            for tracker in trackers:  # withdrawn, not aborted: the request is counted as refused
-                tracker.done = True
-                self.engine.abort(tracker.request_id)
-                self.in_flight.pop(tracker.request_id, None)
+            for tracker in trackers:
+                tracker.close(counted=False)
             raise
         self.metrics.prompt_tokens.inc(len(prompt) * len(trackers))
         return Choices(trackers)
