@@ -124,7 +124,7 @@ def test_outputs_and_usage_say_how_many_prompt_tokens_were_found():
         pass
     outs, again = first.result(), second.result()
     assert {o.cached_tokens for o in outs} == {0} and {o.cached_tokens for o in again} == {16}
-    usage = _usage(again[-1]).model_dump()
+    usage = _usage([again[-1]]).model_dump()
     assert usage == {"prompt_tokens": 22, "completion_tokens": 2, "total_tokens": 24,
                      "prompt_tokens_details": {"cached_tokens": 16}}
 

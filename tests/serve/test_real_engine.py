@@ -35,7 +35,11 @@ from tests.serve.conftest import DEADLINE_S, LiveServer, wait_until
 PROMPTS = ["hello world", "the cat", "a b c d e f g h", "12345"]
 NEW = 2
 SLOTS, WAITING = 4, 12
-TIMEOUT_S = 30.0  # the engine's rank timeout: the killed rank must be named well within it
+# The engine's rank timeout: CPU ranks' default, since one interpreted step of 16 queued
+# requests outlasted 30 s in CI on a 2-core host beside the other tests. The killed rank
+# must still be named within DEATH_S: a peer's death is seen, not waited out.
+TIMEOUT_S = 300.0
+DEATH_S = 30.0
 # A request's deadline: 16 requests through 4 slots are 4 waves of 4 interpreted forwards,
 # each seconds long on two cores that other tests share.
 STEP_DEADLINE_S = 600.0
@@ -181,7 +185,7 @@ def test_the_server_over_the_real_engine(tp):
             rest = list(lines)
         assert any('"error"' in line for line in rest), "the in-flight request ended without an error"
         assert live.exited(TIMEOUT_S + DEADLINE_S), "the server did not stop after the rank died"
-        assert time.monotonic() - t0 < TIMEOUT_S
+        assert time.monotonic() - t0 < DEATH_S
         assert isinstance(live.error, EngineFailed) and "rank 1" in str(live.error)
         with pytest.raises(httpx.ConnectError):
             httpx.get(f"{live.url}/health", timeout=5)
