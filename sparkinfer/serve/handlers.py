@@ -7,12 +7,13 @@ become a response or a stream of server-sent events.
 
 Text, stop strings, finish reasons, logprobs and token counts come from the engine
 (`RequestOutput`); this module only maps them to OpenAI's fields. A request of n
-choices is n engine requests (`protocol.choice_params`: seed + i each), streamed as
-they come, each chunk naming its choice's index; usage counts the prompt once and
-every choice's tokens. A request the engine ended with an error (a rank died) or
-aborted (the server is stopping) ends a stream with an error event and a whole
-response with a 500 or 503 (with n > 1: the first choice to end so; the others are
-aborted).
+choices is n engine requests (`protocol.choice_params`: seed + i each), n for each
+prompt of a completions request that sends several (choice p * n + i is prompt p's
+i-th), streamed as they come, each chunk naming its choice's index; usage counts
+each prompt once and every choice's tokens. A request the engine ended with an
+error (a rank died) or aborted (the server is stopping) ends a stream with an error
+event and a whole response with a 500 or 503 (with several choices: the first choice
+to end so; the others are aborted).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pydantic import BaseModel
 from sparkinfer.engine.request import FinishReason, RequestOutput
 from sparkinfer.models.tokenizer import ChatTemplateError
 from sparkinfer.serve.protocol import (
+    MAX_ENGINE_REQUESTS,
     APIError,
     ChatChoice,
     ChatChunkChoice,
@@ -93,19 +95,29 @@ def _check_model(state: ServerState, name: str) -> None:
 
 
 def start_completion(state: ServerState, req: CompletionRequest) -> Choices:
-    """Check the model, tokenize a text prompt, map the sampling fields, submit."""
+    """Check the model, tokenize each text prompt, map the sampling fields, submit every
+    prompt's choices (prompt p's choice i is choice p * n + i)."""
     state.check_admitting()
     _check_model(state, req.model)
-    if isinstance(req.prompt, str):
-        if state.engine.tokenizer is None:
-            raise APIError(400, "this model has no tokenizer: send the prompt as a list of token ids", param="prompt")
-        prompt = list(state.engine.tokenizer.encode(req.prompt))
-    else:
-        prompt = list(req.prompt)
-    if not prompt:
-        raise APIError(400, "the prompt is empty", param="prompt")
-    params = sampling_params(req, prompt_len=len(prompt), max_context=state.engine.max_context)
-    return state.submit_choices(prompt, choice_params(params, req.choices))
+    prompts = req.prompts()
+    if len(prompts) * req.choices > MAX_ENGINE_REQUESTS:
+        raise APIError(400, f"{len(prompts)} prompts x n={req.choices} is {len(prompts) * req.choices} completions; "
+                            f"one request may ask for at most {MAX_ENGINE_REQUESTS}", param="prompt")
+    submitted = []
+    for i, text in enumerate(prompts):
+        which = f"prompt {i}" if len(prompts) > 1 else "the prompt"
+        if isinstance(text, str):
+            if state.engine.tokenizer is None:
+                raise APIError(400, "this model has no tokenizer: send the prompt as a list of token ids",
+                               param="prompt")
+            prompt = list(state.engine.tokenizer.encode(text))
+        else:
+            prompt = list(text)
+        if not prompt:
+            raise APIError(400, f"{which} is empty", param="prompt")
+        params = sampling_params(req, prompt_len=len(prompt), max_context=state.engine.max_context)
+        submitted += [(prompt, p) for p in choice_params(params, req.choices)]
+    return state.submit_choices(submitted)
 
 
 def start_chat(state: ServerState, req: ChatCompletionRequest) -> Choices:
@@ -121,7 +133,7 @@ def start_chat(state: ServerState, req: ChatCompletionRequest) -> Choices:
     except ChatTemplateError as e:
         raise APIError(400, str(e), param="messages", code="chat_template_error") from None
     params = sampling_params(req, prompt_len=len(prompt), max_context=state.engine.max_context)
-    return state.submit_choices(prompt, choice_params(params, req.choices), prompt_field="messages")
+    return state.submit_choices([(prompt, p) for p in choice_params(params, req.choices)], prompt_field="messages")
 
 
 # ---------------------------------------------------------------------------- outputs out
@@ -172,11 +184,14 @@ def _chat_logprobs(tok, outs: list[RequestOutput]) -> ChatLogprobs:
         for out in outs for t in out.logprobs or ()])
 
 
-def _usage(lasts: list[RequestOutput]) -> Usage:
-    """The request's usage from each choice's last output: the prompt once, every
-    choice's new tokens, the prompt tokens every choice found cached."""
-    return Usage.of(lasts[0].prompt_tokens, sum(o.completion_tokens for o in lasts),
-                    min(o.cached_tokens for o in lasts))
+def _usage(lasts: list[RequestOutput], n: int | None = None) -> Usage:
+    """The request's usage from each choice's last output, every n of which share a
+    prompt (None: all do): each prompt once, every choice's new tokens, and of each
+    prompt the tokens every one of its choices found cached."""
+    n = n or len(lasts)
+    prompts = [lasts[i:i + n] for i in range(0, len(lasts), n)]
+    return Usage.of(sum(p[0].prompt_tokens for p in prompts), sum(o.completion_tokens for o in lasts),
+                    sum(min(o.cached_tokens for o in p) for p in prompts))
 
 
 async def _choice_outputs(state: ServerState, choices: Choices) -> list[list[RequestOutput]]:
@@ -197,7 +212,7 @@ async def completion_response(state: ServerState, choices: Choices, req: Complet
                              logprobs=_completion_logprobs(tok, c, 0) if req.logprobs is not None else None)
             for i, c in enumerate(outs)]
     return CompletionResponse(id=f"cmpl-{choices.request_id}", model=req.model, choices=body,
-                              usage=_usage([c[-1] for c in outs]))
+                              usage=_usage([c[-1] for c in outs], req.choices))
 
 
 async def chat_response(state: ServerState, choices: Choices, req: ChatCompletionRequest) -> ChatCompletionResponse:
@@ -241,7 +256,8 @@ async def completion_events(state: ServerState, choices: Choices, req: Completio
                 lasts[i] = out
         else:
             if req.include_usage:
-                yield sse(CompletionResponse(id=rid, model=req.model, created=created, choices=[], usage=_usage(lasts)))
+                yield sse(CompletionResponse(id=rid, model=req.model, created=created, choices=[],
+                                             usage=_usage(lasts, req.choices)))
     yield DONE
 
 

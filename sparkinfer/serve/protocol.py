@@ -33,7 +33,7 @@ __all__ = ["APIError", "ErrorInfo", "ErrorResponse", "StreamOptions", "Completio
            "TopLogprob", "ChatTokenLogprob", "ChatLogprobs", "ChatResponseMessage", "ChatChoice",
            "ChatCompletionResponse", "ChatDelta", "ChatChunkChoice", "ChatCompletionChunk", "ModelCard",
            "PromptTokensDetails", "ModelList", "sampling_params", "choice_params", "MAX_STOP", "MAX_CHOICES",
-           "COMPLETIONS_DEFAULT_MAX_TOKENS"]
+           "COMPLETIONS_DEFAULT_MAX_TOKENS", "MAX_ENGINE_REQUESTS"]
 
 # OpenAI's documented limits: completions' logprobs 0..5, chat's top_logprobs 0..20.
 MAX_COMPLETION_LOGPROBS = 5
@@ -47,6 +47,10 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 # prompt's prefill unless a running choice's chunks are copied), so one HTTP request cannot
 # take more than this of the waiting queue.
 MAX_CHOICES = 16
+# Engine requests one HTTP request may make: prompts x n. OpenAI's completions prompt may
+# be a list of texts or of token lists (evaluation harnesses send their batches so), and
+# every prompt's n choices are engine requests of their own, all accepted or none.
+MAX_ENGINE_REQUESTS = 64
 
 StopString = Annotated[str, StringConstraints(min_length=1)]
 TokenId = Annotated[int, Field(ge=0)]
@@ -140,16 +144,29 @@ class _Sampling(_Request):
 
 
 class CompletionRequest(_Sampling):
-    """POST /v1/completions. prompt: a string (tokenized by the checkpoint's tokenizer)
-    or token ids; one prompt per request. logprobs: the chosen token's and the n most
-    likely tokens' log-probabilities, n in 0..5."""
+    """POST /v1/completions. prompt: a string (tokenized by the checkpoint's tokenizer),
+    token ids, or a list of either (prompts x n up to MAX_ENGINE_REQUESTS; choice p * n + i
+    is prompt p's choice i). logprobs: the chosen token's and the n most likely tokens'
+    log-probabilities, n in 0..5."""
 
-    prompt: str | list[TokenId]
+    prompt: str | list[TokenId] | list[str] | list[list[TokenId]]
     max_tokens: int | None = Field(None, ge=1)
     logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
     echo: bool | None = False
     best_of: int | None = None
     suffix: str | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _few_prompts(cls, v):
+        if v and isinstance(v, list) and not isinstance(v[0], int) and len(v) > MAX_ENGINE_REQUESTS:
+            raise ValueError(f"{len(v)} prompts in one request; send at most {MAX_ENGINE_REQUESTS}")
+        return v
+
+    def prompts(self) -> list[str | list[int]]:
+        """The request's prompts: one, or the list it sent."""
+        p = self.prompt
+        return [p] if isinstance(p, str) or not p or isinstance(p[0], int) else list(p)
 
     @field_validator("echo")
     @classmethod

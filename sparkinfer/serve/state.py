@@ -7,7 +7,7 @@ requests it is serving, and why it stops.
         async for out in outs: ...
     tracker.close()                                   # idempotent: aborts the request if it has not finished
 
-    choices = state.submit_choices(prompt_ids, [params_0, params_1])  # all accepted, or none
+    choices = state.submit_choices([(prompt_ids, params_0), (prompt_ids, params_1)])  # all accepted, or none
     async with aclosing(choices.outputs()) as outs:   # (choice index, output) as they come
         async for i, out in outs: ...
 
@@ -217,20 +217,20 @@ class ServerState:
             self.metrics.prompt_tokens.inc(len(prompt))
         return tracker
 
-    def submit_choices(self, prompt: list[int], params: list[SamplingParams], *,
+    def submit_choices(self, choices: list[tuple[list[int], SamplingParams]], *,
                        prompt_field: str = "prompt") -> Choices:
-        """Submit one engine request per choice: all are accepted, or the ones already
-        submitted are aborted and the refusal is raised (a 429 turns away the whole
-        request, never part of it)."""
+        """Submit one engine request per choice, (prompt, params): all are accepted, or
+        the ones already submitted are aborted and the refusal is raised (a 429 turns
+        away the whole request, never part of it)."""
         trackers: list[Tracker] = []
         try:
-            for p in params:
+            for prompt, p in choices:
                 trackers.append(self.submit(prompt, p, prompt_field=prompt_field, count=False))
         except APIError:
             for tracker in trackers:
                 tracker.close(counted=False)
             raise
-        self.metrics.prompt_tokens.inc(len(prompt) * len(trackers))
+        self.metrics.prompt_tokens.inc(sum(len(prompt) for prompt, _ in choices))
         return Choices(trackers)
 
     # ------------------------------------------------------------ health and stopping

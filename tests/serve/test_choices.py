@@ -57,6 +57,30 @@ def test_streamed_chat_of_n_choices(served):
     assert (usage.prompt_tokens, usage.completion_tokens) == (whole.usage.prompt_tokens, 12)
 
 
+def test_completion_of_several_prompts(served):
+    """A list of prompts (texts, or token lists): n choices each, choice p * n + i being
+    prompt p's i-th (seed + i); usage counts each prompt once. Streamed, the same texts."""
+    engine, client = served.engine, served.openai()
+    before = len(engine.submitted)
+    out = client.completions.create(model="fake-model", prompt=["hello", "ab"], max_tokens=4, n=2, seed=40,
+                                    temperature=0.8, extra_body={"ignore_eos": True})
+    assert [c.index for c in out.choices] == [0, 1, 2, 3]
+    assert [c.text for c in out.choices] == [expected_text("hello", 4, True)] * 2 + [expected_text("ab", 4, True)] * 2
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (5 + 2, 16)
+    sent = engine.submitted[before:]
+    assert [(bytes(ids).decode(), p.seed) for _, ids, p in sent] == [("hello", 40), ("hello", 41), ("ab", 40),
+                                                                   ("ab", 41)]
+    texts = {}
+    for chunk in client.completions.create(model="fake-model", prompt=[list(b"hello"), list(b"xyz")], max_tokens=4,
+                                           stream=True, stream_options={"include_usage": True}):
+        for c in chunk.choices:
+            texts[c.index] = texts.get(c.index, "") + c.text
+        usage = chunk.usage or None
+    assert texts == {0: expected_text("hello", 4), 1: expected_text("xyz", 4)}
+    alone = [client.completions.create(model="fake-model", prompt=p, max_tokens=4).usage for p in ("hello", "xyz")]
+    assert (usage.prompt_tokens, usage.completion_tokens) == (8, sum(u.completion_tokens for u in alone))
+
+
 @pytest.mark.fake_kwargs(max_batch=1, max_waiting=2, step_s=0.002)
 def test_a_refusal_turns_away_every_choice(fake_server):
     """Five choices cannot fit one slot and a queue of two: 429, and the choices already

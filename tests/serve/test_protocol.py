@@ -66,13 +66,20 @@ def test_checks_that_need_the_prompt(req, prompt_len, param, match):
     ({"max_tokens": 0}, "max_tokens"), ({"max_tokens": 3.0}, "max_tokens"), ({"logprobs": 6}, "logprobs"),
     ({"presence_penalty": 0.5}, "presence_penalty"), ({"echo": True}, "echo"), ({"stop": [""]}, "stop"),
     ({"stop": ["a"] * 17}, "stop"), ({"seed": -1}, "seed"), ({"top_k": -2}, "top_k"), ({"stream": "yes"}, "stream"),
-    ({"prompt": ["a"]}, "prompt"), ({"prompt": [-1]}, "prompt"), ({"frequency_penalty": 1}, "frequency_penalty"),
+    ({"prompt": ["a", 1]}, "prompt"), ({"prompt": ["a"] * 65}, "prompt"), ({"prompt": [-1]}, "prompt"), ({"frequency_penalty": 1}, "frequency_penalty"),
     ({"logit_bias": {"5": 1.0}}, "logit_bias"), ({"tempearture": 0.5}, "tempearture"),
 ], ids=lambda v: str(v) if isinstance(v, str) else None)
 def test_completion_request_rejects(extra, field):
     with pytest.raises(ValidationError) as e:
         CompletionRequest.model_validate({"model": "m", "prompt": "x", **extra})
     assert e.value.errors()[0]["loc"][0] == field
+
+
+@pytest.mark.parametrize("prompt, prompts", [
+    ("hi", ["hi"]), ([1, 2], [[1, 2]]), (["a", "b"], ["a", "b"]), ([[1], [2, 3]], [[1], [2, 3]]), ([], [[]]),
+])
+def test_a_completion_takes_one_prompt_or_a_list(prompt, prompts):
+    assert CompletionRequest.model_validate({"model": "m", "prompt": prompt}).prompts() == prompts
 
 
 def test_neutral_openai_fields_are_accepted():
