@@ -9,7 +9,9 @@ rows take the GPU, driver, versions and commit from the machine that converts):
 One row per test case: kind "test", test_id (`path::name[params]`, as pytest
 prints it), outcome (passed / failed / error / skipped), seconds and, when not
 passed, the first 400 characters of the message; then one kind "summary" row
-with the counts. `sparkinfer bench summarize` never tabulates these files.
+with the counts. A test case with no name is the test a timeout interrupted
+(pytest writes an empty one): an error row, test_id "(interrupted)", never a pass.
+`sparkinfer bench summarize` never tabulates these files.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ def junit_rows(path: str | Path) -> list[dict]:
     for suite in suites:
         for case in suite.iter("testcase"):
             outcome, message = "passed", None
+            if not case.get("classname") and not case.get("name"):
+                outcome, message = "error", "an unnamed test case: the run was interrupted during a test"
             for tag in ("failure", "error", "skipped"):
                 el = case.find(tag)
                 if el is not None:
@@ -49,7 +53,8 @@ def junit_rows(path: str | Path) -> list[dict]:
                     message = (el.get("message") or el.text or "")[:400]
                     break
             counts[outcome] += 1
-            row = dict(kind="test", test_id=_test_id(case), outcome=outcome,
+            test_id = _test_id(case) if case.get("name") else "(interrupted)"
+            row = dict(kind="test", test_id=test_id, outcome=outcome,
                        seconds=float(case.get("time", 0) or 0))
             if message:
                 row["message"] = message

@@ -26,6 +26,9 @@ from tests.serve.fake_engine import FakeEngine
 # Deadlines, seconds: far above what a request takes here (milliseconds), so only a
 # hang fails them, even with four other test runs on the same two cores.
 DEADLINE_S = 60.0
+# A server process's start (Python, torch and the server stack imported): 9 s alone on the
+# 2-core CI machine, past 60 s there with both test workers and their ranks running beside it.
+START_S = 300.0
 # Fast stop timings for in-process servers (the defaults wait 30 s for in-flight requests).
 LIMITS = ServerLimits(grace_s=10.0, failure_grace_s=5.0, flush_s=5.0, poll_s=0.02)
 

@@ -15,7 +15,7 @@ from sparkinfer.bench.serve_process import started_server
 from sparkinfer.cli import main
 from sparkinfer.engine.config import EngineConfig
 from sparkinfer.errors import SetupError
-from tests.serve.conftest import DEADLINE_S, wait_until
+from tests.serve.conftest import DEADLINE_S, START_S, wait_until
 from tests.serve.fake_engine import FakeEngine
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,7 +72,7 @@ def test_sigterm_finishes_in_flight_requests_closes_the_engine_and_exits_0():
     """The real signal path: uvicorn in a process's main thread, started as `bench
     serve` starts a server. A stream is in flight when SIGTERM arrives; it completes
     with every token, then the process closes the engine and exits 0."""
-    with started_server([sys.executable, "-m", "tests.serve.fake_serve"], DEADLINE_S, cwd=ROOT) as server:
+    with started_server([sys.executable, "-m", "tests.serve.fake_serve"], START_S, cwd=ROOT) as server:
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=DEADLINE_S)
         stream = client.completions.create(model="fake-model", prompt="abc", max_tokens=300, stream=True,
                                            extra_body={"ignore_eos": True})  # 300 x 5 ms: in flight at SIGTERM

@@ -66,7 +66,8 @@ def test_checks_that_need_the_prompt(req, prompt_len, param, match):
     ({"max_tokens": 0}, "max_tokens"), ({"max_tokens": 3.0}, "max_tokens"), ({"logprobs": 6}, "logprobs"),
     ({"presence_penalty": 0.5}, "presence_penalty"), ({"echo": True}, "echo"), ({"stop": [""]}, "stop"),
     ({"stop": ["a"] * 17}, "stop"), ({"seed": -1}, "seed"), ({"top_k": -2}, "top_k"), ({"stream": "yes"}, "stream"),
-    ({"prompt": ["a", 1]}, "prompt"), ({"prompt": ["a"] * 65}, "prompt"), ({"prompt": [-1]}, "prompt"), ({"frequency_penalty": 1}, "frequency_penalty"),
+    ({"prompt": ["a", 1]}, "prompt"), ({"prompt": ["a"] * 65}, "prompt"), ({"prompt": [-1]}, "prompt"),
+    ({"frequency_penalty": 1}, "frequency_penalty"),
     ({"logit_bias": {"5": 1.0}}, "logit_bias"), ({"tempearture": 0.5}, "tempearture"),
 ], ids=lambda v: str(v) if isinstance(v, str) else None)
 def test_completion_request_rejects(extra, field):
