@@ -161,13 +161,16 @@ def _random_fp8(e, n, r, gen):
     """E4M3 codes of magnitude 2**-3..2**3 (exponent fields 4..10, any
     mantissa and sign) and block scales ~ 1/(4 sqrt(r)): weights of about the
     size a trained layer has, no NaN codes."""
-    dev = dict(device="cuda", generator=gen)
-    sign = torch.randint(0, 2, (e, n, r), dtype=torch.uint8, **dev) << 7
-    expo = torch.randint(4, 11, (e, n, r), dtype=torch.uint8, **dev) << 3
-    mant = torch.randint(0, 8, (e, n, r), dtype=torch.uint8, **dev)
+    dev = dict(device=gen.device, generator=gen)
+    # in place, two code-sized tensors at most: DeepSeek-V3's fc1 codes are 7 GiB, and
+    # out-of-place shifts and ors peaked near six of them, which ran an 80 GB H100 out of
+    # memory beside three other test workers (gpu_tests_h100.json)
+    codes = torch.randint(0, 2, (e, n, r), dtype=torch.uint8, **dev).bitwise_left_shift_(7)
+    codes |= torch.randint(4, 11, (e, n, r), dtype=torch.uint8, **dev).bitwise_left_shift_(3)
+    codes |= torch.randint(0, 8, (e, n, r), dtype=torch.uint8, **dev)
     nb, kb = -(-n // 128), -(-r // 128)
     scale = (torch.rand(e, nb, kb, **dev) + 0.5) / (4.0 * r ** 0.5)
-    return FP8BlockTensor((sign | expo | mant).view(torch.float8_e4m3fn), scale)
+    return FP8BlockTensor(codes.view(torch.float8_e4m3fn), scale)
 
 
 @pytest.mark.parametrize("shape,t", FP8_CASES, ids=[f"{s}-T{t}" for s, t in FP8_CASES])
