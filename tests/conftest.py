@@ -7,12 +7,13 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 
-from sparkinfer.runtime.interpreter import exact_dots  # noqa: E402
+from sparkinfer.runtime import interpreter  # noqa: E402
 
 # CPU ranks and in-process kernels run through the Triton interpreter; the
 # launcher sets this for its children, and this covers in-process tests.
 os.environ.setdefault("TRITON_INTERPRET", "1")
-exact_dots()  # interpreted dots whose bits do not follow the host's BLAS (CPU ranks do the same)
+# interpreted dots whose bits do not follow the host's BLAS, and cheaper helper calls (CPU ranks do the same)
+interpreter.install()
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's worker hook reads the groups into the test ids

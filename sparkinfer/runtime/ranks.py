@@ -120,9 +120,9 @@ def _child(fn, rank, world_size, backend, init_method, args, env, results, launc
     os.environ.update(env)
     if backend == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"
-        from sparkinfer.runtime.interpreter import exact_dots
+        from sparkinfer.runtime import interpreter
 
-        exact_dots()
+        interpreter.install()
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         import torch
