@@ -44,7 +44,8 @@ def junit_rows(path: str | Path) -> list[dict]:
     for suite in suites:
         for case in suite.iter("testcase"):
             outcome, message = "passed", None
-            if not case.get("classname") and not case.get("name"):
+            unnamed = not case.get("name")
+            if unnamed:
                 outcome, message = "error", "an unnamed test case: the run was interrupted during a test"
             for tag in ("failure", "error", "skipped"):
                 el = case.find(tag)
@@ -53,8 +54,7 @@ def junit_rows(path: str | Path) -> list[dict]:
                     message = (el.get("message") or el.text or "")[:400]
                     break
             counts[outcome] += 1
-            test_id = _test_id(case) if case.get("name") else "(interrupted)"
-            row = dict(kind="test", test_id=test_id, outcome=outcome,
+            row = dict(kind="test", test_id="(interrupted)" if unnamed else _test_id(case), outcome=outcome,
                        seconds=float(case.get("time", 0) or 0))
             if message:
                 row["message"] = message

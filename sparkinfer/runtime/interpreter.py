@@ -72,13 +72,12 @@ def cheaper_calls() -> None:
     import triton.language as tl
     from triton.runtime import interpreter
 
-    names: dict[int, tuple[object, list[str]]] = {}
+    names: dict[object, list[str]] = {}  # package (a module or a class) -> its builtins' names
 
     def patch_builtin(pkg, builder, scope):
-        known = names.get(id(pkg))
-        if known is None or known[0] is not pkg:
-            known = names[id(pkg)] = (pkg, [n for n, m in inspect.getmembers(pkg) if tl.core.is_builtin(m)])
-        for name in known[1]:
+        if pkg not in names:
+            names[pkg] = [n for n, m in inspect.getmembers(pkg) if tl.core.is_builtin(m)]
+        for name in names[pkg]:
             member = getattr(pkg, name)
             if tl.core.is_builtin(member):
                 interpreter._patch_attr(pkg, name, member, builder, scope)

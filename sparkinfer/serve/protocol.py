@@ -143,6 +143,11 @@ class _Sampling(_Request):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
+def _prompt_list(prompt) -> list:
+    """A completions prompt as a list of prompts: a text or a token list is one."""
+    return [prompt] if isinstance(prompt, str) or not prompt or isinstance(prompt[0], int) else list(prompt)
+
+
 class CompletionRequest(_Sampling):
     """POST /v1/completions. prompt: a string (tokenized by the checkpoint's tokenizer),
     token ids, or a list of either (prompts x n up to MAX_ENGINE_REQUESTS; choice p * n + i
@@ -159,14 +164,13 @@ class CompletionRequest(_Sampling):
     @field_validator("prompt")
     @classmethod
     def _few_prompts(cls, v):
-        if v and isinstance(v, list) and not isinstance(v[0], int) and len(v) > MAX_ENGINE_REQUESTS:
+        if len(_prompt_list(v)) > MAX_ENGINE_REQUESTS:
             raise ValueError(f"{len(v)} prompts in one request; send at most {MAX_ENGINE_REQUESTS}")
         return v
 
     def prompts(self) -> list[str | list[int]]:
         """The request's prompts: one, or the list it sent."""
-        p = self.prompt
-        return [p] if isinstance(p, str) or not p or isinstance(p[0], int) else list(p)
+        return _prompt_list(self.prompt)
 
     @field_validator("echo")
     @classmethod
