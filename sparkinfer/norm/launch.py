@@ -26,9 +26,11 @@ def check_rows(name: str, t: torch.Tensor, h: int) -> None:
 
 # add_rms_norm launched with programmatic dependent launch (kernel.py, WAIT): behind a
 # projection (`linear` lets its successor launch at entry) its programs could be
-# resident when the projection ends. Off until timed on a GPU (compiled for sm_90 on
-# the CPU: tests/models/test_compile_sm90.py).
-NORM_WAIT = False
+# resident when the projection ends (compiled for sm_90 on the CPU:
+# tests/models/test_compile_sm90.py).
+# On since one H100 A/B of the three flags at f6becbb (batch 1: Qwen3-30B-A3B -1.3% on,
+# -3.0% with one-warp routing too; sweeps/decode_pdl_flags_ab_h100.json, docs/performance.md).
+NORM_WAIT = True
 
 
 def row_launch(h: int, device) -> dict:

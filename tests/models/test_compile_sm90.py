@@ -1,7 +1,7 @@
 """The decoder's row kernels and the prefill gemm's schedules compile for the H200
 (sm_90) at Qwen3-30B-A3B's dims on a CPU machine (ptxas only, no GPU), with
-programmatic dependent launch where it is built in (off by default until timed on a
-GPU: rope.launch.ROPE_PDL, norm.launch.NORM_WAIT, moe.routing.launch.ROUTING_PDL):
+programmatic dependent launch where it is built in (rope.launch.ROPE_PDL,
+norm.launch.NORM_WAIT, moe.routing.launch.ROUTING_PDL; on since an H100 timed them):
 a kernel launched early reads only what its predecessor does not write (rope: the
 positions, slots and rotary rows) and writes nothing before `griddepcontrol.wait`.
 

@@ -66,10 +66,11 @@ def test_launches_compile_for_sm90(compiled, name, fmt, t):
     micro = rows[0]["family"] == "micro"
     for r in rows:
         assert r["sm90"] and r["shared"] <= H200_MAX_SHARED and r["spill"] == 0, r
-        # programmatic dependent launch (micro only): a kernel launched early waits for
-        # its predecessor's grid before reading; FC1 and FC2 let their successor launch
-        dependent = micro and r["kernel"] in ("moe_act_kernel", "moe_fc2_kernel",
-                                              "moe_reduce_kernel")
+        # programmatic dependent launch: a kernel launched early waits for its predecessor's
+        # grid before reading (the routing behind the router projection at any T, the
+        # micro family's later kernels); FC1 and FC2 let their successor launch
+        dependent = r["kernel"] == "routing_kernel" or micro and r["kernel"] in (
+            "moe_act_kernel", "moe_fc2_kernel", "moe_reduce_kernel")
         assert r["launch_pdl"] == dependent and (r["pdl_waits"] > 0) == dependent, r
         assert (r["pdl_triggers"] > 0) == (micro and r["kernel"] in (
             "moe_fc1_kernel", "moe_act_kernel", "moe_fc2_kernel")), r

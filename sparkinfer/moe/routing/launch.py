@@ -16,10 +16,12 @@ from sparkinfer.moe.spec import MoESpec
 # Programmatic dependent launch behind the router projection (kernel.py), and one warp
 # a token instead of four: each of the K selections is a max and a min over the E
 # scores, in a chain, and within one warp a reduction is shuffles alone (across four it
-# also crosses shared memory and a barrier). Both off until timed on a GPU (compiled
-# for sm_90 on the CPU: tests/models/test_compile_sm90.py).
-ROUTING_PDL = False
-ROUTING_WARPS = 4
+# also crosses shared memory and a barrier). Compiled for sm_90 on the CPU
+# (tests/models/test_compile_sm90.py).
+# On since one H100 A/B of the three flags at f6becbb (batch 1: Qwen3-30B-A3B -1.3% on,
+# -3.0% with one-warp routing too; sweeps/decode_pdl_flags_ab_h100.json, docs/performance.md).
+ROUTING_PDL = True
+ROUTING_WARPS = 1
 
 
 def route(logits: torch.Tensor, spec: MoESpec, out: tuple[torch.Tensor, torch.Tensor], *,
