@@ -6,6 +6,7 @@ import torch
 
 from sparkinfer.errors import DTypeError, LayoutError, ShapeError
 from sparkinfer.linear import gemm
+from sparkinfer.linear.gemm import GEMM_CANDIDATES
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter on CPU (TRITON_INTERPRET=1)
 
@@ -43,27 +44,37 @@ def test_a_row_is_the_same_bits_at_any_m_beside_any_rows():
         assert torch.equal(gemm(x, w)[at], alone[0]), (m, at)
 
 
-def test_every_tile_gives_the_same_bits():
-    """The tile follows the output's size (`gemm_tile`), so a row's bits must not follow
-    the tile: each candidate of the tile sweep, by per-thread loads and by TMA
-    descriptors, one program a tile and persistent (warp-specialized with TMA), against
-    the planned one, bitwise."""
-    from sparkinfer.linear.gemm import GEMM_CANDIDATES, GEMM_MID, GEMM_NARROW, GEMM_WIDE, gemm_tile
+def test_the_tile_follows_the_output_size():
+    from sparkinfer.linear.gemm import GEMM_MID, GEMM_NARROW, GEMM_WIDE, gemm_tile
 
     assert gemm_tile(256, 2048) == GEMM_NARROW and gemm_tile(1024, 2048) == GEMM_WIDE
     assert gemm_tile(256, 5120) == GEMM_MID and gemm_tile(512, 2048) == GEMM_MID
     assert gemm_tile(4096, 128) == GEMM_NARROW  # a router: 32 wide tiles would idle most SMs
+
+
+@pytest.fixture(scope="module")
+def ragged():
+    """x, w ragged in every dimension and the planned tile's output."""
     g = torch.Generator().manual_seed(2)
-    m, n, k = 200, 192, 160  # ragged in every dimension
+    m, n, k = 200, 192, 160
     x = torch.randn(m, k, generator=g).to(torch.bfloat16).to(DEV)
     w = (torch.randn(n, k, generator=g) / k ** 0.5).to(torch.bfloat16).to(DEV)
-    planned = gemm(x, w)
-    for name, tile in GEMM_CANDIDATES.items():
-        for tma, schedule in ((False, "tiles"), (True, "tiles"), (False, "persistent"), (True, "persistent"),
-                              (True, "ws")):
-            out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=DEV)
-            assert torch.equal(gemm(x, w, out=out, tile=tile, tma=tma, schedule=schedule), planned), \
-                (name, tma, schedule)
+    return x, w, gemm(x, w)
+
+
+_LOADS = ((False, "tiles"), (True, "tiles"), (False, "persistent"), (True, "persistent"), (True, "ws"))
+
+
+@pytest.mark.parametrize("tma,schedule", _LOADS, ids=[f"{'tma' if t else 'ptr'}-{s}" for t, s in _LOADS])
+@pytest.mark.parametrize("name", GEMM_CANDIDATES)
+def test_every_tile_gives_the_same_bits(ragged, name, tma, schedule):
+    """The tile follows the output's size (`gemm_tile`), so a row's bits must not follow
+    the tile: each candidate of the tile sweep, by per-thread loads and by TMA
+    descriptors, one program a tile and persistent (warp-specialized with TMA), against
+    the planned one, bitwise (one case each, so a run names the one that fails or stalls)."""
+    x, w, planned = ragged
+    out = torch.full(planned.shape, float("nan"), dtype=torch.bfloat16, device=DEV)
+    assert torch.equal(gemm(x, w, out=out, tile=GEMM_CANDIDATES[name], tma=tma, schedule=schedule), planned)
 
 
 def test_unaligned_rows_take_per_thread_loads():
