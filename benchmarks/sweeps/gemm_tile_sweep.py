@@ -49,7 +49,7 @@ def main() -> int:
                     help="comma list of gemm schedules (tiles, persistent, ws); beyond tiles, each is timed "
                          "with TMA loads on the --schedule-tiles candidates")
     # warp specialization partitions 4-warp tiles only (sparkinfer/linear/gemm.py)
-    ap.add_argument("--schedule-tiles", default="128x64,64x128,128x128-w4,128x128")
+    ap.add_argument("--schedule-tiles", default="64x64,64x128,128x128-w4,128x128")
     ap.add_argument("--out", default=None, help="default benchmarks/results/sweeps/gemm_tile_sweep_<machine>.json")
     ap.add_argument("--dry-run", action="store_true", help="CPU, interpreter, tiny shapes")
     args = ap.parse_args()

@@ -67,7 +67,10 @@ GEMM_TMA = True
 # tests/models/test_compile_sm90.py): the loop is partitioned (a producer warp and
 # setmaxnreg) for tiles of 4 warps only; at 8 warps (128 x 128, 128 x 256) it stays
 # one partition, the persistent schedule. Untimed: benchmarks/sweeps/gemm_tile_sweep.py
-# --schedules times them.
+# --schedules times them. On an H100 (tests/linear/test_gemm.py at 803535e, one case per
+# tile and schedule, gpu_tests_h100.json) every case finished in seconds but two that
+# stalled past 200 s, "ws" on the 128-row tiles of 4 warps (128 x 64, 128 x 128) as the
+# order xdist ran them in says, so `gemm` refuses those two rather than hang.
 GEMM_SCHEDULE = "tiles"
 _SCHEDULES = {"tiles": 0, "persistent": 1, "ws": 2}
 # The tiles `benchmarks/sweeps/gemm_tile_sweep.py` times beside the planned one.
@@ -200,6 +203,9 @@ def gemm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
     if schedule not in _SCHEDULES or (schedule == "ws" and not tma):
         raise LayoutError(f"gemm: schedule must be one of {sorted(_SCHEDULES)} ('ws' with TMA loads); got "
                           f"{schedule!r} with tma={tma}")
+    if schedule == "ws" and bm > 64 and warps == 4:  # stalled on an H100 (GEMM_SCHEDULE)
+        raise LayoutError(f"gemm: schedule 'ws' on a {bm}-row tile of {warps} warps stalled on an H100 (Triton 3.6); "
+                          "use 'persistent', a 64-row tile or 8 warps")
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     grid = (tiles if schedule == "tiles" else min(tiles, _sm_count(x.device)),)
     gemm_kernel[grid](d_x, d_w, bias if bias is not None else w, out, m, n, k, x.stride(0), w.stride(0),

@@ -74,6 +74,11 @@ def test_every_tile_gives_the_same_bits(ragged, name, tma, schedule):
     the planned one, bitwise (one case each, so a run names the one that fails or stalls)."""
     x, w, planned = ragged
     out = torch.full(planned.shape, float("nan"), dtype=torch.bfloat16, device=DEV)
+    bm, _, _, _, warps, _ = GEMM_CANDIDATES[name]
+    if schedule == "ws" and bm > 64 and warps == 4:  # stalled on an H100: refused (gemm.GEMM_SCHEDULE)
+        with pytest.raises(LayoutError, match="stalled"):
+            gemm(x, w, out=out, tile=GEMM_CANDIDATES[name], tma=tma, schedule=schedule)
+        return
     assert torch.equal(gemm(x, w, out=out, tile=GEMM_CANDIDATES[name], tma=tma, schedule=schedule), planned)
 
 

@@ -87,7 +87,7 @@ CASES = {
     "norm-t1-wait": lambda: _norm(1, True),
     "routing-t1-pdl-w1": lambda: _routing(1, True, 1),
     "gemm-qkv-1024-persistent": lambda: _gemm(1024, (HQ + 2 * KVH) * D, H, "128x128", "persistent"),
-    "gemm-qkv-1024-ws": lambda: _gemm(1024, (HQ + 2 * KVH) * D, H, "128x128-w4", "ws"),
+    "gemm-qkv-1024-ws": lambda: _gemm(1024, (HQ + 2 * KVH) * D, H, "64x128", "ws"),
 }
 
 
