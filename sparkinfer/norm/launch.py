@@ -28,8 +28,7 @@ def check_rows(name: str, t: torch.Tensor, h: int) -> None:
 # projection (`linear` lets its successor launch at entry) its programs could be
 # resident when the projection ends (compiled for sm_90 on the CPU:
 # tests/models/test_compile_sm90.py).
-# On since one H100 A/B of the three flags at f6becbb (batch 1: Qwen3-30B-A3B -1.3% on,
-# -3.0% with one-warp routing too; sweeps/decode_pdl_flags_ab_h100.json, docs/performance.md).
+# On since an H100 A/B (moe/routing/launch.py has its numbers).
 NORM_WAIT = True
 
 

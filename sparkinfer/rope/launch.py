@@ -28,8 +28,7 @@ MAX_BLOCK_ROWS = 8
 # its successor launch at entry, so rope's programs could be resident, with their
 # positions, slots and rotary rows read, when the projection ends (compiled for sm_90 on
 # the CPU: tests/models/test_compile_sm90.py).
-# On since one H100 A/B of the three flags at f6becbb (batch 1: Qwen3-30B-A3B -1.3% on,
-# -3.0% with one-warp routing too; sweeps/decode_pdl_flags_ab_h100.json, docs/performance.md).
+# On since an H100 A/B (moe/routing/launch.py has its numbers).
 ROPE_PDL = True
 
 __all__ = ["RotaryTable", "rotary_table", "rope_qk_cache", "rope_block_rows", "MAX_BLOCK_ROWS"]

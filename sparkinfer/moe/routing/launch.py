@@ -18,8 +18,9 @@ from sparkinfer.moe.spec import MoESpec
 # scores, in a chain, and within one warp a reduction is shuffles alone (across four it
 # also crosses shared memory and a barrier). Compiled for sm_90 on the CPU
 # (tests/models/test_compile_sm90.py).
-# On since one H100 A/B of the three flags at f6becbb (batch 1: Qwen3-30B-A3B -1.3% on,
-# -3.0% with one-warp routing too; sweeps/decode_pdl_flags_ab_h100.json, docs/performance.md).
+# These two, rope.launch.ROPE_PDL and norm.launch.NORM_WAIT are on since an H100 A/B in
+# two calls (sweeps/decode_pdl_flags_ab_h100.json, docs/performance.md): batch 1 Qwen3-30B-A3B
+# -1.3% with the three PDL flags, -3% with one-warp routing too; GLM-4.5-Air and Mixtral -0.6%.
 ROUTING_PDL = True
 ROUTING_WARPS = 1
 
