@@ -24,6 +24,11 @@ _MIN_PROGRAMS = 128  # about one per SM of an H200 (132)
 # 7.9 / 23.1 in blocks of 32 (36 heads fill 64 rows: 28 idle), 5.0 / 13.7 / 49.1 in
 # blocks of 1; the same bits in every case.
 MAX_BLOCK_ROWS = 8
+# Under the interpreter, which runs programs one after another at a fixed cost each (the
+# front end's, per operation), up to 4,096 elements a program: an 8-token chunk of 4 + 2
+# heads (D 64) took 141 ms in 6 programs of 8 rows, 31 ms in one of 64, the same bits
+# (the head norm's sum is exact: kernel.py).
+INTERPRETED_BLOCK_ROWS = 64
 # Programmatic dependent launch (kernel.py): the qkv projection before it (`linear`) lets
 # its successor launch at entry, so rope's programs could be resident, with their
 # positions, slots and rotary rows read, when the projection ends (compiled for sm_90 on
@@ -40,10 +45,15 @@ def _min_programs(device: torch.device) -> int:
     return _MIN_PROGRAMS if device.type == "cuda" else 1
 
 
-def rope_block_rows(rows: int, block_d: int, min_programs: int) -> int:
-    """(token, head) rows a program takes: MAX_BLOCK_ROWS (at most 4,096 elements),
-    halved while fewer than min_programs programs would cover `rows`. Pure."""
-    block = max(1, min(MAX_BLOCK_ROWS, 4096 // block_d))
+def _max_block_rows(device: torch.device) -> int:
+    """Rows a program may take: MAX_BLOCK_ROWS on a GPU, INTERPRETED_BLOCK_ROWS on the CPU."""
+    return INTERPRETED_BLOCK_ROWS if device.type == "cpu" else MAX_BLOCK_ROWS
+
+
+def rope_block_rows(rows: int, block_d: int, min_programs: int, max_rows: int | None = None) -> int:
+    """(token, head) rows a program takes: max_rows (default MAX_BLOCK_ROWS; at most
+    4,096 elements), halved while fewer than min_programs programs would cover `rows`. Pure."""
+    block = max(1, min(MAX_BLOCK_ROWS if max_rows is None else max_rows, 4096 // block_d))
     while block > 1 and triton.cdiv(rows, block) < min_programs:
         block //= 2
     return block
@@ -108,7 +118,7 @@ def rope_qk_cache(qkv: torch.Tensor, positions: torch.Tensor, slots: torch.Tenso
         return q_out
     block_d = triton.next_power_of_2(d)
     rows = t * (hq + kvh)
-    block_rows = rope_block_rows(rows, block_d, _min_programs(qkv.device))
+    block_rows = rope_block_rows(rows, block_d, _min_programs(qkv.device), _max_block_rows(qkv.device))
     qw, kw = norms if norms is not None else (table.cos, table.cos)
     pdl = ROPE_PDL and qkv.device.type != "cpu" and not triton_interpret()
     rope_qk_cache_kernel[(triton.cdiv(rows, block_rows),)](

@@ -16,17 +16,22 @@ their magnitudes span more than about 2^30), so the bits no longer follow the bl
 
 from __future__ import annotations
 
-__all__ = ["install", "exact_dots", "cheaper_calls"]
+__all__ = ["install", "exact_dots", "cheaper_calls", "lighter_types", "plain_bf16_casts"]
 
 _installed = False
 _calls_installed = False
+_types_installed = False
+_casts_installed = False
 _replaced: dict[str, object] = {}  # the interpreter's own functions that cheaper_calls replaced
 
 
 def install() -> None:
-    """`exact_dots` and `cheaper_calls` (idempotent; no-ops unless TRITON_INTERPRET=1)."""
+    """`exact_dots`, `cheaper_calls`, `lighter_types` and `plain_bf16_casts` (idempotent;
+    no-ops unless TRITON_INTERPRET=1)."""
     exact_dots()
     cheaper_calls()
+    lighter_types()
+    plain_bf16_casts()
 
 
 def exact_dots() -> None:
@@ -99,3 +104,123 @@ def cheaper_calls() -> None:
     interpreter._patch_builtin = patch_builtin
     interpreter._get_np_dtype = np_dtype
     _calls_installed = True
+
+
+def lighter_types() -> None:
+    """Triton 3.6's front end rebuilds the type of a shape at every operation, and the
+    interpreter runs the front end once per program: each tensor made holds its shape
+    as a `tl.tuple` of constexprs whose `tuple_type` formats a name string, and each
+    `block_type` unwraps its shape into another such tuple and formats one more. In a
+    CPU rank's prefix-reuse test (tests/engine/test_prefix_reuse_ranks.py, py-spy)
+    `block_type.__init__` and `tl.tuple.__init__` were 20% and 19% of the samples.
+    Here a shape's `tuple_type`, element count and constexprs are made once per shape
+    (a dict by its ints), and the two names are formatted only when read; every type
+    and value compares and prints as before. The interpreted rope kernel of an 8-token
+    chunk: 266-276 -> 143-148 ms a call, the same bits (this host, process time).
+    Idempotent; a no-op unless TRITON_INTERPRET=1."""
+    global _types_installed
+    from sparkinfer.envs import triton_interpret
+
+    if _types_installed or not triton_interpret():
+        return
+    import builtins
+    import math
+
+    import triton.language.core as core
+    from triton._utils import validate_block_shape
+
+    tl_tuple, constexpr, constexpr_type = core.tuple, core.constexpr, core.constexpr_type
+    shapes: dict[tuple, tuple] = {}  # shape's ints -> (tuple_type, numel, its constexprs, numel as one)
+
+    def shape(key: tuple) -> tuple:
+        e = shapes.get(key)
+        if e is None:  # validated before it is kept: a bad shape raises as the original does, every time
+            numel = validate_block_shape(key) if key else 1
+            e = shapes[key] = (core.tuple_type([constexpr_type(d) for d in key]), numel,
+                               [constexpr(d) for d in key], constexpr(math.prod(key)))
+        return e
+
+    def ints(values):
+        """values as a tuple of ints, or None when one is neither an int nor a constexpr of one."""
+        out = []
+        for v in values:
+            if type(v) is constexpr:
+                v = v.value
+            if type(v) is not int:
+                return None
+            out.append(v)
+        return builtins.tuple(out)
+
+    own_types = core._type_for_tuple_values
+
+    def type_for_tuple_values(values, fields=None):
+        key = None if fields is not None else ints(values)
+        return own_types(values, fields) if key is None else shape(key)[0]
+
+    def tuple_type_init(self, types, fields=None):
+        self.types = types
+        self.fields = fields or [''] * len(types)
+
+    def block_type_init(self, element_ty, dims):
+        self.element_ty = element_ty
+        assert isinstance(dims, (list, builtins.tuple, tl_tuple))
+        key = ints(dims.values if isinstance(dims, tl_tuple) else dims)
+        if key is None:  # not plain ints: the original's unwrapping and its errors
+            key = builtins.tuple(core._unwrap_shape(dims))
+        if not key:
+            raise TypeError('0d block_type is forbidden')
+        ty, self.numel, _, _ = shape(key)
+        self.shape = tl_tuple(list(key), ty)
+
+    def tensor_init(self, handle, type):
+        self.handle = handle
+        ty, _, dims, numel = shape(builtins.tuple(type.shape.values) if type.is_block() else ())
+        self.numel = numel
+        self.type = type
+        self.dtype = type.scalar
+        self.shape = tl_tuple(list(dims), ty)  # a list of its own: `tl.tuple._setitem` writes in place
+
+    core._type_for_tuple_values = type_for_tuple_values
+    core.tuple_type.__init__ = tuple_type_init
+    core.tuple_type.name = property(lambda self: "[" + ",".join([f"{k}:{v}" for k, v in zip(self.fields, self.types)])
+                                    + "]")
+    core.block_type.__init__ = block_type_init
+    core.block_type.name = property(lambda self: f"<{self.shape}, {self.element_ty}>")
+    core.tensor.__init__ = tensor_init
+    _types_installed = True
+
+
+def plain_bf16_casts() -> None:
+    """The interpreter casts bf16 to fp32 and fp32 to bf16 (truncating) through a general
+    float converter: some twenty numpy passes over the block. Where no element is
+    subnormal (zeros are not) its result is the input's bits shifted by 16, which this
+    computes in one pass; blocks holding a subnormal take the converter, whose own
+    handling of them this keeps. 12.7% of the samples of the prefix-reuse test
+    (tests/engine/test_prefix_reuse_ranks.py, py-spy, after `lighter_types`) were in the
+    converter. tests/runtime/test_interpreter.py checks the bits against it. Idempotent;
+    a no-op unless TRITON_INTERPRET=1."""
+    global _casts_installed
+    from sparkinfer.envs import triton_interpret
+
+    if _casts_installed or not triton_interpret():
+        return
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    own = interpreter._convert_float
+
+    def convert_float(data, input_dtype, output_dtype, rounding_mode):
+        up = input_dtype == tl.bfloat16 and output_dtype == tl.float32
+        if not up and not (input_dtype == tl.float32 and output_dtype == tl.bfloat16 and rounding_mode is None):
+            return own(data, input_dtype, output_dtype, rounding_mode)
+        bits = np.ascontiguousarray(data).view(np.uint16 if up else np.uint32)
+        exponent, significand = (0x7F80, 0x7F) if up else (0x7F800000, 0x7FFFFF)
+        if np.any(((bits & exponent) == 0) & ((bits & significand) != 0)):  # a subnormal
+            return own(data, input_dtype, output_dtype, rounding_mode)
+        out = (bits.astype(np.uint32) << 16) if up else (bits >> 16).astype(np.uint16)
+        return out.reshape(data.shape)
+
+    _replaced.update(convert_float=own)
+    interpreter._convert_float = convert_float
+    _casts_installed = True

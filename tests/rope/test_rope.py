@@ -104,11 +104,12 @@ def test_row_blocks_across_tokens_give_the_same_bits(monkeypatch, block):
         q = rope_qk_cache(qkv, pos, slots, table, caches, (hq, kvh, d), norms=norms)
         return [x.view(torch.int16) for x in (q, *caches)]
 
-    monkeypatch.setattr(rope_launch, "MAX_BLOCK_ROWS", 32)
-    assert rope_launch.rope_block_rows(t * (hq + kvh), d, 1) == 32  # one program holds every row
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(rope_launch, "INTERPRETED_BLOCK_ROWS", 32)
+    assert rope_launch.rope_block_rows(t * (hq + kvh), d, 1, rope_launch._max_block_rows(cpu)) == 32  # every row
     wide = run()
-    monkeypatch.setattr(rope_launch, "MAX_BLOCK_ROWS", block)
-    assert rope_launch.rope_block_rows(t * (hq + kvh), d, 1) == block
+    monkeypatch.setattr(rope_launch, "INTERPRETED_BLOCK_ROWS", block)
+    assert rope_launch.rope_block_rows(t * (hq + kvh), d, 1, rope_launch._max_block_rows(cpu)) == block
     for a, b in zip(run(), wide):
         assert torch.equal(a, b)
 
@@ -121,3 +122,6 @@ def test_block_rows_rule(monkeypatch):
     assert rope_launch.rope_block_rows(64 * 36, 128, 128) == 16  # 144 programs
     assert rope_launch.rope_block_rows(36, 128, 128) == 1  # batch 1: one head a program
     assert rope_launch.rope_block_rows(10, 256, 1) == 16  # at most 4,096 elements
+    assert rope_launch.rope_block_rows(10 * 36, 64, 1, 64) == 64  # the interpreter's cap
+    assert rope_launch._max_block_rows(torch.device("cpu")) == rope_launch.INTERPRETED_BLOCK_ROWS
+    assert rope_launch._max_block_rows(torch.device("meta")) == rope_launch.MAX_BLOCK_ROWS

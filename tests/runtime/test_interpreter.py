@@ -1,10 +1,13 @@
-"""The interpreter's replaced internals (`sparkinfer.runtime.interpreter.cheaper_calls`,
-installed by the tests' conftest as in CPU ranks): the same dtypes as Triton's own
-lookup, and jitted helpers called from a kernel give the same values, with
-`triton.language`'s builtins restored after the launch."""
+"""The interpreter's replaced internals (`sparkinfer.runtime.interpreter.install`, run by
+the tests' conftest as in CPU ranks): the same dtypes as Triton's own lookup, jitted
+helpers called from a kernel give the same values with `triton.language`'s builtins
+restored after the launch, block types and shapes read as Triton's own (names, counts,
+errors), and bf16 casts give the general converter's bits."""
 
 from __future__ import annotations
 
+import numpy as np
+import pytest
 import torch
 import triton
 import triton.language as tl
@@ -55,3 +58,61 @@ def test_helpers_called_from_a_kernel_give_their_values_and_leave_the_builtins()
     want = torch.maximum(x, y) * 2 + x.view(3, 16).sum(1).repeat_interleave(16)
     torch.testing.assert_close(out, want, rtol=1e-6, atol=1e-6)
     assert _builtins() == before
+
+
+def test_block_types_and_shapes_read_as_tritons():
+    """Names, counts and shapes as Triton 3.6's own code makes them (printed by it unpatched)."""
+    b = tl.block_type(tl.float32, [8, tl.constexpr(64)])
+    assert b.name == "<['8', '64'], fp32>" and str(b) == b.name and b.numel == 512
+    assert type(b.shape) is tl.core.tuple and list(b.shape) == [8, 64]
+    assert b.shape.type.name == "[:constexpr_type[8],:constexpr_type[64]]"
+    assert b == tl.block_type(tl.float32, (8, 64)) and b != tl.block_type(tl.float16, [8, 64])
+    assert b.with_element_ty(tl.bfloat16).name == "<['8', '64'], bf16>"
+    assert tl.core.tuple([1, 2]).type.name == "[:constexpr_type[1],:constexpr_type[2]]"
+    assert tl.core.tuple([1, 2]).type == tl.core.tuple([tl.constexpr(1), 2]).type
+    with pytest.raises(ValueError, match="power of 2"):
+        tl.block_type(tl.float32, [3])
+    with pytest.raises(TypeError, match="0d block_type"):
+        tl.block_type(tl.float32, [])
+    with pytest.raises(TypeError, match="must have type"):
+        tl.block_type(tl.float32, [tl.constexpr(2.0)])
+
+
+@triton.jit
+def _shapes_kernel(x_ptr, out_ptr, R: tl.constexpr, C: tl.constexpr):
+    x = tl.load(x_ptr + tl.arange(0, R)[:, None] * C + tl.arange(0, C)[None, :])
+    tl.static_assert(x.shape[0] == R and x.shape[1] == C and x.numel == R * C)
+    tl.store(out_ptr + tl.arange(0, R), tl.sum(x, 1) + x.shape[1] + x.numel)
+
+
+def test_tensor_shapes_in_a_kernel():
+    x = torch.randn(4, 8)
+    out = torch.full((4,), float("nan"))
+    _shapes_kernel[(1,)](x, out, R=4, C=8)
+    torch.testing.assert_close(out, x.sum(1) + 8 + 32, rtol=1e-6, atol=1e-6)
+
+
+def _bits(n: int, width: int, seed: int) -> np.ndarray:
+    """n random bit patterns of `width` bits (every class: zeros, normals, subnormals, inf, NaN)."""
+    rng = np.random.default_rng(seed)
+    dtype = np.uint16 if width == 16 else np.uint32
+    x = rng.integers(0, 1 << width, n, dtype=np.uint64).astype(dtype)
+    x[:4] = [0, 1 << (width - 1), (0xFF << (width - 9)), 0x7FC0 << (width - 16)]  # +0, -0, inf, NaN
+    return x
+
+
+@pytest.mark.parametrize("up", [True, False], ids=["bf16-to-fp32", "fp32-to-bf16"])
+def test_bf16_casts_give_the_converters_bits(up):
+    own, ours = interpreter._replaced["convert_float"], triton_interpreter._convert_float
+    assert ours is not own  # installed
+    src, dst = (tl.bfloat16, tl.float32) if up else (tl.float32, tl.bfloat16)
+    x = _bits(1 << 16, 16, 1) if up else _bits(1 << 16, 32, 2).view(np.float32)
+    exponent, significand = (0x7F80, 0x7F) if up else (0x7F800000, 0x7FFFFF)
+    raw = x.view(np.uint16 if up else np.uint32)
+    subnormal = ((raw & exponent) == 0) & ((raw & significand) != 0)
+    assert subnormal.any() and not subnormal.all()
+    normal = x[~subnormal]
+    # strided and without subnormals (the one-pass path), then with them (the converter's)
+    for block in (normal[: normal.size // 2 * 2].reshape(-1, 2)[:, ::-1], x):
+        got, want = ours(block, src, dst, None), own(block, src, dst, None)
+        assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want)
