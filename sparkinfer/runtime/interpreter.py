@@ -16,7 +16,8 @@ their magnitudes span more than about 2^30), so the bits no longer follow the bl
 
 from __future__ import annotations
 
-__all__ = ["install", "exact_dots", "cheaper_calls", "lighter_types", "plain_bf16_casts"]
+__all__ = ["install", "exact_dots", "cheaper_calls", "lighter_types", "plain_bf16_casts",
+           "no_discarded_overflow_checks"]
 
 _installed = False
 _calls_installed = False
@@ -26,12 +27,13 @@ _replaced: dict[str, object] = {}  # the interpreter's own functions that cheape
 
 
 def install() -> None:
-    """`exact_dots`, `cheaper_calls`, `lighter_types` and `plain_bf16_casts` (idempotent;
-    no-ops unless TRITON_INTERPRET=1)."""
+    """`exact_dots`, `cheaper_calls`, `lighter_types`, `plain_bf16_casts` and
+    `no_discarded_overflow_checks` (idempotent; no-ops unless TRITON_INTERPRET=1)."""
     exact_dots()
     cheaper_calls()
     lighter_types()
     plain_bf16_casts()
+    no_discarded_overflow_checks()
 
 
 def exact_dots() -> None:
@@ -224,3 +226,25 @@ def plain_bf16_casts() -> None:
     _replaced.update(convert_float=own)
     interpreter._convert_float = convert_float
     _casts_installed = True
+
+
+def no_discarded_overflow_checks() -> None:
+    """Triton 3.6's interpreter options ask for integer overflow checks (sanitize_overflow)
+    but not for debug, and its `device_assert` returns at once without debug: every
+    integer add, sub and mul of a kernel built the check (two casts to int64, the op,
+    two compares, an and) and threw it away, 19% of the samples of the prefix-reuse test
+    (tests/engine/test_prefix_reuse_ranks.py, py-spy, after `lighter_types`). With debug
+    off nothing could read the check, so it is not built; with debug on (set on the
+    interpreter's builder) the options are left as they are. Idempotent; a no-op unless
+    TRITON_INTERPRET=1."""
+    from sparkinfer.envs import triton_interpret
+
+    if not triton_interpret():
+        return
+    import dataclasses
+
+    from triton.runtime import interpreter
+
+    options = interpreter.interpreter_builder.options
+    if options.sanitize_overflow and not options.debug:
+        interpreter.interpreter_builder.options = dataclasses.replace(options, sanitize_overflow=False)

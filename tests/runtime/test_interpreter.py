@@ -116,3 +116,22 @@ def test_bf16_casts_give_the_converters_bits(up):
     for block in (normal[: normal.size // 2 * 2].reshape(-1, 2)[:, ::-1], x):
         got, want = ours(block, src, dst, None), own(block, src, dst, None)
         assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want)
+
+
+@triton.jit
+def _wrap_kernel(x_ptr, out_ptr, N: tl.constexpr):
+    o = tl.arange(0, N)
+    x = tl.load(x_ptr + o)
+    tl.store(out_ptr + o, x * x + x - 7)
+
+
+def test_int32_arithmetic_wraps_unchecked_without_debug():
+    """The overflow checks are not built (debug off, where Triton's interpreter built and
+    discarded them): int32 products still wrap as they did, in two's complement."""
+    options = triton_interpreter.interpreter_builder.options
+    assert not options.debug and not options.sanitize_overflow
+    x = torch.tensor([3, 46341, -2**31 + 5, 2**31 - 1], dtype=torch.int32)
+    out = torch.zeros_like(x)
+    _wrap_kernel[(1,)](x, out, N=4)
+    want = (x.long() * x.long() + x.long() - 7 + 2**31) % 2**32 - 2**31
+    assert torch.equal(out.long(), want)
