@@ -132,15 +132,15 @@ def lighter_types() -> None:
     from triton._utils import validate_block_shape
 
     tl_tuple, constexpr, constexpr_type = core.tuple, core.constexpr, core.constexpr_type
-    shapes: dict[tuple, tuple] = {}  # shape's ints -> (tuple_type, numel, its constexprs, numel as one)
+    types: dict[tuple, object] = {}  # a tuple of ints -> its tuple_type (any ints: not only shapes)
+    numels: dict[tuple, int] = {}  # a valid block shape -> its element count
+    consts: dict[tuple, tuple] = {}  # a tensor's shape -> (its constexprs, their product as one)
 
-    def shape(key: tuple) -> tuple:
-        e = shapes.get(key)
-        if e is None:  # validated before it is kept: a bad shape raises as the original does, every time
-            numel = validate_block_shape(key) if key else 1
-            e = shapes[key] = (core.tuple_type([constexpr_type(d) for d in key]), numel,
-                               [constexpr(d) for d in key], constexpr(math.prod(key)))
-        return e
+    def tuple_type_of(key: tuple):
+        ty = types.get(key)
+        if ty is None:
+            ty = types[key] = core.tuple_type([constexpr_type(d) for d in key])
+        return ty
 
     def ints(values):
         """values as a tuple of ints, or None when one is neither an int nor a constexpr of one."""
@@ -157,7 +157,7 @@ def lighter_types() -> None:
 
     def type_for_tuple_values(values, fields=None):
         key = None if fields is not None else ints(values)
-        return own_types(values, fields) if key is None else shape(key)[0]
+        return own_types(values, fields) if key is None else tuple_type_of(key)
 
     def tuple_type_init(self, types, fields=None):
         self.types = types
@@ -171,16 +171,22 @@ def lighter_types() -> None:
             key = builtins.tuple(core._unwrap_shape(dims))
         if not key:
             raise TypeError('0d block_type is forbidden')
-        ty, self.numel, _, _ = shape(key)
-        self.shape = tl_tuple(list(key), ty)
+        numel = numels.get(key)
+        if numel is None:  # validated before it is kept: a bad shape raises as the original does, every time
+            numel = numels[key] = validate_block_shape(key)
+        self.numel = numel
+        self.shape = tl_tuple(list(key), tuple_type_of(key))
 
     def tensor_init(self, handle, type):
         self.handle = handle
-        ty, _, dims, numel = shape(builtins.tuple(type.shape.values) if type.is_block() else ())
-        self.numel = numel
+        key = builtins.tuple(type.shape.values) if type.is_block() else ()
+        v = consts.get(key)
+        if v is None:
+            v = consts[key] = ([constexpr(d) for d in key], constexpr(math.prod(key)))
+        self.numel = v[1]
         self.type = type
         self.dtype = type.scalar
-        self.shape = tl_tuple(list(dims), ty)  # a list of its own: `tl.tuple._setitem` writes in place
+        self.shape = tl_tuple(list(v[0]), tuple_type_of(key))  # a list of its own: `_setitem` writes in place
 
     core._type_for_tuple_values = type_for_tuple_values
     core.tuple_type.__init__ = tuple_type_init

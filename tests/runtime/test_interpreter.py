@@ -70,6 +70,7 @@ def test_block_types_and_shapes_read_as_tritons():
     assert b.with_element_ty(tl.bfloat16).name == "<['8', '64'], bf16>"
     assert tl.core.tuple([1, 2]).type.name == "[:constexpr_type[1],:constexpr_type[2]]"
     assert tl.core.tuple([1, 2]).type == tl.core.tuple([tl.constexpr(1), 2]).type
+    assert tl.core.tuple([3, 5]).type.name == "[:constexpr_type[3],:constexpr_type[5]]"  # any ints, not a shape
     with pytest.raises(ValueError, match="power of 2"):
         tl.block_type(tl.float32, [3])
     with pytest.raises(TypeError, match="0d block_type"):
