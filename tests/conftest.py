@@ -23,7 +23,8 @@ def pytest_collection_modifyitems(config, items):
     the other worker takes the rest: two such runs side by side put four or more
     spinning ranks on two cores. The whole suite on this 2-core machine, pytest's
     own time: 1,415 s with `-n 2` alone (a fresh-clone CI run), 1,343 s with this
-    grouping."""
+    grouping; 2,469 s as the suite grew, 1,316 s after the interpreter's front-end
+    costs were cut (runtime/interpreter.py)."""
     for item in items:
         if item.get_closest_marker("slow") is not None:
             item.add_marker(pytest.mark.xdist_group("ranks"))

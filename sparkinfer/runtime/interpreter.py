@@ -167,13 +167,17 @@ def lighter_types() -> None:
         self.element_ty = element_ty
         assert isinstance(dims, (list, builtins.tuple, tl_tuple))
         key = ints(dims.values if isinstance(dims, tl_tuple) else dims)
-        if key is None:  # not plain ints: the original's unwrapping and its errors
-            key = builtins.tuple(core._unwrap_shape(dims))
-        if not key:
+        if key is None:  # not plain ints: the original's unwrapping and its checks, never the table
+            key = builtins.tuple(core._unwrap_shape(dims))  # (2.0,) would find (2,) there: equal keys
+            if not key:
+                raise TypeError('0d block_type is forbidden')
+            numel = validate_block_shape(key)
+        elif not key:
             raise TypeError('0d block_type is forbidden')
-        numel = numels.get(key)
-        if numel is None:  # validated before it is kept: a bad shape raises as the original does, every time
-            numel = numels[key] = validate_block_shape(key)
+        else:
+            numel = numels.get(key)
+            if numel is None:  # validated before it is kept: a bad shape raises as the original does
+                numel = numels[key] = validate_block_shape(key)
         self.numel = numel
         self.shape = tl_tuple(list(key), tuple_type_of(key))
 

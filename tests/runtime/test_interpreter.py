@@ -75,6 +75,7 @@ def test_block_types_and_shapes_read_as_tritons():
         tl.block_type(tl.float32, [3])
     with pytest.raises(TypeError, match="0d block_type"):
         tl.block_type(tl.float32, [])
+    tl.block_type(tl.float32, [2])  # a float shape must not pass as the int one seen before (equal keys)
     with pytest.raises(TypeError, match="must have type"):
         tl.block_type(tl.float32, [tl.constexpr(2.0)])
 
