@@ -23,7 +23,7 @@ _installed = False
 _calls_installed = False
 _types_installed = False
 _casts_installed = False
-_replaced: dict[str, object] = {}  # the interpreter's own functions replaced here (for the tests)
+_replaced: dict[str, object] = {}  # the interpreter's own functions that cheaper_calls replaced
 
 
 def install() -> None:
@@ -166,16 +166,18 @@ def lighter_types() -> None:
     def block_type_init(self, element_ty, dims):
         self.element_ty = element_ty
         assert isinstance(dims, (list, builtins.tuple, tl_tuple))
-        plain = ints(dims.values if isinstance(dims, tl_tuple) else dims)
-        # not plain ints: the original's unwrapping and checks, never the table ((2.0,) would find (2,) there)
-        key = plain if plain is not None else builtins.tuple(core._unwrap_shape(dims))
-        if not key:
-            raise TypeError('0d block_type is forbidden')
-        numel = numels.get(key) if plain is not None else None
-        if numel is None:  # checked before it is kept: a bad shape raises as the original does, every time
+        key = ints(dims.values if isinstance(dims, tl_tuple) else dims)
+        if key is None:  # not plain ints: the original's unwrapping and its checks, never the table
+            key = builtins.tuple(core._unwrap_shape(dims))  # (2.0,) would find (2,) there: equal keys
+            if not key:
+                raise TypeError('0d block_type is forbidden')
             numel = validate_block_shape(key)
-            if plain is not None:
-                numels[key] = numel
+        elif not key:
+            raise TypeError('0d block_type is forbidden')
+        else:
+            numel = numels.get(key)
+            if numel is None:  # validated before it is kept: a bad shape raises as the original does
+                numel = numels[key] = validate_block_shape(key)
         self.numel = numel
         self.shape = tl_tuple(list(key), tuple_type_of(key))
 
