@@ -67,6 +67,8 @@ def parse_args(argv=None):
     ap.add_argument("--orders", default=None, help="comma list of group_m values: time the "
                     "planned tiles in those grouped program orders and with TMA loads "
                     "(tuning.order_candidates) instead of the tile table")
+    ap.add_argument("--tiles", default=None, help="comma list of candidate names (tuning's tile "
+                    "tables): time only those beside the planned config")
     ap.add_argument("--small-tiles", action="store_true", help="time tuning.TILES_SMALL (BM <= 32 and a few "
                     "BM 64) whatever BM the plan chose")
     ap.add_argument("--sm90", action="store_true", help="CPU only: compile every candidate for "
@@ -152,8 +154,9 @@ def breakdown(ctx, call, reps: int) -> dict:
             for n in ("fc1", "fc2", "all")}
 
 
-def time_shape(ctx, layer, fmt, ms, lim, orders=None, small=False) -> list[dict]:
-    """Rows of every candidate of one shape and format at each M."""
+def time_shape(ctx, layer, fmt, ms, lim, orders=None, small=False, tiles=None) -> list[dict]:
+    """Rows of every candidate of one shape and format at each M (tiles: only these names
+    beside "planned")."""
     torch = ctx.torch
     from sparkinfer.moe import allocate_scratch, bind, moe_reference, run
     from sparkinfer.moe.reference import compare_to_reference
@@ -170,6 +173,7 @@ def time_shape(ctx, layer, fmt, ms, lim, orders=None, small=False) -> list[dict]
         f1, f2 = gemm_flops(p0.caps, p0.spec, m)
         planned_out, planned_us = None, None
         cands = order_candidates(p0, m, orders) if orders else tile_candidates(p0, m, small)
+        cands = [(n, p) for n, p in cands if tiles is None or n == "planned" or n in tiles]
         for name, p in cands:
             if ctx.over_budget():
                 print(f"budget: skipping {layer.name} {fmt} M={m} {name}", flush=True)
@@ -365,7 +369,8 @@ def main(argv=None):
         layer = Layer(ctx, name, shape, max(ms))
         rows = []
         for fmt in formats:
-            rows += time_shape(ctx, layer, fmt, ms, lim, orders, args.small_tiles)
+            rows += time_shape(ctx, layer, fmt, ms, lim, orders, args.small_tiles,
+                               tuple(args.tiles.split(",")) if args.tiles else None)
         common.append_rows(args.out, rows, meta)
         all_rows += rows
         del layer

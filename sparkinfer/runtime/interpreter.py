@@ -8,15 +8,16 @@ AMD EPYC host (OpenBLAS 0.3.29's Haswell kernels, numpy 2.2) a row's dot in a
 so tiles of one kernel that agree bitwise on the GPU disagreed there
 (`tests/linear/test_gemm.py::test_every_tile_gives_the_same_bits`), and a TP 3 model's
 logits drifted past their tolerance against transformers; on the hosts before it the
-same tests passed. `exact_dots` makes each fp32 dot float64 products summed in float64,
-rounded once to fp32, then added to the accumulator: our kernels' interpreted operands
-are bf16 or fp16 values upcast (products exact in float64, and sums of them too unless
-their magnitudes span more than about 2^30), so the bits no longer follow the blocking.
+same tests passed. `exact_dots` sums each run of 16 products of an fp32 dot in float64,
+rounds it once to fp32 and adds the runs to the accumulator in K order: our kernels'
+interpreted operands are bf16 or fp16 values upcast (products exact in float64, and sums
+of them too unless their magnitudes span more than about 2^30), so the bits follow
+neither the host's blocking nor the kernel's K step.
 """
 
 from __future__ import annotations
 
-__all__ = ["install", "exact_dots", "cheaper_calls", "lighter_types", "plain_bf16_casts",
+__all__ = ["install", "exact_dots", "grouped_dot", "cheaper_calls", "lighter_types", "plain_bf16_casts",
            "no_discarded_overflow_checks"]
 
 _installed = False
@@ -38,7 +39,14 @@ def install() -> None:
 
 def exact_dots() -> None:
     """Install the exact fp32 dot into Triton's interpreter (idempotent; a no-op unless
-    TRITON_INTERPRET=1). Other dtypes keep the interpreter's own dot."""
+    TRITON_INTERPRET=1). Other dtypes keep the interpreter's own dot.
+
+    Each run of DOT_GROUP reduction elements is summed exactly in float64 and rounded
+    to fp32, then the runs are added to the accumulator one by one in K order, as a
+    tensor core adds its K-16 products: so the bits depend on the K order only, not on
+    the kernel's K step. Rounded once per dot instead, the NVFP4 layer's dequantized
+    path (bf16 steps of 64) and its kernels (chunks of 128) differed by one bf16 ulp in
+    one FC1 element of 5,120 (tests/moe/test_fp8_layer.py, 1 random seed in 6)."""
     global _installed
     from sparkinfer.envs import triton_interpret
 
@@ -51,12 +59,31 @@ def exact_dots() -> None:
 
     def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
         if a.data.dtype == b.data.dtype == d.data.dtype == np.float32:
-            dot = np.matmul(a.data.astype(np.float64), b.data.astype(np.float64)).astype(np.float32)
-            return interpreter.TensorHandle(dot + d.data, d.dtype.scalar)
+            return interpreter.TensorHandle(grouped_dot(a.data, b.data, d.data), d.dtype.scalar)
         return own(self, a, b, d, input_precision, max_num_imprecise_acc)
 
     interpreter.InterpreterBuilder.create_dot = create_dot
     _installed = True
+
+
+DOT_GROUP = 16  # a bf16 wgmma's K
+
+
+def grouped_dot(a, b, d):
+    """d + a @ b (numpy fp32 [.., M, K], [.., K, N], [.., M, N]): float64 sums of
+    DOT_GROUP products, each rounded to fp32 and added to the fp32 accumulator in K
+    order (`exact_dots`). K not a multiple of DOT_GROUP is one group."""
+    import numpy as np
+
+    k = a.shape[-1]
+    g = k // DOT_GROUP if k % DOT_GROUP == 0 else 1
+    a_g = np.moveaxis(a.astype(np.float64).reshape(a.shape[:-1] + (g, k // g)), -2, 0)
+    b_g = np.moveaxis(b.astype(np.float64).reshape(b.shape[:-2] + (g, k // g, b.shape[-1])), -3, 0)
+    parts = np.matmul(a_g, b_g).astype(np.float32)  # [g, .., M, N]
+    acc = d.copy()
+    for part in parts:
+        acc += part
+    return acc
 
 
 def cheaper_calls() -> None:
