@@ -2,7 +2,8 @@
 the tests' conftest as in CPU ranks): the same dtypes as Triton's own lookup, jitted
 helpers called from a kernel give the same values with `triton.language`'s builtins
 restored after the launch, block types and shapes read as Triton's own (names, counts,
-errors), and bf16 casts give the general converter's bits."""
+errors), bf16 casts give the general converter's bits, and fp32 dots' bits follow the K order,
+not the kernel's K step."""
 
 from __future__ import annotations
 
@@ -137,3 +138,57 @@ def test_int32_arithmetic_wraps_unchecked_without_debug():
     _wrap_kernel[(1,)](x, out, N=4)
     want = (x.long() * x.long() + x.long() - 7 + 2**31) % 2**32 - 2**31
     assert torch.equal(out.long(), want)
+
+
+@triton.jit
+def _dot_in_steps(p_a, p_b, p_out, K: tl.constexpr, BK: tl.constexpr):
+    o_m, o_n = tl.arange(0, 16), tl.arange(0, 32)
+    acc = tl.zeros([16, 32], dtype=tl.float32)
+    for k in tl.static_range(0, K, BK):
+        o_k = k + tl.arange(0, BK)
+        a = tl.load(p_a + o_m[:, None] * K + o_k[None, :]).to(tl.float32)
+        b = tl.load(p_b + o_k[:, None] * 32 + o_n[None, :]).to(tl.float32)
+        acc = tl.dot(a, b, acc, input_precision="ieee")
+    tl.store(p_out + o_m[:, None] * 32 + o_n[None, :], acc)
+
+
+def _grouped_reference(a, b):
+    """fp32 accumulator, one float64 sum of 16 products added at a time, in K order."""
+    a64, b64 = a.double(), b.double()
+    acc = torch.zeros(a.shape[0], b.shape[1])
+    for k in range(0, a.shape[1], 16):
+        acc += (a64[:, k:k + 16] @ b64[k:k + 16]).float()
+    return acc
+
+
+def test_fp32_dots_give_the_same_bits_at_any_k_step():
+    """A K of 256 in steps of 16, 64 and 256 (bf16 operands upcast, as our kernels run
+    them): the same bits, those of runs of 16 added in K order. A dot rounded once per
+    call gave steps of 64 and 128 other bits in one NVFP4 layer test's FC1 element."""
+    g = torch.Generator().manual_seed(0)
+    scale = torch.logspace(-3, 3, 256).bfloat16()  # magnitudes far apart: sums that round
+    a = (torch.randn(16, 256, generator=g).bfloat16() * scale)
+    b = torch.randn(256, 32, generator=g).bfloat16()
+    outs = []
+    for bk in (16, 64, 256):
+        out = torch.full((16, 32), float("nan"))
+        _dot_in_steps[(1,)](a, b, out, K=256, BK=bk)
+        outs.append(out)
+    ref = _grouped_reference(a.float(), b.float())
+    for out in outs:
+        assert torch.equal(out, ref)
+    once = (a.double() @ b.double()).float()
+    assert not torch.equal(once, ref)  # the inputs are ones where the grouping shows
+
+
+def test_grouped_dot_handles_batches_and_short_k():
+    """Leading batch dims group like 2-D ones; a K that 16 does not divide is one run."""
+    g = np.random.default_rng(1)
+    a, b = g.standard_normal((3, 8, 48)).astype(np.float32), g.standard_normal((3, 48, 8)).astype(np.float32)
+    d = g.standard_normal((3, 8, 8)).astype(np.float32)
+    out = interpreter.grouped_dot(a, b, d)
+    for i in range(3):
+        assert np.array_equal(out[i], interpreter.grouped_dot(a[i], b[i], d[i]))
+    a, b, d = a[0, :, :8], b[0, :8], d[0]
+    assert np.array_equal(interpreter.grouped_dot(a, b, d),
+                          (a.astype(np.float64) @ b.astype(np.float64)).astype(np.float32) + d)
