@@ -153,24 +153,24 @@ def _dot_in_steps(p_a, p_b, p_out, K: tl.constexpr, BK: tl.constexpr):
 
 
 def _grouped_reference(a, b):
-    """fp32 accumulator, one float64 sum of 16 products added at a time, in K order."""
-    a64, b64 = a.double(), b.double()
+    """fp32 accumulator, one float64 sum of DOT_GROUP products added at a time, in K order."""
+    a64, b64, g = a.double(), b.double(), interpreter.DOT_GROUP
     acc = torch.zeros(a.shape[0], b.shape[1])
-    for k in range(0, a.shape[1], 16):
-        acc += (a64[:, k:k + 16] @ b64[k:k + 16]).float()
+    for k in range(0, a.shape[1], g):
+        acc += (a64[:, k:k + g] @ b64[k:k + g]).float()
     return acc
 
 
 def test_fp32_dots_give_the_same_bits_at_any_k_step():
-    """A K of 256 in steps of 16, 64 and 256 (bf16 operands upcast, as our kernels run
-    them): the same bits, those of runs of 16 added in K order. A dot rounded once per
-    call gave steps of 64 and 128 other bits in one NVFP4 layer test's FC1 element."""
+    """A K of 256 in steps of 32, 64 and 256 (bf16 operands upcast, as our kernels run
+    them): the same bits, those of runs of DOT_GROUP added in K order. A dot rounded once
+    per call gave steps of 64 and 128 other bits in one NVFP4 layer test's FC1 element."""
     g = torch.Generator().manual_seed(0)
     scale = torch.logspace(-3, 3, 256).bfloat16()  # magnitudes far apart: sums that round
     a = (torch.randn(16, 256, generator=g).bfloat16() * scale)
     b = torch.randn(256, 32, generator=g).bfloat16()
     outs = []
-    for bk in (16, 64, 256):
+    for bk in (interpreter.DOT_GROUP, 64, 256):
         out = torch.full((16, 32), float("nan"))
         _dot_in_steps[(1,)](a, b, out, K=256, BK=bk)
         outs.append(out)
@@ -182,9 +182,9 @@ def test_fp32_dots_give_the_same_bits_at_any_k_step():
 
 
 def test_grouped_dot_handles_batches_and_short_k():
-    """Leading batch dims group like 2-D ones; a K that 16 does not divide is one run."""
+    """Leading batch dims group like 2-D ones; a K that DOT_GROUP does not divide is one run."""
     g = np.random.default_rng(1)
-    a, b = g.standard_normal((3, 8, 48)).astype(np.float32), g.standard_normal((3, 48, 8)).astype(np.float32)
+    a, b = g.standard_normal((3, 8, 96)).astype(np.float32), g.standard_normal((3, 96, 8)).astype(np.float32)
     d = g.standard_normal((3, 8, 8)).astype(np.float32)
     out = interpreter.grouped_dot(a, b, d)
     for i in range(3):
