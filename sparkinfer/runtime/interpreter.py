@@ -44,9 +44,10 @@ def exact_dots() -> None:
     Each run of DOT_GROUP reduction elements is summed exactly in float64 and rounded
     to fp32, then the runs are added to the accumulator one by one in K order, as a
     tensor core's chain of MMAs adds its products: so the bits depend on the K order
-    only, not on the kernel's K step (a multiple of DOT_GROUP). Rounded once per dot instead, the NVFP4 layer's dequantized
-    path (bf16 steps of 64) and its kernels (chunks of 128) differed by one bf16 ulp in
-    one FC1 element of 5,120 (tests/moe/test_fp8_layer.py, 1 random seed in 6)."""
+    only, not on the kernel's K step (a multiple of DOT_GROUP). Rounded once per dot
+    instead, the NVFP4 layer's dequantized path (bf16 steps of 64) and its kernels
+    (chunks of 128) differed by one bf16 ulp in one FC1 element of 5,120
+    (tests/moe/test_fp8_layer.py, 1 random seed in 6)."""
     global _installed
     from sparkinfer.envs import triton_interpret
 
