@@ -242,9 +242,11 @@ def test_killed_writer_is_named_by_its_reader_after_its_records_and_leaves_no_na
 
 
 def test_silent_writer_is_named_after_the_deadline():
+    # the deadline counts the writer's silence from its last heartbeat, which `create` gives:
+    # timed from after it, the wait was 0.29988 s once (a CI run on 2 busy cores, 68564df)
+    t0 = time.monotonic()
     ring = BroadcastRing.create(None, readers=1, slots=2, record_bytes=8, timeout_s=60)
     reader = BroadcastRing.attach(ring.handle, 0)
-    t0 = time.monotonic()
     with pytest.raises(RingTimeout, match=rf"the writer \(pid {os.getpid()}\) is alive but published nothing and "
                                           r"sent no heartbeat for 0\.\d s \(timeout_s=0.3\)"):
         reader.read(timeout_s=0.3)
