@@ -187,8 +187,12 @@ def test_grouped_dot_handles_batches_and_short_k():
     a, b = g.standard_normal((3, 8, 96)).astype(np.float32), g.standard_normal((3, 96, 8)).astype(np.float32)
     d = g.standard_normal((3, 8, 8)).astype(np.float32)
     out = interpreter.grouped_dot(a, b, d)
+    run = interpreter.DOT_GROUP
     for i in range(3):
-        assert np.array_equal(out[i], interpreter.grouped_dot(a[i], b[i], d[i]))
+        want = d[i].copy()  # the accumulator first, then each run in K order
+        for k in range(0, 96, run):
+            want += (a[i, :, k:k + run].astype(np.float64) @ b[i, k:k + run].astype(np.float64)).astype(np.float32)
+        assert np.array_equal(out[i], want)
     a, b, d = a[0, :, :8], b[0, :8], d[0]
     assert np.array_equal(interpreter.grouped_dot(a, b, d),
                           (a.astype(np.float64) @ b.astype(np.float64)).astype(np.float32) + d)
