@@ -200,17 +200,16 @@ def lighter_types() -> None:
         self.element_ty = element_ty
         assert isinstance(dims, (list, builtins.tuple, tl_tuple))
         key = ints(dims.values if isinstance(dims, tl_tuple) else dims)
-        if key is None:  # not plain ints: the original's unwrapping and its checks, never the table
-            key = builtins.tuple(core._unwrap_shape(dims))  # (2.0,) would find (2,) there: equal keys
-            if not key:
-                raise TypeError('0d block_type is forbidden')
-            numel = validate_block_shape(key)
-        elif not key:
+        plain = key is not None  # not plain ints: the original's unwrapping and checks, never the
+        if not plain:  # table, where (2.0,) would find (2,): equal keys
+            key = builtins.tuple(core._unwrap_shape(dims))
+        if not key:
             raise TypeError('0d block_type is forbidden')
-        else:
-            numel = numels.get(key)
-            if numel is None:  # validated before it is kept: a bad shape raises as the original does
-                numel = numels[key] = validate_block_shape(key)
+        numel = numels.get(key) if plain else None
+        if numel is None:  # validated before it is kept: a bad shape raises as the original does
+            numel = validate_block_shape(key)
+            if plain:
+                numels[key] = numel
         self.numel = numel
         self.shape = tl_tuple(list(key), tuple_type_of(key))
 
