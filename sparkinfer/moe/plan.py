@@ -199,6 +199,12 @@ FP8_MAX_BLOCK_M = 64
 # plans until `benchmarks/sweeps/moe_tile_sweep.py --formats fp8_block` times
 # tuning.TILES_FP8's rescaled tiles on a GPU, and the invariance test runs it.
 FP8_RESCALE = False
+# With it, grouped tiles reach BM 128 above FP8_RESCALE_BM128_MIN_ROWS mean rows an expert.
+# An H100 at 884c46a (sweeps/moe_tile_sweep_fp8_rescale_h100.json; each step's MMAs then
+# summed in Hopper's FP8 accumulation, since fixed), us BM 128 / BM 64: 256 rows (Qwen3 M
+# 4096, Mixtral M 1024) 644 / 671, 1,080 / 1,307; 128 rows (the DeepSeek-V3 TP8 shard at M
+# 4096) 1,324 / 1,236.
+FP8_RESCALE_BM128_MIN_ROWS = 160
 # Batch invariance (MoECaps.batch_invariant): a token's output must not depend on
 # T, at decode sizes (rows of a step, queries of a speculative verify) as at
 # prefill sizes (a forward of several requests' prompt chunks). A route's sum
@@ -370,8 +376,9 @@ def _fp8_config(caps: MoECaps, spec: MoESpec, tokens: int) -> TileConfig:
                           stages1=_stages(fc1, SMEM_TWO_PER_SM),
                           stages2=_stages(fc2, SMEM_TWO_PER_SM))
     mean_rows = routes / active
-    bm = min(FP8_MAX_BLOCK_M, next((b for limit, b in GROUPED_BLOCK_M_BF16 if mean_rows <= limit),
-                                   GROUPED_BLOCK_M_LARGE))
+    cap = 128 if FP8_RESCALE and mean_rows >= FP8_RESCALE_BM128_MIN_ROWS else FP8_MAX_BLOCK_M
+    bm = min(cap, next((b for limit, b in GROUPED_BLOCK_M_BF16 if mean_rows <= limit),
+                       GROUPED_BLOCK_M_LARGE))
     bn2 = 64 if bm <= 32 else 128
     budget, warps = (SMEM_TWO_PER_SM, 4) if bm <= 32 else (SMEM_ONE_PER_SM, 8)
     fc1 = halves * _weight_bytes(ck, ck, False, True) + ck * bm

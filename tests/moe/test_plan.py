@@ -133,3 +133,21 @@ def test_with_changes_and_forced_configs():
     cfg = p.config_for(64)
     forced = p.forced(cfg)
     assert forced.config_for(1) == cfg and forced.buckets == ((64, cfg),)
+
+
+@pytest.mark.parametrize("t,bm", [(1024, 64), (4096, 128)], ids=["mean64", "mean256"])
+def test_fp8_rescale_plans_bm128_from_its_threshold(monkeypatch, t, bm):
+    """plan.FP8_RESCALE: grouped fp8_block tiles take BM 128 from
+    FP8_RESCALE_BM128_MIN_ROWS mean rows an expert (Qwen3's dims: 64 rows at T 1024, 256
+    at T 4096); without it they stop at FP8_MAX_BLOCK_M."""
+    import importlib
+
+    from sparkinfer.moe.plan import FP8_MAX_BLOCK_M, FP8_RESCALE_BM128_MIN_ROWS
+
+    caps = MoECaps(max_tokens=4096, num_experts=128, top_k=8, hidden=2048, intermediate=768)
+    spec = MoESpec(weight_format="fp8_block")
+    assert (t * 8 / 128 >= FP8_RESCALE_BM128_MIN_ROWS) == (bm == 128)
+    assert plan(caps, spec).config_for(t).block_m <= FP8_MAX_BLOCK_M
+    monkeypatch.setattr(importlib.import_module("sparkinfer.moe.plan"), "FP8_RESCALE", True)
+    cfg = plan(caps, spec).config_for(t)
+    assert cfg.fp8_rescale and cfg.family == "grouped" and cfg.block_m == bm
