@@ -79,21 +79,23 @@ def test_attention_probe_row(heads, q_len):
 # ---------------------------------------------------------------- MoE layer
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "nvfp4"])
+@pytest.mark.parametrize("fmt", ["bf16", "nvfp4", "fp8_block"])
 @pytest.mark.parametrize("dims", [(128, 8, 2048, 768), (8, 2, 4096, 14336)], ids=["qwen3", "mixtral"])
 def test_moe_probe_token(dims, fmt):
     """T = 1..4096 cross micro (<= 16) and grouped tiles (Mixtral bf16: block_m 16, 32, then
     the wide 64 tiles; NVFP4 16..64) and, for NVFP4 from 160 routed rows an expert (Mixtral
-    T 1024, both at 4096), the bf16 tiles on decoded copies; the probe token's output must
-    not move."""
+    T 1024, both at 4096), the bf16 tiles on decoded copies; fp8_block: micro, then grouped
+    (BM 128 under plan.FP8_RESCALE); the probe token's output must not move."""
     from sparkinfer.quant import quantize_nvfp4
+    from sparkinfer.quant.fp8 import quantize_fp8_block
 
     e, k, h, i = dims
     caps = MoECaps(max_tokens=4096, num_experts=e, top_k=k, hidden=h, intermediate=i)
     g = torch.Generator(device="cuda").manual_seed(2)
     w1 = torch.randn(e, 2 * i, h, generator=g, device="cuda") / h ** 0.5
     w2 = torch.randn(e, h, i, generator=g, device="cuda") / i ** 0.5
-    ws = (quantize_nvfp4(w1), quantize_nvfp4(w2)) if fmt == "nvfp4" else (w1.bfloat16(), w2.bfloat16())
+    quantize = {"nvfp4": quantize_nvfp4, "fp8_block": quantize_fp8_block}.get(fmt, torch.Tensor.bfloat16)
+    ws = (quantize(w1), quantize(w2))
     del w1, w2
     layer = MoELayer(caps, MoESpec(weight_format=fmt), ws, device="cuda")
     probe = (torch.randn(h, generator=g, device="cuda").bfloat16(),

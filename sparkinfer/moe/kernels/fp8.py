@@ -203,16 +203,20 @@ def rescaled_dot(b_w, b_a, b_acc, b_unit, b_scale, ROWS: tl.constexpr):
     (b_acc, its units)."""
     b_c = tl.where(b_scale == 0.0, b_unit, b_scale)
     b_r = b_unit / b_c
-    # max_num_imprecise_acc = BK: the MMAs of one step sum in a fresh partial that is then
-    # added to the fp32 accumulator (the scaled dot's precision). Triton's sm_90 default
-    # (2**30) keeps the whole K inside Hopper's FP8 MMA accumulation, of about 14 bits of
-    # mantissa: an H100 at 884c46a gave Qwen3-30B-A3B's layer a relative error of 1.08e-2
-    # (T 1; the fp8_block bound 1e-2) and failed 11 of tests/moe/test_gpu.py's fp8 cases.
+    # Each step's MMAs sum from zero and that partial is added to the fp32 accumulator (the
+    # scaled dot's precision). Inside the MMA accumulation (Triton's sm_90 default,
+    # max_num_imprecise_acc 2**30) the whole K summed in Hopper's FP8 accumulator, of about
+    # 14 bits of mantissa: an H100 at 884c46a gave Qwen3-30B-A3B's layer a relative error of
+    # 1.08e-2 (T 1; the fp8_block bound 1e-2) and failed 11 of tests/moe/test_gpu.py's fp8
+    # cases. ROWS (grouped) lets the dot's lowering add the partial (max_num_imprecise_acc =
+    # BK): the same sum, timed on an H100 at 79e4281 (plan.FP8_RESCALE). The swap-AB micro
+    # tiles add a fresh dot themselves: there that lowering waits on each m64 half of the
+    # tile in turn, and Qwen3-30B-A3B at T 1 took 41.4 us against the scaled dot's 35.9.
     if ROWS:
         b_acc = tl.dot(tl.trans(b_a), tl.trans(b_w), b_acc * b_r[:, None],
                        max_num_imprecise_acc=b_w.shape[1])
     else:
-        b_acc = tl.dot(b_w, b_a, b_acc * b_r[None, :], max_num_imprecise_acc=b_w.shape[1])
+        b_acc = b_acc * b_r[None, :] + tl.dot(b_w, b_a)
     return b_acc, b_c
 
 
