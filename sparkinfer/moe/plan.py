@@ -200,10 +200,11 @@ FP8_MAX_BLOCK_M = 64
 # tuning.TILES_FP8's rescaled tiles on a GPU, and the invariance test runs it.
 FP8_RESCALE = False
 # With it, grouped tiles reach BM 128 above FP8_RESCALE_BM128_MIN_ROWS mean rows an expert.
-# An H100 at 884c46a (sweeps/moe_tile_sweep_fp8_rescale_h100.json; each step's MMAs then
-# summed in Hopper's FP8 accumulation, since fixed), us BM 128 / BM 64: 256 rows (Qwen3 M
-# 4096, Mixtral M 1024) 644 / 671, 1,080 / 1,307; 128 rows (the DeepSeek-V3 TP8 shard at M
-# 4096) 1,324 / 1,236.
+# An H100 at 79e4281 (sweeps/moe_tile_sweep_fp8_rescale_h100.json, every config checked),
+# us BM 128 / BM 64 rescaled / the scaled dot's planned BM 64: 256 rows (Qwen3 M 4096,
+# Mixtral M 1024) 673 / 723 / 969, 1,140 / 1,359 / 1,772; 1,024 rows (Mixtral M 4096) 3,940
+# / 5,022 / 6,273; 128 rows (the DeepSeek-V3 TP8 shard at M 4096) 1,354 / 1,295 / 1,766;
+# 64 rows (Qwen3 M 1024) 313 / 295 / 357.
 FP8_RESCALE_BM128_MIN_ROWS = 160
 # Batch invariance (MoECaps.batch_invariant): a token's output must not depend on
 # T, at decode sizes (rows of a step, queries of a speculative verify) as at
@@ -261,10 +262,10 @@ class TileConfig:
     fc1_passes (fp8_block grouped only): 2 runs each FC1 program's 128 rows (one
     activation group) as two K passes of 64 (kernels/fc1.py), so BM 128 fits the
     registers; same bytes. Never planned: slower than one pass on the H200 (tuning.TILES_FP8).
-    fp8_rescale (fp8_block): the accumulation kept in units of each K step's scales, the dot
-    accumulating inside the MMA, and grouped tiles with their routed rows on the MMA's M
-    side (kernels/fp8.py RESCALE, ROWS): BM 128 in one pass fits the registers. Other
-    sums than without it, so a plan sets it in every bucket or none (FP8_RESCALE).
+    fp8_rescale (fp8_block): the accumulation kept in units of each K step's scales, and
+    grouped tiles of BM >= 64 with their routed rows on the MMA's M side (kernels/fp8.py
+    RESCALE, ROWS; `rows_on_mma_m`): BM 128 in one pass fits the registers. Other sums than
+    without it, so a plan sets it in every bucket or none (FP8_RESCALE).
     """
 
     family: str
@@ -283,6 +284,14 @@ class TileConfig:
     tma: bool = False
     fc1_passes: int = 1
     fp8_rescale: bool = False
+
+    @property
+    def rows_on_mma_m(self) -> bool:
+        """RESCALE's grouped tiles of BM >= 64 put the routed rows on the MMA's M side (a
+        wgmma's M is 64: BM 32 there left half of each MMA idle, and the DeepSeek-V3 TP8
+        shard at M 1024 took 775 us against the scaled dot's 711 on an H100 at 79e4281);
+        the rest keep them on N (swap-AB), as the scaled dot does."""
+        return self.fp8_rescale and self.family == "grouped" and self.block_m >= 64
 
 
 @dataclass(frozen=True)

@@ -120,7 +120,7 @@ def run(b: MoEBinding, reduce: bool = True) -> RouteSum | None:
                   ACT=_ACT[spec.activation], NVFP4=nvfp4, FP8=fmt == "fp8_block",
                   GSCALE=nvfp4, WEIGHT_BEFORE=not spec.router_weight_after_fc2,
                   PTX_DECODE=cfg.decode == "ptx", INTERPRET=b.interpret, RESCALE=cfg.fp8_rescale,
-                  ROWS=cfg.fp8_rescale and cfg.family == "grouped", num_warps=cfg.num_warps)
+                  ROWS=cfg.rows_on_mma_m, num_warps=cfg.num_warps)
     if cfg.family == "micro":
         part, splits = _micro(b, w1, w2, common)
         stride_ps = part.stride(0)

@@ -93,6 +93,7 @@ def test_fp8_layer_matches_the_references(kw, t, e, k, sms):
 
 RESCALED = [  # id, T, num_sms, forced grouped tile (BM, BN1, BN2, warps, per SM, BK, FC1 passes) or None
     ("micro", 3, 1, None), ("grouped-bm128", 20, 132, (128, 128, 128, 8, 1, 128, 1)),
+    ("grouped-bm32", 20, 132, (32, 128, 64, 4, 2, 128, 1)),  # rows on N, as micro
 ]
 
 
