@@ -185,7 +185,7 @@ NVFP4_DEQUANT_MIN_ROWS = 160
 # 128 elements of a row, so a K step is one block (BK 128) and FC1 programs
 # span whole activation groups (BN1 128: its epilogue quantizes FC2's input).
 FP8_BLOCK = 128
-# fp8_block grouped tiles stop at BM 64 (8 warps): at BM 128 ptxas -v (sm_90a)
+# Without FP8_RESCALE, fp8_block grouped tiles stop at BM 64 (8 warps): at BM 128 ptxas -v (sm_90a)
 # spills 1128 bytes in FC1 and 204 in FC2 at 255 registers (Qwen3 dims, 8
 # warps; BM 64 at 4 warps spills 960 in FC1): the fp32 accumulators, each K
 # step's dot result (the block scales keep it out of the MMA accumulation) and
@@ -195,10 +195,16 @@ FP8_MAX_BLOCK_M = 64
 # The rescaled accumulation with the routed rows on the MMA's M side (TileConfig.fp8_rescale,
 # kernels/fp8.py) compiles at BM 128 without a spill (sm_90 on the CPU: FC1 one pass 238
 # registers, FC2 166; in swap-AB the rescaling alone left FC1 spilling 580 bytes, FC2 216:
-# the per-column scales spread over every thread's accumulator columns). Untimed: off in
-# plans until `benchmarks/sweeps/moe_tile_sweep.py --formats fp8_block` times
-# tuning.TILES_FP8's rescaled tiles on a GPU, and the invariance test runs it.
-FP8_RESCALE = False
+# the per-column scales spread over every thread's accumulator columns). On in every plan
+# since an H100 timed it (`sparkinfer bench moe --formats fp8_block --shapes
+# qwen3,mixtral,dsv3_tp8`, off at 79e4281 / on at bbc5a7a, the same kernels otherwise;
+# sweeps/moe_fp8_rescale_ab_h100.json, every row checked), us off / on: M 4096 Qwen3 956 /
+# 665, Mixtral 6,296 / 3,972, DeepSeek-V3 TP8 shard 1,760 / 1,286; M 1024 356 / 294, 1,718 /
+# 1,137, but the TP8 shard (BM 32, rows on N) 711 / 754 (+6%); decode sizes (M 1, 8, 64)
+# +0.4% to +1.8% on every shape (one more multiply and divide a K step). The GPU tests and
+# the MoE probe token's batch invariance (tests/models/test_gpu_invariance.py) passed with
+# it on. A plan takes it for every bucket or none (other sums), so that trade is whole.
+FP8_RESCALE = True
 # With it, grouped tiles reach BM 128 above FP8_RESCALE_BM128_MIN_ROWS mean rows an expert.
 # An H100 at 79e4281 (sweeps/moe_tile_sweep_fp8_rescale_h100.json, every config checked),
 # us BM 128 / BM 64 rescaled / the scaled dot's planned BM 64: 256 rows (Qwen3 M 4096,

@@ -97,28 +97,30 @@ RESCALED = [  # id, T, num_sms, forced grouped tile (BM, BN1, BN2, warps, per SM
 ]
 
 
+@pytest.mark.parametrize("rescale", [True, False], ids=["rescaled", "scaled"])
 @pytest.mark.parametrize("t,sms,tile", [c[1:] for c in RESCALED], ids=[c[0] for c in RESCALED])
-def test_fp8_rescaled_accumulation_matches_the_references(monkeypatch, t, sms, tile):
-    """plan.FP8_RESCALE: every bucket keeps its accumulators in units of each K step's
-    scales (grouped: the routed rows on the MMA's M side), in both families (grouped at
-    BM 128), within the same bounds as the scaled dot; its outputs repeat bitwise."""
+def test_fp8_accumulations_match_the_references(monkeypatch, t, sms, tile, rescale):
+    """plan.FP8_RESCALE (on by default): every bucket keeps its accumulators in units of
+    each K step's scales (grouped BM >= 64: the routed rows on the MMA's M side), in both
+    families, within the same bounds as the scaled dot it replaced, which stays for plans
+    made with it off; outputs repeat bitwise."""
     import importlib
 
     from sparkinfer.moe.tuning import _tile
 
-    monkeypatch.setattr(importlib.import_module("sparkinfer.moe.plan"), "FP8_RESCALE", True)
+    monkeypatch.setattr(importlib.import_module("sparkinfer.moe.plan"), "FP8_RESCALE", rescale)
     spec = MoESpec(weight_format="fp8_block", gate_up_order="up_gate")
     caps = MoECaps(max_tokens=32, num_experts=4, top_k=2, hidden=384, intermediate=256, num_sms=sms,
                    batch_invariant=False)
     p, w, src, scratch = random_layer(caps, spec)
-    assert all(c.fp8_rescale for _, c in p.buckets)
+    assert all(c.fp8_rescale == rescale for _, c in p.buckets)
     if tile is not None:  # its sorted rows' scratch too
         p = _tile(p, *tile[:6], p.config_for(t), tile[6])
         scratch = allocate_scratch(p, "cpu")
     x, logits = torch.randn(t, 384).bfloat16(), torch.randn(t, 4)
     out = torch.full((t, 384), float("nan"), dtype=torch.bfloat16)
     b = bind(p, scratch, w, x=x, out=out, logits=logits)
-    assert b.config.fp8_rescale and b.config.block_m == (tile[0] if tile else b.config.block_m)
+    assert b.config.fp8_rescale == rescale and b.config.block_m == (tile[0] if tile else b.config.block_m)
     run(b)
     ref = moe_reference(b.x, src, route_reference(logits, spec, 2), spec=spec)
     rel, mx = _errors(b.out, ref)

@@ -147,7 +147,8 @@ def test_fp8_rescale_plans_bm128_from_its_threshold(monkeypatch, t, bm):
     caps = MoECaps(max_tokens=4096, num_experts=128, top_k=8, hidden=2048, intermediate=768)
     spec = MoESpec(weight_format="fp8_block")
     assert (t * 8 / 128 >= FP8_RESCALE_BM128_MIN_ROWS) == (bm == 128)
-    assert plan(caps, spec).config_for(t).block_m <= FP8_MAX_BLOCK_M
-    monkeypatch.setattr(importlib.import_module("sparkinfer.moe.plan"), "FP8_RESCALE", True)
-    cfg = plan(caps, spec).config_for(t)
+    cfg = plan(caps, spec).config_for(t)  # on by default
     assert cfg.fp8_rescale and cfg.family == "grouped" and cfg.block_m == bm
+    monkeypatch.setattr(importlib.import_module("sparkinfer.moe.plan"), "FP8_RESCALE", False)
+    cfg = plan(caps, spec).config_for(t)
+    assert not cfg.fp8_rescale and cfg.block_m <= FP8_MAX_BLOCK_M
