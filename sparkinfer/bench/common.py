@@ -40,8 +40,10 @@ _ABS_PATH = re.compile(r"(?<![\w.:/~-])(?:/[^\s/\"'`:,;=()\[\]]+)+/(?=[^\s/\"'`:
 # Specified peaks, shown beside the rates each run measures (a measured rate is
 # a floor a kernel may beat; the specified one is the part's bound). NVIDIA
 # H200 SXM datasheet: 4.8 TB/s HBM3e, 989 TFLOP/s dense bf16 (1,979 sparse), 1,979
-# TFLOP/s dense FP8 (3,958 sparse).
-SPEC_PEAKS = {"NVIDIA H200": dict(spec_hbm_gbs=4800.0, spec_bf16_tflops=989.0, spec_fp8_tflops=1979.0)}
+# TFLOP/s dense FP8 (3,958 sparse). H100 SXM5 ("NVIDIA H100 80GB HBM3"; the PCIe part is
+# "NVIDIA H100 PCIe"): 3.35 TB/s HBM3, the same tensor-core rates.
+SPEC_PEAKS = {"NVIDIA H200": dict(spec_hbm_gbs=4800.0, spec_bf16_tflops=989.0, spec_fp8_tflops=1979.0),
+              "NVIDIA H100 80GB HBM3": dict(spec_hbm_gbs=3350.0, spec_bf16_tflops=989.0, spec_fp8_tflops=1979.0)}
 
 
 def spec_peaks(gpu: str | None) -> dict:
