@@ -202,7 +202,7 @@ def tile_candidates(p: MoEPlan, tokens: int, small: bool = False) -> tuple[tuple
     then p forced to each tile of TILES_LARGE (planned BM >= 64), TILES_SMALL
     (BM <= 32) or TILES_NVFP4, pipeline depth 2..4 from the shared memory a
     step needs (one or two programs per SM); fp8_block at BM >= 64 TILES_FP8 first
-    (FC1 in two passes; the rescaled accumulation). A plan's chunk is BK: a BK 64 plan
+    (FC1 in two passes; the rescaled accumulation), at BM 32 its rescaled BM 64. A plan's chunk is BK: a BK 64 plan
     needs weights prepared for it (bf16: the same tensors). Tiles whose BK does
     not divide H and I (or exceeds the plan's chunk), and repeats of an earlier
     (BK, config), are left out; at most 13. small: TILES_SMALL whatever BM was planned
@@ -218,6 +218,8 @@ def tile_candidates(p: MoEPlan, tokens: int, small: bool = False) -> tuple[tuple
         table = TILES_NVFP4
     elif p.spec.weight_format == "fp8_block" and chosen.block_m >= 64:
         table = TILES_FP8 + TILES_LARGE
+    elif p.spec.weight_format == "fp8_block":  # BM 32: also the rescaled BM 64 (rows on M)
+        table = TILES_FP8[2:3] + TILES_SMALL
     else:
         table = TILES_LARGE if chosen.block_m >= 64 else TILES_SMALL
     out, seen = [("planned", p)], {(p.chunk, chosen)}
