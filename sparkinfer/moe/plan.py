@@ -193,7 +193,7 @@ FP8_BLOCK = 128
 # fit beside each other. BM 64 at 8 warps: 255 / 191 registers, no spill.
 FP8_MAX_BLOCK_M = 64
 # The rescaled accumulation with the routed rows on the MMA's M side (TileConfig.fp8_rescale,
-# kernels/fp8.py) compiles at BM 128 without a spill (sm_90 on the CPU: FC1 one pass 238
+# kernels/fp8.py) compiles at BM 128 without a spill (sm_90 on the CPU: FC1 one pass 248
 # registers, FC2 166; in swap-AB the rescaling alone left FC1 spilling 580 bytes, FC2 216:
 # the per-column scales spread over every thread's accumulator columns). On in every plan
 # since an H100 timed it (`sparkinfer bench moe --formats fp8_block --shapes

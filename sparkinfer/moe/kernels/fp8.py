@@ -17,18 +17,19 @@ fp32 result of one e4m3 x e4m3 tensor-core dot by w_scale[row block, k block]
 every 128 elements of K, so they cannot ride inside the MMA accumulation as
 they are).
 
-RESCALE (TileConfig.fp8_rescale, `rescaled_dot`): the accumulator is kept in
-units of the latest step's scale, per routed row: before a step it is
-multiplied by (previous scale / this scale) and the dot accumulates into it
-inside the MMA; the end multiplies by the last scale (`rescaled_sum`). No fp32
-tile holds a step's own product. ROWS (grouped tiles): the accumulator is
-[BM, BN], the routed rows on the MMA's M side, so a row's scale is a register
-or two of each thread's accumulator rows instead of a vector across its
-columns (swap-AB puts the rows on N). For sm_90 at Qwen3-30B-A3B's dims, BM 128,
-compiled on the CPU (tests/moe/test_compile_sm90.py): FC1 in one pass 238
-registers and no spill, FC2 166 and none, where the scaled dot in swap-AB spills
-1,172 and 216 bytes (plan.FP8_MAX_BLOCK_M). The sums round differently (one more
-fp32 rounding a step), so a plan takes RESCALE for every token count or none.
+RESCALE (TileConfig.fp8_rescale, `rescaled_dot`; plan.FP8_RESCALE, on): the
+accumulator is kept in units of the latest step's scale, per routed row: before a
+step it is multiplied by (previous scale / this scale) and the step's MMAs, summed
+from zero, are added to it; the end multiplies by the last scale (`rescaled_sum`).
+ROWS (grouped tiles of BM >= 64, `TileConfig.rows_on_mma_m`): the accumulator is
+[BM, BN], the routed rows on the MMA's M side, so a row's scale is a register or
+two of each thread's accumulator rows instead of a vector across its columns
+(swap-AB puts the rows on N), and the dot's lowering adds the step's partial. For
+sm_90 at Qwen3-30B-A3B's dims, BM 128, compiled on the CPU
+(tests/moe/test_compile_sm90.py): FC1 in one pass 248 registers and no spill, FC2
+166 and none, where the scaled dot in swap-AB spills 1,172 and 216 bytes
+(plan.FP8_MAX_BLOCK_M). The sums round differently (the accumulator is rescaled
+each step), so a plan takes RESCALE for every token count or none.
 
 The Triton interpreter converts fp32 to fp8e4nv wrongly (500 -> 256, 464 ->
 NaN, 17 -> 18, subnormals to 0: checked on Triton 3.6), and its dots are
