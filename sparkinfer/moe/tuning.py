@@ -219,7 +219,7 @@ def tile_candidates(p: MoEPlan, tokens: int, small: bool = False) -> tuple[tuple
     elif p.spec.weight_format == "fp8_block" and chosen.block_m >= 64:
         table = TILES_FP8 + TILES_LARGE
     elif p.spec.weight_format == "fp8_block":  # BM 32: also the rescaled BM 64 (rows on M)
-        table = TILES_FP8[2:3] + TILES_SMALL
+        table = tuple(c for c in TILES_FP8 if c[0] == "bm64-rescale") + TILES_SMALL
     else:
         table = TILES_LARGE if chosen.block_m >= 64 else TILES_SMALL
     out, seen = [("planned", p)], {(p.chunk, chosen)}
