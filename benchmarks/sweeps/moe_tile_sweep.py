@@ -273,8 +273,9 @@ def sm90_usage(compiled, warps: int) -> dict:
                 programs_per_sm=per_sm)
 
 
-def sm90_report(shapes, formats, ms, orders=None, small=False) -> list[dict]:
-    """Compile every candidate's FC1 and FC2 at real dims (meta tensors) for sm_90."""
+def sm90_report(shapes, formats, ms, orders=None, small=False, tiles=None) -> list[dict]:
+    """Compile every candidate's FC1 and FC2 at real dims (meta tensors) for sm_90 (tiles:
+    only these names beside "planned")."""
     import torch
 
     from sparkinfer.bench import moe_cases
@@ -292,6 +293,7 @@ def sm90_report(shapes, formats, ms, orders=None, small=False) -> list[dict]:
             p0 = plan(MoECaps(max_tokens=max(ms), **shape), spec)
             for m in ms:
                 cands = order_candidates(p0, m, orders) if orders else tile_candidates(p0, m, small)
+                cands = [(n, p) for n, p in cands if tiles is None or n == "planned" or n in tiles]
                 for name, p in cands:
                     meta = dict(dtype=torch.bfloat16, device="meta")
                     b = bind(p, allocate_scratch(p, "meta"), meta_weights(p),
@@ -344,7 +346,8 @@ def main(argv=None):
     meta = common.metadata(None if argv is None else
                            types.SimpleNamespace(argv=["python3", "benchmarks/sweeps/moe_tile_sweep.py", *argv]))
     if args.sm90:
-        rows = sm90_report(shapes, formats, ms, orders, args.small_tiles)
+        rows = sm90_report(shapes, formats, ms, orders, args.small_tiles,
+                           tuple(args.tiles.split(",")) if args.tiles else None)
         bad = [r for r in rows if r.get("spill", 1) or r.get("programs_per_sm", 0) < 1]
         common.append_rows(args.out, rows, meta)
         print(f"\nwrote {args.out}; {len(rows)} kernels, {len(bad)} spill, fail or do not fit")

@@ -1,5 +1,5 @@
-"""Grouped program order (TileConfig.group_m), TMA loads (TileConfig.tma) and FP8
-FC1 in two passes (TileConfig.fc1_passes):
+"""Grouped program order (TileConfig.group_m), TMA loads (TileConfig.tma), FP8
+FC1 in two passes (TileConfig.fc1_passes) and persistent programs (TileConfig.persistent):
 the same sums in another order or through descriptors, so the same bits as the
 plain grouped config, and within the fp32 reference's bounds; refused where
 they do not apply. Triton interpreter; the GPU sweep times them
@@ -58,7 +58,26 @@ def test_orders_and_tma_give_the_plain_configs_bits(fmt, caps_kw):
         assert torch.equal(out, outs[0]), change
 
 
+@pytest.mark.parametrize("fmt", ["bf16", "fp8_block", "nvfp4"])
+@pytest.mark.parametrize("sms", [1, 3])
+def test_persistent_programs_give_the_plain_configs_bits(fmt, sms):
+    """One program (or three per SM x 1..3 SMs) walking every active tile's work items: the
+    loop's bounds come from the count the sort stores, so a tile left out or run twice
+    (a wrong count, a wrong walk) shows as a NaN row (the output is poisoned) or other bits."""
+    changes = [{}, dict(persistent=1), dict(persistent=3, group_m=3), dict(persistent=1, group_m=4)]
+    if fmt != "nvfp4":
+        changes += [dict(persistent=1, tma=True), dict(persistent=2, group_m=4, tma=True)]
+    outs, ref = _outputs(fmt, changes, num_sms=sms)
+    assert torch.isfinite(outs[0].float()).all()
+    assert_moe_close(outs[0], ref, fmt)
+    for change, out in zip(changes[1:], outs[1:]):
+        assert torch.equal(out, outs[0]), change
+
+
 @pytest.mark.parametrize("change,match", [
+    (dict(family="micro", block_m=16, tma=False, group_m=0, persistent=1),
+     "persistent=1 for a 'micro' bucket"),
+    (dict(persistent=-1), "persistent >= 0"),
     (dict(family="micro", block_m=16, group_m=2, tma=False), "group_m=2, tma=False for the 'micro'"),
     (dict(group_m=-1, tma=False), "group_m >= 0"),
     (dict(tma=True), "tma=True for NVFP4 kernels"),

@@ -380,12 +380,29 @@ def grouped_ids(N, BN: tl.constexpr, GROUP: tl.constexpr):
     consecutive tiles times every block, tiles first inside a group (TileConfig.group_m)."""
     if GROUP == 0:
         return tl.program_id(0), tl.program_id(1)
+    return work_ids(tl.program_id(0), tl.num_programs(0) // tl.cdiv(N, BN), N, BN, GROUP)
+
+
+@triton.jit
+def work_ids(w, tiles, N, BN: tl.constexpr, GROUP: tl.constexpr):
+    """(tile, weight block) of work item w of `tiles` tiles x cdiv(N, BN) blocks, in the
+    launch order of `grouped_ids` (GROUP 0: tiles first), so a persistent program's k-th
+    item is the one the k-th wave of a one-program-per-item grid would run."""
+    if GROUP == 0:
+        return w % tiles, w // tiles
     nb = tl.cdiv(N, BN)
-    pid = tl.program_id(0)
     per_group = GROUP * nb
-    first = (pid // per_group) * GROUP
-    size = tl.minimum(tl.num_programs(0) // nb - first, GROUP)
-    return first + (pid % per_group) % size, (pid % per_group) // size
+    first = (w // per_group) * GROUP
+    size = tl.minimum(tiles - first, GROUP)
+    return first + (w % per_group) % size, (w % per_group) // size
+
+
+@triton.jit
+def active_tiles(p_tile_e, T, E: tl.constexpr, K: tl.constexpr, BM: tl.constexpr):
+    """The sorted tiles that hold routes (tiles 0..n-1): the count the sort stores after
+    the `max_tiles` (binding.py) entries of tile_expert."""
+    routes = T * K
+    return tl.load(p_tile_e + tl.cdiv(routes, BM) + tl.minimum(routes, E))
 
 
 @triton.jit

@@ -13,7 +13,7 @@ applies the activation; with S == 1 it stores the bf16 activation out[route, n].
 GROUPED: grid (max_tiles, cdiv(I, BN), 1). Program (m, n) serves the tile of
 BM sorted rows whose expert is tile_expert[m] (-1: idle), applies the
 activation (and the router weight when it comes before FC2) and stores bf16
-out[pos, n].
+out[pos, n]. PERSIST: a program per SM walks the active tiles (fc2.py's PERSIST).
 
 PASSES 2 (FP8 grouped only, TileConfig.fc1_passes): a program's BN = 128 rows (one
 activation group) run as two K passes of 64 rows each, the first half's activation
@@ -31,6 +31,7 @@ from triton.language.extra.cuda import gdc_launch_dependents
 from sparkinfer.moe.kernels.common import (
     DECODE_UNSCALE,
     activation,
+    active_tiles,
     grouped_ids,
     k_order,
     k_position,
@@ -41,6 +42,7 @@ from sparkinfer.moe.kernels.common import (
     split_chunks,
     step_k_order,
     step_weight_tile,
+    work_ids,
 )
 from sparkinfer.moe.kernels.fp8 import (
     act_operand,
@@ -67,16 +69,27 @@ def moe_fc1_kernel(
     WEIGHT_BEFORE: tl.constexpr, PTX_DECODE: tl.constexpr,
     INTERPRET: tl.constexpr, PDL: tl.constexpr = False, GROUP: tl.constexpr = 0,
     TMA: tl.constexpr = False, PASSES: tl.constexpr = 1, RESCALE: tl.constexpr = False,
-    ROWS: tl.constexpr = False, KCH: tl.constexpr = 0,
+    ROWS: tl.constexpr = False, KCH: tl.constexpr = 0, PERSIST: tl.constexpr = False,
 ):
-    i_m, i_n = grouped_ids(I, BN, GROUP)
-    e, route, o_row = program_rows(p_ids, p_sorted, p_tile_e, i_m, T, E, K, BM, KP, RP, MICRO)
-    if (e >= e_lo) & (e < e_hi):
-        fc1_tile(p_x, p_xs, p_w, p_s, p_gs, p_topk_w, p_out, p_os, d_w, e, e - e_lo, route,
-                 o_row, i_n, tl.program_id(2), I, num_chunks, chunks_per_split,
-                 stride_x, stride_we, stride_wn, stride_se, stride_os, stride_or, alpha, limit,
-                 K, BM, BN, BK, PARTIALS, GATED, ACT, NVFP4, FP8, X_FP8, GSCALE, WEIGHT_BEFORE,
-                 PTX_DECODE, INTERPRET, PDL, TMA, PASSES, RESCALE, ROWS, KCH)
+    if PERSIST:  # grouped, every expert (e_lo 0): as fc2.py's PERSIST
+        tiles = active_tiles(p_tile_e, T, E, K, BM)
+        for w in tl.range(tl.program_id(0), tiles * tl.cdiv(I, BN), tl.num_programs(0), flatten=True):
+            i_m, i_n = work_ids(w, tiles, I, BN, GROUP)
+            e, route, o_row = program_rows(p_ids, p_sorted, p_tile_e, i_m, T, E, K, BM, KP, RP, False)
+            fc1_tile(p_x, p_xs, p_w, p_s, p_gs, p_topk_w, p_out, p_os, d_w, e, e, route, o_row, i_n,
+                     0, I, num_chunks, chunks_per_split, stride_x, stride_we, stride_wn, stride_se,
+                     stride_os, stride_or, alpha, limit, K, BM, BN, BK, PARTIALS, GATED, ACT, NVFP4,
+                     FP8, X_FP8, GSCALE, WEIGHT_BEFORE, PTX_DECODE, INTERPRET, False, TMA, PASSES,
+                     RESCALE, ROWS, KCH)
+    else:
+        i_m, i_n = grouped_ids(I, BN, GROUP)
+        e, route, o_row = program_rows(p_ids, p_sorted, p_tile_e, i_m, T, E, K, BM, KP, RP, MICRO)
+        if (e >= e_lo) & (e < e_hi):
+            fc1_tile(p_x, p_xs, p_w, p_s, p_gs, p_topk_w, p_out, p_os, d_w, e, e - e_lo, route,
+                     o_row, i_n, tl.program_id(2), I, num_chunks, chunks_per_split,
+                     stride_x, stride_we, stride_wn, stride_se, stride_os, stride_or, alpha, limit,
+                     K, BM, BN, BK, PARTIALS, GATED, ACT, NVFP4, FP8, X_FP8, GSCALE, WEIGHT_BEFORE,
+                     PTX_DECODE, INTERPRET, PDL, TMA, PASSES, RESCALE, ROWS, KCH)
 
 
 @triton.jit

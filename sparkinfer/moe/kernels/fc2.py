@@ -11,6 +11,11 @@ out[s, route, n].
 
 GROUPED: grid (max_tiles, cdiv(H, BN), 1). Reads the bf16 activations that
 FC1 stored in sorted order and stores out[0, route, n] in the output dtype.
+PERSIST (grouped, TileConfig.persistent): grid (programs,); program p runs work
+items p, p + programs, ... of the active tiles x blocks (`work_ids`, in the
+order the grid above launches them) as one flattened loop, so a tile's first
+loads are issued while the tile before is still in its MMAs and stores. Same
+tiles, same sums, same bits.
 
 FP8: FC2 reads e4m3 activation rows with one scale per row and 128 columns
 (FC1's or moe_act_kernel's epilogue quantized them) and e4m3 weights with
@@ -27,12 +32,14 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from sparkinfer.moe.kernels.common import (
     DECODE_UNSCALE,
     activation,
+    active_tiles,
     grouped_ids,
     k_order,
     load_scales,
     program_rows,
     split_chunks,
     step_weight_tile,
+    work_ids,
 )
 from sparkinfer.moe.kernels.fp8 import (
     act_operand,
@@ -98,15 +105,25 @@ def moe_fc2_kernel(
     NVFP4: tl.constexpr, FP8: tl.constexpr, X_FP8: tl.constexpr,  # X_FP8: FC1's (unused)
     GSCALE: tl.constexpr, PTX_DECODE: tl.constexpr, INTERPRET: tl.constexpr,
     PDL: tl.constexpr = False, GROUP: tl.constexpr = 0, TMA: tl.constexpr = False,
-    RESCALE: tl.constexpr = False, ROWS: tl.constexpr = False,
+    RESCALE: tl.constexpr = False, ROWS: tl.constexpr = False, PERSIST: tl.constexpr = False,
 ):
-    i_m, i_n = grouped_ids(H, BN, GROUP)
-    e, route, o_arow = program_rows(p_ids, p_sorted, p_tile_e, i_m, T, E, K, BM, KP, RP, MICRO)
-    if (e >= e_lo) & (e < e_hi):
-        fc2_tile(p_a, p_as, p_w, p_s, p_gs, p_out, d_w, d_a, e, e - e_lo, route, o_arow,
-                 i_m * BM, i_n, tl.program_id(2), H, num_chunks, chunks_per_split, stride_ar,
-                 stride_we, stride_wn, stride_se, stride_os, stride_or, BM, BN, BK, NVFP4, FP8,
-                 GSCALE, PTX_DECODE, INTERPRET, PDL, TMA, RESCALE, ROWS)
+    if PERSIST:  # grouped, every expert (e_lo 0): each program walks the active tiles' work
+        tiles = active_tiles(p_tile_e, T, E, K, BM)
+        for w in tl.range(tl.program_id(0), tiles * tl.cdiv(H, BN), tl.num_programs(0), flatten=True):
+            i_m, i_n = work_ids(w, tiles, H, BN, GROUP)
+            e, route, o_arow = program_rows(p_ids, p_sorted, p_tile_e, i_m, T, E, K, BM, KP, RP, False)
+            fc2_tile(p_a, p_as, p_w, p_s, p_gs, p_out, d_w, d_a, e, e, route, o_arow, i_m * BM, i_n,
+                     0, H, num_chunks, chunks_per_split, stride_ar, stride_we, stride_wn, stride_se,
+                     stride_os, stride_or, BM, BN, BK, NVFP4, FP8, GSCALE, PTX_DECODE, INTERPRET,
+                     False, TMA, RESCALE, ROWS)
+    else:
+        i_m, i_n = grouped_ids(H, BN, GROUP)
+        e, route, o_arow = program_rows(p_ids, p_sorted, p_tile_e, i_m, T, E, K, BM, KP, RP, MICRO)
+        if (e >= e_lo) & (e < e_hi):
+            fc2_tile(p_a, p_as, p_w, p_s, p_gs, p_out, d_w, d_a, e, e - e_lo, route, o_arow,
+                     i_m * BM, i_n, tl.program_id(2), H, num_chunks, chunks_per_split, stride_ar,
+                     stride_we, stride_wn, stride_se, stride_os, stride_or, BM, BN, BK, NVFP4, FP8,
+                     GSCALE, PTX_DECODE, INTERPRET, PDL, TMA, RESCALE, ROWS)
 
 
 @triton.jit
