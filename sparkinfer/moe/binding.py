@@ -276,6 +276,9 @@ def bind(plan: MoEPlan, scratch: dict, weights: MoEWeights, *, x: torch.Tensor,
         raise PlanError(f"bind: config persistent={cfg.persistent} for a {cfg.family!r} bucket with "
                         f"dequant_experts={cfg.dequant_experts}; only grouped configs that run every "
                         "expert at once walk their tiles persistently (persistent >= 0)")
+    if cfg.tail and (cfg.family != "grouped" or cfg.tail > 2 or cfg.block_m >> cfg.tail < 16) or cfg.tail < 0:
+        raise PlanError(f"bind: config tail={cfg.tail} for a {cfg.family!r} bucket of block_m "
+                        f"{cfg.block_m}; only grouped configs take tail 1 or 2, with block_m / 2**tail >= 16")
     if cfg.fp8_rescale and fmt != "fp8_block":
         raise PlanError(f"bind: config fp8_rescale=True for {fmt} weights; only fp8_block configs take it")
     bk = cfg.block_k

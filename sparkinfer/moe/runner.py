@@ -268,7 +268,7 @@ def _grouped(b: MoEBinding, w1: _Weights, w2: _Weights, common: dict):
             e_lo, e_hi, x.stride(0), *ww1.strides, 0, inter.stride(0), alpha, limit,
             BM=cfg.block_m, BN=cfg.block_n1, MICRO=False, PARTIALS=False, X_FP8=True,
             num_stages=cfg.stages1, GROUP=cfg.group_m, TMA=cfg.tma, PASSES=cfg.fc1_passes,
-            KCH=b.plan.chunk if chunk else 0, PERSIST=cfg.persistent > 0, **common)
+            KCH=b.plan.chunk if chunk else 0, PERSIST=cfg.persistent > 0, TAIL=cfg.tail, **common)
         if chunk:
             ww2 = _decoded(b, w2, wb, e_lo, e_hi, h, i)
         d_a = TensorDescriptor(inter, list(inter.shape), list(inter.stride()),
@@ -278,7 +278,7 @@ def _grouped(b: MoEBinding, w1: _Weights, w2: _Weights, common: dict):
             _desc(cfg, ww2, e_hi - e_lo, h, i, cfg.block_n2, bk), d_a, t, h, i // bk, i // bk,
             e_lo, e_hi, inter.stride(0), *ww2.strides, 0, ro.stride(0), BM=cfg.block_m,
             BN=cfg.block_n2, MICRO=False, X_FP8=True, num_stages=cfg.stages2,
-            GROUP=cfg.group_m, TMA=cfg.tma, PERSIST=cfg.persistent > 0, **common)
+            GROUP=cfg.group_m, TMA=cfg.tma, PERSIST=cfg.persistent > 0, TAIL=cfg.tail, **common)
     return ro
 
 

@@ -58,6 +58,9 @@ class TileConfig:
     for each GEMM, each walking the active tiles' (tile, block) work in the launch order
     above as one flattened loop (kernels/fc2.py PERSIST); 0, a program per (tile, block).
     Same sums, same bits.
+    tail (grouped only): j > 0 runs a tile that holds at most BM / 2 routes (an expert's
+    last tile; j 2: BM / 4 where it holds that few) at those rows, so its padding rows
+    cost no MMAs (kernels/fc2.py TAIL); BM / 2**j >= 16. Same sums per row, same bits.
     """
 
     family: str
@@ -77,6 +80,7 @@ class TileConfig:
     fc1_passes: int = 1
     fp8_rescale: bool = False
     persistent: int = 0
+    tail: int = 0
 
     @property
     def rows_on_mma_m(self) -> bool:

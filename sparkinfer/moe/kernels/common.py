@@ -374,6 +374,36 @@ def program_rows(p_ids, p_sorted, p_tile_e, i_m, T, E: tl.constexpr, K: tl.const
 
 
 @triton.jit
+def tile_rows(p_sorted, i_m, BM: tl.constexpr, TAIL: tl.constexpr, MICRO: tl.constexpr):
+    """The rows grouped tile i_m runs at (TAIL > 0): BM, or the least of BM / 2 and (TAIL 2)
+    BM / 4 that holds its routes. A tile's routes come first (the sort pads after them),
+    so it holds at most BM / 2**j routes when the slot after those is padding. TAIL 0
+    or MICRO: BM, nothing loaded."""
+    rows = BM
+    if TAIL > 0 and not MICRO:
+        half = tl.load(p_sorted + i_m * BM + BM // 2) < 0
+        rows = tl.where(half, BM // 2, BM)
+        if TAIL >= 2:
+            rows = tl.where(half & (tl.load(p_sorted + i_m * BM + BM // 4) < 0), BM // 4, rows)
+    return rows
+
+
+@triton.jit
+def tile_program(p_ids, p_sorted, p_tile_e, i_m, T, E: tl.constexpr, K: tl.constexpr,
+                 BM: tl.constexpr, BR: tl.constexpr, KP: tl.constexpr, RP: tl.constexpr,
+                 MICRO: tl.constexpr):
+    """`program_rows` of a program run at BR of its tile's BM rows (the first BR; the rest
+    are padding: `tile_rows`)."""
+    if BR == BM:
+        e, route, o_row = program_rows(p_ids, p_sorted, p_tile_e, i_m, T, E, K, BM, KP, RP, MICRO)
+    else:
+        e = tl.load(p_tile_e + i_m)
+        o_row = i_m * BM + tl.arange(0, BR)
+        route = tl.load(p_sorted + o_row)
+    return e, route, o_row
+
+
+@triton.jit
 def grouped_ids(N, BN: tl.constexpr, GROUP: tl.constexpr):
     """(tile, weight block) of this grouped program. GROUP 0: the grid's two axes.
     GROUP G: a 1-D grid of tiles x cdiv(N, BN) blocks, walked in groups of G
