@@ -96,7 +96,7 @@ def scratch_specs(plan: MoEPlan) -> tuple[ScratchSpec, ...]:
         nch = triton.cdiv(r, sort_chunk(e))
         ep = triton.next_power_of_2(e)
         specs += [ScratchSpec("sort_counts", (nch, ep), torch.int32),
-                  ScratchSpec("tile_expert", (tiles + 1,), torch.int32),
+                  ScratchSpec("tile_expert", (tiles,), torch.int32),
                   ScratchSpec("sorted_route", (rows,), torch.int32),
                   ScratchSpec("inter", (rows, i), act),
                   ScratchSpec("route_out", (r, h), c.out_dtype)]
@@ -272,13 +272,6 @@ def bind(plan: MoEPlan, scratch: dict, weights: MoEWeights, *, x: torch.Tensor,
     if cfg.fc1_passes != 1 and (cfg.fc1_passes != 2 or fmt != "fp8_block" or cfg.family != "grouped"):
         raise PlanError(f"bind: config fc1_passes={cfg.fc1_passes} for a {cfg.family!r} {fmt} bucket; "
                         "only grouped fp8_block configs take 2 (an activation group in two halves), else 1")
-    if cfg.persistent and (cfg.family != "grouped" or cfg.dequant_experts) or cfg.persistent < 0:
-        raise PlanError(f"bind: config persistent={cfg.persistent} for a {cfg.family!r} bucket with "
-                        f"dequant_experts={cfg.dequant_experts}; only grouped configs that run every "
-                        "expert at once walk their tiles persistently (persistent >= 0)")
-    if cfg.tail and (cfg.family != "grouped" or cfg.tail > 2 or cfg.block_m >> cfg.tail < 16) or cfg.tail < 0:
-        raise PlanError(f"bind: config tail={cfg.tail} for a {cfg.family!r} bucket of block_m "
-                        f"{cfg.block_m}; only grouped configs take tail 1 or 2, with block_m / 2**tail >= 16")
     if cfg.fp8_rescale and fmt != "fp8_block":
         raise PlanError(f"bind: config fp8_rescale=True for {fmt} weights; only fp8_block configs take it")
     bk = cfg.block_k

@@ -262,34 +262,30 @@ def _grouped(b: MoEBinding, w1: _Weights, w2: _Weights, common: dict):
         ww1, ww2 = w1, w2
         if chunk:
             ww1 = _decoded(b, w1, wb, e_lo, e_hi, n1, h)
-        moe_fc1_kernel[_grid(cfg, tiles, i, cfg.block_n1, c.num_sms)](
+        moe_fc1_kernel[_grid(cfg, tiles, i, cfg.block_n1)](
             x, xs, ww1.w, ww1.s, ww1.g, ids, tw, srt, te, inter, inter_s,
             _desc(cfg, ww1, e_hi - e_lo, n1, h, cfg.block_n1 // cfg.fc1_passes, bk), t, i, h // bk, h // bk,
             e_lo, e_hi, x.stride(0), *ww1.strides, 0, inter.stride(0), alpha, limit,
             BM=cfg.block_m, BN=cfg.block_n1, MICRO=False, PARTIALS=False, X_FP8=True,
             num_stages=cfg.stages1, GROUP=cfg.group_m, TMA=cfg.tma, PASSES=cfg.fc1_passes,
-            KCH=b.plan.chunk if chunk else 0, PERSIST=cfg.persistent > 0, TAIL=cfg.tail, **common)
+            KCH=b.plan.chunk if chunk else 0, **common)
         if chunk:
             ww2 = _decoded(b, w2, wb, e_lo, e_hi, h, i)
         d_a = TensorDescriptor(inter, list(inter.shape), list(inter.stride()),
                                [cfg.block_m, bk]) if cfg.tma else inter
-        moe_fc2_kernel[_grid(cfg, tiles, h, cfg.block_n2, c.num_sms)](
+        moe_fc2_kernel[_grid(cfg, tiles, h, cfg.block_n2)](
             inter, inter_s, ww2.w, ww2.s, ww2.g, ids, tw, srt, te, ro,
             _desc(cfg, ww2, e_hi - e_lo, h, i, cfg.block_n2, bk), d_a, t, h, i // bk, i // bk,
             e_lo, e_hi, inter.stride(0), *ww2.strides, 0, ro.stride(0), BM=cfg.block_m,
             BN=cfg.block_n2, MICRO=False, X_FP8=True, num_stages=cfg.stages2,
-            GROUP=cfg.group_m, TMA=cfg.tma, PERSIST=cfg.persistent > 0, TAIL=cfg.tail, **common)
+            GROUP=cfg.group_m, TMA=cfg.tma, **common)
     return ro
 
 
-def _grid(cfg, tiles: int, n: int, bn: int, sms: int) -> tuple[int, int, int]:
+def _grid(cfg, tiles: int, n: int, bn: int) -> tuple[int, int, int]:
     """A grouped GEMM's grid: (tiles, weight blocks) or, group_m > 0, their
-    product on one axis (kernels/common.py grouped_ids); persistent, `persistent`
-    programs per SM (never more than the tiles' work: the active tiles are known
-    only on the device)."""
+    product on one axis (kernels/common.py grouped_ids)."""
     blocks = triton.cdiv(n, bn)
-    if cfg.persistent:
-        return (min(sms * cfg.persistent, tiles * blocks), 1, 1)
     return (tiles * blocks, 1, 1) if cfg.group_m else (tiles, blocks, 1)
 
 

@@ -54,13 +54,6 @@ class TileConfig:
     grouped tiles of BM >= 64 with their routed rows on the MMA's M side (kernels/fp8.py
     RESCALE, ROWS; `rows_on_mma_m`): BM 128 in one pass fits the registers. Other sums than
     without it, so a plan sets it in every bucket or none (FP8_RESCALE).
-    persistent (grouped only, not the dequantized path): P > 0 launches P programs per SM
-    for each GEMM, each walking the active tiles' (tile, block) work in the launch order
-    above as one flattened loop (kernels/fc2.py PERSIST); 0, a program per (tile, block).
-    Same sums, same bits.
-    tail (grouped only): j > 0 runs a tile that holds at most BM / 2 routes (an expert's
-    last tile; j 2: BM / 4 where it holds that few) at those rows, so its padding rows
-    cost no MMAs (kernels/fc2.py TAIL); BM / 2**j >= 16. Same sums per row, same bits.
     """
 
     family: str
@@ -79,8 +72,6 @@ class TileConfig:
     tma: bool = False
     fc1_passes: int = 1
     fp8_rescale: bool = False
-    persistent: int = 0
-    tail: int = 0
 
     @property
     def rows_on_mma_m(self) -> bool:

@@ -244,10 +244,7 @@ def order_candidates(p: MoEPlan, tokens: int, groups: tuple[int, ...] = (8,)) ->
     """(name, plan) to time at a grouped batch of `tokens`: ("planned", p), then
     the planned tiles in the launch order ("plain"), in each grouped program order of `groups` (TileConfig.group_m),
     with TMA loads, and both (where the weights allow TMA: not the NVFP4
-    kernels' prepared tiles), and the planned config with a program per SM walking
-    its tiles, one or two per SM ("persistent1", "persistent2": TileConfig.persistent; not
-    the dequantized path), and its tiles of few routes at BM / 2 or BM / 4 ("tail1",
-    "tail2": TileConfig.tail). Pure."""
+    kernels' prepared tiles). Pure."""
     chosen = p.config_for(tokens)
     if chosen.family != "grouped":
         return (("planned", p),)
@@ -258,8 +255,4 @@ def order_candidates(p: MoEPlan, tokens: int, groups: tuple[int, ...] = (8,)) ->
         out.append(("tma", p.forced(dataclasses.replace(chosen, tma=True, group_m=0))))
         out += [(f"tma-group{g}", p.forced(dataclasses.replace(chosen, tma=True, group_m=g)))
                 for g in groups]
-    if not chosen.dequant_experts:  # the planned order and loads, programs per SM walking the tiles
-        out += [(f"persistent{n}", p.forced(dataclasses.replace(chosen, persistent=n))) for n in (1, 2)]
-    out += [(f"tail{j}", p.forced(dataclasses.replace(chosen, tail=j))) for j in (1, 2)
-            if chosen.block_m >> j >= 16]
     return tuple((n, q) for n, q in out if n == "planned" or q.config_for(tokens) != chosen)

@@ -2,8 +2,6 @@
 (distinct names, configs the plan does not pick, grids the bench can bind),
 as a table over the benchmark shapes and the sweep's token counts."""
 
-import dataclasses
-
 import pytest
 import torch
 
@@ -99,22 +97,3 @@ def test_tile_candidates_skip_chunks_the_dims_do_not_allow():
     p32 = plan(MoECaps(max_tokens=4096, num_experts=8, top_k=2, hidden=192, intermediate=96),
                MoESpec())
     assert p32.chunk == 32 and tile_candidates(p32, 4096) == (("planned", p32),)
-
-
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_order_candidates_add_persistent_programs_that_bind(fmt):
-    """The planned config walked by one or two programs per SM, where the plan runs every
-    expert at once (not NVFP4's dequantized path, whose expert chunks bind refuses)."""
-    from sparkinfer.moe.tuning import order_candidates
-
-    p = plan(MoECaps(max_tokens=4096, **SHAPES["qwen3"]), MoESpec(weight_format=fmt))
-    got = dict(order_candidates(p, 4096))
-    chosen = p.config_for(4096)
-    persistent = {n: q.config_for(4096) for n, q in got.items() if n.startswith("persistent")}
-    if chosen.dequant_experts:
-        assert not persistent
-        return
-    assert {n: c.persistent for n, c in persistent.items()} == {"persistent1": 1, "persistent2": 2}
-    for n, c in persistent.items():
-        assert c == dataclasses.replace(chosen, persistent=c.persistent)
-        _bind_meta(got[n], 8, 4096)

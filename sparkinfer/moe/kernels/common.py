@@ -374,65 +374,18 @@ def program_rows(p_ids, p_sorted, p_tile_e, i_m, T, E: tl.constexpr, K: tl.const
 
 
 @triton.jit
-def tile_rows(p_sorted, i_m, BM: tl.constexpr, TAIL: tl.constexpr, MICRO: tl.constexpr):
-    """The rows grouped tile i_m runs at (TAIL > 0): BM, or the least of BM / 2 and (TAIL 2)
-    BM / 4 that holds its routes. A tile's routes come first (the sort pads after them),
-    so it holds at most BM / 2**j routes when the slot after those is padding. TAIL 0
-    or MICRO: BM, nothing loaded."""
-    rows = BM
-    if TAIL > 0 and not MICRO:
-        half = tl.load(p_sorted + i_m * BM + BM // 2) < 0
-        rows = tl.where(half, BM // 2, BM)
-        if TAIL >= 2:
-            rows = tl.where(half & (tl.load(p_sorted + i_m * BM + BM // 4) < 0), BM // 4, rows)
-    return rows
-
-
-@triton.jit
-def tile_program(p_ids, p_sorted, p_tile_e, i_m, T, E: tl.constexpr, K: tl.constexpr,
-                 BM: tl.constexpr, BR: tl.constexpr, KP: tl.constexpr, RP: tl.constexpr,
-                 MICRO: tl.constexpr):
-    """`program_rows` of a program run at BR of its tile's BM rows (the first BR; the rest
-    are padding: `tile_rows`)."""
-    if BR == BM:
-        e, route, o_row = program_rows(p_ids, p_sorted, p_tile_e, i_m, T, E, K, BM, KP, RP, MICRO)
-    else:
-        e = tl.load(p_tile_e + i_m)
-        o_row = i_m * BM + tl.arange(0, BR)
-        route = tl.load(p_sorted + o_row)
-    return e, route, o_row
-
-
-@triton.jit
 def grouped_ids(N, BN: tl.constexpr, GROUP: tl.constexpr):
     """(tile, weight block) of this grouped program. GROUP 0: the grid's two axes.
     GROUP G: a 1-D grid of tiles x cdiv(N, BN) blocks, walked in groups of G
     consecutive tiles times every block, tiles first inside a group (TileConfig.group_m)."""
     if GROUP == 0:
         return tl.program_id(0), tl.program_id(1)
-    return work_ids(tl.program_id(0), tl.num_programs(0) // tl.cdiv(N, BN), N, BN, GROUP)
-
-
-@triton.jit
-def work_ids(w, tiles, N, BN: tl.constexpr, GROUP: tl.constexpr):
-    """(tile, weight block) of work item w of `tiles` tiles x cdiv(N, BN) blocks, in the
-    launch order of `grouped_ids` (GROUP 0: tiles first), so a persistent program's k-th
-    item is the one the k-th wave of a one-program-per-item grid would run."""
-    if GROUP == 0:
-        return w % tiles, w // tiles
     nb = tl.cdiv(N, BN)
+    pid = tl.program_id(0)
     per_group = GROUP * nb
-    first = (w // per_group) * GROUP
-    size = tl.minimum(tiles - first, GROUP)
-    return first + (w % per_group) % size, (w % per_group) // size
-
-
-@triton.jit
-def active_tiles(p_tile_e, T, E: tl.constexpr, K: tl.constexpr, BM: tl.constexpr):
-    """The sorted tiles that hold routes (tiles 0..n-1): the count the sort stores after
-    the `max_tiles` (binding.py) entries of tile_expert."""
-    routes = T * K
-    return tl.load(p_tile_e + tl.cdiv(routes, BM) + tl.minimum(routes, E))
+    first = (pid // per_group) * GROUP
+    size = tl.minimum(tl.num_programs(0) // nb - first, GROUP)
+    return first + (pid % per_group) % size, (pid % per_group) // size
 
 
 @triton.jit

@@ -13,8 +13,7 @@ applies the activation; with S == 1 it stores the bf16 activation out[route, n].
 GROUPED: grid (max_tiles, cdiv(I, BN), 1). Program (m, n) serves the tile of
 BM sorted rows whose expert is tile_expert[m] (-1: idle), applies the
 activation (and the router weight when it comes before FC2) and stores bf16
-out[pos, n]. PERSIST: a program per SM walks the active tiles (fc2.py's PERSIST).
-TAIL: a tile of few routes runs at a fraction of BM (fc2.py's TAIL).
+out[pos, n].
 
 PASSES 2 (FP8 grouped only, TileConfig.fc1_passes): a program's BN = 128 rows (one
 activation group) run as two K passes of 64 rows each, the first half's activation
@@ -32,7 +31,6 @@ from triton.language.extra.cuda import gdc_launch_dependents
 from sparkinfer.moe.kernels.common import (
     DECODE_UNSCALE,
     activation,
-    active_tiles,
     grouped_ids,
     k_order,
     k_position,
@@ -43,9 +41,6 @@ from sparkinfer.moe.kernels.common import (
     split_chunks,
     step_k_order,
     step_weight_tile,
-    tile_program,
-    tile_rows,
-    work_ids,
 )
 from sparkinfer.moe.kernels.fp8 import (
     act_operand,
@@ -72,70 +67,15 @@ def moe_fc1_kernel(
     WEIGHT_BEFORE: tl.constexpr, PTX_DECODE: tl.constexpr,
     INTERPRET: tl.constexpr, PDL: tl.constexpr = False, GROUP: tl.constexpr = 0,
     TMA: tl.constexpr = False, PASSES: tl.constexpr = 1, RESCALE: tl.constexpr = False,
-    ROWS: tl.constexpr = False, KCH: tl.constexpr = 0, PERSIST: tl.constexpr = False,
-    TAIL: tl.constexpr = 0,
+    ROWS: tl.constexpr = False, KCH: tl.constexpr = 0,
 ):
-    if PERSIST:  # grouped, every expert (e_lo 0): as fc2.py's PERSIST
-        tiles = active_tiles(p_tile_e, T, E, K, BM)
-        for w in tl.range(tl.program_id(0), tiles * tl.cdiv(I, BN), tl.num_programs(0), flatten=True):
-            i_m, i_n = work_ids(w, tiles, I, BN, GROUP)
-            e, route, o_row = program_rows(p_ids, p_sorted, p_tile_e, i_m, T, E, K, BM, KP, RP, False)
-            fc1_tile(p_x, p_xs, p_w, p_s, p_gs, p_topk_w, p_out, p_os, d_w, e, e, route, o_row, i_n,
-                     0, I, num_chunks, chunks_per_split, stride_x, stride_we, stride_wn, stride_se,
-                     stride_os, stride_or, alpha, limit, K, BM, BN, BK, PARTIALS, GATED, ACT, NVFP4,
-                     FP8, X_FP8, GSCALE, WEIGHT_BEFORE, PTX_DECODE, INTERPRET, False, TMA, PASSES,
-                     RESCALE, ROWS, KCH)
-    else:
-        i_m, i_n = grouped_ids(I, BN, GROUP)
-        LEAST: tl.constexpr = BM // 4 if TAIL >= 2 else BM // 2
-        rows = tile_rows(p_sorted, i_m, BM, TAIL, MICRO)  # TAIL: fewer rows (fc2.py's TAIL)
-        if TAIL == 0 or MICRO:
-            fc1_rows(p_x, p_xs, p_w, p_s, p_gs, p_ids, p_topk_w, p_sorted, p_tile_e, p_out, p_os,
-                     d_w, T, I, num_chunks, chunks_per_split, e_lo, e_hi, stride_x, stride_we,
-                     stride_wn, stride_se, stride_os, stride_or, alpha, limit, i_m, i_n, E, K, KP,
-                     RP, BM, BM, BN, BK, MICRO, PARTIALS, GATED, ACT, NVFP4, FP8, X_FP8, GSCALE,
-                     WEIGHT_BEFORE, PTX_DECODE, INTERPRET, PDL, TMA, PASSES, RESCALE, ROWS, KCH)
-        elif rows == BM:
-            fc1_rows(p_x, p_xs, p_w, p_s, p_gs, p_ids, p_topk_w, p_sorted, p_tile_e, p_out, p_os,
-                     d_w, T, I, num_chunks, chunks_per_split, e_lo, e_hi, stride_x, stride_we,
-                     stride_wn, stride_se, stride_os, stride_or, alpha, limit, i_m, i_n, E, K, KP,
-                     RP, BM, BM, BN, BK, MICRO, PARTIALS, GATED, ACT, NVFP4, FP8, X_FP8, GSCALE,
-                     WEIGHT_BEFORE, PTX_DECODE, INTERPRET, PDL, TMA, PASSES, RESCALE, ROWS, KCH)
-        elif rows == BM // 2:
-            fc1_rows(p_x, p_xs, p_w, p_s, p_gs, p_ids, p_topk_w, p_sorted, p_tile_e, p_out, p_os,
-                     d_w, T, I, num_chunks, chunks_per_split, e_lo, e_hi, stride_x, stride_we,
-                     stride_wn, stride_se, stride_os, stride_or, alpha, limit, i_m, i_n, E, K, KP,
-                     RP, BM, BM // 2, BN, BK, MICRO, PARTIALS, GATED, ACT, NVFP4, FP8, X_FP8,
-                     GSCALE, WEIGHT_BEFORE, PTX_DECODE, INTERPRET, PDL, TMA, PASSES, RESCALE, ROWS,
-                     KCH)
-        else:
-            fc1_rows(p_x, p_xs, p_w, p_s, p_gs, p_ids, p_topk_w, p_sorted, p_tile_e, p_out, p_os,
-                     d_w, T, I, num_chunks, chunks_per_split, e_lo, e_hi, stride_x, stride_we,
-                     stride_wn, stride_se, stride_os, stride_or, alpha, limit, i_m, i_n, E, K, KP,
-                     RP, BM, LEAST, BN, BK, MICRO, PARTIALS, GATED, ACT, NVFP4, FP8, X_FP8,
-                     GSCALE, WEIGHT_BEFORE, PTX_DECODE, INTERPRET, PDL, TMA, PASSES, RESCALE, ROWS,
-                     KCH)
-
-
-@triton.jit
-def fc1_rows(p_x, p_xs, p_w, p_s, p_gs, p_ids, p_topk_w, p_sorted, p_tile_e, p_out, p_os, d_w,
-             T, I, num_chunks, chunks_per_split, e_lo, e_hi, stride_x, stride_we, stride_wn,
-             stride_se, stride_os, stride_or, alpha, limit, i_m, i_n, E: tl.constexpr,
-             K: tl.constexpr, KP: tl.constexpr, RP: tl.constexpr, BM: tl.constexpr,
-             BR: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, MICRO: tl.constexpr,
-             PARTIALS: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr, NVFP4: tl.constexpr,
-             FP8: tl.constexpr, X_FP8: tl.constexpr, GSCALE: tl.constexpr,
-             WEIGHT_BEFORE: tl.constexpr, PTX_DECODE: tl.constexpr, INTERPRET: tl.constexpr,
-             PDL: tl.constexpr, TMA: tl.constexpr, PASSES: tl.constexpr, RESCALE: tl.constexpr,
-             ROWS: tl.constexpr, KCH: tl.constexpr):
-    """Program (i_m, i_n, program_id(2)) of the one-program-per-tile grid, its tile run
-    at BR of its BM rows (BR < BM: the rest are padding, `tile_rows`)."""
-    e, route, o_row = tile_program(p_ids, p_sorted, p_tile_e, i_m, T, E, K, BM, BR, KP, RP, MICRO)
+    i_m, i_n = grouped_ids(I, BN, GROUP)
+    e, route, o_row = program_rows(p_ids, p_sorted, p_tile_e, i_m, T, E, K, BM, KP, RP, MICRO)
     if (e >= e_lo) & (e < e_hi):
         fc1_tile(p_x, p_xs, p_w, p_s, p_gs, p_topk_w, p_out, p_os, d_w, e, e - e_lo, route,
                  o_row, i_n, tl.program_id(2), I, num_chunks, chunks_per_split,
                  stride_x, stride_we, stride_wn, stride_se, stride_os, stride_or, alpha, limit,
-                 K, BR, BN, BK, PARTIALS, GATED, ACT, NVFP4, FP8, X_FP8, GSCALE, WEIGHT_BEFORE,
+                 K, BM, BN, BK, PARTIALS, GATED, ACT, NVFP4, FP8, X_FP8, GSCALE, WEIGHT_BEFORE,
                  PTX_DECODE, INTERPRET, PDL, TMA, PASSES, RESCALE, ROWS, KCH)
 
 

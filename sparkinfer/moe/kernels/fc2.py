@@ -11,14 +11,6 @@ out[s, route, n].
 
 GROUPED: grid (max_tiles, cdiv(H, BN), 1). Reads the bf16 activations that
 FC1 stored in sorted order and stores out[0, route, n] in the output dtype.
-PERSIST (grouped, TileConfig.persistent): grid (programs,); program p runs work
-items p, p + programs, ... of the active tiles x blocks (`work_ids`, in the
-order the grid above launches them) as one flattened loop, so a tile's first
-loads are issued while the tile before is still in its MMAs and stores. Same
-tiles, same sums, same bits.
-TAIL j (grouped, TileConfig.tail): a tile of at most BM / 2 (j >= 1) or BM / 4
-(j 2) routes (an expert's last tile) runs at that many rows: one branch per
-program on its sorted rows (`tile_rows`), the same sums per row, same bits.
 
 FP8: FC2 reads e4m3 activation rows with one scale per row and 128 columns
 (FC1's or moe_act_kernel's epilogue quantized them) and e4m3 weights with
@@ -35,16 +27,12 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from sparkinfer.moe.kernels.common import (
     DECODE_UNSCALE,
     activation,
-    active_tiles,
     grouped_ids,
     k_order,
     load_scales,
     program_rows,
     split_chunks,
     step_weight_tile,
-    tile_program,
-    tile_rows,
-    work_ids,
 )
 from sparkinfer.moe.kernels.fp8 import (
     act_operand,
@@ -110,61 +98,15 @@ def moe_fc2_kernel(
     NVFP4: tl.constexpr, FP8: tl.constexpr, X_FP8: tl.constexpr,  # X_FP8: FC1's (unused)
     GSCALE: tl.constexpr, PTX_DECODE: tl.constexpr, INTERPRET: tl.constexpr,
     PDL: tl.constexpr = False, GROUP: tl.constexpr = 0, TMA: tl.constexpr = False,
-    RESCALE: tl.constexpr = False, ROWS: tl.constexpr = False, PERSIST: tl.constexpr = False,
-    TAIL: tl.constexpr = 0,
+    RESCALE: tl.constexpr = False, ROWS: tl.constexpr = False,
 ):
-    if PERSIST:  # grouped, every expert (e_lo 0): each program walks the active tiles' work
-        tiles = active_tiles(p_tile_e, T, E, K, BM)
-        for w in tl.range(tl.program_id(0), tiles * tl.cdiv(H, BN), tl.num_programs(0), flatten=True):
-            i_m, i_n = work_ids(w, tiles, H, BN, GROUP)
-            e, route, o_arow = program_rows(p_ids, p_sorted, p_tile_e, i_m, T, E, K, BM, KP, RP, False)
-            fc2_tile(p_a, p_as, p_w, p_s, p_gs, p_out, d_w, d_a, e, e, route, o_arow, i_m * BM, i_n,
-                     0, H, num_chunks, chunks_per_split, stride_ar, stride_we, stride_wn, stride_se,
-                     stride_os, stride_or, BM, BN, BK, NVFP4, FP8, GSCALE, PTX_DECODE, INTERPRET,
-                     False, TMA, RESCALE, ROWS)
-    else:
-        i_m, i_n = grouped_ids(H, BN, GROUP)
-        LEAST: tl.constexpr = BM // 4 if TAIL >= 2 else BM // 2
-        rows = tile_rows(p_sorted, i_m, BM, TAIL, MICRO)
-        if TAIL == 0 or MICRO:
-            fc2_rows(p_a, p_as, p_w, p_s, p_gs, p_ids, p_sorted, p_tile_e, p_out, d_w, d_a, T, H,
-                     num_chunks, chunks_per_split, e_lo, e_hi, stride_ar, stride_we, stride_wn,
-                     stride_se, stride_os, stride_or, i_m, i_n, E, K, KP, RP, BM, BM, BN, BK,
-                     MICRO, NVFP4, FP8, GSCALE, PTX_DECODE, INTERPRET, PDL, TMA, RESCALE, ROWS)
-        elif rows == BM:
-            fc2_rows(p_a, p_as, p_w, p_s, p_gs, p_ids, p_sorted, p_tile_e, p_out, d_w, d_a, T, H,
-                     num_chunks, chunks_per_split, e_lo, e_hi, stride_ar, stride_we, stride_wn,
-                     stride_se, stride_os, stride_or, i_m, i_n, E, K, KP, RP, BM, BM, BN, BK,
-                     MICRO, NVFP4, FP8, GSCALE, PTX_DECODE, INTERPRET, PDL, TMA, RESCALE, ROWS)
-        elif rows == BM // 2:
-            fc2_rows(p_a, p_as, p_w, p_s, p_gs, p_ids, p_sorted, p_tile_e, p_out, d_w, d_a, T, H,
-                     num_chunks, chunks_per_split, e_lo, e_hi, stride_ar, stride_we, stride_wn,
-                     stride_se, stride_os, stride_or, i_m, i_n, E, K, KP, RP, BM, BM // 2, BN, BK,
-                     MICRO, NVFP4, FP8, GSCALE, PTX_DECODE, INTERPRET, PDL, TMA, RESCALE, ROWS)
-        else:
-            fc2_rows(p_a, p_as, p_w, p_s, p_gs, p_ids, p_sorted, p_tile_e, p_out, d_w, d_a, T, H,
-                     num_chunks, chunks_per_split, e_lo, e_hi, stride_ar, stride_we, stride_wn,
-                     stride_se, stride_os, stride_or, i_m, i_n, E, K, KP, RP, BM, LEAST, BN, BK,
-                     MICRO, NVFP4, FP8, GSCALE, PTX_DECODE, INTERPRET, PDL, TMA, RESCALE, ROWS)
-
-
-@triton.jit
-def fc2_rows(p_a, p_as, p_w, p_s, p_gs, p_ids, p_sorted, p_tile_e, p_out, d_w, d_a, T, H,
-             num_chunks, chunks_per_split, e_lo, e_hi, stride_ar, stride_we, stride_wn, stride_se,
-             stride_os, stride_or, i_m, i_n, E: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
-             RP: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr,
-             BK: tl.constexpr, MICRO: tl.constexpr, NVFP4: tl.constexpr, FP8: tl.constexpr,
-             GSCALE: tl.constexpr, PTX_DECODE: tl.constexpr, INTERPRET: tl.constexpr,
-             PDL: tl.constexpr, TMA: tl.constexpr, RESCALE: tl.constexpr, ROWS: tl.constexpr):
-    """Program (i_m, i_n, program_id(2)) of the one-program-per-tile grid at BR of its BM
-    rows (`tile_rows`). Below BM the activation rows come by per-thread loads: d_a's block
-    is BM rows."""
-    e, route, o_arow = tile_program(p_ids, p_sorted, p_tile_e, i_m, T, E, K, BM, BR, KP, RP, MICRO)
+    i_m, i_n = grouped_ids(H, BN, GROUP)
+    e, route, o_arow = program_rows(p_ids, p_sorted, p_tile_e, i_m, T, E, K, BM, KP, RP, MICRO)
     if (e >= e_lo) & (e < e_hi):
         fc2_tile(p_a, p_as, p_w, p_s, p_gs, p_out, d_w, d_a, e, e - e_lo, route, o_arow,
                  i_m * BM, i_n, tl.program_id(2), H, num_chunks, chunks_per_split, stride_ar,
-                 stride_we, stride_wn, stride_se, stride_os, stride_or, BR, BN, BK, NVFP4, FP8,
-                 GSCALE, PTX_DECODE, INTERPRET, PDL, TMA, RESCALE, ROWS, BR == BM)
+                 stride_we, stride_wn, stride_se, stride_os, stride_or, BM, BN, BK, NVFP4, FP8,
+                 GSCALE, PTX_DECODE, INTERPRET, PDL, TMA, RESCALE, ROWS)
 
 
 @triton.jit
@@ -173,8 +115,7 @@ def fc2_tile(p_a, p_as, p_w, p_s, p_gs, p_out, d_w, d_a, e, e_w, route, o_arow, 
              stride_os, stride_or, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
              NVFP4: tl.constexpr, FP8: tl.constexpr, GSCALE: tl.constexpr,
              PTX_DECODE: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr,
-             TMA: tl.constexpr, RESCALE: tl.constexpr = False, ROWS: tl.constexpr = False,
-             A_TMA: tl.constexpr = True):
+             TMA: tl.constexpr, RESCALE: tl.constexpr = False, ROWS: tl.constexpr = False):
     """One FC2 tile: expert e (>= 0; its weights at index e_w), activation rows
     o_arow for routes `route` [BM] (-1: inactive; FP8: e4m3 with scales p_as
     [rows, I/BK]), weight rows i_n*BN.., reduction split i_s; stores
@@ -200,7 +141,7 @@ def fc2_tile(p_a, p_as, p_w, p_s, p_gs, p_out, d_w, d_a, e, e_w, route, o_arow, 
         n_w, _, n_as = step_scales(p_se, i_n * BN, 0, p_as, o_arow, m_row, c_lo, num_chunks, BK,
                                    False, True)
     for c in range(c_lo, c_hi):
-        if TMA and A_TMA:
+        if TMA:
             b_a = tl.trans(d_a.load([a_row0, c * BK]))
             if INTERPRET:
                 b_a = b_a.to(tl.float32)

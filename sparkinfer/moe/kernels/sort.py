@@ -10,9 +10,8 @@ Two launches, both with static grids (sizes come from T, never from data):
 2. `sort_scatter_kernel` (NCH programs): each program sums every chunk's counts (each
    expert's segment starts at the earlier experts' totals rounded up to BM; its chunk's
    routes start after the earlier chunks' routes on the same expert), writes its turn
-   of tile_expert[m] (the expert of tile m, or -1; program 0 also stores how many tiles
-   are active, tiles 0.. in order, at tile_expert[max_tiles], for the persistent GEMMs),
-   and then sorted_route[start + rank] = route, rank = position among its routes on e. Routes keep their order inside
+   of tile_expert[m] (the expert of tile m, or -1), and then sorted_route[start +
+   rank] = route, rank = position among its routes on e. Routes keep their order inside
    an expert's segment, so the result does not depend on scheduling.
 Ids outside [0, E) are dropped (the route contributes nothing).
 
@@ -77,8 +76,6 @@ def sort_scatter_kernel(p_ids, p_counts, p_sorted, p_tile_e, R, SUB, NCH, max_ti
     # tile_expert, TB tiles a step, the chunks' programs taking turns
     t_lo = start // BM
     t_hi = t_lo + padded // BM
-    if i_c == 0:  # the active tiles are tiles 0..this-1 (kernels/common.py work_ids)
-        tl.store(p_tile_e + max_tiles, tl.sum(padded, axis=0) // BM)
     o_t = tl.arange(0, TB)
     for t0 in range(i_c * TB, max_tiles, NCH * TB):
         o_tile = t0 + o_t
