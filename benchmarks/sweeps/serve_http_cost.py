@@ -10,7 +10,8 @@ is the HTTP layer's work plus the fake's stepping thread. Linux's per-thread CPU
 (parsing, the handlers, chunk formatting, metrics, socket writes), the other threads
 the fake's steps and the pushes into the handles, where a real server's engine reader
 thread would be. Rows: per level, the loop thread's and the other threads' CPU
-microseconds per output token, and tokens/s. Streams of `--output-len` tokens a
+microseconds per output token, and tokens/s, and whether uvloop and httptools were
+importable (uvicorn then serves on them). Streams of `--output-len` tokens a
 request (`ignore_eos`) at fixed concurrency; a warm-up level first.
 
     python3 benchmarks/sweeps/serve_http_cost.py --concurrency 64 --requests 384 --repeats 3
@@ -52,6 +53,15 @@ def _thread_cpu_s(pid: int) -> dict[int, float]:
             continue
         out[int(tid)] = (int(fields[11]) + int(fields[12])) / tick  # utime + stime
     return out
+
+
+def _extras() -> dict:
+    """Whether uvicorn's optional event loop (uvloop) and HTTP parser (httptools) are
+    importable here; the server subprocess, with the same path, then takes them
+    (uvicorn's "auto" loop and http)."""
+    import importlib.util
+
+    return {name: importlib.util.find_spec(name) is not None for name in ("uvloop", "httptools")}
 
 
 def main(argv=None) -> int:
@@ -99,7 +109,7 @@ def main(argv=None) -> int:
                                                           for k, v in runs[-1].items()}}), flush=True)
             rows.append(dict(bench="serve_http_cost", concurrency=conc, requests=args.requests,
                              output_len=args.output_len, step_s=args.step_s, client_procs=args.client_procs,
-                             cpu_cores=os.cpu_count(), ok=all(r["ok"] for r in runs), runs=runs,
+                             cpu_cores=os.cpu_count(), **_extras(), ok=all(r["ok"] for r in runs), runs=runs,
                              **{k: statistics.median(r[k] for r in runs)
                                 for k in ("loop_us_per_token", "other_us_per_token", "tokens_per_s")}))
     if args.out:
