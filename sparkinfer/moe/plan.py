@@ -212,6 +212,15 @@ FP8_RESCALE = True
 # / 5,022 / 6,273; 128 rows (the DeepSeek-V3 TP8 shard at M 4096) 1,354 / 1,295 / 1,766;
 # 64 rows (Qwen3 M 1024) 313 / 295 / 357.
 FP8_RESCALE_BM128_MIN_ROWS = 160
+# And BM 64 (rows on the MMA's M side) from FP8_RESCALE_BM64_MIN_ROWS, where the bf16 table
+# keeps BM 32 (rows on N, half of each m64 wgmma idle). An H100 at 0d11bab
+# (sweeps/moe_tile_sweep_fp8_rescale_small_h100.json, sweeps/moe_tile_sweep_fp8_bm64_h100.json;
+# `moe_tile_sweep.py --formats fp8_block --tiles bm64-rescale`, every config checked), us planned
+# BM 32 / BM 64 by mean rows an expert: 32 rows, the DeepSeek-V3 TP8 shard (M 1024) 743.6 / 643.3,
+# Qwen3 (M 512) 274.5 / 249.4; 24 rows, TP8 shard (M 768) 702.4 / 621.7, Qwen3 (M 384) 249.9 /
+# 245.8, DeepSeek-V3 (M 768) 4,031.8 / 3,888.9; 16 rows, TP8 shard (M 512) 583.5 / 587.2, Qwen3
+# (M 256) 242.5 / 245.6, DeepSeek-V3 (M 512) 4,218.0 / 4,083.9. Same bits at any BM.
+FP8_RESCALE_BM64_MIN_ROWS = 24
 # Batch invariance (MoECaps.batch_invariant): a token's output must not depend on
 # T, at decode sizes (rows of a step, queries of a speculative verify) as at
 # prefill sizes (a forward of several requests' prompt chunks). A route's sum
@@ -270,7 +279,8 @@ def dequant_chunk(caps: MoECaps, spec: MoESpec) -> int:
 def _fp8_config(caps: MoECaps, spec: MoESpec, tokens: int) -> TileConfig:
     """fp8_block tiles: the bf16 rules with BN1 = 128 (whole activation groups)
     and 1-byte weights; every bucket with the rescaled accumulation when FP8_RESCALE,
-    whose grouped tiles reach BM 128 from FP8_RESCALE_BM128_MIN_ROWS."""
+    whose grouped tiles take BM 64 from FP8_RESCALE_BM64_MIN_ROWS and BM 128 from
+    FP8_RESCALE_BM128_MIN_ROWS."""
     routes = tokens * caps.top_k
     active = min(caps.num_experts, routes)
     halves = 2 if spec.gated else 1
@@ -290,6 +300,8 @@ def _fp8_config(caps: MoECaps, spec: MoESpec, tokens: int) -> TileConfig:
     cap = 128 if FP8_RESCALE and mean_rows >= FP8_RESCALE_BM128_MIN_ROWS else FP8_MAX_BLOCK_M
     bm = min(cap, next((b for limit, b in GROUPED_BLOCK_M_BF16 if mean_rows <= limit),
                        GROUPED_BLOCK_M_LARGE))
+    if FP8_RESCALE and mean_rows >= FP8_RESCALE_BM64_MIN_ROWS:
+        bm = max(bm, 64)
     bn2 = 64 if bm <= 32 else 128
     budget, warps = (SMEM_TWO_PER_SM, 4) if bm <= 32 else (SMEM_ONE_PER_SM, 8)
     fc1 = halves * _weight_bytes(ck, ck, False, True) + ck * bm
