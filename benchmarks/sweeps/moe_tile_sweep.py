@@ -154,13 +154,21 @@ def breakdown(ctx, call, reps: int) -> dict:
             for n in ("fc1", "fc2", "all")}
 
 
+def candidates(p0, m: int, orders=None, small=False, tiles=None) -> list:
+    """(name, plan) to compile or time at M = m: tuning's order candidates (orders) or tile
+    table, only the names in tiles beside "planned" when tiles is given."""
+    from sparkinfer.moe.tuning import order_candidates, tile_candidates
+
+    cands = order_candidates(p0, m, orders) if orders else tile_candidates(p0, m, small)
+    return [(n, p) for n, p in cands if tiles is None or n == "planned" or n in tiles]
+
+
 def time_shape(ctx, layer, fmt, ms, lim, orders=None, small=False, tiles=None) -> list[dict]:
     """Rows of every candidate of one shape and format at each M (tiles: only these names
     beside "planned")."""
     torch = ctx.torch
     from sparkinfer.moe import allocate_scratch, bind, moe_reference, run
     from sparkinfer.moe.reference import compare_to_reference
-    from sparkinfer.moe.tuning import order_candidates, tile_candidates
 
     p0, w0, _, src = layer.build(fmt)
     rows = []
@@ -172,8 +180,7 @@ def time_shape(ctx, layer, fmt, ms, lim, orders=None, small=False, tiles=None) -
         ref = moe_reference(x, src, routings[0], spec=p0.spec)
         f1, f2 = gemm_flops(p0.caps, p0.spec, m)
         planned_out, planned_us = None, None
-        cands = order_candidates(p0, m, orders) if orders else tile_candidates(p0, m, small)
-        cands = [(n, p) for n, p in cands if tiles is None or n == "planned" or n in tiles]
+        cands = candidates(p0, m, orders, small, tiles)
         for name, p in cands:
             if ctx.over_budget():
                 print(f"budget: skipping {layer.name} {fmt} M={m} {name}", flush=True)
@@ -280,7 +287,6 @@ def sm90_report(shapes, formats, ms, orders=None, small=False, tiles=None) -> li
 
     from sparkinfer.bench import moe_cases
     from sparkinfer.moe import MoECaps, allocate_scratch, bind, plan
-    from sparkinfer.moe.tuning import order_candidates, tile_candidates
     from tests.moe._util import meta_weights
     from tests.moe.sm90_compile import compile_sm90, record_launches
 
@@ -292,8 +298,7 @@ def sm90_report(shapes, formats, ms, orders=None, small=False, tiles=None) -> li
                                         fmt)
             p0 = plan(MoECaps(max_tokens=max(ms), **shape), spec)
             for m in ms:
-                cands = order_candidates(p0, m, orders) if orders else tile_candidates(p0, m, small)
-                cands = [(n, p) for n, p in cands if tiles is None or n == "planned" or n in tiles]
+                cands = candidates(p0, m, orders, small, tiles)
                 for name, p in cands:
                     meta = dict(dtype=torch.bfloat16, device="meta")
                     b = bind(p, allocate_scratch(p, "meta"), meta_weights(p),
