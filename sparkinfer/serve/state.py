@@ -94,6 +94,8 @@ class Tracker:
                     if t.emitted_at is not None:
                         m.return_time.observe(max(0.0, time.monotonic() - t.emitted_at))
                 m.cached_prompt_tokens.inc(out.cached_tokens)
+                if n > 1:  # tokens that came with the first (a reader behind gets outputs merged)
+                    m.observe_tokens(n - 1, 0.0)
             else:
                 m.observe_tokens(n, now - self._last)
             self._last = now

@@ -75,3 +75,35 @@ def test_gauges_follow_the_engine_while_requests_run(fake_server):
         assert (m[("sparkinfer_requests_running", ())], m[("sparkinfer_requests_waiting", ())],
                 m[("sparkinfer_cache_slots_used", ())], m[("sparkinfer_requests_in_flight", ())]) == (1, 1, 1, 2)
         engine.resume()
+
+
+def test_tokens_merged_into_the_first_output_count_as_inter_token_samples():
+    """A reader that falls behind gets its request's outputs merged (RequestHandle.__aiter__),
+    the first one included: its tokens after the first are inter-token samples too (of 0 s,
+    they came with it), so the histogram counts every token after each request's first."""
+    import asyncio
+    import types
+
+    from sparkinfer.engine.client import RequestHandle
+    from sparkinfer.engine.request import FinishReason, RequestOutput, SamplingParams
+    from sparkinfer.serve.metrics import ServeMetrics
+    from sparkinfer.serve.state import Tracker
+
+    metrics = ServeMetrics(types.SimpleNamespace(stats=lambda: None))
+    state = types.SimpleNamespace(metrics=metrics, in_flight={}, engine=types.SimpleNamespace(abort=lambda _: None))
+    handle = RequestHandle("r", [1, 2], SamplingParams())
+    handle._push(RequestOutput("r", token_ids=[5]))
+    handle._push(RequestOutput("r", token_ids=[6, 7]))  # queued before the reader looks: one output of 3
+    handle._push(RequestOutput("r", token_ids=[8], finished=True, finish_reason=FinishReason.LENGTH))
+
+    async def read():
+        tracker = Tracker(state, handle, arrival=0.0)
+        return [out async for out in tracker.outputs()]
+
+    outs = asyncio.run(read())
+    assert [tuple(o.token_ids) for o in outs] == [(5, 6, 7, 8)]
+
+    def count(hist):
+        return next(s.value for s in hist.collect()[0].samples if s.name.endswith("_count"))
+
+    assert count(metrics.itl) == 3 and count(metrics.ttft) == 1  # the 3 tokens after the first
