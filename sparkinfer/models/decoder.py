@@ -50,13 +50,6 @@ from sparkinfer.runtime.devices import cuda_sm_count
 
 __all__ = ["Step", "KVCache", "Decoder", "moe_layer", "prepare_moe"]
 
-# L2 prefetch in decode steps (`runtime.prefetch`; a hint, the same bits): the rotary
-# kernel pulls the layer's o projection and router into L2 while attention runs
-# (L2_PREFETCH_O), and a MoE layer's top-k sum + norm pulls the next layer's qkv
-# projection while FC2 runs (L2_PREFETCH_QKV). Off until an A/B on a GPU says otherwise.
-L2_PREFETCH_O = False
-L2_PREFETCH_QKV = False
-
 
 @dataclass(frozen=True)
 class Step:
@@ -217,14 +210,13 @@ class Decoder:
         self._streams = CudaStreamOps(dev) if dev.type == "cuda" else None
 
     # ------------------------------------------------------------------ pieces
-    def _norm(self, partial, residual, weight, prefetch: tuple = ()):
-        """(normed, residual_out) = the all-reduce of the partial sums + residual, RMSNorm.
-        prefetch: weights the next kernels read (a MoE layer's sum pulls them into L2)."""
+    def _norm(self, partial, residual, weight):
+        """(normed, residual_out) = the all-reduce of the partial sums + residual, RMSNorm."""
         eps = self.spec.rms_eps
         if self.torch_ops is not None:
             return self.torch_ops.norm(partial, residual, weight, eps)
         if isinstance(partial, RouteSum):  # a MoE layer's top-k sum, run inside this norm
-            return partial.add_rms_norm(residual, weight, eps, prefetch=prefetch)
+            return partial.add_rms_norm(residual, weight, eps)
         if self.sh.world == 1:
             return add_rms_norm(partial, residual, weight, eps)
         return self.comm.all_reduce_add_rms_norm(partial, residual, weight, eps, batch_invariant=self.batch_invariant)
@@ -246,17 +238,10 @@ class Decoder:
         norms = (a.q_norm, a.k_norm) if a.q_norm is not None else None
         caches = (self.cache.k[i], self.cache.v[i])
         ops = self.torch_ops
+        rope_fn = ops.rope_qk_cache if ops is not None else rope_qk_cache
         attend = ops.attention if ops is not None else decode_attention
-        rope = dict(norms=norms, eps=spec.rms_eps, kv_stride=sh.dcp, kv_offset=sh.rank if sh.dcp > 1 else 0)
-        if ops is not None:
-            q = ops.rope_qk_cache(qkv, step.positions, step.slots, self.table, caches,
-                                  (self.heads_l, a.kv_heads, d), **rope)
-        else:
-            m = self.w.layers[i].mlp
-            fetch = (a.o, m.router if isinstance(m, ExpertWeights) else None) \
-                if L2_PREFETCH_O and not self._prefill else ()
-            q = rope_qk_cache(qkv, step.positions, step.slots, self.table, caches, (self.heads_l, a.kv_heads, d),
-                              prefetch=fetch, **rope)
+        q = rope_fn(qkv, step.positions, step.slots, self.table, caches, (self.heads_l, a.kv_heads, d),
+                          norms=norms, eps=spec.rms_eps, kv_stride=sh.dcp, kv_offset=sh.rank if sh.dcp > 1 else 0)
         b = step.row_slots.shape[0]
         if step.decode_rows:  # a mixed step: its decode rows, then its rows of Q, into one buffer
             n, h = step.decode_rows, self.heads_l
@@ -378,8 +363,7 @@ class Decoder:
         for i, lw in enumerate(layers):
             x, residual = self._norm(self._attention(i, x, step), residual, lw.post_attn_norm)
             nxt = layers[i + 1].input_norm if i + 1 < len(layers) else self.w.final_norm
-            fetch = (layers[i + 1].attn.qkv,) if L2_PREFETCH_QKV and not self._prefill and i + 1 < len(layers) else ()
-            x, residual = self._norm(self._mlp(i, x), residual, nxt, fetch)
+            x, residual = self._norm(self._mlp(i, x), residual, nxt)
         if step.logit_rows is not None:
             if step.logit_rows.numel() == 0:  # a prefill chunk that is not its prompt's last: no LM head
                 return x.new_empty((0, self.spec.vocab_size))

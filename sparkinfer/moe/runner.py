@@ -26,7 +26,6 @@ import torch
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from sparkinfer.envs import triton_interpret
 from sparkinfer.errors import ShapeError
 from sparkinfer.moe.binding import _ACT, MoEBinding, max_tiles, sort_chunk, sort_split
 from sparkinfer.moe.kernels.common import NVFP4_TILE_ROWS
@@ -38,7 +37,6 @@ from sparkinfer.moe.kernels.sort import sort_count_kernel, sort_scatter_kernel
 from sparkinfer.moe.plan import FP8_BLOCK, MICRO_BLOCK_M
 from sparkinfer.moe.routing.launch import route
 from sparkinfer.norm.launch import check_rows, row_launch
-from sparkinfer.runtime.prefetch import prefetch_args
 
 __all__ = ["RouteSum", "run"]
 
@@ -63,10 +61,6 @@ QUANT_BLOCK_T = 32
 # start, or prefetching FC2's weights into L2 before the wait, made large
 # shapes slower (DeepSeek-V3 NVFP4 M=1 86.6 / 97.0 vs 76.7 us).
 MICRO_PDL = True
-# micro FC2 bulk-prefetches its rows of the expert's weights into L2 before its gdc_wait
-# (bf16 and FP8, row-major; `runtime.prefetch`), so its loads after FC1 hit L2. Off until
-# an A/B on a GPU says otherwise.
-FC2_PREFETCH = False
 
 
 def _splits(chunks: int, split: int) -> tuple[int, int]:
@@ -174,12 +168,9 @@ class RouteSum:
         return dataclasses.replace(self, extra=extra)
 
     def add_rms_norm(self, residual: torch.Tensor, weight: torch.Tensor, eps: float, *,
-                     out: torch.Tensor | None = None, residual_out: torch.Tensor | None = None,
-                     prefetch: tuple = ()):
+                     out: torch.Tensor | None = None, residual_out: torch.Tensor | None = None):
         """(out, residual_out) = (rmsnorm(x + residual) * weight, x + residual), x this
-        sum (rounded to `dtype`, + extra). Shapes and dtypes as `sparkinfer.norm.add_rms_norm`.
-        prefetch: up to two weights the next kernels read, pulled into L2 meanwhile on a
-        GPU (a hint: `runtime.prefetch`)."""
+        sum (rounded to `dtype`, + extra). Shapes and dtypes as `sparkinfer.norm.add_rms_norm`."""
         t, k = self.ids.shape
         h = weight.shape[-1]
         check_rows("residual", residual, h)
@@ -195,16 +186,12 @@ class RouteSum:
         for name, x in (("out", out), ("residual_out", residual_out)):
             check_rows(name, x, h)
         if t:
-            pf, fetch = prefetch_args(prefetch, residual)
-            launch = row_launch(h, residual.device)
-            fetch = fetch and residual.device.type != "cpu" and not triton_interpret()
             moe_reduce_norm_kernel[(t,)](
                 self.part, self.ids, self.weights, extra, residual, weight, out, residual_out, h,
                 self.stride_ps, self.part.stride(-2), extra.stride(0), residual.stride(0), out.stride(0),
-                residual_out.stride(0), float(eps), *pf, E=self.experts, K=k, S=self.splits,
+                residual_out.stride(0), float(eps), E=self.experts, K=k, S=self.splits,
                 WEIGHT_AFTER=self.weight_after, HAS_EXTRA=self.extra is not None, WAIT=self.wait,
-                PREFETCH=32 * launch["num_warps"] if fetch else 0, **launch,
-                **(dict(launch_pdl=True) if self.wait else {}))
+                **row_launch(h, residual.device), **(dict(launch_pdl=True) if self.wait else {}))
         return out, residual_out
 
 
@@ -242,17 +229,8 @@ def _micro(b: MoEBinding, w1: _Weights, w2: _Weights, common: dict):
         a, a_s, w2.w, w2.s, w2.g, ids, tw, ids, ids, p2, w2.w, a, t, h, i // bk, cps2, 0,
         c.num_experts,
         a.stride(0), *w2.strides, p2.stride(0), p2.stride(1), BM=cfg.block_m,
-        BN=cfg.block_n2, MICRO=True, X_FP8=True, num_stages=cfg.stages2,
-        PREFETCH=pdl and FC2_PREFETCH and _rows_prefetchable(w2, bk, common["NVFP4"]), **common, **on)
+        BN=cfg.block_n2, MICRO=True, X_FP8=True, num_stages=cfg.stages2, **common, **on)
     return p2, sp2
-
-
-def _rows_prefetchable(wt: _Weights, bk: int, nvfp4: bool) -> bool:
-    """Whether `prefetch_weight_rows` may fetch wt's rows: row-major (not NVFP4's tiles)
-    and every row's K step at a 16-byte boundary (the bulk prefetch's granule)."""
-    size = wt.w.element_size()
-    return not nvfp4 and wt.w.data_ptr() % 16 == 0 and all(
-        (n * size) % 16 == 0 for n in (wt.strides[0], wt.strides[1], bk))
 
 
 def _grouped(b: MoEBinding, w1: _Weights, w2: _Weights, common: dict):

@@ -8,10 +8,7 @@ so a block runs on across tokens and no lane idles on a head count that is not a
 power of two (launch.py sizes the block). Each row gathers its own position,
 rotary row and cache slot. PDL (launched with launch_pdl after the qkv projection,
 which lets its successor launch at entry): those are read, then the kernel waits for
-the projection (`gdc_wait`) before reading qkv. PREFETCH: before that wait, the
-programs bulk-prefetch two weight ranges (p_pf0, n_pf0 bytes; p_pf1, n_pf1) into L2,
-each program its share (`runtime.prefetch`): the o projection and router that run
-after attention, so their loads hit L2.
+the projection (`gdc_wait`) before reading qkv.
 
 The head norm's sum of squares is `norm.kernel.sum_squares`, exact up to one
 rounding: a tl.sum over a [BLOCK_ROWS, D] tile would round a head differently at
@@ -23,16 +20,15 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
 from sparkinfer.norm.kernel import sum_squares
-from sparkinfer.runtime.prefetch import prefetch_l2
 
 
 @triton.jit
 def rope_qk_cache_kernel(p_qkv, p_pos, p_slot, p_cos, p_sin, p_qw, p_kw, p_q, p_k, p_v,
                          stride_qkv, stride_cs, stride_qt, stride_qh,
                          stride_ks, stride_kl, stride_kh, stride_vs, stride_vl, stride_vh,
-                         T, HQ, KVH, D, R, L, KV_STRIDE, KV_OFFSET, eps, p_pf0, n_pf0, p_pf1, n_pf1,
+                         T, HQ, KVH, D, R, L, KV_STRIDE, KV_OFFSET, eps,
                          HAS_NORM: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
-                         PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False):
+                         PDL: tl.constexpr = False):
     heads = HQ + KVH
     o_r = tl.program_id(0).to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     m_r = o_r < T * heads
@@ -54,9 +50,6 @@ def rope_qk_cache_kernel(p_qkv, p_pos, p_slot, p_cos, p_sin, p_qw, p_kw, p_q, p_
     m_cs = m_r[:, None] & m_rot[None, :]
     b_cos = tl.load(p_cos + p_cs, mask=m_cs, other=1.0)
     b_sin = tl.load(p_sin + p_cs, mask=m_cs, other=0.0)
-    if PREFETCH:
-        prefetch_l2(p_pf0, n_pf0, tl.program_id(0), tl.num_programs(0), 128)
-        prefetch_l2(p_pf1, n_pf1, tl.program_id(0), tl.num_programs(0), 128)
     if PDL:
         gdc_wait()
     p_row = p_qkv + i_t[:, None] * stride_qkv + o_h[:, None] * D

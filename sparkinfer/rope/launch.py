@@ -10,7 +10,6 @@ import triton
 from sparkinfer.envs import triton_interpret
 from sparkinfer.errors import DTypeError, LayoutError, ShapeError
 from sparkinfer.rope.kernel import rope_qk_cache_kernel
-from sparkinfer.runtime.prefetch import prefetch_args
 
 _MIN_PROGRAMS = 128  # about one per SM of an H200 (132)
 # A program takes at most MAX_BLOCK_ROWS (token, head) rows, fewer while the grid would
@@ -82,8 +81,7 @@ def rotary_table(rotary_dim: int, theta: float, positions: int, device) -> Rotar
 
 def rope_qk_cache(qkv: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, table: RotaryTable,
                   caches: tuple, heads: tuple, *, norms: tuple | None = None, eps: float = 1e-6,
-                  kv_stride: int = 1, kv_offset: int = 0, q_out: torch.Tensor | None = None,
-                  prefetch: tuple = ()):
+                  kv_stride: int = 1, kv_offset: int = 0, q_out: torch.Tensor | None = None):
     """Rotate q and k of one layer and write k, v into the cache.
 
     qkv: [T, (Hq + 2 KVH) D] (q heads, k heads, v heads; bias already added);
@@ -91,9 +89,7 @@ def rope_qk_cache(qkv: torch.Tensor, positions: torch.Tensor, slots: torch.Tenso
     caches: (k_cache, v_cache) [S, L, KVH, D], last dim contiguous; heads: (Hq, KVH, D);
     norms: (q_norm [D], k_norm [D]) or None. Position p is stored at local index
     p // kv_stride, on the rank with p % kv_stride == kv_offset only (decode-context
-    parallelism; 1, 0 stores every position). prefetch: up to two weights a later kernel
-    of the step reads, pulled into L2 by this kernel's programs on a GPU (a hint:
-    `runtime.prefetch`). Returns q [T, Hq, D] (rotated; into
+    parallelism; 1, 0 stores every position). Returns q [T, Hq, D] (rotated; into
     q_out when given). Allocates only q when q_out is None; no host sync;
     capture-legal.
     """
@@ -125,14 +121,12 @@ def rope_qk_cache(qkv: torch.Tensor, positions: torch.Tensor, slots: torch.Tenso
     block_rows = rope_block_rows(rows, block_d, _min_programs(qkv.device), _max_block_rows(qkv.device))
     qw, kw = norms if norms is not None else (table.cos, table.cos)
     pdl = ROPE_PDL and qkv.device.type != "cpu" and not triton_interpret()
-    pf, fetch = prefetch_args(prefetch, qkv)
-    fetch = fetch and qkv.device.type != "cpu" and not triton_interpret()
     rope_qk_cache_kernel[(triton.cdiv(rows, block_rows),)](
         qkv, positions, slots, table.cos, table.sin, qw, kw, q_out, k_cache, v_cache,
         qkv.stride(0), table.cos.stride(0), q_out.stride(0), q_out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        t, hq, kvh, d, table.rotary_dim, k_cache.shape[1], kv_stride, kv_offset, float(eps), *pf,
-        HAS_NORM=norms is not None, BLOCK_ROWS=block_rows, BLOCK_D=block_d, PDL=pdl, PREFETCH=fetch,
+        t, hq, kvh, d, table.rotary_dim, k_cache.shape[1], kv_stride, kv_offset, float(eps),
+        HAS_NORM=norms is not None, BLOCK_ROWS=block_rows, BLOCK_D=block_d, PDL=pdl,
         num_warps=4, **(dict(launch_pdl=True) if pdl else {}))
     return q_out

@@ -36,7 +36,7 @@ def _record(module, kernel: str, call, **flags) -> Launch:
     return sink[0]
 
 
-def _rope(tokens: int, pdl: bool, block_rows: int, prefetch: bool = False) -> Launch:
+def _rope(tokens: int, pdl: bool, block_rows: int) -> Launch:
     import sparkinfer.rope.launch as rl
     from sparkinfer.rope import rotary_table
 
@@ -46,8 +46,7 @@ def _rope(tokens: int, pdl: bool, block_rows: int, prefetch: bool = False) -> La
     ints = torch.empty(tokens, dtype=torch.int32, **_META)
     return _record(rl, "rope_qk_cache_kernel", lambda: rl.rope_qk_cache(
         torch.empty(tokens, (HQ + 2 * KVH) * D, **bf16), ints, ints, table, (cache, cache), (HQ, KVH, D),
-        norms=(torch.empty(D, **bf16), torch.empty(D, **bf16)),
-        prefetch=(torch.empty(H, HQ * D, **bf16), torch.empty(E, H, **bf16)) if prefetch else ()),
+        norms=(torch.empty(D, **bf16), torch.empty(D, **bf16))),
         ROPE_PDL=pdl, MAX_BLOCK_ROWS=block_rows, _min_programs=lambda device: 128)
 
 
@@ -59,22 +58,6 @@ def _norm(tokens: int, wait: bool) -> Launch:
     return _record(nl, "add_rms_norm_kernel", lambda: nl.add_rms_norm(x, x, torch.empty(H, dtype=torch.bfloat16,
                                                                                           **_META), 1e-6),
                    NORM_WAIT=wait, row_launch=lambda h, device: on_gpu(h, "cuda"))
-
-
-def _route_sum_norm(tokens: int) -> Launch:
-    """The MoE top-k sum + norm launched early behind FC2, prefetching the next qkv."""
-    import sparkinfer.moe.runner as mr
-
-    bf16 = dict(dtype=torch.bfloat16, **_META)
-    part = torch.empty(1, tokens * K, H, **bf16)
-    rs = mr.RouteSum(part, torch.empty(tokens, K, dtype=torch.int32, **_META),
-                     torch.empty(tokens, K, dtype=torch.float32, **_META), 1, part.stride(0), E, True, True,
-                     torch.bfloat16)
-    x = torch.empty(tokens, H, **bf16)
-    on_gpu = mr.row_launch
-    return _record(mr, "moe_reduce_norm_kernel", lambda: rs.add_rms_norm(
-        x, torch.empty(H, **bf16), 1e-6, prefetch=(torch.empty((HQ + 2 * KVH) * D, H, **bf16),)),
-        row_launch=lambda h, device: on_gpu(h, "cuda"))
 
 
 def _routing(tokens: int, pdl: bool, warps: int) -> Launch:
@@ -101,9 +84,7 @@ CASES = {
     "rope-t1-pdl": lambda: _rope(1, True, 8),  # batch 1: one (token, head) row a program
     "rope-t64-pdl": lambda: _rope(64, True, 8),
     "rope-t1024-rows32": lambda: _rope(1024, False, 32),  # the widest block the sweep times
-    "rope-t1-pdl-prefetch": lambda: _rope(1, True, 8, prefetch=True),  # o and router into L2
     "norm-t1-wait": lambda: _norm(1, True),
-    "route-sum-norm-t1-prefetch": lambda: _route_sum_norm(1),  # the next qkv into L2
     "routing-t1-pdl-w1": lambda: _routing(1, True, 1),
     "gemm-qkv-1024-persistent": lambda: _gemm(1024, (HQ + 2 * KVH) * D, H, "128x128", "persistent"),
     "gemm-qkv-1024-ws": lambda: _gemm(1024, (HQ + 2 * KVH) * D, H, "64x128", "ws"),
@@ -122,9 +103,6 @@ def compile_case(name: str) -> dict:
                 sm90=".target sm_90" in ptx, launch_pdl=bool(kw.get("launch_pdl")), num_warps=kw.get("num_warps"),
                 pdl_waits=ptx.count("griddepcontrol.wait"),
                 pdl_triggers=ptx.count("griddepcontrol.launch_dependents"),
-                l2_prefetches=len(re.findall(r"cp\.async\.bulk\.prefetch\.L2", ptx)),
-                l2_prefetches_before_wait=len(re.findall(r"cp\.async\.bulk\.prefetch\.L2",
-                                                         ptx[:ptx.find("griddepcontrol.wait")])),
                 wgmma=len(re.findall(r"wgmma\.mma_async", ptx)),
                 tma_loads=len(re.findall(r"cp\.async\.bulk\.tensor", ptx)),
                 bar_shared=len(re.findall(r"mbarrier\.(?:try_wait|arrive)", ptx)),

@@ -48,16 +48,6 @@ def test_what_each_kernel_reads_before_its_wait(compiled):
     assert compiled["routing-t1-pdl-w1"]["loads_before_wait"] == 0 and compiled["routing-t1-pdl-w1"]["num_warps"] == 1
 
 
-def test_l2_prefetches_issue_before_the_wait(compiled):
-    """rope's and the MoE sum + norm's bulk L2 prefetches (`runtime.prefetch`) are issued
-    before griddepcontrol.wait, one instruction per range, and read nothing more there."""
-    for name in ("rope-t1-pdl-prefetch", "route-sum-norm-t1-prefetch"):
-        r = compiled[name]
-        assert r["l2_prefetches"] == r["l2_prefetches_before_wait"] == 2, r
-    assert compiled["rope-t1-pdl-prefetch"]["loads_before_wait"] == compiled["rope-t1-pdl"]["loads_before_wait"]
-    assert compiled["rope-t1-pdl"]["l2_prefetches"] == 0
-
-
 def test_gemm_schedules_use_tma_and_wgmma(compiled):
     """Both persistent schedules load by TMA into wgmma; "ws" on a 4-warp tile is
     partitioned into a producer and a consumer (setmaxnreg rebalances their registers)."""

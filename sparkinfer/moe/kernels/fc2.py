@@ -43,7 +43,6 @@ from sparkinfer.moe.kernels.fp8 import (
     step_scales,
     store_act,
 )
-from sparkinfer.runtime.prefetch import prefetch_l2_at
 
 
 @triton.jit
@@ -99,31 +98,15 @@ def moe_fc2_kernel(
     NVFP4: tl.constexpr, FP8: tl.constexpr, X_FP8: tl.constexpr,  # X_FP8: FC1's (unused)
     GSCALE: tl.constexpr, PTX_DECODE: tl.constexpr, INTERPRET: tl.constexpr,
     PDL: tl.constexpr = False, GROUP: tl.constexpr = 0, TMA: tl.constexpr = False,
-    RESCALE: tl.constexpr = False, ROWS: tl.constexpr = False, PREFETCH: tl.constexpr = False,
+    RESCALE: tl.constexpr = False, ROWS: tl.constexpr = False,
 ):
     i_m, i_n = grouped_ids(H, BN, GROUP)
     e, route, o_arow = program_rows(p_ids, p_sorted, p_tile_e, i_m, T, E, K, BM, KP, RP, MICRO)
-    if PREFETCH and (e >= e_lo) & (e < e_hi):  # row-major weights: each of BN rows' K share into L2
-        prefetch_weight_rows(p_w, e - e_lo, i_n * BN, tl.program_id(2), H, num_chunks,
-                             chunks_per_split, stride_we, stride_wn, BN, BK)
     if (e >= e_lo) & (e < e_hi):
         fc2_tile(p_a, p_as, p_w, p_s, p_gs, p_out, d_w, d_a, e, e - e_lo, route, o_arow,
                  i_m * BM, i_n, tl.program_id(2), H, num_chunks, chunks_per_split, stride_ar,
                  stride_we, stride_wn, stride_se, stride_os, stride_or, BM, BN, BK, NVFP4, FP8,
                  GSCALE, PTX_DECODE, INTERPRET, PDL, TMA, RESCALE, ROWS)
-
-
-@triton.jit
-def prefetch_weight_rows(p_w, e_w, row0, i_s, H, num_chunks, chunks_per_split, stride_we, stride_wn,
-                         BN: tl.constexpr, BK: tl.constexpr):
-    """The L2 bulk prefetch of the weight rows row0.. of expert e_w over split i_s's K chunks
-    (a row-major [E, H, I] weight: bf16 or FP8), one row a lane; before FC2's gdc_wait
-    (micro), so the loads after it hit L2 (`runtime.prefetch`)."""
-    c_lo, c_hi = split_chunks(i_s, chunks_per_split, num_chunks)
-    o_n = row0 + tl.arange(0, BN)
-    p = p_w + e_w.to(tl.int64) * stride_we + o_n.to(tl.int64) * stride_wn + c_lo * BK
-    nbytes = tl.where(o_n < H, (c_hi - c_lo) * BK * (p_w.dtype.element_ty.primitive_bitwidth // 8), 0)
-    prefetch_l2_at(p, nbytes)
 
 
 @triton.jit

@@ -24,7 +24,6 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from sparkinfer.norm.kernel import norm_row
-from sparkinfer.runtime.prefetch import prefetch_l2
 
 
 @triton.jit
@@ -71,24 +70,18 @@ def route_sum(p_part, p_ids, p_topk_w, t, o_h, m_h, stride_ps, stride_pr, E: tl.
 @triton.jit
 def moe_reduce_norm_kernel(p_part, p_ids, p_topk_w, p_extra, p_res, p_w, p_out, p_res_out, H,
                            stride_ps, stride_pr, stride_extra, stride_res, stride_out,
-                           stride_res_out, eps, p_pf0, n_pf0, p_pf1, n_pf1, E: tl.constexpr,
-                           K: tl.constexpr, S: tl.constexpr, WEIGHT_AFTER: tl.constexpr,
-                           HAS_EXTRA: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr = False,
-                           WAIT: tl.constexpr = False, PREFETCH: tl.constexpr = 0):
+                           stride_res_out, eps, E: tl.constexpr, K: tl.constexpr,
+                           S: tl.constexpr, WEIGHT_AFTER: tl.constexpr, HAS_EXTRA: tl.constexpr,
+                           BLOCK_H: tl.constexpr, PDL: tl.constexpr = False,
+                           WAIT: tl.constexpr = False):
     """The top-k sum of token t folded into the residual add + RMSNorm after it
     (`RouteSum.add_rms_norm`): the sum rounded to the residual's dtype as
     moe_reduce_kernel stores it, plus `extra` (a shared expert's output) rounded as a
     torch add rounds, then `norm_row`: the unfused pair's bits, one launch fewer.
     PDL: lets the next kernel launch at entry (as add_rms_norm_kernel); WAIT:
-    launched early behind FC2 (micro), so FC2's rows are read after gdc_wait.
-    PREFETCH (the block's threads, 0: off): before that wait, the programs bulk-prefetch
-    two weight ranges into L2, each its share (`runtime.prefetch`): the next layer's qkv
-    projection, which runs right after this kernel."""
+    launched early behind FC2 (micro), so FC2's rows are read after gdc_wait."""
     if PDL:
         gdc_launch_dependents()
-    if PREFETCH:
-        prefetch_l2(p_pf0, n_pf0, tl.program_id(0), tl.num_programs(0), PREFETCH)
-        prefetch_l2(p_pf1, n_pf1, tl.program_id(0), tl.num_programs(0), PREFETCH)
     if WAIT:
         gdc_wait()
     i_t = tl.program_id(0).to(tl.int64)
