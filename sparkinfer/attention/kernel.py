@@ -119,14 +119,16 @@ def attention_kernel(
     Q, L, KVH, n_q_blocks, n_rows, ws_lse_off, qk_scale, kv_stride, kv_offset, split_keys,
     G: tl.constexpr, QB: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MAX_NS: tl.constexpr,
-    SPLIT: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr = False,
+    SPLIT: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr = False, WAIT: tl.constexpr = False,
 ):
     """q: [B, Q, Hq, D] bf16 (D contiguous); k, v: [S, L, KVH, D] bf16 (D contiguous);
     slots, q_pos: [B] int32; o: [B, Q, Hq, D] bf16 and lse: [B, Q, Hq] fp32, contiguous;
     ws: fp32 [NSS, N, D] partials then [NSS, N] log2 lse at ws_lse_off (SPLIT only;
     NSS the most splits a block can have). split_keys: see `_split_plan`.
     qk_scale = sm_scale * log2(e). Grid: (B * KVH * n_q_blocks, NS). PDL: let the
-    combine kernel's programs launch once the loops end (they wait for this grid)."""
+    combine kernel's programs launch once the loops end (they wait for this grid). WAIT:
+    launched early itself (behind rope, which writes q and this step's keys): the row's
+    slot and position are read, then it waits before reading q or the cache."""
     i_bhq = tl.program_id(0)
     i_split = tl.program_id(1)
     n_split = tl.num_programs(1)
@@ -138,6 +140,8 @@ def attention_kernel(
 
     slot = tl.load(slots_ptr + i_b).to(tl.int64)
     pos0 = tl.load(q_pos_ptr + i_b)
+    if WAIT:
+        gdc_wait()
 
     o_r = tl.arange(0, BLOCK_M)
     o_qi = i_qb * QB + o_r // G  # query index of each row
@@ -201,7 +205,7 @@ def attention_kernel(
 def attention_combine_kernel(
     ws_ptr, o_ptr, lse_ptr, q_pos_ptr, n_rows, ws_lse_off, n_split, split_keys, Q, HQ, L, kv_stride, kv_offset,
     QB: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
-    BLOCK_N: tl.constexpr, MAX_NS: tl.constexpr, PDL: tl.constexpr = False,
+    BLOCK_N: tl.constexpr, MAX_NS: tl.constexpr, PDL: tl.constexpr = False, LET_NEXT: tl.constexpr = False,
 ):
     """Merge the split partials of one output row (grid: N programs), in split order.
 
@@ -211,7 +215,11 @@ def attention_combine_kernel(
     on the cache, not on B (the sums' tree is fixed); a split with lse -inf (no
     key) is not read; a row with none gives o = 0, lse = -inf. PDL: launched early
     (programmatic dependent launch), so wait for the partials; the row's context
-    is not the attention kernel's output, so it is read before the wait."""
+    is not the attention kernel's output, so it is read before the wait. LET_NEXT: lets
+    its successor (the o projection, launched with PDL) launch at entry, to load its
+    weights while the merge runs."""
+    if LET_NEXT:
+        gdc_launch_dependents()
     i_row = tl.program_id(0).to(tl.int64)
     i_b = i_row // (Q * HQ)
     i_qb = (i_row // HQ) % Q // QB

@@ -26,6 +26,12 @@ __all__ = ["decode_attention", "attention_workspace", "plan_call"]
 # chains (moe/runner.py MICRO_PDL: 23 of 24 H200 points faster); not yet
 # measured here (`sparkinfer bench attention` runs with it on).
 COMBINE_PDL = True
+# Attention launched early behind rope (which lets its successor launch at entry): the
+# kernel reads each row's slot and position, then waits (WAIT). Off until an A/B.
+ATTENTION_PDL = False
+# The combine lets its successor (the o projection, which loads its weights before its
+# wait) launch at entry instead of at its end. Off until an A/B.
+COMBINE_LETS_NEXT = False
 # Split workspaces kept by the launcher when the caller passes none, keyed by
 # (device, fp32 elements); never freed, so a captured graph's buffer stays valid.
 _WORKSPACES: dict[tuple[torch.device, int], torch.Tensor] = {}
@@ -200,6 +206,7 @@ def decode_attention(q, k_cache, v_cache, slots, q_pos, *, sm_scale: float, kv_s
         return out, lse
     interpret = dev.type == "cpu"
     pdl = COMBINE_PDL and ws is not None and not interpret
+    wait = ATTENTION_PDL and not interpret
     S, L, KVH, _ = k_cache.shape
     ws_lse_off = cfg.split_slots * cfg.rows * D
     attention_kernel[cfg.grid](
@@ -210,11 +217,12 @@ def decode_attention(q, k_cache, v_cache, slots, q_pos, *, sm_scale: float, kv_s
         Q, L, KVH, cfg.q_blocks, cfg.rows, ws_lse_off, float(sm_scale) * math.log2(math.e), kv_stride, kv_offset,
         cfg.split_keys, G=Hq // KVH, QB=cfg.queries_per_block, HEAD_DIM=D, BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, MAX_NS=MAX_SPLITS, SPLIT=ws is not None, INTERPRET=interpret,
-        PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        PDL=pdl, WAIT=wait, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **(dict(launch_pdl=True) if wait else {}))
     if ws is not None:
         attention_combine_kernel[(cfg.rows,)](
             ws, out, lse, q_pos, cfg.rows, ws_lse_off, cfg.num_splits, cfg.split_keys, Q, Hq, L, kv_stride,
             kv_offset, QB=cfg.queries_per_block, HEAD_DIM=D, BLOCK_D=cfg.block_d,
             BLOCK_S=max(2, 1 << (cfg.split_slots - 1).bit_length()), BLOCK_N=cfg.block_n, MAX_NS=MAX_SPLITS,
-            PDL=pdl, num_warps=4, **(dict(launch_pdl=True) if pdl else {}))
+            PDL=pdl, LET_NEXT=pdl and COMBINE_LETS_NEXT, num_warps=4, **(dict(launch_pdl=True) if pdl else {}))
     return out, lse

@@ -61,6 +61,9 @@ QUANT_BLOCK_T = 32
 # start, or prefetching FC2's weights into L2 before the wait, made large
 # shapes slower (DeepSeek-V3 NVFP4 M=1 86.6 / 97.0 vs 76.7 us).
 MICRO_PDL = True
+# micro FC1 launched early behind the routing (which lets its successor launch at
+# entry), waiting at its own entry (WAIT). Off until an A/B.
+FC1_PDL = False
 
 
 def _splits(chunks: int, split: int) -> tuple[int, int]:
@@ -219,7 +222,8 @@ def _micro(b: MoEBinding, w1: _Weights, w2: _Weights, common: dict):
         b.x, b.x, w1.w, w1.s, w1.g, ids, tw, ids, ids, p1, a_s, w1.w, t, i, h // bk, cps1, 0,
         c.num_experts, b.x.stride(0), *w1.strides, *p1s, alpha, limit,
         BM=cfg.block_m, BN=cfg.block_n1, MICRO=True, PARTIALS=split, X_FP8=False,
-        num_stages=cfg.stages1, **common, **trigger)
+        num_stages=cfg.stages1, WAIT=pdl and FC1_PDL, **common, **trigger,
+        **(dict(launch_pdl=True) if pdl and FC1_PDL else {}))
     if split:  # sum and activate the partials once per route
         moe_act_kernel[(triton.cdiv(routes, ACT_BLOCK_R), i // bk)](
             p1, tw, a, a_s, routes, i, *p1s, a.stride(0), alpha, limit, BR=ACT_BLOCK_R,

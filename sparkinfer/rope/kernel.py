@@ -17,7 +17,7 @@ would depend on the batch."""
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from sparkinfer.norm.kernel import sum_squares
 
@@ -51,6 +51,7 @@ def rope_qk_cache_kernel(p_qkv, p_pos, p_slot, p_cos, p_sin, p_qw, p_kw, p_q, p_
     b_cos = tl.load(p_cos + p_cs, mask=m_cs, other=1.0)
     b_sin = tl.load(p_sin + p_cs, mask=m_cs, other=0.0)
     if PDL:
+        gdc_launch_dependents()  # attention (launched with PDL) may launch now and wait for this grid
         gdc_wait()
     p_row = p_qkv + i_t[:, None] * stride_qkv + o_h[:, None] * D
     b_x = tl.load(p_row + o_d[None, :], mask=m, other=0.0).to(tl.float32)

@@ -26,7 +26,7 @@ halves' amax: the same bytes.
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from sparkinfer.moe.kernels.common import (
     DECODE_UNSCALE,
@@ -67,8 +67,10 @@ def moe_fc1_kernel(
     WEIGHT_BEFORE: tl.constexpr, PTX_DECODE: tl.constexpr,
     INTERPRET: tl.constexpr, PDL: tl.constexpr = False, GROUP: tl.constexpr = 0,
     TMA: tl.constexpr = False, PASSES: tl.constexpr = 1, RESCALE: tl.constexpr = False,
-    ROWS: tl.constexpr = False, KCH: tl.constexpr = 0,
+    ROWS: tl.constexpr = False, KCH: tl.constexpr = 0, WAIT: tl.constexpr = False,
 ):
+    if WAIT:  # launched early behind the routing (micro): its ids and weights after this
+        gdc_wait()
     i_m, i_n = grouped_ids(I, BN, GROUP)
     e, route, o_row = program_rows(p_ids, p_sorted, p_tile_e, i_m, T, E, K, BM, KP, RP, MICRO)
     if (e >= e_lo) & (e < e_hi):

@@ -20,7 +20,7 @@ reading the logits.
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
@@ -40,6 +40,7 @@ def routing_kernel(p_logits, p_bias, p_ids, p_w, stride_l, scale,
     o_e = tl.arange(0, EP)
     m_e = o_e < E
     if PDL:  # launched early behind the router projection: its logits once it has ended
+        gdc_launch_dependents()  # FC1 (launched with PDL) may launch now and wait for this grid
         gdc_wait()
     b_l = tl.load(p_logits + i_t.to(tl.int64) * stride_l + o_e, mask=m_e,
                   other=-float("inf")).to(tl.float32)
