@@ -27,11 +27,16 @@ __all__ = ["decode_attention", "attention_workspace", "plan_call"]
 # measured here (`sparkinfer bench attention` runs with it on).
 COMBINE_PDL = True
 # Attention launched early behind rope (which lets its successor launch at entry): the
-# kernel reads each row's slot and position, then waits (WAIT). Off until an A/B.
-ATTENTION_PDL = False
+# kernel reads each row's slot and position, then waits (WAIT). On since an
+# H100 A/B in two calls (sweeps/decode_pdl_chain_ab_h100.json, with COMBINE_LETS_NEXT and
+# moe.runner.FC1_PDL; 3 runs each of all three off / on, bench decode 8 layers bf16, medians, us a step):
+# batch 1 Qwen3-30B-A3B 798.4 -> 789.4, GLM-4.5-Air 2,138.7 -> 2,117.1, Mixtral 2,563.4 -> 2,546.5 (every
+# run with them faster than every run without); batch 8 1,900 / 5,603 / 6,874 -> 1,897 / 5,596 / 6,974, within
+# the runs' spread (Mixtral 6,761-7,304).
+ATTENTION_PDL = True
 # The combine lets its successor (the o projection, which loads its weights before its
-# wait) launch at entry instead of at its end. Off until an A/B.
-COMBINE_LETS_NEXT = False
+# wait) launch at entry instead of at its end. On since the A/B above.
+COMBINE_LETS_NEXT = True
 # Split workspaces kept by the launcher when the caller passes none, keyed by
 # (device, fp32 elements); never freed, so a captured graph's buffer stays valid.
 _WORKSPACES: dict[tuple[torch.device, int], torch.Tensor] = {}

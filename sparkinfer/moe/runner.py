@@ -62,8 +62,9 @@ QUANT_BLOCK_T = 32
 # shapes slower (DeepSeek-V3 NVFP4 M=1 86.6 / 97.0 vs 76.7 us).
 MICRO_PDL = True
 # micro FC1 launched early behind the routing (which lets its successor launch at
-# entry), waiting at its own entry (WAIT). Off until an A/B.
-FC1_PDL = False
+# entry), waiting at its own entry (WAIT). On since an H100 A/B with attention.launch's
+# ATTENTION_PDL and COMBINE_LETS_NEXT (their comment has the numbers: about 1% a batch-1 step).
+FC1_PDL = True
 
 
 def _splits(chunks: int, split: int) -> tuple[int, int]:

@@ -47,9 +47,11 @@ def test_launches_compile_for_sm90(compiled, name):
     assert split == (q <= 4 and cache_len > 256)
     for r in rows:
         assert r["sm90"] and r["spill"] == 0 and r["shared"] <= H200_MAX_SHARED, r
-    # a split call's combine launches early (programmatic dependent launch) and waits for the partials
+    # programmatic dependent launch: attention launches early behind rope and waits for it
+    # (ATTENTION_PDL); a split call's combine launches early behind it, waits for the
+    # partials, and lets the o projection launch at its entry (COMBINE_LETS_NEXT)
     assert [(r["launch_pdl"], r["pdl_waits"] > 0, r["pdl_triggers"] > 0) for r in rows] == (
-        [(False, False, True), (True, True, False)] if split else [(False, False, False)])
+        [(True, True, True), (True, True, True)] if split else [(True, True, False)])
     attn = rows[0]
     # K and V of the next steps in flight, in 16-byte cp.async copies
     assert attn["async_copies"] >= 4 and attn["cp_async_bytes"] == [16], attn

@@ -68,11 +68,12 @@ def test_launches_compile_for_sm90(compiled, name, fmt, t):
         assert r["sm90"] and r["shared"] <= H200_MAX_SHARED and r["spill"] == 0, r
         # programmatic dependent launch: a kernel launched early waits for its predecessor's
         # grid before reading (the routing behind the router projection at any T, the
-        # micro family's later kernels); FC1 and FC2 let their successor launch
+        # micro family's FC1 and later kernels); the routing lets its successor launch at entry
+        # (runner.FC1_PDL), FC1 and FC2 once their loops end
         dependent = r["kernel"] == "routing_kernel" or micro and r["kernel"] in (
-            "moe_act_kernel", "moe_fc2_kernel", "moe_reduce_kernel")
+            "moe_fc1_kernel", "moe_act_kernel", "moe_fc2_kernel", "moe_reduce_kernel")
         assert r["launch_pdl"] == dependent and (r["pdl_waits"] > 0) == dependent, r
-        assert (r["pdl_triggers"] > 0) == (micro and r["kernel"] in (
+        assert (r["pdl_triggers"] > 0) == (r["kernel"] == "routing_kernel" or micro and r["kernel"] in (
             "moe_fc1_kernel", "moe_act_kernel", "moe_fc2_kernel")), r
         # NVFP4 codes and E4M3 scales ride the cp.async pipeline: no step waits on HBM
         known = SYNC_SCALE_TILE.get((name, fmt, t)) == r["kernel"]
