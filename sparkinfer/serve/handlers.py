@@ -67,6 +67,11 @@ def sse(payload: BaseModel) -> str:
 _TEXT = "\x00sparkinfer-text\x00"
 
 
+# json.dumps(text, ensure_ascii=False) without building an encoder for its keyword (the
+# same C function: a JSON string literal, non-ASCII kept), once a streamed token
+_quote = json.encoder.encode_basestring
+
+
 class TextChunks:
     """The chunks of one stream that carry text alone (no logprobs, no finish reason: all
     but the last of a stream), made without pydantic: pydantic's own dump of the stream's
@@ -84,7 +89,7 @@ class TextChunks:
     def __call__(self, text: str) -> str:
         if self._cut is None:
             return sse(self.make(text))
-        return self._cut[0] + json.dumps(text, ensure_ascii=False) + self._cut[1]
+        return self._cut[0] + _quote(text) + self._cut[1]
 
 
 # ---------------------------------------------------------------------------- requests in

@@ -33,6 +33,8 @@ are fed by the HTTP layer as outputs arrive:
 
 from __future__ import annotations
 
+from bisect import bisect_left
+
 __all__ = ["ServeMetrics", "OUTCOMES"]
 
 OUTCOMES = ("stop", "length", "abort", "error", "invalid", "overloaded", "unavailable", "unauthorized")
@@ -80,6 +82,59 @@ class _EngineCollector:
                                   value=s.engine_cpu_s)
 
 
+class _LoopHistogram:
+    """A histogram fed once a streamed token (the inter-token latency): plain counts that
+    only the event loop's thread updates and reads (the trackers and GET /metrics both run
+    there), exposed through prometheus_client's collector API with a `Histogram`'s series.
+    prometheus_client's `Histogram.observe` takes a lock for its sum and another for its
+    bucket, found by a linear scan of the edges; per token that was the HTTP process's
+    largest metrics cost (benchmarks/sweeps/serve_http_cost.py has the numbers)."""
+
+    def __init__(self, name: str, doc: str, buckets: tuple, registry):
+        self.name, self.doc, self.edges = name, doc, tuple(buckets)
+        self.counts = [0] * (len(self.edges) + 1)  # the last: above every edge (+Inf)
+        self.sum = 0.0
+        registry.register(self)
+
+    def observe(self, value: float, n: int = 1) -> None:
+        """n samples of value (a bucket holds the values <= its edge, as Histogram's)."""
+        self.counts[bisect_left(self.edges, value)] += n
+        self.sum += value * n
+
+    def describe(self):
+        return []  # registering must not collect (auto_describe would)
+
+    def collect(self):
+        from prometheus_client.core import HistogramMetricFamily
+        from prometheus_client.utils import floatToGoString
+
+        total, buckets = 0, []
+        for edge, c in zip(self.edges + (float("inf"),), self.counts):
+            total += c
+            buckets.append((floatToGoString(edge), total))
+        return [HistogramMetricFamily(self.name, self.doc, buckets=buckets, sum_value=self.sum)]
+
+
+class _LoopCounter:
+    """A counter fed once a streamed token, updated and read on the event loop's thread
+    alone (see `_LoopHistogram`), exposed as a `Counter`'s `<name>_total`."""
+
+    def __init__(self, name: str, doc: str, registry):
+        self.name, self.doc, self.value = name, doc, 0
+        registry.register(self)
+
+    def inc(self, n: int = 1) -> None:
+        self.value += n
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily
+
+        return [CounterMetricFamily(self.name, self.doc, value=self.value)]
+
+
 class ServeMetrics:
     """The app's collectors. in_flight: a callable giving the requests being served."""
 
@@ -94,8 +149,8 @@ class ServeMetrics:
                                             registry=reg)
         self.prompt_tokens = Counter("sparkinfer_prompt_tokens", "prompt tokens of accepted requests",
                                      registry=reg)
-        self.generation_tokens = Counter("sparkinfer_generation_tokens", "generated tokens sent to clients",
-                                         registry=reg)
+        self.generation_tokens = _LoopCounter("sparkinfer_generation_tokens", "generated tokens sent to clients",
+                                              reg)
         self.outcomes = Counter("sparkinfer_request_outcomes", "requests by how they ended or why they were refused",
                                 ["reason"], registry=reg)
         for reason in OUTCOMES:  # every series exists from the start, at 0
@@ -116,9 +171,8 @@ class ServeMetrics:
         self.return_time = Histogram("sparkinfer_request_return_time_seconds",
                                      "the first token out of the engine to its HTTP handler (the engine's flush, "
                                      "the pipe, the reader thread, the event loop)", buckets=HOP_BUCKETS, registry=reg)
-        self.itl = Histogram("sparkinfer_inter_token_latency_seconds",
-                             "time between generated tokens (one sample per token)", buckets=ITL_BUCKETS,
-                             registry=reg)
+        self.itl = _LoopHistogram("sparkinfer_inter_token_latency_seconds",
+                                  "time between generated tokens (one sample per token)", ITL_BUCKETS, reg)
         self.e2e = Histogram("sparkinfer_e2e_request_latency_seconds", "arrival to the last output",
                              buckets=E2E_BUCKETS, registry=reg)
 
@@ -129,8 +183,7 @@ class ServeMetrics:
         """n tokens arrived in one output, gap_s after the previous output: n samples of
         gap_s / n (a speculative round brings several tokens at once; per-token samples
         keep the histogram's sum the decode time and its count the tokens)."""
-        for _ in range(n):
-            self.itl.observe(gap_s / n)
+        self.itl.observe(gap_s / n, n)
 
     def render(self) -> tuple[bytes, str]:
         """(the registry in Prometheus text format, its content type)."""
