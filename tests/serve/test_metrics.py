@@ -107,3 +107,37 @@ def test_tokens_merged_into_the_first_output_count_as_inter_token_samples():
         return next(s.value for s in hist.collect()[0].samples if s.name.endswith("_count"))
 
     assert count(metrics.itl) == 3 and count(metrics.ttft) == 1  # the 3 tokens after the first
+
+
+def test_loop_histogram_and_counter_expose_what_prometheus_client_s_would():
+    """The per-token histogram and counter (plain counts on the event loop's thread) give
+    the samples of prometheus_client's Histogram and Counter fed the same values: random
+    gaps, values exactly on an edge, above the last edge, several samples at once."""
+    import random
+
+    from prometheus_client import CollectorRegistry, Counter, Histogram
+
+    from sparkinfer.serve.metrics import ITL_BUCKETS, _LoopCounter, _LoopHistogram
+
+    ours_reg, theirs_reg = CollectorRegistry(), CollectorRegistry()
+    ours = _LoopHistogram("h_seconds", "doc", ITL_BUCKETS, ours_reg)
+    theirs = Histogram("h_seconds", "doc", buckets=ITL_BUCKETS, registry=theirs_reg)
+    ours_c, theirs_c = _LoopCounter("c", "doc", ours_reg), Counter("c", "doc", registry=theirs_reg)
+    rng = random.Random(3)
+    values = [rng.uniform(0, 3.0) for _ in range(500)] + list(ITL_BUCKETS) + [0.0, 10.0]
+    for v in values:
+        n = rng.choice((1, 1, 1, 3))
+        ours.observe(v, n)
+        ours_c.inc(n)
+        for _ in range(n):
+            theirs.observe(v)
+        theirs_c.inc(n)
+
+    def samples(reg):
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value for m in reg.collect() for s in m.samples
+                if not s.name.endswith("_created")}
+
+    got, want = samples(ours_reg), samples(theirs_reg)
+    assert got.keys() == want.keys()
+    for k, v in want.items():
+        assert got[k] == pytest.approx(v, rel=1e-12), k
