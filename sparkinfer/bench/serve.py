@@ -166,7 +166,16 @@ def _static_rows(args, meta) -> dict[int, dict]:
 
 def _run_levels(args, url: str, model: str, levels, static, con) -> list[dict]:
     from sparkinfer.bench.report import progress
-    from sparkinfer.bench.serve_load import LoadSpec, client_procs, run_load, run_load_procs, server_counters, summarize
+    from sparkinfer.bench.serve_load import (
+        LoadSpec,
+        StepSampler,
+        client_procs,
+        run_load,
+        run_load_procs,
+        server_counters,
+        steady_window,
+        summarize,
+    )
 
     rows = []
     key = _api_key(args)
@@ -183,7 +192,7 @@ def _run_levels(args, url: str, model: str, levels, static, con) -> list[dict]:
         label = f"C={conc}" if rate is None else f"rate={rate:g}/s"
         procs = args.client_procs or client_procs(conc)
         steps0 = server_counters(url)
-        with progress(total=n, label=label) as advance:
+        with StepSampler(url) as sampler, progress(total=n, label=label) as advance:
             results, wall = run_load_procs(spec, procs, on_done=lambda r: advance("ok" if r.ok else "failed"))
         steps1 = server_counters(url)
         row = dict(bench="serve", target=args.url or args.model or args.preset or "demo", preset=args.preset,
@@ -196,6 +205,15 @@ def _run_levels(args, url: str, model: str, levels, static, con) -> list[dict]:
             n_steps = steps1["steps"] - steps0["steps"]
             row.update(engine_steps=n_steps, ms_per_engine_step=wall * 1e3 / n_steps,
                        mixed_engine_steps=steps1["mixed_steps"] - steps0["mixed_steps"])
+            # the steady window's steps: steady tok/s = tokens a step / ms a step, the two
+            # apart (slots filled, against what a step costs beside prompt chunks)
+            window = steady_window(results, spec)
+            got = sampler.within(*window) if window is not None else None
+            if got is not None and got[0] > 0:
+                span = window[1] - window[0]
+                row.update(steady_engine_steps=got[0], steady_ms_per_engine_step=span * 1e3 / got[0],
+                           steady_tokens_per_engine_step=row["steady_output_tokens_per_s"] * span / got[0],
+                           steady_mixed_step_frac=got[1] / got[0])
             # CPU seconds a wall second of the HTTP and engine processes (near 1.0: a saturated core)
             for key, name in (("server_cpu_s", "server_cpu_frac"), ("engine_cpu_s", "engine_cpu_frac")):
                 if steps0[key] is not None and steps1[key] is not None:
@@ -276,6 +294,12 @@ def main(args) -> int:
                     ["level", "client", *parts],
                     [[f"C={r['concurrency']}" if r["rate"] is None else f"{r['rate']:g}/s", fmt(r["ttft_ms_mean"], 2),
                       *(fmt(r.get(f"{p}_ms_mean"), 2) for p in parts)] for r in rows])
+    if any(r.get("steady_engine_steps") for r in rows):  # a server that exports its step count
+        print_table("the steady window's engine steps: steady tok/s = tokens a step / ms a step",
+                    ["level", "steady s", "steps", "tokens / step", "ms / step", "mixed"],
+                    [[f"C={r['concurrency']}", fmt(r["steady_s"], 2), fmt(r["steady_engine_steps"], 0),
+                      fmt(r["steady_tokens_per_engine_step"], 1), fmt(r["steady_ms_per_engine_step"], 2),
+                      fmt(r["steady_mixed_step_frac"])] for r in rows if r.get("steady_engine_steps")])
     out = args.out or default_out("serve", meta, args.tp, dry_run=args.dry_run)
     con.print(f"rows -> {append_rows(out, rows, meta)}")
     return 0 if all(r["ok"] for r in rows) else 1

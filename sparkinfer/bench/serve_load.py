@@ -336,15 +336,11 @@ def steady(results: list[RequestResult], spec: LoadSpec) -> dict:
     level has no such window (Poisson arrivals, a failed request, or fewer than two
     waves). A stream chunk of n tokens counts n / chunks of its request's tokens (servers
     may merge the outputs of a stream that falls behind)."""
-    none = dict(steady_s=None, steady_output_tokens_per_s=None, steady_in_flight_frac=None,
-                steady_first_token_frac=None)
-    if spec.rate is not None or not results or not all(r.ok for r in results):
-        return none
-    clients = {r.client for r in results}
-    start = max(min(r.sent_s + r.e2e_s for r in results if r.client == c) for c in clients)
-    end = min(max(r.sent_s for r in results if r.client == c) for c in clients)
-    if end <= start:
-        return none
+    window = steady_window(results, spec)
+    if window is None:
+        return dict(steady_s=None, steady_output_tokens_per_s=None, steady_in_flight_frac=None,
+                    steady_first_token_frac=None)
+    start, end = window
     tokens = flight = first = 0.0
     for r in results:
         at = r.sent_s + r.ttft_s
@@ -355,6 +351,65 @@ def steady(results: list[RequestResult], spec: LoadSpec) -> dict:
     return dict(steady_s=end - start, steady_output_tokens_per_s=tokens / (end - start),
                 steady_in_flight_frac=flight / (spec.concurrency * (end - start)),
                 steady_first_token_frac=first / flight if flight else None)
+
+
+def steady_window(results: list[RequestResult], spec: LoadSpec) -> tuple[float, float] | None:
+    """(start, end) perf_counter of the steady window (`steady`), or None where the level
+    has none."""
+    if spec.rate is not None or not results or not all(r.ok for r in results):
+        return None
+    clients = {r.client for r in results}
+    start = max(min(r.sent_s + r.e2e_s for r in results if r.client == c) for c in clients)
+    end = min(max(r.sent_s for r in results if r.client == c) for c in clients)
+    return (start, end) if end > start else None
+
+
+class StepSampler:
+    """The server's engine step counters sampled on a thread every `period_s` while a level
+    runs, once more at its start and end: (perf_counter, steps, mixed steps) rows on the
+    clients' clock (perf_counter is one clock for every process of the host), so `within`
+    reads off the steps of a window, such as the steady one. No rows from a server that
+    exports no step count. A scrape costs the server's event loop about a millisecond."""
+
+    def __init__(self, url: str, period_s: float = 0.25):
+        import threading
+
+        self.url, self.period_s, self.samples = url, period_s, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="step-sampler", daemon=True)
+
+    def __enter__(self):
+        self._take()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self._take()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period_s):
+            self._take()
+
+    def _take(self) -> None:
+        t0 = time.perf_counter()
+        c = server_counters(self.url)
+        if c is not None:  # stamped at the scrape's midpoint
+            self.samples.append(((t0 + time.perf_counter()) / 2, c["steps"], c["mixed_steps"]))
+
+    def within(self, lo: float, hi: float) -> tuple[float, float] | None:
+        """(steps, mixed steps) the engine ran between perf_counter lo and hi, each counter
+        interpolated linearly between the samples around it; None unless samples bracket
+        [lo, hi]."""
+        s = sorted(self.samples)
+        if len(s) < 2 or not s[0][0] <= lo < hi <= s[-1][0]:
+            return None
+        import numpy as np
+
+        t, steps, mixed = (np.array(c, dtype=float) for c in zip(*s))
+        return (float(np.interp(hi, t, steps) - np.interp(lo, t, steps)),
+                float(np.interp(hi, t, mixed) - np.interp(lo, t, mixed)))
 
 
 # The server's TTFT histogram and the histograms of its parts (serve/metrics.py)

@@ -30,6 +30,12 @@ def test_bench_serve_against_a_url(fake_server, tmp_path, capsys):
     # the server's side: its engine's steps over the level (the fake's stats count them)
     assert all(r["engine_steps"] > 0 and r["ms_per_engine_step"] > 0 for r in rows)
     assert all(0 <= r["mixed_engine_steps"] <= r["engine_steps"] for r in rows)  # the fake: half its steps
+    # the steady window's steps, read off the counters sampled during the level
+    for r in rows:
+        if r["steady_s"] is not None:
+            assert 0 < r["steady_engine_steps"] <= r["engine_steps"] and r["steady_ms_per_engine_step"] > 0, r
+            assert r["steady_tokens_per_engine_step"] > 0 and 0 <= r["steady_mixed_step_frac"] <= 1, r
+    assert any(r["steady_s"] is not None for r in rows)
     # the server's CPU a wall second over the level (/proc's clock ticks: 0 is possible on a short level)
     assert all(r["server_cpu_frac"] >= 0 and r["engine_cpu_frac"] == 0 for r in rows)  # the fake: in-process
     # the server's TTFT (its handler's request in to first token out) lies inside the client's, request by request
@@ -48,6 +54,19 @@ def test_bench_serve_against_a_url(fake_server, tmp_path, capsys):
     assert sorted(tuple(p) for _, p, _ in sent[-8:]) == sorted(tuple(p) for p in prompts(level))
     shown = capsys.readouterr().out
     assert "serving fake-model: 16-token prompts, 6-token outputs" in shown and "TTFT p50" in shown
+
+
+def test_step_sampler_reads_off_a_window_between_its_samples():
+    """Steps and mixed steps inside [lo, hi], each counter interpolated linearly between the
+    samples around lo and hi; None where the samples do not bracket the window."""
+    from sparkinfer.bench.serve_load import StepSampler
+
+    s = StepSampler("http://unused")
+    s.samples = [(2.0, 300, 10), (0.0, 0, 0), (1.0, 100, 10)]  # taken in any order
+    assert s.within(0.5, 1.5) == pytest.approx((150.0, 5.0))
+    assert s.within(0.0, 2.0) == pytest.approx((300.0, 10.0))
+    assert s.within(-0.1, 1.0) is None and s.within(1.0, 2.5) is None and s.within(1.5, 1.5) is None
+    assert StepSampler("http://unused").within(0.0, 1.0) is None  # a server without step counters
 
 
 def test_summary_statistics():
