@@ -369,7 +369,8 @@ class StepSampler:
     runs, once more at its start and end: (perf_counter, steps, mixed steps) rows on the
     clients' clock (perf_counter is one clock for every process of the host), so `within`
     reads off the steps of a window, such as the steady one. No rows from a server that
-    exports no step count. A scrape costs the server's event loop about a millisecond."""
+    exports no step count. Each sample is one GET /metrics, served on the server's event
+    loop beside the streams: four a second against the thousands of chunks it writes."""
 
     def __init__(self, url: str, period_s: float = 0.25):
         import threading
