@@ -172,7 +172,6 @@ def _run_levels(args, url: str, model: str, levels, static, con) -> list[dict]:
         client_procs,
         run_load,
         run_load_procs,
-        server_counters,
         steady_window,
         summarize,
     )
@@ -191,10 +190,9 @@ def _run_levels(args, url: str, model: str, levels, static, con) -> list[dict]:
                                           concurrency=conc or warm, vocab=args.vocab, seed=1, api_key=key)))
         label = f"C={conc}" if rate is None else f"rate={rate:g}/s"
         procs = args.client_procs or client_procs(conc)
-        steps0 = server_counters(url)
         with StepSampler(url) as sampler, progress(total=n, label=label) as advance:
             results, wall = run_load_procs(spec, procs, on_done=lambda r: advance("ok" if r.ok else "failed"))
-        steps1 = server_counters(url)
+        steps0, steps1 = sampler.first, sampler.last  # the server's counters before and after the level
         row = dict(bench="serve", target=args.url or args.model or args.preset or "demo", preset=args.preset,
                    layers=args.layers if args.preset else None, tp=args.tp, experts=args.moe_format,
                    mixed_steps=_server_setting(args, "mixed_steps"),

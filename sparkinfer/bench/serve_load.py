@@ -368,7 +368,8 @@ class StepSampler:
     """The server's engine step counters sampled on a thread every `period_s` while a level
     runs, once more at its start and end: (perf_counter, steps, mixed steps) rows on the
     clients' clock (perf_counter is one clock for every process of the host), so `within`
-    reads off the steps of a window, such as the steady one. No rows from a server that
+    reads off the steps of a window, such as the steady one; `first` and `last`: the whole
+    `server_counters` at the start and the end. No rows (and None) from a server that
     exports no step count. Each sample is one GET /metrics, served on the server's event
     loop beside the streams: four a second against the thousands of chunks it writes."""
 
@@ -376,28 +377,30 @@ class StepSampler:
         import threading
 
         self.url, self.period_s, self.samples = url, period_s, []
+        self.first = self.last = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="step-sampler", daemon=True)
 
     def __enter__(self):
-        self._take()
+        self.first = self._take()
         self._thread.start()
         return self
 
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join()
-        self._take()
+        self.last = self._take()
 
     def _run(self) -> None:
         while not self._stop.wait(self.period_s):
             self._take()
 
-    def _take(self) -> None:
+    def _take(self) -> dict | None:
         t0 = time.perf_counter()
         c = server_counters(self.url)
         if c is not None:  # stamped at the scrape's midpoint
             self.samples.append(((t0 + time.perf_counter()) / 2, c["steps"], c["mixed_steps"]))
+        return c
 
     def within(self, lo: float, hi: float) -> tuple[float, float] | None:
         """(steps, mixed steps) the engine ran between perf_counter lo and hi, each counter
