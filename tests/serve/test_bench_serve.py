@@ -30,12 +30,14 @@ def test_bench_serve_against_a_url(fake_server, tmp_path, capsys):
     # the server's side: its engine's steps over the level (the fake's stats count them)
     assert all(r["engine_steps"] > 0 and r["ms_per_engine_step"] > 0 for r in rows)
     assert all(0 <= r["mixed_engine_steps"] <= r["engine_steps"] for r in rows)  # the fake: half its steps
-    # the steady window's steps, read off the counters sampled during the level
-    for r in rows:
-        if r["steady_s"] is not None:
-            assert 0 < r["steady_engine_steps"] <= r["engine_steps"] and r["steady_ms_per_engine_step"] > 0, r
-            assert r["steady_tokens_per_engine_step"] > 0 and 0 <= r["steady_mixed_step_frac"] <= 1, r
-    assert any(r["steady_s"] is not None for r in rows)
+    # the steady window's steps, read off the counters sampled during the level (interpolated
+    # between samples: these levels last tens of ms, so only the fields' consistency is checked
+    # here; test_step_sampler_reads_off_a_window_between_its_samples checks the arithmetic)
+    steady = [r for r in rows if "steady_engine_steps" in r]
+    assert steady and all(r["steady_s"] is not None for r in steady)
+    for r in steady:
+        assert 0 < r["steady_engine_steps"] <= r["engine_steps"] and r["steady_ms_per_engine_step"] > 0, r
+        assert r["steady_tokens_per_engine_step"] >= 0 and 0 <= r["steady_mixed_step_frac"] <= 1, r
     # the server's CPU a wall second over the level (/proc's clock ticks: 0 is possible on a short level)
     assert all(r["server_cpu_frac"] >= 0 and r["engine_cpu_frac"] == 0 for r in rows)  # the fake: in-process
     # the server's TTFT (its handler's request in to first token out) lies inside the client's, request by request
