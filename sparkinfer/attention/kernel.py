@@ -13,8 +13,11 @@ splits (`_split_plan`), and a program walks a contiguous run of them in one
 pipelined loop, writing each split's normalized fp32 partial and log2 lse into
 the workspace as it ends (a split is always computed from a fresh state, so its
 bits do not depend on which program computes it: the shape of the grid can
-follow the batch while the results do not); `attention_combine_kernel` merges
-the partials of each output row in split order.
+follow the batch while the results do not). The partials of a tile are merged
+in split order by `_merge_rows`: with MERGE, by the last of the tile's programs
+to finish (a counter per tile, taken atomically), so a split call is one launch;
+else by `attention_combine_kernel`, one program a tile after the attention grid.
+Both run the same code on the same rows, so the two give the same bits.
 """
 
 import triton
@@ -111,8 +114,60 @@ def _store_split(ws_ptr, b_m, b_l, b_acc, i_s, o_row, m_r, m_o, o_d, n_rows, ws_
 
 
 @triton.jit
+def _tile_rows(i_bhq, n_q_blocks, Q, KVH, G: tl.constexpr, QB: tl.constexpr, BLOCK_M: tl.constexpr):
+    """The rows of tile i_bhq (a batch row, a KV head and a block of QB queries): (batch
+    row, KV head, query block, each row's query index, query head, mask, output row)."""
+    # the last query blocks see the most keys under the causal rule: launch them first
+    i_qb = n_q_blocks - 1 - i_bhq % n_q_blocks
+    i_bh = i_bhq // n_q_blocks
+    i_b = i_bh // KVH
+    i_kvh = i_bh % KVH
+    o_r = tl.arange(0, BLOCK_M)
+    o_qi = i_qb * QB + o_r // G  # query index of each row
+    o_h = i_kvh * G + o_r % G  # query head of each row
+    m_r = (o_r < QB * G) & (o_qi < Q)
+    o_row = (i_b.to(tl.int64) * Q + o_qi) * (KVH * G) + o_h  # [BLOCK_M] output row
+    return i_b, i_kvh, i_qb, o_qi, o_h, m_r, o_row
+
+
+@triton.jit
+def _merge_rows(ws_ptr, o_ptr, lse_ptr, o_row, m_r, o_d, n_act, n_rows, ws_lse_off, HEAD_DIM: tl.constexpr):
+    """Merge the partials of output rows o_row (mask m_r) over their n_act splits:
+    o = sum_s 2^(lse_s - m) o_s / sum_s 2^(lse_s - m), m = max_s lse_s. Each sum runs
+    one split at a time in split order, so its bits do not depend on the tile's
+    layout or on which kernel runs it. A split with lse -inf (no key) adds zero and
+    is not read; a row with none gives o = 0, lse = -inf. Loads skip L1 (.cg): with
+    MERGE the partials were written by other programs of the same grid."""
+    m_o = m_r[:, None] & (o_d < HEAD_DIM)[None, :]
+    b_m = tl.full(o_row.shape, float("-inf"), dtype=tl.float32)
+    s = 0
+    while s < n_act:  # a while loop: the interpreter's range() rejects tensor bounds (numpy >= 2.3)
+        b_m = tl.maximum(b_m, tl.load(ws_ptr + ws_lse_off + s * n_rows + o_row, mask=m_r, other=float("-inf"),
+                                      cache_modifier=".cg"))
+        s += 1
+    m_use = tl.where(b_m == float("-inf"), 0.0, b_m)
+    b_den = tl.zeros(o_row.shape, dtype=tl.float32)
+    b_acc = tl.zeros(m_o.shape, dtype=tl.float32)
+    s = 0
+    while s < n_act:
+        o_ws = s * n_rows + o_row
+        b_w = tl.exp2(tl.load(ws_ptr + ws_lse_off + o_ws, mask=m_r, other=float("-inf"), cache_modifier=".cg")
+                      - m_use)
+        b_o = tl.load(ws_ptr + o_ws[:, None] * HEAD_DIM + o_d[None, :], mask=m_o & (b_w > 0.0)[:, None],
+                      other=0.0, cache_modifier=".cg")
+        b_den += b_w
+        b_acc += b_o * b_w[:, None]
+        s += 1
+    has = b_den > 0.0
+    b_den1 = tl.where(has, b_den, 1.0)
+    tl.store(o_ptr + o_row[:, None] * HEAD_DIM + o_d[None, :], (b_acc / b_den1[:, None]).to(o_ptr.dtype.element_ty),
+             mask=m_o)
+    tl.store(lse_ptr + o_row, tl.where(has, (b_m + tl.log2(b_den1)) * LN2, float("-inf")), mask=m_r)
+
+
+@triton.jit
 def attention_kernel(
-    q_ptr, k_ptr, v_ptr, slots_ptr, q_pos_ptr, o_ptr, lse_ptr, ws_ptr,
+    q_ptr, k_ptr, v_ptr, slots_ptr, q_pos_ptr, o_ptr, lse_ptr, ws_ptr, cnt_ptr,
     stride_qb, stride_qq, stride_qh,
     stride_ks, stride_kl, stride_kh,
     stride_vs, stride_vl, stride_vh,
@@ -120,33 +175,29 @@ def attention_kernel(
     G: tl.constexpr, QB: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MAX_NS: tl.constexpr,
     SPLIT: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr = False, WAIT: tl.constexpr = False,
+    MERGE: tl.constexpr = False,
 ):
     """q: [B, Q, Hq, D] bf16 (D contiguous); k, v: [S, L, KVH, D] bf16 (D contiguous);
     slots, q_pos: [B] int32; o: [B, Q, Hq, D] bf16 and lse: [B, Q, Hq] fp32, contiguous;
     ws: fp32 [NSS, N, D] partials then [NSS, N] log2 lse at ws_lse_off (SPLIT only;
     NSS the most splits a block can have). split_keys: see `_split_plan`.
     qk_scale = sm_scale * log2(e). Grid: (B * KVH * n_q_blocks, NS). PDL: let the
-    combine kernel's programs launch once the loops end (they wait for this grid). WAIT:
-    launched early itself (behind rope, which writes q and this step's keys): the row's
-    slot and position are read, then it waits before reading q or the cache."""
+    successor's programs launch once the loops end (the combine kernel, or with MERGE
+    the o projection; they wait for this grid). WAIT: launched early itself (behind
+    rope, which writes q and this step's keys): the row's slot and position are read,
+    then it waits before reading q or the cache. MERGE (SPLIT only): the tile's last
+    program to finish merges its partials (`_merge_rows`); cnt_ptr: int32 [B * KVH *
+    n_q_blocks] zeros, a tile's count of finished programs, set back to 0 by its merge."""
     i_bhq = tl.program_id(0)
     i_split = tl.program_id(1)
     n_split = tl.num_programs(1)
-    # the last query blocks see the most keys under the causal rule: launch them first
-    i_qb = n_q_blocks - 1 - i_bhq % n_q_blocks
-    i_bh = i_bhq // n_q_blocks
-    i_b = i_bh // KVH
-    i_kvh = i_bh % KVH
+    i_b, i_kvh, i_qb, o_qi, o_h, m_r, o_row = _tile_rows(i_bhq, n_q_blocks, Q, KVH, G, QB, BLOCK_M)
 
     slot = tl.load(slots_ptr + i_b).to(tl.int64)
     pos0 = tl.load(q_pos_ptr + i_b)
     if WAIT:
         gdc_wait()
 
-    o_r = tl.arange(0, BLOCK_M)
-    o_qi = i_qb * QB + o_r // G  # query index of each row
-    o_h = i_kvh * G + o_r % G  # query head of each row
-    m_r = (o_r < QB * G) & (o_qi < Q)
     o_d = tl.arange(0, BLOCK_D)
     m_d = o_d < HEAD_DIM
     row_pos = pos0 + o_qi  # global position of each row's query
@@ -167,7 +218,6 @@ def attention_kernel(
 
     k_base = k_ptr + slot * stride_ks + i_kvh * stride_kh
     v_base = v_ptr + slot * stride_vs + i_kvh * stride_vh
-    o_row = (i_b.to(tl.int64) * Q + o_qi) * (KVH * G) + o_h  # [BLOCK_M] output row
     m_o = m_r[:, None] & m_d[None, :]
     b_m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     b_l = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -191,7 +241,15 @@ def attention_kernel(
 
     if PDL:
         gdc_launch_dependents()
-    if not SPLIT:
+    if SPLIT:
+        if MERGE:
+            # every thread's partial stored before the count: the barrier orders them before
+            # the one thread's atomic, whose release (acq_rel, GPU scope) publishes them
+            tl.debug_barrier()
+            if tl.atomic_add(cnt_ptr + i_bhq, 1, sem="acq_rel", scope="gpu") == n_split - 1:
+                tl.store(cnt_ptr + i_bhq, 0)  # the tile's programs have all counted: ready for the next launch
+                _merge_rows(ws_ptr, o_ptr, lse_ptr, o_row, m_r, o_d, n_act, n_rows, ws_lse_off, HEAD_DIM)
+    else:
         has = b_l > 0.0
         b_l1 = tl.where(has, b_l, 1.0)
         b_o = b_acc / b_l1[:, None]  # rows with no key: acc = 0 -> o = 0
@@ -203,43 +261,23 @@ def attention_kernel(
 
 @triton.jit
 def attention_combine_kernel(
-    ws_ptr, o_ptr, lse_ptr, q_pos_ptr, n_rows, ws_lse_off, n_split, split_keys, Q, HQ, L, kv_stride, kv_offset,
-    QB: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
-    BLOCK_N: tl.constexpr, MAX_NS: tl.constexpr, PDL: tl.constexpr = False, LET_NEXT: tl.constexpr = False,
+    ws_ptr, o_ptr, lse_ptr, q_pos_ptr, n_q_blocks, n_rows, ws_lse_off, n_split, split_keys, Q, KVH, L, kv_stride,
+    kv_offset, G: tl.constexpr, QB: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, MAX_NS: tl.constexpr, PDL: tl.constexpr = False,
+    LET_NEXT: tl.constexpr = False,
 ):
-    """Merge the split partials of one output row (grid: N programs), in split order.
-
-    The row's splits are those `attention_kernel` cut for its query block (the same
-    `_split_plan` of the same row's context). o = sum_s 2^(lse_s - m) o_s /
-    sum_s 2^(lse_s - m), m = max_s lse_s, over [BLOCK_S] tiles whose shape depends
-    on the cache, not on B (the sums' tree is fixed); a split with lse -inf (no
-    key) is not read; a row with none gives o = 0, lse = -inf. PDL: launched early
-    (programmatic dependent launch), so wait for the partials; the row's context
-    is not the attention kernel's output, so it is read before the wait. LET_NEXT: lets
-    its successor (the o projection, launched with PDL) launch at entry, to load its
-    weights while the merge runs."""
+    """Merge the split partials of one tile's rows (grid: B * KVH * n_q_blocks programs, the
+    attention grid's tiles) in split order: `_merge_rows`, as a MERGE attention kernel's
+    last program does. The tile's splits are those `attention_kernel` cut for it (the same
+    `_split_plan` of the same query block's context). PDL: launched early (programmatic
+    dependent launch), so wait for the partials; the row's context is not the attention
+    kernel's output, so it is read before the wait. LET_NEXT: lets its successor (the o
+    projection, launched with PDL) launch at entry, to load its weights while the merge runs."""
     if LET_NEXT:
         gdc_launch_dependents()
-    i_row = tl.program_id(0).to(tl.int64)
-    i_b = i_row // (Q * HQ)
-    i_qb = (i_row // HQ) % Q // QB
+    i_b, i_kvh, i_qb, o_qi, o_h, m_r, o_row = _tile_rows(tl.program_id(0), n_q_blocks, Q, KVH, G, QB, BLOCK_M)
     pos_max = tl.load(q_pos_ptr + i_b) + tl.minimum(i_qb * QB + QB, Q) - 1
     per, n_act = _split_plan(_row_keys(pos_max, L, kv_stride, kv_offset), n_split, split_keys, BLOCK_N, MAX_NS)
     if PDL:
         gdc_wait()
-    o_s = tl.arange(0, BLOCK_S)
-    m_s = o_s < n_act
-    o_d = tl.arange(0, BLOCK_D)
-    o_ws = o_s.to(tl.int64) * n_rows + i_row  # [BLOCK_S]
-    b_lse = tl.load(ws_ptr + ws_lse_off + o_ws, mask=m_s, other=float("-inf"))
-    b_m = tl.max(b_lse, 0)
-    m_use = tl.where(b_m == float("-inf"), 0.0, b_m)
-    b_w = tl.exp2(b_lse - m_use)  # [BLOCK_S], 0 for empty splits
-    b_den = tl.sum(b_w, 0)
-    m_o = (b_w > 0.0)[:, None] & (o_d < HEAD_DIM)[None, :]
-    b_o = tl.load(ws_ptr + o_ws[:, None] * HEAD_DIM + o_d[None, :], mask=m_o, other=0.0)
-    has = b_den > 0.0
-    b_den1 = tl.where(has, b_den, 1.0)
-    b_out = tl.sum(b_o * b_w[:, None], 0) / b_den1
-    tl.store(o_ptr + i_row * HEAD_DIM + o_d, b_out.to(o_ptr.dtype.element_ty), mask=o_d < HEAD_DIM)
-    tl.store(lse_ptr + i_row, tl.where(has, (b_m + tl.log2(b_den1)) * LN2, float("-inf")))
+    _merge_rows(ws_ptr, o_ptr, lse_ptr, o_row, m_r, tl.arange(0, BLOCK_D), n_act, n_rows, ws_lse_off, HEAD_DIM)

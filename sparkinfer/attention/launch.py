@@ -37,9 +37,19 @@ ATTENTION_PDL = True
 # The combine lets its successor (the o projection, which loads its weights before its
 # wait) launch at entry instead of at its end. On since the A/B above.
 COMBINE_LETS_NEXT = True
+# A split call merges its partials in the attention kernel itself: the last of a tile's
+# programs to finish (an atomic count per tile) runs the merge, instead of a second
+# launch (`attention_combine_kernel`) that waits for the whole grid. The same code on
+# the same rows, so the same bits either way (tests/attention/test_merge.py). Off until
+# timed on a GPU (`bench decode` with it off and on).
+MERGE_IN_ATTENTION = False
 # Split workspaces kept by the launcher when the caller passes none, keyed by
 # (device, fp32 elements); never freed, so a captured graph's buffer stays valid.
 _WORKSPACES: dict[tuple[torch.device, int], torch.Tensor] = {}
+# The merging kernel's per-tile counters (int32 zeros, set back to zero by each merge),
+# kept likewise, keyed by (device, tiles). A call during capture without its counters
+# (a shape not run before) launches the combine kernel instead.
+_COUNTERS: dict[tuple[torch.device, int], torch.Tensor] = {}
 
 
 def _capturing(device: torch.device) -> bool:
@@ -157,6 +167,17 @@ def _workspace(cfg: AttentionConfig, workspace, device) -> torch.Tensor | None:
     return _WORKSPACES[key]
 
 
+def _counters(cfg: AttentionConfig, device) -> torch.Tensor | None:
+    """The merging kernel's per-tile counters for cfg's grid (allocated zeroed on first use);
+    None during capture when not yet allocated (the call then launches the combine kernel)."""
+    key = (device, cfg.grid[0])
+    if key not in _COUNTERS:
+        if _capturing(device):
+            return None
+        _COUNTERS[key] = torch.zeros(cfg.grid[0], dtype=torch.int32, device=device)
+    return _COUNTERS[key]
+
+
 def decode_attention(q, k_cache, v_cache, slots, q_pos, *, sm_scale: float, kv_stride: int = 1,
                      kv_offset: int = 0, out=None, lse=None, workspace=None, num_splits: int | None = None,
                      batch_invariant: bool = True):
@@ -193,7 +214,8 @@ def decode_attention(q, k_cache, v_cache, slots, q_pos, *, sm_scale: float, kv_s
     size's first call: never during capture (CaptureError). No host sync. Legal in
     CUDA graph capture once the shape ran eagerly (compiled, workspace kept) or with
     every buffer given; the grid depends on shapes only. Replays of graphs sharing a
-    kept workspace must not run concurrently on different streams.
+    kept workspace (or the merge's kept counters, MERGE_IN_ATTENTION) must not run
+    concurrently on different streams.
     """
     _shapes(q, k_cache, v_cache, slots, q_pos)
     if isinstance(kv_stride, bool) or not isinstance(kv_stride, int) or kv_stride < 1:
@@ -210,24 +232,29 @@ def decode_attention(q, k_cache, v_cache, slots, q_pos, *, sm_scale: float, kv_s
     if cfg.rows == 0:
         return out, lse
     interpret = dev.type == "cpu"
-    pdl = COMBINE_PDL and ws is not None and not interpret
     wait = ATTENTION_PDL and not interpret
     S, L, KVH, _ = k_cache.shape
     ws_lse_off = cfg.split_slots * cfg.rows * D
+    counters = _counters(cfg, dev) if ws is not None and MERGE_IN_ATTENTION else None
+    merge = counters is not None
+    # the attention grid lets its successor launch once its loops end: the combine, or with
+    # the merge in the grid the o projection (as the combine does with COMBINE_LETS_NEXT)
+    pdl = ws is not None and not interpret and (COMBINE_LETS_NEXT if merge else COMBINE_PDL)
     attention_kernel[cfg.grid](
         q, k_cache, v_cache, slots, q_pos, out, lse, ws if ws is not None else lse,
+        counters if merge else slots,
         q.stride(0), q.stride(1), q.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         Q, L, KVH, cfg.q_blocks, cfg.rows, ws_lse_off, float(sm_scale) * math.log2(math.e), kv_stride, kv_offset,
         cfg.split_keys, G=Hq // KVH, QB=cfg.queries_per_block, HEAD_DIM=D, BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, MAX_NS=MAX_SPLITS, SPLIT=ws is not None, INTERPRET=interpret,
-        PDL=pdl, WAIT=wait, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        PDL=pdl, WAIT=wait, MERGE=merge, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **(dict(launch_pdl=True) if wait else {}))
-    if ws is not None:
-        attention_combine_kernel[(cfg.rows,)](
-            ws, out, lse, q_pos, cfg.rows, ws_lse_off, cfg.num_splits, cfg.split_keys, Q, Hq, L, kv_stride,
-            kv_offset, QB=cfg.queries_per_block, HEAD_DIM=D, BLOCK_D=cfg.block_d,
-            BLOCK_S=max(2, 1 << (cfg.split_slots - 1).bit_length()), BLOCK_N=cfg.block_n, MAX_NS=MAX_SPLITS,
-            PDL=pdl, LET_NEXT=pdl and COMBINE_LETS_NEXT, num_warps=4, **(dict(launch_pdl=True) if pdl else {}))
+    if ws is not None and not merge:
+        attention_combine_kernel[(cfg.grid[0],)](
+            ws, out, lse, q_pos, cfg.q_blocks, cfg.rows, ws_lse_off, cfg.num_splits, cfg.split_keys, Q, KVH, L,
+            kv_stride, kv_offset, G=Hq // KVH, QB=cfg.queries_per_block, HEAD_DIM=D, BLOCK_M=cfg.block_m,
+            BLOCK_D=cfg.block_d, BLOCK_N=cfg.block_n, MAX_NS=MAX_SPLITS, PDL=pdl,
+            LET_NEXT=pdl and COMBINE_LETS_NEXT, num_warps=4, **(dict(launch_pdl=True) if pdl else {}))
     return out, lse

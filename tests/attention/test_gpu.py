@@ -107,3 +107,49 @@ def test_gpu_graph_capture_and_replay_with_new_inputs(ws_mode, splits, case):
         assert_matches(out, lse, *reference(q, k, v, slots, q_pos, sm_scale=case.D ** -0.5))
         e_out, e_lse = decode_attention(q, k, v, slots, q_pos, sm_scale=case.D ** -0.5, workspace=ws)
         assert torch.equal(e_out, out) and torch.equal(e_lse, lse)
+
+
+MERGES = {  # split calls: programs of a tile race to be the last, which merges
+    "decode-qwen3-b1-L8192": _case(1, 1, "qwen3", 8192, seed=12),  # 33 programs a tile
+    "decode-glm-air-b8-L4096": _case(8, 1, "glm-air", 4096, seed=13),
+    "decode-mixtral-b4-forced-64": _case(4, 1, "mixtral", 4096, seed=14, num_splits=64),
+    "verify-q4-qwen3-b2": _case(2, 4, "qwen3", 4096, seed=15),
+}
+
+
+@pytest.mark.parametrize("case", MERGES.values(), ids=MERGES.keys())
+def test_gpu_merge_in_the_grid_gives_the_combine_kernels_bits(case, monkeypatch):
+    """`launch.MERGE_IN_ATTENTION` (the tile's last program merges) against the combine
+    kernel, on 20 fresh inputs eagerly and 20 graph replays back to back: every call the
+    combine kernel's bits, and the reference."""
+    from sparkinfer.attention import launch as attn_launch
+
+    monkeypatch.setattr(attn_launch, "MERGE_IN_ATTENTION", True)
+    q, k, v, slots, q_pos = make_inputs(case, seed=0, device="cuda")
+    out, lse = poisoned(case, "cuda")
+    kw = dict(sm_scale=case.D ** -0.5, out=out, lse=lse, num_splits=case.num_splits)
+    assert plan_call(q, k, num_splits=case.num_splits).num_splits > 1
+    decode_attention(q, k, v, slots, q_pos, **kw)  # compiles, keeps the workspace and the counters
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        decode_attention(q, k, v, slots, q_pos, **kw)
+    for trial in range(40):
+        rng = random.Random(trial)
+        new = dataclasses.replace(case, slots=tuple(rng.sample(range(case.S), case.B)),
+                                  q_pos=tuple(rng.randrange(case.L - case.Q + 1) for _ in range(case.B)))
+        for dst, src in zip((q, k, v, slots, q_pos), make_inputs(new, seed=200 + trial, device="cuda")):
+            dst.copy_(src)
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        if trial % 2:
+            g.replay()
+        else:
+            decode_attention(q, k, v, slots, q_pos, **kw)
+        monkeypatch.setattr(attn_launch, "MERGE_IN_ATTENTION", False)
+        c_out, c_lse = decode_attention(q, k, v, slots, q_pos, sm_scale=case.D ** -0.5,
+                                        num_splits=case.num_splits)
+        monkeypatch.setattr(attn_launch, "MERGE_IN_ATTENTION", True)
+        torch.cuda.synchronize()
+        assert torch.equal(out, c_out) and torch.equal(lse, c_lse), f"trial {trial}"
+        if trial < 4:
+            assert_matches(out, lse, *reference(q, k, v, slots, q_pos, sm_scale=case.D ** -0.5))
