@@ -40,9 +40,13 @@ COMBINE_LETS_NEXT = True
 # A split call merges its partials in the attention kernel itself: the last of a tile's
 # programs to finish (an atomic count per tile) runs the merge, instead of a second
 # launch (`attention_combine_kernel`) that waits for the whole grid. The same code on
-# the same rows, so the same bits either way (tests/attention/test_merge.py). Off until
-# timed on a GPU (`bench decode` with it off and on).
-MERGE_IN_ATTENTION = False
+# the same rows, so the same bits either way (tests/attention/test_merge.py). On since
+# an H100 A/B (sweeps/decode_attention_merge_ab_h100.json; bench decode, 8 layers, bf16,
+# 3 runs on / 2 of the per-tile combine / 2 of eda67c8's per-row combine, interleaved,
+# us a step at batch 1): Qwen3-30B-A3B 777.2 median against 781.0-787.8, GLM-4.5-Air 2,112.4
+# against 2,116.2-2,120.8, Mixtral 2,520.4 against 2,530.3-2,553.2, every run with it faster
+# than every run without; batch 8 within the runs' spread (Mixtral 6,515-7,000 over all).
+MERGE_IN_ATTENTION = True
 # Split workspaces kept by the launcher when the caller passes none, keyed by
 # (device, fp32 elements); never freed, so a captured graph's buffer stays valid.
 _WORKSPACES: dict[tuple[torch.device, int], torch.Tensor] = {}
