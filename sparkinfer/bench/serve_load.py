@@ -227,10 +227,18 @@ def client_procs(concurrency: int | None, cpus: int | None = None) -> int:
     return max(1, min(-(-(concurrency or 8) // 8), cpus // 2))
 
 
-def _client(spec: LoadSpec, todo: list[list[int]], queue, index: int = 0, shared=None) -> None:
+def _client(spec: LoadSpec, todo: list[list[int]], queue, index: int = 0, shared=None, go=None,
+            wait_s: float = 600.0) -> None:
     """One load-generator process: its streams over the level's shared requests (`shared`:
     the tickets' Value; Poisson arrivals: `todo`, its own share); each completion, then
-    its results, onto `queue`."""
+    its results, onto `queue`. go: an Event it waits for once started and ready to send
+    (it says so on `queue`), so every process's streams start together."""
+    import httpx  # noqa: F401 - imported before the start line, not inside the level's clock
+
+    if go is not None:
+        queue.put(("ready",))
+        if not go.wait(wait_s):
+            return
     results, t0, t1 = asyncio.run(_run_load(spec, todo, on_done=lambda r: queue.put(("done", r.ok)),
                                             tickets=None if shared is None else _Tickets(shared)))
     for r in results:
@@ -242,7 +250,10 @@ def run_load_procs(spec: LoadSpec, procs: int, on_done=None, timeout_s: float | 
     """`run_load` over `procs` processes (perf_counter is one clock for every process of
     the host): (results, wall s). Fixed concurrency: the streams shared evenly, the
     requests drawn from one pool (`_Tickets`); Poisson arrivals: requests and rate
-    shared evenly."""
+    shared evenly. The processes start sending together, once every one has started
+    (each says so, then waits for `go`): a process that started late would leave its
+    streams idle while the others drew the pool, and the level would measure fewer
+    streams than it names."""
     import multiprocessing as mp
     import queue as queues
     from dataclasses import replace
@@ -253,16 +264,18 @@ def run_load_procs(spec: LoadSpec, procs: int, on_done=None, timeout_s: float | 
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     shared = None if spec.rate else ctx.Value("q", 0)
+    go = ctx.Event()
+    deadline = time.monotonic() + (timeout_s or spec.timeout_s * max(1, len(todo)))
     workers = []
     for i in range(procs):
         part = todo[i::procs] if spec.rate else todo
         conc = None if spec.concurrency is None else max(1, spec.concurrency // procs + (i < spec.concurrency % procs))
         sub = replace(spec, concurrency=conc, rate=spec.rate / procs if spec.rate else None, seed=spec.seed + i)
-        workers.append(ctx.Process(target=_client, args=(sub, part, q, i, shared), daemon=True))
+        workers.append(ctx.Process(target=_client, args=(sub, part, q, i, shared, go, deadline - time.monotonic()),
+                                   daemon=True))
     for w in workers:
         w.start()
-    deadline = time.monotonic() + (timeout_s or spec.timeout_s * max(1, len(todo)))
-    parts = []
+    parts, ready = [], 0
     while len(parts) < procs:
         try:
             msg = q.get(timeout=1.0)
@@ -273,7 +286,11 @@ def run_load_procs(spec: LoadSpec, procs: int, on_done=None, timeout_s: float | 
                 raise RuntimeError(f"a load-generator process died or stalled ({len(parts)} of {procs} "
                                    "reported)") from None
             continue
-        if msg[0] == "done":
+        if msg[0] == "ready":
+            ready += 1
+            if ready == procs:
+                go.set()
+        elif msg[0] == "done":
             if on_done is not None:
                 on_done(RequestResult(ok=msg[1]))
         else:

@@ -242,3 +242,32 @@ def test_conversations_send_their_turns_in_order_each_prompt_extending_the_last(
                                    cached_tokens=8)], 1.0, LoadSpec(url="u", model="m", input_len=16, output_len=2,
                                                                     requests=1, concurrency=1))
     assert row["cached_prompt_frac"] == 0.5
+
+
+@pytest.mark.fake_kwargs(max_batch=8, step_s=0.002, max_context=512)
+def test_load_processes_start_sending_together(fake_server, monkeypatch):
+    """A load-generator process that starts 2 s after the other still sends its first request
+    with the other's first: every process waits for all of them before its streams start."""
+    import multiprocessing.context as mpc
+    import time
+
+    from sparkinfer.bench.serve_load import run_load_procs
+
+    started = []
+    real_start = mpc.SpawnProcess.start
+
+    def late_start(self):
+        if started:
+            time.sleep(2.0)  # the second process starts late (a slow import, a busy host)
+        started.append(self)
+        real_start(self)
+
+    monkeypatch.setattr(mpc.SpawnProcess, "start", late_start)
+    spec = LoadSpec(url=fake_server.url, model="fake-model", input_len=8, output_len=4, requests=8,
+                    concurrency=2, vocab=100)
+    results, _ = run_load_procs(spec, 2)
+    assert len(started) == 2 and len(results) == 8 and all(r.ok for r in results)
+    # without the start line the first process drew the whole pool before the second started
+    assert {r.client for r in results} == {0, 1}
+    first = {c: min(r.sent_s for r in results if r.client == c) for c in (0, 1)}
+    assert abs(first[0] - first[1]) < 1.0, first
