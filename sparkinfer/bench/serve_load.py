@@ -340,8 +340,17 @@ def summarize(results: list[RequestResult], wall_s: float, spec: LoadSpec) -> di
         total_tokens_per_s=(out_tokens + prompt_tokens) / wall_s,
         **_pcts([r.ttft_s for r in done], "ttft_ms"), **_pcts(tpot, "tpot_ms"),
         **_pcts([g for r in done for g in r.itl_s], "itl_ms"), **_pcts([r.e2e_s for r in done], "e2e_ms"),
-        **steady(results, spec), errors=errors[:5],
+        **steady(results, spec), first_send_spread_ms=_first_send_spread_s(results) * 1e3, errors=errors[:5],
         ok=len(done) == len(results) and all(r.output_tokens == spec.output_len for r in done))
+
+
+def _first_send_spread_s(results: list[RequestResult]) -> float:
+    """How far apart the load-generator processes sent their first requests (0 for one):
+    they start together (`run_load_procs`), so more than a few ms says they did not."""
+    first: dict[int, float] = {}
+    for r in results:
+        first[r.client] = min(first.get(r.client, r.sent_s), r.sent_s)
+    return max(first.values()) - min(first.values()) if first else 0.0
 
 
 def steady(results: list[RequestResult], spec: LoadSpec) -> dict:

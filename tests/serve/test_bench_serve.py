@@ -271,3 +271,5 @@ def test_load_processes_start_sending_together(fake_server, monkeypatch):
     assert {r.client for r in results} == {0, 1}
     first = {c: min(r.sent_s for r in results if r.client == c) for c in (0, 1)}
     assert abs(first[0] - first[1]) < 1.0, first
+    row = summarize(results, 1.0, spec)  # the row says how far apart they started
+    assert row["first_send_spread_ms"] == pytest.approx(abs(first[0] - first[1]) * 1e3)
