@@ -71,6 +71,18 @@ def test_gpu_dcp_shards_merge(world):
     assert_matches(o.view_as(ref_o), lse.view_as(ref_lse), ref_o, ref_lse)
 
 
+def _refill(case, step: int, seed: int, inputs: tuple, outputs: tuple) -> None:
+    """New q, cache contents, slots and positions copied into `inputs` in place (what a
+    captured graph reads), the outputs poisoned."""
+    rng = random.Random(step)
+    new = dataclasses.replace(case, slots=tuple(rng.sample(range(case.S), case.B)),
+                              q_pos=tuple(rng.randrange(case.L - case.Q + 1) for _ in range(case.B)))
+    for dst, src in zip(inputs, make_inputs(new, seed=seed, device="cuda")):
+        dst.copy_(src)
+    for t in outputs:
+        t.fill_(float("nan"))
+
+
 GRAPHS = {  # workspace kept by the launcher or given, programs per row the planner picks
     "decode-qwen3-b8-kept-ws": ("kept", 5, _case(8, 1, "qwen3", 4096, seed=8)),
     "decode-glm-air-b2-given-ws": ("given", 9, _case(2, 1, "glm-air", 8192, seed=9)),
@@ -95,13 +107,7 @@ def test_gpu_graph_capture_and_replay_with_new_inputs(ws_mode, splits, case):
     with torch.cuda.graph(g):
         decode_attention(q, k, v, slots, q_pos, **kw)
     for step in range(3):
-        rng = random.Random(step)
-        new = dataclasses.replace(case, slots=tuple(rng.sample(range(case.S), case.B)),
-                                  q_pos=tuple(rng.randrange(case.L - case.Q + 1) for _ in range(case.B)))
-        for dst, src in zip((q, k, v, slots, q_pos), make_inputs(new, seed=100 + step, device="cuda")):
-            dst.copy_(src)
-        out.fill_(float("nan"))
-        lse.fill_(float("nan"))
+        _refill(case, step, 100 + step, (q, k, v, slots, q_pos), (out, lse))
         g.replay()
         torch.cuda.synchronize()
         assert_matches(out, lse, *reference(q, k, v, slots, q_pos, sm_scale=case.D ** -0.5))
@@ -134,13 +140,7 @@ def test_gpu_merge_in_the_grid_gives_the_combine_kernels_bits(case, monkeypatch)
     with torch.cuda.graph(g):
         decode_attention(q, k, v, slots, q_pos, **kw)
     for trial in range(40):
-        rng = random.Random(trial)
-        new = dataclasses.replace(case, slots=tuple(rng.sample(range(case.S), case.B)),
-                                  q_pos=tuple(rng.randrange(case.L - case.Q + 1) for _ in range(case.B)))
-        for dst, src in zip((q, k, v, slots, q_pos), make_inputs(new, seed=200 + trial, device="cuda")):
-            dst.copy_(src)
-        out.fill_(float("nan"))
-        lse.fill_(float("nan"))
+        _refill(case, trial, 200 + trial, (q, k, v, slots, q_pos), (out, lse))
         if trial % 2:
             g.replay()
         else:
