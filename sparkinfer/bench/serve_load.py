@@ -243,7 +243,7 @@ def _client(spec: LoadSpec, todo: list[list[int]], queue, index: int = 0, shared
                                             tickets=None if shared is None else _Tickets(shared)))
     for r in results:
         r.client = index
-    queue.put(("results", results, t0, t1))
+    queue.put(("results", index, results, t0, t1))
 
 
 def run_load_procs(spec: LoadSpec, procs: int, on_done=None, timeout_s: float | None = None):
@@ -259,6 +259,8 @@ def run_load_procs(spec: LoadSpec, procs: int, on_done=None, timeout_s: float | 
     from dataclasses import replace
 
     todo = prompts(spec)
+    if spec.concurrency:  # a stream at least per process: no more processes than streams
+        procs = min(procs, spec.concurrency)
     if procs <= 1:
         return asyncio.run(run_load(spec, on_done))
     ctx = mp.get_context("spawn")
@@ -275,12 +277,14 @@ def run_load_procs(spec: LoadSpec, procs: int, on_done=None, timeout_s: float | 
                                    daemon=True))
     for w in workers:
         w.start()
-    parts, ready = [], 0
+    parts, ready = {}, 0  # process index -> (results, t0, t1)
     while len(parts) < procs:
         try:
             msg = q.get(timeout=1.0)
         except queues.Empty:
-            if time.monotonic() > deadline or not all(w.is_alive() for w in workers[len(parts):]) and q.empty():
+            # a process that ended without its results died (they finish in any order)
+            died = any(not w.is_alive() for i, w in enumerate(workers) if i not in parts) and q.empty()
+            if time.monotonic() > deadline or died:
                 for w in workers:
                     w.kill()
                 raise RuntimeError(f"a load-generator process died or stalled ({len(parts)} of {procs} "
@@ -294,11 +298,11 @@ def run_load_procs(spec: LoadSpec, procs: int, on_done=None, timeout_s: float | 
             if on_done is not None:
                 on_done(RequestResult(ok=msg[1]))
         else:
-            parts.append(msg[1:])
+            parts[msg[1]] = msg[2:]
     for w in workers:
         w.join()
-    results = [r for p in parts for r in p[0]]
-    return results, max(p[2] for p in parts) - min(p[1] for p in parts)
+    results = [r for i in sorted(parts) for r in parts[i][0]]
+    return results, max(p[2] for p in parts.values()) - min(p[1] for p in parts.values())
 
 
 def auth_headers(api_key: str | None) -> dict[str, str]:

@@ -24,9 +24,11 @@ def test_bench_serve_against_a_url(fake_server, tmp_path, capsys):
     assert main(["bench", "serve", *common, "--concurrency", "1,4", "--warmup", "1"]) == 0
     assert main(["bench", "serve", *common, "--rate", "200", "--max-concurrency", "4", "--warmup", "0"]) == 0
     assert main(["bench", "serve", *common, "--concurrency", "4", "--client-procs", "2", "--warmup", "0"]) == 0
+    # more processes than streams asked: one stream a process at least, so no more processes
+    assert main(["bench", "serve", *common, "--concurrency", "1", "--client-procs", "3", "--warmup", "0"]) == 0
     rows = json.loads(out.read_text())
-    assert [(r["concurrency"], r["rate"], r["client_procs"]) for r in rows] == [(1, None, 1), (4, None, 1),
-                                                                               (4, 200.0, 1), (4, None, 2)]
+    assert [(r["concurrency"], r["rate"], r["client_procs"]) for r in rows] == [
+        (1, None, 1), (4, None, 1), (4, 200.0, 1), (4, None, 2), (1, None, 1)]
     # the server's side: its engine's steps over the level (the fake's stats count them)
     assert all(r["engine_steps"] > 0 and r["ms_per_engine_step"] > 0 for r in rows)
     assert all(0 <= r["mixed_engine_steps"] <= r["engine_steps"] for r in rows)  # the fake: half its steps
@@ -49,11 +51,11 @@ def test_bench_serve_against_a_url(fake_server, tmp_path, capsys):
         assert {"gpu", "torch", "commit", "date", "command"} <= set(r) and not ABS_PATH.search(json.dumps(r))
     # warm-up (1 request, 6 tokens) and two measured levels of 8: all reached the engine as asked
     sent = fake_server.engine.submitted
-    assert len(sent) == 1 + 8 + 1 + 8 + 8 + 8 and all(len(p) == 16 and max(p) < 200 for _, p, _ in sent)
+    assert len(sent) == 1 + 8 + 1 + 8 + 8 + 8 + 8 and all(len(p) == 16 and max(p) < 200 for _, p, _ in sent)
     assert all(params.ignore_eos and params.temperature == 0 for _, _, params in sent)
     # the two processes' streams drew the level's 8 requests from one pool: each prompt once
     level = LoadSpec(url="u", model="m", input_len=16, output_len=6, requests=8, vocab=200)
-    assert sorted(tuple(p) for _, p, _ in sent[-8:]) == sorted(tuple(p) for p in prompts(level))
+    assert sorted(tuple(p) for _, p, _ in sent[-16:-8]) == sorted(tuple(p) for p in prompts(level))
     shown = capsys.readouterr().out
     assert "serving fake-model: 16-token prompts, 6-token outputs" in shown and "TTFT p50" in shown
 
