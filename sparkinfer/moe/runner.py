@@ -242,13 +242,14 @@ def _micro(b: MoEBinding, w1: _Weights, w2: _Weights, common: dict):
             p1, tw, a, a_s, routes, i, *p1s, a.stride(0), alpha, limit, BR=ACT_BLOCK_R,
             BI=bk, S1=sp1, GATED=common["GATED"], ACT=common["ACT"],
             WEIGHT_BEFORE=common["WEIGHT_BEFORE"], FP8=fp8, INTERPRET=common["INTERPRET"], **on)
-    plain = not (fp8 or common["NVFP4"])  # bf16 weight tiles by per-thread loads
+    # bf16 weight tiles by per-thread loads; at most the last split's K steps (it may hold fewer)
+    pre = min(FC2_PRELOAD, i // bk - (sp2 - 1) * cps2) if not (fp8 or common["NVFP4"]) else 0
     moe_fc2_kernel[(routes, triton.cdiv(h, cfg.block_n2), sp2)](
         a, a_s, w2.w, w2.s, w2.g, ids, tw, ids, ids, p2, w2.w, a, t, h, i // bk, cps2, 0,
         c.num_experts,
         a.stride(0), *w2.strides, p2.stride(0), p2.stride(1), BM=cfg.block_m,
         BN=cfg.block_n2, MICRO=True, X_FP8=True, num_stages=cfg.stages2,
-        PRE=min(FC2_PRELOAD, cps2) if plain else 0, **common, **on)
+        PRE=pre, **common, **on)
     return p2, sp2
 
 

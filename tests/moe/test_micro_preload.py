@@ -8,7 +8,7 @@ launch is off here); tests/moe/test_compile_sm90.py compiles both for sm_90."""
 import pytest
 import torch
 
-from sparkinfer.moe import MoECaps, MoESpec, bind, moe_reference, run
+from sparkinfer.moe import MoECaps, MoESpec, allocate_scratch, bind, moe_reference, run
 from sparkinfer.moe import runner as moe_runner
 from sparkinfer.moe.routing import route_reference
 from tests.moe._util import assert_moe_close, poison_scratch, random_layer
@@ -29,10 +29,13 @@ class _Spy:
         return launch
 
 
-def _run(fmt, t, preload, monkeypatch, seed=0, h=H, i=I):
-    caps = MoECaps(max_tokens=16, num_experts=E, top_k=K, hidden=h, intermediate=i)
+def _run(fmt, t, preload, monkeypatch, seed=0, h=H, i=I, invariant=True, split2=None):
+    caps = MoECaps(max_tokens=16, num_experts=E, top_k=K, hidden=h, intermediate=i, batch_invariant=invariant)
     spec = MoESpec(weight_format=fmt)
     p, w, src, scratch = random_layer(caps, spec, seed=seed)
+    if split2 is not None:  # FC2's K steps over this many programs (a heuristic plan's split)
+        p = p.with_changes(split2=split2)
+        scratch = allocate_scratch(p, "cpu")
     assert p.config_for(t).family == "micro" and i // p.chunk >= 2, "the layer must have micro K steps to preload"
     g = torch.Generator().manual_seed(seed + 1)
     x, logits = torch.randn(t, h, generator=g).bfloat16(), torch.randn(t, E, generator=g)
@@ -55,6 +58,18 @@ def test_preloaded_k_steps_give_the_plain_loops_bits(t, monkeypatch):
         out, _, seen, _ = _run("bf16", t, preload, monkeypatch)
         assert seen == [min(preload, steps)]
         assert torch.equal(out.view(torch.int16), plain.view(torch.int16)), f"FC2_PRELOAD={preload}"
+
+
+def test_a_split_fc2_preloads_at_most_its_last_splits_steps(monkeypatch):
+    """A heuristic plan splits FC2's K steps over programs, and the last split may hold fewer:
+    here 3 steps of 32 in splits of 2 and 1, so one step is preloaded, never a step past
+    the split's own (the first split's 2 would take the last split past the matrix)."""
+    plain, ref, _, steps = _run("bf16", 1, 0, monkeypatch, i=96, invariant=False, split2=2)
+    assert steps == 3
+    assert_moe_close(plain, ref)
+    out, _, seen, _ = _run("bf16", 1, 8, monkeypatch, i=96, invariant=False, split2=2)
+    assert seen == [1]
+    assert torch.equal(out.view(torch.int16), plain.view(torch.int16))
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "fp8_block"])
