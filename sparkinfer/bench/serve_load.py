@@ -349,8 +349,10 @@ def summarize(results: list[RequestResult], wall_s: float, spec: LoadSpec) -> di
 
 
 def _first_send_spread_s(results: list[RequestResult]) -> float:
-    """How far apart the load-generator processes sent their first requests (0 for one):
-    they start together (`run_load_procs`), so more than a few ms says they did not."""
+    """How far apart the load-generator processes sent their first requests (0 for one).
+    They start together (`run_load_procs`): each waits for one event, then starts its
+    event loop and client (103 ms apart over 4 processes on a 2-core VM running CPU ranks);
+    a spread of seconds would mean streams idle at the level's start."""
     first: dict[int, float] = {}
     for r in results:
         first[r.client] = min(first.get(r.client, r.sent_s), r.sent_s)
