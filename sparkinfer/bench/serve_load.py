@@ -251,9 +251,10 @@ def run_load_procs(spec: LoadSpec, procs: int, on_done=None, timeout_s: float | 
     the host): (results, wall s). Fixed concurrency: the streams shared evenly, the
     requests drawn from one pool (`_Tickets`); Poisson arrivals: requests and rate
     shared evenly. The processes start sending together, once every one has started
-    (each says so, then waits for `go`): a process that started late would leave its
-    streams idle while the others drew the pool, and the level would measure fewer
-    streams than it names."""
+    (each says so, then waits for `go`): a process that started late left its streams
+    idle while the others drew the pool, and the level measured fewer streams than it
+    named (sweeps/serve_mixed_rows_ab_h100.json: 3 of 8 processes' streams in flight at
+    concurrency 64, their clients slowed by a harness importing torch in each)."""
     import multiprocessing as mp
     import queue as queues
     from dataclasses import replace
