@@ -8,27 +8,22 @@ behind a flag's default (`attention.launch.MERGE_IN_ATTENTION`, `moe.runner.FC2_
         -- bench decode --layers 8 --weights random-direct --presets qwen3-30b-a3b --formats bf16 \\
            --batches 1,8 --impls sparkinfer --hf-batches '' --overlap-batches ''
 
-A variant is `name:` followed by comma-separated `module.path.NAME=value` settings (a
-Python literal, else the text itself); `name:` alone runs the defaults. Every setting is
-checked in this process first (its module imports and already has the attribute), so a
-typo fails before any run. Each round runs every variant once, in the order given,
-each in a fresh interpreter that sets its flags and then runs `sparkinfer <command>
---out <its own file>`: rounds interleave the variants, so a drift of the machine over
-the runs reaches them alike. The rows of every run go to --out, each tagged with
-`variant`, `flags` (the settings as given) and `ab_round`; then a table of the median of
-`--metric` per variant and row key (preset, experts, batch for `bench decode`).
-
-Only commands that run in one process take the flags (`bench decode` at TP 1, `bench
-moe`, `bench attention`): a command that starts ranks or a server in processes of its own
-would run those on the defaults. Runs the checkout it is started in (the working
-directory first on the path).
+A variant is `name:` followed by the value of SPARKINFER_FLAGS for its runs
+(`module.path.NAME=value,...`; `sparkinfer/envs.py`); `name:` alone runs the defaults. Every
+setting is checked here first (its module imports and already has the attribute), so a
+typo fails before any run. Each round runs every variant once, in the order given, as
+`python -m sparkinfer.cli <command> --out <its own file>` with the variant's
+SPARKINFER_FLAGS: the command line, its ranks and a server's engine process apply them,
+and the rows record them (`flags`). Rounds interleave the variants, so a drift of the
+machine over the runs reaches them alike. Every run's rows go to --out, each tagged with
+`variant` and `ab_round`; then a table of the median of `--metric` per variant and row key
+(preset, experts, batch for `bench decode`). Runs the checkout it is started in (the
+working directory first on the path).
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
-import importlib
 import json
 import os
 import statistics
@@ -39,63 +34,30 @@ import tempfile
 KEYS = ("preset", "experts", "impl", "batch", "shape", "format", "m")
 
 
-def parse_variant(text: str) -> tuple[str, dict[str, object]]:
-    """'name:mod.path.NAME=value,...' -> (name, {'mod.path.NAME': value})."""
-    name, sep, rest = text.partition(":")
+def parse_variant(text: str) -> tuple[str, str]:
+    """'name:module.path.NAME=value,...' -> (name, its SPARKINFER_FLAGS text), checked:
+    SystemExit naming what is malformed or does not exist (nothing is set here)."""
+    from sparkinfer import envs
+    from sparkinfer.errors import SetupError
+
+    name, sep, flags = text.partition(":")
     if not sep or not name:
         raise SystemExit(f"flags_ab: variant {text!r}: write name:module.path.NAME=value,... (name: alone for "
                          "the defaults)")
-    flags = {}
-    for item in filter(None, rest.split(",")):
-        path, eq, raw = item.partition("=")
-        if not eq or "." not in path:
-            raise SystemExit(f"flags_ab: variant {name!r}: {item!r} is not module.path.NAME=value")
-        try:
-            flags[path] = ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
-            flags[path] = raw
+    try:
+        envs.check_flags(flags)
+    except SetupError as e:
+        raise SystemExit(f"flags_ab: variant {name!r}: {e}") from None
     return name, flags
 
 
-def _target(path: str):
-    """(module, attribute name) of 'module.path.NAME'; SystemExit naming what does not exist."""
-    mod, _, attr = path.rpartition(".")
-    try:
-        module = importlib.import_module(mod)
-    except ImportError as e:
-        raise SystemExit(f"flags_ab: {path}: module {mod!r} does not import ({e})") from None
-    if not hasattr(module, attr):
-        raise SystemExit(f"flags_ab: {path}: {mod} has no attribute {attr!r}")
-    return module, attr
+def _subprocess_run(flags: str, argv: list[str]) -> int:
+    env = dict(os.environ, SPARKINFER_FLAGS=flags,
+               PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
+    return subprocess.run([sys.executable, "-m", "sparkinfer.cli", *argv], env=env).returncode
 
 
-def check_flags(flags: dict[str, object]) -> None:
-    """Every setting names an existing module attribute (nothing is set)."""
-    for path in flags:
-        _target(path)
-
-
-def apply_flags(flags: dict[str, object]) -> None:
-    """Set each module attribute (checked as `check_flags` does)."""
-    for path, value in flags.items():
-        setattr(*_target(path), value)
-
-
-def _child(flags_json: str, argv: list[str]) -> int:
-    """In the run's own interpreter: the flags, then `sparkinfer <argv>`."""
-    apply_flags(json.loads(flags_json))
-    from sparkinfer.cli import main
-
-    return main(argv)
-
-
-def _subprocess_run(flags: dict, argv: list[str]) -> int:
-    code = "import sys; from benchmarks.sweeps.flags_ab import _child; sys.exit(_child(sys.argv[1], sys.argv[2:]))"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
-    return subprocess.run([sys.executable, "-c", code, json.dumps(flags), *argv], env=env).returncode
-
-
-def run_ab(variants: list[tuple[str, dict]], rounds: int, argv: list[str],
+def run_ab(variants: list[tuple[str, str]], rounds: int, argv: list[str],
            runner=_subprocess_run) -> tuple[list[dict], list[str]]:
     """(rows, failed runs): every variant once a round, in order; each run's rows tagged
     (module docstring). runner(flags, argv) runs one `sparkinfer argv`, returns its exit status."""
@@ -110,8 +72,7 @@ def run_ab(variants: list[tuple[str, dict]], rounds: int, argv: list[str],
                 if status != 0 or not got:
                     failed.append(f"{name} in round {r + 1} exited {status} with {len(got)} rows")
                     print(f"flags_ab: {failed[-1]}", flush=True)
-                text = ",".join(f"{k}={v!r}" for k, v in flags.items())
-                rows += [dict(row, variant=name, flags=text, ab_round=r + 1, ab_status=status) for row in got]
+                rows += [dict(row, variant=name, ab_round=r + 1, ab_status=status) for row in got]
     return rows, failed
 
 
@@ -137,11 +98,9 @@ def main(argv=None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command or "--out" in command:
         raise SystemExit("flags_ab: give the sparkinfer command after --, without --out (each run gets its own)")
-    variants = [parse_variant(v) for v in args.variant]
+    variants = [parse_variant(v) for v in args.variant]  # every setting checked before the first run
     if len({name for name, _ in variants}) != len(variants):
         raise SystemExit("flags_ab: variant names must differ")
-    for _, flags in variants:
-        check_flags(flags)  # every setting checked before the first run
     rows, failed = run_ab(variants, args.rounds, command)
     with open(args.out, "w") as f:
         json.dump(rows, f, indent=1)

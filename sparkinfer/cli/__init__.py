@@ -26,6 +26,7 @@ def main(argv=None) -> int:
     from sparkinfer.errors import RankFailed, SparkInferError
 
     try:
+        envs.apply_flags()  # SPARKINFER_FLAGS: module flags for an A/B run
         return args.run(args)
     except RankFailed as e:  # one line per distinct error, with the ranks that raised it
         if envs.debug_log():

@@ -263,12 +263,14 @@ def _engine_main(conn, config: EngineConfig, ready_timeout_s: float) -> None:
     caller is gone."""
     import signal
 
+    from sparkinfer import envs
     from sparkinfer.engine.driver import Driver
 
     # Ctrl-C reaches the whole process group: the caller stops us with "close"
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     outbox: deque = deque()  # appended by the loop and by the launcher thread (a rank failed)
     try:
+        envs.apply_flags()  # SPARKINFER_FLAGS, inherited from the server's process
         driver = Driver.launch(config, ready_timeout_s=ready_timeout_s, handle_type=relay_type(outbox))
     except BaseException as e:  # noqa: BLE001 - reported to the caller
         conn.send(("failed", describe(e), getattr(e, "rank", None)))

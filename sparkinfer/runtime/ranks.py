@@ -125,6 +125,9 @@ def _child(fn, rank, world_size, backend, init_method, args, env, results, launc
         interpreter.install()
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
+        from sparkinfer import envs
+
+        envs.apply_flags()  # SPARKINFER_FLAGS, inherited from the launcher
         import torch
         import torch.distributed as dist
 

@@ -117,3 +117,21 @@ def test_gpu_backends_without_gpus_raise():
         run_ranks(_ok, 2, backend="cuda_shared", args=(0,))
     with pytest.raises(SetupError, match="needs 2 GPU"):
         run_ranks(_ok, 2, backend="cuda", args=(0,))
+
+
+def _flag(world):
+    from sparkinfer.engine import engine
+
+    return engine.MIXED_ROWS
+
+
+def test_ranks_apply_the_launchers_sparkinfer_flags(monkeypatch):
+    """SPARKINFER_FLAGS reaches every rank, which sets the flag before its work; unset, the
+    default (the launcher's own module is not changed by a rank)."""
+    from sparkinfer.engine import engine
+
+    default = engine.MIXED_ROWS
+    monkeypatch.setenv("SPARKINFER_FLAGS", "sparkinfer.engine.engine.MIXED_ROWS=8")
+    assert run_ranks(_flag, 2, backend="cpu", timeout_s=120) == [8, 8]
+    monkeypatch.delenv("SPARKINFER_FLAGS")
+    assert run_ranks(_flag, 2, backend="cpu", timeout_s=120) == [default, default] and engine.MIXED_ROWS == default
