@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 __all__ = ["main"]
@@ -26,6 +27,10 @@ def main(argv=None) -> int:
     from sparkinfer.errors import RankFailed, SparkInferError
 
     try:
+        if envs.flags_text() and "--dry-run" in (sys.argv[1:] if argv is None else argv):
+            # a dry run interprets its kernels, and Triton reads TRITON_INTERPRET when a flag's
+            # module (a kernel's) is imported, before the benchmark would set it
+            os.environ["TRITON_INTERPRET"] = "1"
         envs.apply_flags()  # SPARKINFER_FLAGS: module flags for an A/B run
         return args.run(args)
     except RankFailed as e:  # one line per distinct error, with the ranks that raised it
