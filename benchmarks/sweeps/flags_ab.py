@@ -17,7 +17,7 @@ SPARKINFER_FLAGS: the command line, its ranks and a server's engine process appl
 and the rows record them (`flags`). Rounds interleave the variants, so a drift of the
 machine over the runs reaches them alike. Every run's rows go to --out, each tagged with
 `variant` and `ab_round`; then a table of the median of `--metric` per variant and row key
-(preset, experts, batch for `bench decode`). Runs the checkout it is started in (the
+(preset, experts, batch for `bench decode`; concurrency for `bench serve`). Runs the checkout it is started in (the
 working directory first on the path).
 """
 
@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 
-KEYS = ("preset", "experts", "impl", "batch", "shape", "format", "m")
+KEYS = ("preset", "experts", "impl", "batch", "shape", "format", "m", "concurrency", "rate")
 
 
 def parse_variant(text: str) -> tuple[str, str]:
