@@ -352,8 +352,8 @@ def summarize(results: list[RequestResult], wall_s: float, spec: LoadSpec) -> di
 def _first_send_spread_s(results: list[RequestResult]) -> float:
     """How far apart the load-generator processes sent their first requests (0 for one).
     They start together (`run_load_procs`): each waits for one event, then starts its
-    event loop and client (103 ms apart over 4 processes on a 2-core VM running CPU ranks);
-    a spread of seconds would mean streams idle at the level's start."""
+    event loop and client, so what is left is a busy host's wake-up; a spread of seconds
+    would mean streams idle at the level's start."""
     first: dict[int, float] = {}
     for r in results:
         first[r.client] = min(first.get(r.client, r.sent_s), r.sent_s)
