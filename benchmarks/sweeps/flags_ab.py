@@ -17,8 +17,8 @@ SPARKINFER_FLAGS: the command line, its ranks and a server's engine process appl
 and the rows record them (`flags`). Rounds interleave the variants, so a drift of the
 machine over the runs reaches them alike. Every run's rows go to --out, each tagged with
 `variant` and `ab_round`; then a table of the median of `--metric` per variant and row key
-(preset, experts, batch for `bench decode`; concurrency for `bench serve`). Runs the checkout it is started in (the
-working directory first on the path).
+(preset, experts, batch for `bench decode`; concurrency for `bench serve`). Runs the
+checkout it is started in (the working directory first on the path).
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def medians(rows: list[dict], metric: str) -> list[tuple[tuple, str, float, list
 
 
 def main(argv=None) -> int:
-    sys.path.insert(0, os.getcwd())  # the checkout timed: its sparkinfer, and this script as a module
+    sys.path.insert(0, os.getcwd())  # the checkout timed: its sparkinfer checks the variants here
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--variant", action="append", required=True, help="name:module.path.NAME=value,...")
     ap.add_argument("--rounds", type=int, default=2)

@@ -189,8 +189,7 @@ def _run_levels(args, url: str, model: str, levels, static, con) -> list[dict]:
                                           output_len=min(args.output_len, 16), requests=warm,
                                           concurrency=conc or warm, vocab=args.vocab, seed=1, api_key=key)))
         label = f"C={conc}" if rate is None else f"rate={rate:g}/s"
-        procs = args.client_procs or client_procs(conc)
-        procs = min(procs, conc) if conc else procs  # a stream at least per process
+        procs = client_procs(conc, asked=args.client_procs)
         with StepSampler(url) as sampler, progress(total=n, label=label) as advance:
             results, wall = run_load_procs(spec, procs, on_done=lambda r: advance("ok" if r.ok else "failed"))
         steps0, steps1 = sampler.first, sampler.last  # the server's counters before and after the level

@@ -218,13 +218,15 @@ async def run_load(spec: LoadSpec, on_done=None) -> tuple[list[RequestResult], f
     return results, t1 - t0
 
 
-def client_procs(concurrency: int | None, cpus: int | None = None) -> int:
-    """Load-generator processes for a level: one per 8 streams, at most half the host's
-    cores. One asyncio client parses about 10,000 SSE chunks a second on an H200 host
-    (its ITL at concurrency 32 and 64 was that rate, `serve_h200.json` at ff983b8): a
-    level beyond it measures the client, not the server."""
+def client_procs(concurrency: int | None, cpus: int | None = None, asked: int | None = None) -> int:
+    """Load-generator processes for a level: `asked`, else one per 8 streams, at most half
+    the host's cores; never more than the streams (a process runs one at least). One
+    asyncio client parses about 10,000 SSE chunks a second on an H200 host (its ITL at
+    concurrency 32 and 64 was that rate, `serve_h200.json` at ff983b8): a level beyond it
+    measures the client, not the server."""
     cpus = cpus or os.cpu_count() or 2
-    return max(1, min(-(-(concurrency or 8) // 8), cpus // 2))
+    procs = asked or max(1, min(-(-(concurrency or 8) // 8), cpus // 2))
+    return min(procs, concurrency) if concurrency else procs
 
 
 def _client(spec: LoadSpec, todo: list[list[int]], queue, index: int = 0, shared=None, go=None,
@@ -260,8 +262,7 @@ def run_load_procs(spec: LoadSpec, procs: int, on_done=None, timeout_s: float | 
     from dataclasses import replace
 
     todo = prompts(spec)
-    if spec.concurrency:  # a stream at least per process: no more processes than streams
-        procs = min(procs, spec.concurrency)
+    procs = client_procs(spec.concurrency, asked=procs)
     if procs <= 1:
         return asyncio.run(run_load(spec, on_done))
     ctx = mp.get_context("spawn")
