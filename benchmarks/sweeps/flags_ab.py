@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 
-KEYS = ("preset", "experts", "impl", "batch", "shape", "format", "m", "concurrency", "rate")
+KEYS = ("preset", "experts", "impl", "batch", "shape", "format", "m", "concurrency", "rate", "decode_rows", "chunks")
 
 
 def parse_variant(text: str) -> tuple[str, str]:
@@ -107,7 +107,7 @@ def main(argv=None) -> int:
         f.write("\n")
     for key, name, med, vals in medians(rows, args.metric):
         shown = " ".join(f"{k}={v}" for k, v in key)
-        print(f"{shown:<48} {name:<12} median {args.metric} {med:10.1f}  ({', '.join(f'{v:.1f}' for v in vals)})")
+        print(f"{shown:<48} {name:<12} median {args.metric} {med:10.5g}  ({', '.join(f'{v:.5g}' for v in vals)})")
     print(f"rows -> {args.out}")
     return 0 if rows and not failed else 1
 
