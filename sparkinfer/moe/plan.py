@@ -142,6 +142,16 @@ GROUPED_BLOCK_M_LARGE = 128
 # vs 6648 (its best, BN2 128, 5543, within 1%); Mixtral M=1024 1539 vs 1712.
 # NVFP4 keeps BN1 64 and the plan's chunk (the sweep's NVFP4 tiles: moe_tile_sweep_h200.json).
 BF16_WIDE_MIN_ROWS = 16
+# A bucket's tiles serve every T up to its bound, whose mean this is: bound 1,024 of
+# Qwen3 (mean 64) also serves T from 513 (mean 32). BM 64 against 128 by mean rows, us,
+# every config bitwise equal (sweeps/moe_tile_sweep_bm_h100.json, an H100 at 7522f89):
+# Qwen3 mean 36 / 52 / 60 / 68 / 84: 470.4 / 481.8 / 496.4 / 528.7 / 559.9 vs 485.2 /
+# 495.9 / 500.6 / 515.8 / 525.1; the DeepSeek-V3 TP8 shard mean 48 / 56 / 64: 1,192.8 /
+# 1,265.4 / 1,313.8 vs 1,202.3 / 1,245.0 / 1,270.8. A bound of 52 would take BM 128 from
+# bucket 1,024 on: a mixed step of 64 decode rows and two 256-token chunks (T 576, mean 36)
+# then took 1.315 ms more than its decode step against 1.214 (four chunks, T 1,088 planned
+# at a bound of 1,088: 2.011 vs 2.055; `bench prefill --beside 64`,
+# sweeps/prefill_mixed_bm_ab_h100.json), so 96 stays.
 BF16_WIDE_BM64_MAX_ROWS = 96
 # Not taken: BM 32 tiles (BN1 64, BN2 128, 4 warps, the wide order and loads) at 16-20
 # mean rows. The tile sweep's uniform routing had them 1-6% faster on four shapes
