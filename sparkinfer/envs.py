@@ -89,7 +89,7 @@ def parse_flags(text: str) -> dict[str, object]:
         path, eq, raw = item.partition("=")
         if not eq or "." not in path.strip("."):
             raise SetupError(f"SPARKINFER_FLAGS item {item!r}: write module.path.NAME=value, comma-separated "
-                             "(e.g. sparkinfer.moe.runner.FC2_PRELOAD=4)")
+                             "(e.g. sparkinfer.attention.launch.MERGE_IN_ATTENTION=False)")
         try:
             flags[path] = ast.literal_eval(raw)
         except (ValueError, SyntaxError):

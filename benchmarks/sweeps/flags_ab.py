@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Interleaved A/B runs of one `sparkinfer bench` command under module flags: the evidence
-behind a flag's default (`attention.launch.MERGE_IN_ATTENTION`, `moe.runner.FC2_PRELOAD`, ...).
+behind a flag's default (`attention.launch.MERGE_IN_ATTENTION`, `moe.plan.BF16_WIDE_BM64_MAX_ROWS`, ...).
 
-    python3 benchmarks/sweeps/flags_ab.py --rounds 3 --out decode_fc2_preload_ab.json \\
-        --variant off: \\
-        --variant on:sparkinfer.moe.runner.FC2_PRELOAD=4,sparkinfer.moe.runner.FC1_LETS_FC2_EARLY=True \\
+    python3 benchmarks/sweeps/flags_ab.py --rounds 3 --out decode_attention_merge_ab.json \\
+        --variant on: \\
+        --variant off:sparkinfer.attention.launch.MERGE_IN_ATTENTION=False \\
         -- bench decode --layers 8 --weights random-direct --presets qwen3-30b-a3b --formats bf16 \\
            --batches 1,8 --impls sparkinfer --hf-batches '' --overlap-batches ''
 

@@ -65,15 +65,6 @@ MICRO_PDL = True
 # entry), waiting at its own entry (WAIT). On since an H100 A/B with attention.launch's
 # ATTENTION_PDL and COMBINE_LETS_NEXT (their comment has the numbers: about 1% a batch-1 step).
 FC1_PDL = True
-# micro bf16 FC2 loads its first FC2_PRELOAD K steps' weight tiles before it waits for FC1
-# (the weights are no kernel's output, and its expert is the routing's), so they stream
-# while FC1 ends; with FC1_LETS_FC2_EARLY and an FC1 grid under one program per SM, FC1 lets
-# FC2 launch at its entry, so FC2's programs load on the SMs FC1 leaves idle. The same
-# sums in the same order (tests/moe/test_micro_preload.py). Untimed, off: `bench decode`
-# with them off and on times them (an earlier launch at FC1's start, with FC2's weights
-# prefetched to L2, made large shapes slower: MICRO_PDL above).
-FC2_PRELOAD = 0
-FC1_LETS_FC2_EARLY = False
 
 
 def _splits(chunks: int, split: int) -> tuple[int, int]:
@@ -228,28 +219,22 @@ def _micro(b: MoEBinding, w1: _Weights, w2: _Weights, common: dict):
     p1 = s["fc1_partial"] if split else a
     p2 = s["fc2_partial"]
     p1s = (p1.stride(0), p1.stride(1)) if split else (0, p1.stride(0))
-    grid1 = (routes, triton.cdiv(i, cfg.block_n1), sp1)
-    # FC2 at FC1's entry: only straight behind FC1, and while FC1 leaves SMs idle
-    early = pdl and FC1_LETS_FC2_EARLY and not split and grid1[0] * grid1[1] * grid1[2] < c.num_sms
-    moe_fc1_kernel[grid1](
+    moe_fc1_kernel[(routes, triton.cdiv(i, cfg.block_n1), sp1)](
         b.x, b.x, w1.w, w1.s, w1.g, ids, tw, ids, ids, p1, a_s, w1.w, t, i, h // bk, cps1, 0,
         c.num_experts, b.x.stride(0), *w1.strides, *p1s, alpha, limit,
         BM=cfg.block_m, BN=cfg.block_n1, MICRO=True, PARTIALS=split, X_FP8=False,
-        num_stages=cfg.stages1, WAIT=pdl and FC1_PDL, EARLY=early, **common, **trigger,
+        num_stages=cfg.stages1, WAIT=pdl and FC1_PDL, **common, **trigger,
         **(dict(launch_pdl=True) if pdl and FC1_PDL else {}))
     if split:  # sum and activate the partials once per route
         moe_act_kernel[(triton.cdiv(routes, ACT_BLOCK_R), i // bk)](
             p1, tw, a, a_s, routes, i, *p1s, a.stride(0), alpha, limit, BR=ACT_BLOCK_R,
             BI=bk, S1=sp1, GATED=common["GATED"], ACT=common["ACT"],
             WEIGHT_BEFORE=common["WEIGHT_BEFORE"], FP8=fp8, INTERPRET=common["INTERPRET"], **on)
-    # bf16 weight tiles by per-thread loads; at most the last split's K steps (it may hold fewer)
-    pre = min(FC2_PRELOAD, i // bk - (sp2 - 1) * cps2) if not (fp8 or common["NVFP4"]) else 0
     moe_fc2_kernel[(routes, triton.cdiv(h, cfg.block_n2), sp2)](
         a, a_s, w2.w, w2.s, w2.g, ids, tw, ids, ids, p2, w2.w, a, t, h, i // bk, cps2, 0,
         c.num_experts,
         a.stride(0), *w2.strides, p2.stride(0), p2.stride(1), BM=cfg.block_m,
-        BN=cfg.block_n2, MICRO=True, X_FP8=True, num_stages=cfg.stages2,
-        PRE=pre, **common, **on)
+        BN=cfg.block_n2, MICRO=True, X_FP8=True, num_stages=cfg.stages2, **common, **on)
     return p2, sp2
 
 

@@ -122,25 +122,10 @@ def compile_sm90(launch: Launch):
 
 
 def compile_plan_launches(shape: dict, fmt: str, tokens: int, max_tokens: int,
-                          spec_kw: dict | None = None, decode: str = "arith", tile: list | None = None,
-                          runner_flags: dict | None = None) -> list[dict]:
+                          spec_kw: dict | None = None, decode: str = "arith", tile: list | None = None) -> list[dict]:
     """Compile every launch of one call (router included) at real dims (meta
     tensors); usage rows per kernel. tile: a `tuning` tile row's fields after its name
-    (BM, BN1, BN2, warps, programs per SM, BK[, FC1 passes[, rescale]]) forced on the plan.
-    runner_flags: `sparkinfer.moe.runner` flags set for this call (e.g. FC2_PRELOAD)."""
-    import sparkinfer.moe.runner as moe_runner
-
-    saved = {name: getattr(moe_runner, name) for name in runner_flags or {}}
-    try:
-        for name, value in (runner_flags or {}).items():
-            setattr(moe_runner, name, value)
-        return _compile_plan(shape, fmt, tokens, max_tokens, spec_kw, decode, tile)
-    finally:
-        for name, value in saved.items():
-            setattr(moe_runner, name, value)
-
-
-def _compile_plan(shape, fmt, tokens, max_tokens, spec_kw, decode, tile) -> list[dict]:
+    (BM, BN1, BN2, warps, programs per SM, BK[, FC1 passes[, rescale]]) forced on the plan."""
     from sparkinfer.moe import MoECaps, MoESpec, allocate_scratch, bind, plan
     from sparkinfer.moe.tuning import _tile
     from tests.moe._util import meta_weights
@@ -169,11 +154,6 @@ def _compile_plan(shape, fmt, tokens, max_tokens, spec_kw, decode, tile) -> list
                          launch_pdl=bool(launch.kwargs.get("launch_pdl")),
                          pdl_waits=compiled.asm["ptx"].count("griddepcontrol.wait"),
                          pdl_triggers=compiled.asm["ptx"].count("griddepcontrol.launch_dependents"),
-                         # 16-byte global loads (weight tiles) issued before the kernel first waits
-                         loads_before_wait=compiled.asm["ptx"].split("griddepcontrol.wait")[0].count("ld.global.v4"),
-                         triggers_before_wait=compiled.asm["ptx"].split("griddepcontrol.wait")[0].count(
-                             "griddepcontrol.launch_dependents"),
-                         pre=launch.kwargs.get("PRE", 0), early=bool(launch.kwargs.get("EARLY")),
                          mma=sorted(set(re.findall(r"(?:wgmma\.mma_async|mma\.sync)[\w.]*",
                                                    compiled.asm["ptx"]))),
                          cvt_e4m3=len(re.findall(r"cvt\.rn\.satfinite\.e4m3x2\.f32",

@@ -135,33 +135,3 @@ def test_fp8_rescaled_tiles_fit_bm128():
             assert r["shared"] <= H200_MAX_SHARED, r
             assert r["mma"] and all(m.endswith(".f32.e4m3.e4m3") for m in r["mma"]), r
 
-
-
-PRELOAD = {"FC2_PRELOAD": 4, "FC1_LETS_FC2_EARLY": True}
-
-
-@pytest.fixture(scope="module")
-def preloaded():
-    """Qwen3-30B-A3B at T 1 (FC1: 96 programs, under the 132 SMs) and Mixtral at T 4 (FC1:
-    8 x 224 programs), bf16 micro, with runner.FC2_PRELOAD = 4 and FC1_LETS_FC2_EARLY, and
-    Qwen3 without them."""
-    cases = [[QWEN3, "bf16", 1, 1024, {}, "arith", None, PRELOAD], [MIXTRAL, "bf16", 4, 16, {}, "arith", None, PRELOAD],
-             [QWEN3, "bf16", 1, 1024, {}, "arith", None, {}]]
-    return dict(zip(("qwen3", "mixtral", "qwen3-off"), _compile(cases)))
-
-
-def test_micro_fc2_preload_and_early_launch_compile_for_sm90(preloaded):
-    """FC2 issues its weight loads before it waits for FC1 and fits without a spill; FC1
-    lets FC2 launch at its entry only where its grid is under the SMs (Qwen3 at T 1)."""
-    for name, rows in preloaded.items():
-        by = {r["kernel"]: r for r in rows}
-        fc1, fc2 = by["moe_fc1_kernel"], by["moe_fc2_kernel"]
-        for r in (fc1, fc2):
-            assert r["sm90"] and r["spill"] == 0 and r["shared"] <= H200_MAX_SHARED, (name, r)
-        if name == "qwen3-off":
-            assert fc2["pre"] == 0 and fc2["loads_before_wait"] == 0, fc2  # its weights after the wait
-            assert not fc1["early"] and fc1["triggers_before_wait"] == 0, fc1
-            continue
-        assert fc2["pre"] == 4 and fc2["loads_before_wait"] > 0, fc2
-        early = name == "qwen3"
-        assert fc1["early"] == early and fc1["pdl_triggers"] == 1 + early, fc1

@@ -288,31 +288,3 @@ def test_gpu_the_folded_top_k_sum_gives_the_bits_of_reduce_then_norm(case):
     """tests/moe/test_route_sum.py compiled, with a random shared-expert term (rounded to nearest)."""
     _, kw, t, invariant = next(c for c in test_route_sum.CASES if c[0] == case)
     test_route_sum.check(MoESpec(**kw), t, invariant, "cuda", exact_extra=False, seed=3)
-
-
-PRELOAD_CASES = [("qwen3", 1), ("qwen3", 8), ("mixtral", 4)]
-
-
-@pytest.mark.parametrize("shape,t", PRELOAD_CASES, ids=[f"{s}-T{t}" for s, t in PRELOAD_CASES])
-def test_gpu_micro_fc2_preload_and_early_launch_keep_the_bits(shape, t, monkeypatch):
-    """runner.FC2_PRELOAD (FC2's first K steps' weights loaded before its wait) with
-    FC1_LETS_FC2_EARLY (FC2 launched at FC1's entry where FC1's grid is under the SMs) at
-    bf16 micro shapes: eager, 5 repeats and 20 graph replays, the bits of both off."""
-    from sparkinfer.moe import runner as moe_runner
-
-    dims = dict(num_experts=128, top_k=8, hidden=2048, intermediate=768) if shape == "qwen3" else MIXTRAL
-    caps = MoECaps(max_tokens=16, **dims)
-    p, _, src, _ = random_layer(caps, MoESpec())
-    w = prepare_weights(p, *(_cuda(s) for s in src))
-    scratch = allocate_scratch(p, "cuda")
-    poison_scratch(scratch)
-    x = torch.randn(t, caps.hidden, device="cuda").bfloat16()
-    logits = torch.randn(t, caps.num_experts, device="cuda")
-    out = torch.full((t, caps.hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
-    b = bind(p, scratch, w, x=x, out=out, logits=logits)
-    assert b.config.family == "micro"
-    run(b)
-    plain = out.clone()
-    monkeypatch.setattr(moe_runner, "FC2_PRELOAD", 4)
-    monkeypatch.setattr(moe_runner, "FC1_LETS_FC2_EARLY", True)
-    _repeats_and_replays_bitwise(b, out, plain, repeats=5, replays=20)

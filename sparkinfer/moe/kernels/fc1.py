@@ -68,12 +68,9 @@ def moe_fc1_kernel(
     INTERPRET: tl.constexpr, PDL: tl.constexpr = False, GROUP: tl.constexpr = 0,
     TMA: tl.constexpr = False, PASSES: tl.constexpr = 1, RESCALE: tl.constexpr = False,
     ROWS: tl.constexpr = False, KCH: tl.constexpr = 0, WAIT: tl.constexpr = False,
-    EARLY: tl.constexpr = False,
 ):
     if WAIT:  # launched early behind the routing (micro): its ids and weights after this
         gdc_wait()
-    if EARLY:  # FC2 may launch now (its programs load their weights, then wait for this grid)
-        gdc_launch_dependents()
     i_m, i_n = grouped_ids(I, BN, GROUP)
     e, route, o_row = program_rows(p_ids, p_sorted, p_tile_e, i_m, T, E, K, BM, KP, RP, MICRO)
     if (e >= e_lo) & (e < e_hi):

@@ -33,7 +33,6 @@ from sparkinfer.moe.kernels.common import (
     program_rows,
     split_chunks,
     step_weight_tile,
-    weight_tile,
 )
 from sparkinfer.moe.kernels.fp8 import (
     act_operand,
@@ -99,7 +98,7 @@ def moe_fc2_kernel(
     NVFP4: tl.constexpr, FP8: tl.constexpr, X_FP8: tl.constexpr,  # X_FP8: FC1's (unused)
     GSCALE: tl.constexpr, PTX_DECODE: tl.constexpr, INTERPRET: tl.constexpr,
     PDL: tl.constexpr = False, GROUP: tl.constexpr = 0, TMA: tl.constexpr = False,
-    RESCALE: tl.constexpr = False, ROWS: tl.constexpr = False, PRE: tl.constexpr = 0,
+    RESCALE: tl.constexpr = False, ROWS: tl.constexpr = False,
 ):
     i_m, i_n = grouped_ids(H, BN, GROUP)
     e, route, o_arow = program_rows(p_ids, p_sorted, p_tile_e, i_m, T, E, K, BM, KP, RP, MICRO)
@@ -107,7 +106,7 @@ def moe_fc2_kernel(
         fc2_tile(p_a, p_as, p_w, p_s, p_gs, p_out, d_w, d_a, e, e - e_lo, route, o_arow,
                  i_m * BM, i_n, tl.program_id(2), H, num_chunks, chunks_per_split, stride_ar,
                  stride_we, stride_wn, stride_se, stride_os, stride_or, BM, BN, BK, NVFP4, FP8,
-                 GSCALE, PTX_DECODE, INTERPRET, PDL, TMA, RESCALE, ROWS, PRE)
+                 GSCALE, PTX_DECODE, INTERPRET, PDL, TMA, RESCALE, ROWS)
 
 
 @triton.jit
@@ -116,18 +115,14 @@ def fc2_tile(p_a, p_as, p_w, p_s, p_gs, p_out, d_w, d_a, e, e_w, route, o_arow, 
              stride_os, stride_or, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
              NVFP4: tl.constexpr, FP8: tl.constexpr, GSCALE: tl.constexpr,
              PTX_DECODE: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr,
-             TMA: tl.constexpr, RESCALE: tl.constexpr = False, ROWS: tl.constexpr = False,
-             PRE: tl.constexpr = 0):
+             TMA: tl.constexpr, RESCALE: tl.constexpr = False, ROWS: tl.constexpr = False):
     """One FC2 tile: expert e (>= 0; its weights at index e_w), activation rows
     o_arow for routes `route` [BM] (-1: inactive; FP8: e4m3 with scales p_as
     [rows, I/BK]), weight rows i_n*BN.., reduction split i_s; stores
     out[i_s, route, n] (one program of moe_fc2_kernel). TMA (grouped: the tile's
     rows are a_row0..a_row0+BM): weight tiles through d_w over p_w [E, H, I],
     activation tiles through d_a over p_a [rows, I] (block [BM, BK]). RESCALE, ROWS (FP8): the
-    accumulation of kernels/fp8.py's `rescaled_dot`. PRE (bf16 weights by per-thread loads;
-    at most the split's chunks): the first PRE K steps' weight tiles are loaded before
-    `gdc_wait` (no earlier kernel writes them; which expert is the routing's, finished
-    before FC1 let this grid launch), then multiplied in the same order as the loop's."""
+    accumulation of kernels/fp8.py's `rescaled_dot`."""
     m_row = route >= 0
     o_n = i_n * BN + tl.arange(0, BN)
     m_n = o_n < H
@@ -139,20 +134,13 @@ def fc2_tile(p_a, p_as, p_w, p_s, p_gs, p_out, d_w, d_a, e, e_w, route, o_arow, 
     else:
         b_acc = tl.zeros([BN, BM], dtype=tl.float32)
     c_lo, c_hi = split_chunks(i_s, chunks_per_split, num_chunks)
-    pre = ()
-    for j in tl.static_range(PRE):
-        pre = pre + (weight_tile(p_we, 0, o_n, m_n, c_lo + j, stride_wn, num_chunks, BN, BK, False, False,
-                                 PTX_DECODE, INTERPRET),)
     if PDL:  # launched early (programmatic dependent launch): FC1's rows are ready after this
         gdc_wait()
-    for j in tl.static_range(PRE):
-        b_a, _ = act_operand(p_a, o_arow, m_row, o_k, c_lo + j, stride_ar, BK, False, False, INTERPRET)
-        b_acc = scaled_dot(pre[j], b_a, b_acc, 0, False)
     n_w, n_as = 0.0, 0  # FP8: the next step's scales (`step_scales`)
     if FP8:
         n_w, _, n_as = step_scales(p_se, i_n * BN, 0, p_as, o_arow, m_row, c_lo, num_chunks, BK,
                                    False, True)
-    for c in range(c_lo + PRE, c_hi):
+    for c in range(c_lo, c_hi):
         if TMA:
             b_a = tl.trans(d_a.load([a_row0, c * BK]))
             if INTERPRET:
