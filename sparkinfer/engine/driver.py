@@ -83,6 +83,7 @@ def serve_on_rank(world, cfg: EngineConfig, max_context: int, plan_handle, resul
     then run every plan until the shutdown plan; close collectively."""
     import signal
 
+    from sparkinfer.engine.profile import StepProfiler
     from sparkinfer.engine.session import ModelSession
     from sparkinfer.runtime.broadcast import BroadcastRing
 
@@ -107,13 +108,15 @@ def serve_on_rank(world, cfg: EngineConfig, max_context: int, plan_handle, resul
         if results is not None:
             beat.stop()
             results.publish(np.asarray([_READY, runner.max_context, runner.announce_tokens], dtype=np.int64))
+        profiler = StepProfiler(runner, world.rank)  # off unless engine.profile.STEPS is set
         while (rec := plans.read(spin_s=_HOT_SPIN_S)) is not None:
             plan = decode_plan(rec)
             if plan.shutdown:
                 break
-            res = runner.execute(plan)
+            res = profiler.run(plan)
             if results is not None:
                 results.publish(encode_result(res))
+        profiler.finish()  # a window cut short by shutdown still writes what it holds
         if session.comm is not None:
             session.comm.synchronize()
     finally:
