@@ -10,7 +10,8 @@ writes the Chrome trace to PATH's `.trace.json` twin and a summary to PATH
 (`summarize`): per plan, what it asked (decode rows, prompt chunks), whether the
 launch it made was a mixed step, the GPU time of the kernels it launched (through
 the launch's correlation id, so CUDA graph replays count), and over the window, the
-GPU's busy fraction. Off (STEPS = 0) by default; the other ranks never profile.
+GPU's busy fraction and the runner's counts of steps launched ahead and taken. Off
+(STEPS = 0) by default; the other ranks never profile.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ STEPS = 0
 PATH = "sparkinfer_steps.json"
 
 _RANGE = "sparkinfer.execute"
+# the runner's counters (`ModelRunner`): a step launched ahead that no plan took, or a mixed
+# step whose chunks a plan did not take, ran for nothing (the plan launched its own)
+_COUNTERS = ("ahead_launched", "ahead_used", "mixed_launched", "chunks_taken")
 
 
 class StepProfiler:
@@ -33,7 +37,7 @@ class StepProfiler:
 
     def __init__(self, runner, rank: int):
         self.runner, self.on = runner, STEPS > 0 and rank == 0
-        self.seen, self.prof, self.plans = 0, None, []
+        self.seen, self.prof, self.plans, self.counters = 0, None, [], {}
 
     def run(self, plan):
         n, self.seen = self.seen, self.seen + 1
@@ -47,6 +51,7 @@ class StepProfiler:
                 acts.append(torch.profiler.ProfilerActivity.CUDA)
             self.prof = torch.profiler.profile(activities=acts)
             self.prof.__enter__()
+            self.counters = self._counters()
         mixed = getattr(self.runner, "mixed_launched", 0)
         with torch.profiler.record_function(_RANGE):
             res = self.runner.execute(plan)
@@ -55,6 +60,9 @@ class StepProfiler:
         if n == AFTER + STEPS - 1:
             self.finish()
         return res
+
+    def _counters(self) -> dict[str, int]:
+        return {k: getattr(self.runner, k) for k in _COUNTERS if hasattr(self.runner, k)}
 
     def finish(self) -> None:
         """Stop the profiler (once) and write the trace and the summary."""
@@ -66,12 +74,13 @@ class StepProfiler:
             torch.cuda.synchronize()
         prof, self.prof = self.prof, None
         prof.__exit__(None, None, None)
+        runner = {k: v - self.counters.get(k, 0) for k, v in self._counters().items()}
         trace = PATH[:-5] + ".trace.json" if PATH.endswith(".json") else PATH + ".trace.json"
         prof.export_chrome_trace(trace)
         with open(trace) as f:
             events = json.load(f).get("traceEvents", [])
         with open(PATH, "w") as f:
-            json.dump(dict(summarize(events, self.plans), trace=trace), f, indent=1)
+            json.dump(dict(summarize(events, self.plans), runner=runner, trace=trace), f, indent=1)
             f.write("\n")
 
 

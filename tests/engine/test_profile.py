@@ -46,12 +46,13 @@ def test_the_profiler_takes_its_window_alone_and_writes_the_summary(tmp_path, mo
     monkeypatch.setattr(profile, "PATH", str(tmp_path / "steps.json"))
 
     class Runner:
-        mixed_launched = 0
+        mixed_launched = chunks_taken = 0
         executed = []
 
         def execute(self, plan):
             self.executed.append(plan.step)
             self.mixed_launched += plan.step % 2  # odd plans launch a mixed step
+            self.chunks_taken += plan.step % 2 and plan.step > 3
             return plan.step
 
     def plan(i):
@@ -68,6 +69,7 @@ def test_the_profiler_takes_its_window_alone_and_writes_the_summary(tmp_path, mo
     assert [p["launched_mixed"] for p in summary["per_plan"]] == [False, True, False]
     assert [(p["decode_rows"], p["chunks"]) for p in summary["per_plan"]] == [(2, 0), (3, 1), (4, 0)]
     assert summary["kinds"]["mixed"]["plans"] == 1 and summary["kinds"]["decode"]["plans"] == 2
+    assert summary["runner"] == dict(mixed_launched=1, chunks_taken=0)  # over the window: plans 2, 3, 4
     assert (tmp_path / "steps.trace.json").exists() and summary["trace"].endswith("steps.trace.json")
 
 
