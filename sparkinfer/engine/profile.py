@@ -16,6 +16,7 @@ GPU's busy fraction and the runner's counts of steps launched ahead and taken. O
 
 from __future__ import annotations
 
+import bisect
 import json
 import statistics
 
@@ -128,8 +129,6 @@ def summarize(events: list[dict], plans: list[dict]) -> dict:
 
 def _owner(starts: list[float], ranges: list[dict], at: float) -> int | None:
     """Index of the range holding time `at`, or None."""
-    import bisect
-
     i = bisect.bisect_right(starts, at) - 1
     if i >= 0 and at <= ranges[i]["ts"] + ranges[i]["dur"]:
         return i
