@@ -98,6 +98,7 @@ class ModelRunner:
         self._ahead: _Ahead | None = None
         self.ahead_launched = self.ahead_used = 0  # steps launched ahead; those a plan took
         self.mixed_launched = self.chunks_taken = 0  # of those, mixed steps; plans whose chunks they ran
+        self.launch_hook = lambda kind: None  # "pre" / "post" a launch ahead, or "none" (engine.profile)
 
     def warm_up(self) -> None:
         """Capture every decode graph this runner can replay (collective)."""
@@ -163,6 +164,7 @@ class ModelRunner:
         invariance), so the plan's rows take theirs from this launch. A row that ended
         wrote one cache entry past its end, which a later owner of the slot rewrites
         before reading (attention reads positions up to the query's)."""
+        self.launch_hook("pre")
         nexts, feeds = [], []  # the next plan's rows as `DecodeRows` columns (tokens once fed)
         if step.decode is not None:
             _, ids, picked, _ = step.decode
@@ -182,7 +184,7 @@ class ModelRunner:
             if keep:
                 feeds.append(_gather(ids, slice(0, len(keep)) if keep[-1] == len(keep) - 1 else np.array(keep)))
         if not feeds:
-            return None
+            return self.launch_hook("none")
         rows = nexts[0] if len(nexts) == 1 else np.concatenate(nexts)
         # the plan's own decode rows, every one continuing: their sampling, so their filter if known
         same = step.decode is not None and step.go is None and len(rows) == len(plan.decode)
@@ -196,6 +198,7 @@ class ModelRunner:
         else:
             logits, ids = self.target.launch_decode(rows[:, 1], rows[:, _POS], sampling, device_tokens=fed)
         self.ahead_launched += 1
+        self.launch_hook("post")
         host = _to_host(ids)
         ahead = _Ahead(rows, sampling, (logits, ids, host), self.target.launches, self.target.dec.cache.slots)
         if chunks:

@@ -17,8 +17,12 @@ _MIN_PROGRAMS = 128  # about one per SM of an H200 (132)
 # batch 1, so 36 programs run Qwen3-30B-A3B's 32 + 4 heads side by side). The rows run on
 # across tokens (kernel.py), so a wider block wastes no lanes on a head count that is not
 # a power of two; 8, the best measured block of the earlier kernel (up to 8 heads of one
-# token a program), until `benchmarks/sweeps/prefill_tiles_sweep.py` times 8 to 32 rows
-# of this one. The earlier kernel on one H200 (benchmarks/sweeps/prefill_tiles_sweep.py at a7dbc59,
+# token a program), and of this one at prefill sizes: an H100 at f0db8a7
+# (sweeps/prefill_tiles_sweep_h100.json), us at 1,088 / 256 tokens: 33.8 / 9.6 in blocks of
+# 8, 36.3 / 11.4 of 16, 49.1 / 18.3 of 32, 36.1 / 9.8 of 4. At 64 tokens blocks of 1 took
+# 4.3 us against 6.7 for the 8 this rule gives (2,304 rows: 288 programs); a floor of
+# about 2,048 programs would take them, not yet timed inside a decode step. The earlier
+# kernel on one H200 (benchmarks/sweeps/prefill_tiles_sweep.py at a7dbc59,
 # sweeps/prefill_tiles_sweep_h200.json; Qwen3-30B-A3B's heads, CUDA graphs of 20 calls),
 # us per call at 64 / 256 / 1,024 tokens: 3.6 / 5.9 / 16.6 in blocks of 8 heads, 4.6 /
 # 7.9 / 23.1 in blocks of 32 (36 heads fill 64 rows: 28 idle), 5.0 / 13.7 / 49.1 in
