@@ -77,9 +77,14 @@ def _served(world, path):
         ref, runner = s.runner(), s.runner(mixed=True)
         ref.lookahead, runner.lookahead = False, True  # on the CPU too (default: GPU only)
         alone = [_run(ref, [(0, p, params, None)])[0][0] for _, p, params, abort in SCHEDULE if abort is None]
+        hooked = []  # engine.profile's hook: "pre" before each launch ahead, then "post" or "none"
+        runner.launch_hook = hooked.append
         tokens, _, reasons, plans = _run(runner, SCHEDULE, announce=runner.announce_tokens)
         marked = sum(r.mixed for r in plans.results)  # the results that say their chunks ran mixed
-        return alone, tokens, list(plans), (runner.announce_tokens, runner.mixed_launched, runner.chunks_taken, marked)
+        paired = len(hooked) % 2 == 0 and set(hooked[::2]) == {"pre"} and set(hooked[1::2]) <= {"post", "none"}
+        launched = (runner.ahead_launched, hooked.count("post"), paired)
+        return alone, tokens, list(plans), (runner.announce_tokens, runner.mixed_launched, runner.chunks_taken, marked,
+                                            launched)
     finally:
         s.close()
 
@@ -92,8 +97,9 @@ def test_announced_chunks_run_beside_decode_rows_and_change_no_token(paths, fami
 
 def check_served(results) -> None:
     """The assertions of every rank's `_served` result, on any device."""
-    alone, tokens, plans, (announce, mixed, taken, marked) = results[0]
+    alone, tokens, plans, (announce, mixed, taken, marked, (ahead, posts, paired)) = results[0]
     assert announce >= CHUNK and mixed > 0 and taken > 0 and marked == taken, (announce, mixed, taken, marked)
+    assert ahead > 0 and posts == ahead and paired, "a launch ahead is one pre, then its post (or none)"
     assert any(p.next_prefill for p in plans) and any(p.decode and p.prefill for p in plans)
     for other in results[1:]:
         assert other[1] == tokens
