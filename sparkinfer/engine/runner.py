@@ -184,7 +184,8 @@ class ModelRunner:
             if keep:
                 feeds.append(_gather(ids, slice(0, len(keep)) if keep[-1] == len(keep) - 1 else np.array(keep)))
         if not feeds:
-            return self.launch_hook("none")
+            self.launch_hook("none")
+            return None
         rows = nexts[0] if len(nexts) == 1 else np.concatenate(nexts)
         # the plan's own decode rows, every one continuing: their sampling, so their filter if known
         same = step.decode is not None and step.go is None and len(rows) == len(plan.decode)
