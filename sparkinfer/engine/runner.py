@@ -244,7 +244,7 @@ class ModelRunner:
         ends = [i for i, c in enumerate(chunks) if c.last]
         if ends:
             sel = np.asarray([idx[i] for i in ends], dtype=np.int64)
-            step.prefill = (ends, _gather(ids, sel), logits[torch.from_numpy(sel).to(logits.device)])
+            step.prefill = (ends, _gather(ids, sel), _gather(logits, sel))  # never a blocking copy
             step.prefill_host = (host, ev, sel + ahead.chunks[4])
         self.chunks_taken += 1
         return True
@@ -332,12 +332,13 @@ def _prompt_end(c: PrefillChunk) -> int:
 
 
 def _gather(ids: torch.Tensor, idx: np.ndarray | slice) -> torch.Tensor:
-    """ids[idx] on the device: a view for a slice (every row continues in order, the usual
-    step), else one index_select (not a slice a row: each costs host time at every step)."""
+    """ids[idx] (rows) on the device: a view for a slice (the usual step), else one
+    index_select, its index copied from pinned memory (torch.tensor cannot pin an array numpy
+    owns): a pageable copy waits for the stream, the step launched ahead too (at f0db8a7 each
+    plan after a mixed step blocked 3.6 ms so, sweeps/serve_step_profile_h100.json)."""
     if isinstance(idx, slice):
         return ids[idx]
     idx = np.asarray(idx, dtype=np.int64)
-    # pinned, so the copy does not wait (torch.tensor cannot pin an array numpy owns)
     index = torch.empty(idx.shape[0], dtype=torch.int64, pin_memory=ids.device.type == "cuda")
     index.numpy()[:] = idx
     return ids.index_select(0, index.to(ids.device, non_blocking=True))
@@ -420,8 +421,7 @@ class _Launched:
             logits, _, picked, host = self.decode
             ids = _host_ids(host)[picked]
             if kept is not None or plan.decode.logprobs_wanted:
-                rows = picked if isinstance(picked, slice) else torch.from_numpy(picked)
-                decode = _results(plan.decode, logits[rows], ids.tolist(), kept)
+                decode = _results(plan.decode, _gather(logits, picked), ids.tolist(), kept)
             else:
                 decode = TokenRows(ids)
             fed.append(ids if self.go is None else ids[self.go])
