@@ -152,7 +152,7 @@ def metadata(args=None) -> dict:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": command_line(argv),
         "host": os.uname().nodename,
-        **({"flags": envs.flags_text()} if envs.flags_text() else {}),  # SPARKINFER_FLAGS of the run
+        **({"flags": flags} if (flags := envs.flags_text()) else {}),  # SPARKINFER_FLAGS of the run
     }
 
 
