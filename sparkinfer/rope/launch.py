@@ -120,6 +120,11 @@ def rope_qk_cache(qkv: torch.Tensor, positions: torch.Tensor, slots: torch.Tenso
         raise ShapeError(f"q_out must be [T, Hq, D] = {(t, hq, d)}; got {tuple(q_out.shape)}")
     if t == 0:
         return q_out
+    # the kernel's offsets into qkv, q and the rotary table are int32
+    for name, x in (("qkv", qkv), ("q_out", q_out), ("the rotary table", table.cos)):
+        if x.stride(0) * x.shape[0] >= 2 ** 31:
+            raise ShapeError(f"{name} spans {x.stride(0) * x.shape[0]} elements; rope_qk_cache indexes "
+                             "qkv, q and the table in int32 (below 2**31): split the step")
     block_d = triton.next_power_of_2(d)
     rows = t * (hq + kvh)
     block_rows = rope_block_rows(rows, block_d, _min_programs(qkv.device), _max_block_rows(qkv.device))
@@ -131,6 +136,8 @@ def rope_qk_cache(qkv: torch.Tensor, positions: torch.Tensor, slots: torch.Tenso
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         t, hq, kvh, d, table.rotary_dim, k_cache.shape[1], kv_stride, kv_offset, float(eps),
-        HAS_NORM=norms is not None, BLOCK_ROWS=block_rows, BLOCK_D=block_d, PDL=pdl,
+        HAS_NORM=norms is not None, HAS_PASS=table.rotary_dim < d, BLOCK_ROWS=block_rows,
+        BLOCK_H=triton.next_power_of_2(max(table.rotary_dim // 2, 1)),
+        BLOCK_P=triton.next_power_of_2(max(d - table.rotary_dim, 1)), BLOCK_D=block_d, PDL=pdl,
         num_warps=4, **(dict(launch_pdl=True) if pdl else {}))
     return q_out

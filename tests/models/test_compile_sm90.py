@@ -39,9 +39,11 @@ def test_compiles_for_sm90(compiled, name):
 
 def test_what_each_kernel_reads_before_its_wait(compiled):
     """rope at one row a program: the position, the slot and the cos / sin rows (4
-    loads), never qkv (at 8 rows a program the gathers take more instructions); the
-    norm and the routing: nothing (every input is the predecessor's output)."""
-    assert compiled["rope-t1-pdl"]["loads_before_wait"] == 4
+    loads; 6 since the rows' halves are tiles of R/2 and v's of D: the position and
+    the slot are loaded once for each tile shape), never qkv (2 more: lo and hi; at 8
+    rows a program the gathers take more instructions); the norm and the routing:
+    nothing (every input is the predecessor's output)."""
+    assert compiled["rope-t1-pdl"]["loads_before_wait"] == 6
     assert compiled["rope-t64-pdl"]["loads_before_wait"] > 0
     assert compiled["norm-t1-wait"]["loads_before_wait"] == 0
     assert compiled["norm-t1-wait"]["pdl_triggers"] == 1  # and still lets the projection after it launch
