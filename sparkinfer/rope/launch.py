@@ -16,17 +16,13 @@ _MIN_PROGRAMS = 128  # about one per SM of an H200 (132)
 # have under _MIN_PROGRAMS programs (a decode step's few tokens: one row a program at
 # batch 1, so 36 programs run Qwen3-30B-A3B's 32 + 4 heads side by side). The rows run on
 # across tokens (kernel.py), so a wider block wastes no lanes on a head count that is not
-# a power of two; 8, the best measured block of the earlier kernel (up to 8 heads of one
-# token a program), and of this one at prefill sizes: an H100 at f0db8a7
-# (sweeps/prefill_tiles_sweep_h100.json), us at 1,088 / 256 tokens: 33.8 / 9.6 in blocks of
-# 8, 36.3 / 11.4 of 16, 49.1 / 18.3 of 32, 36.1 / 9.8 of 4. At 64 tokens blocks of 1 took
-# 4.3 us against 6.7 for the 8 this rule gives (2,304 rows: 288 programs); a floor of
-# about 2,048 programs would take them, not yet timed inside a decode step. The earlier
-# kernel on one H200 (benchmarks/sweeps/prefill_tiles_sweep.py at a7dbc59,
-# sweeps/prefill_tiles_sweep_h200.json; Qwen3-30B-A3B's heads, CUDA graphs of 20 calls),
-# us per call at 64 / 256 / 1,024 tokens: 3.6 / 5.9 / 16.6 in blocks of 8 heads, 4.6 /
-# 7.9 / 23.1 in blocks of 32 (36 heads fill 64 rows: 28 idle), 5.0 / 13.7 / 49.1 in
-# blocks of 1; the same bits in every case.
+# a power of two. 8: on an H100 at 4a616ae (benchmarks/sweeps/prefill_tiles_sweep.py,
+# sweeps/rope_halves_ab_h100.json; Qwen3-30B-A3B's heads, CUDA graphs of 20 calls), us at
+# 64 / 256 / 1,088 / 2,112 tokens in blocks of 8: 2.2 / 4.0 / 13.2 / 26.8; of 16: 2.2 /
+# 4.1 / 12.8 / 27.8; of 4: 2.1 / 5.2 / 17.9 / 34.8; of 32: 3.3 / 4.7 / 14.2 / 34.1; of 1:
+# 4.7 / 15.2 / 62.2 / 121.0; 1.4-1.6 us at one token in blocks of 1 (the rule's) to 16. The
+# kernel before (lo and hi loaded twice, f86765d), in blocks of 8 at the same sizes: 6.7 /
+# 9.6 / 33.8 / 64.0 (blocks of 1 were its best at 64 tokens: 4.4). The same bits in every case.
 MAX_BLOCK_ROWS = 8
 # Under the interpreter, which runs programs one after another at a fixed cost each (the
 # front end's, per operation), up to 4,096 elements a program: an 8-token chunk of 4 + 2
