@@ -63,6 +63,19 @@ def test_rejections():
         rotary_table(15, 1e4, 8, "cpu")
 
 
+def test_rejects_what_int32_offsets_cannot_reach():
+    """The kernel indexes qkv, q and the table in int32: a qkv whose rows span 2**31
+    elements is refused before anything launches (meta tensors: nothing is allocated)."""
+    meta = dict(device="meta", dtype=torch.bfloat16)
+    hq, kvh, d = 2, 1, 16
+    qkv = torch.empty_strided((2, (hq + 2 * kvh) * d), (2 ** 30, 1), **meta)
+    kc = torch.empty(2, 8, kvh, d, **meta)
+    one = torch.zeros(2, dtype=torch.int32, device="meta")
+    table = rotary_table(d, 1e4, 8, "meta")
+    with pytest.raises(ShapeError, match="qkv spans 2147483648 elements"):
+        rope_qk_cache(qkv, one, one, table, (kc, kc), (hq, kvh, d))
+
+
 def test_a_tokens_bits_do_not_depend_on_the_step(monkeypatch):
     """Head blocks narrowed as on a GPU, at a scale the interpreter runs fast (16
     programs wanted: 1 head a program at T = 1, 2 at T = 8): a token's q and its
