@@ -73,17 +73,10 @@ def rope_qk_cache_kernel(p_qkv, p_pos, p_slot, p_cos, p_sin, p_qw, p_kw, p_q, p_
             b_ss = sum_squares(tl.reshape(tl.join(b_lo, b_hi), [BLOCK_ROWS, 2 * BLOCK_H]), 1)
         b_rstd = (1.0 / tl.sqrt(b_ss / D + eps))[:, None]
         q_row = is_q[:, None]
-        # transformers rounds the normalized head to the storage dtype before the weight
-        w = tl.where(q_row, tl.load(p_qw + o_f, mask=o_f < half, other=0.0).to(tl.float32)[None, :],
-                     tl.load(p_kw + o_f, mask=o_f < half, other=0.0).to(tl.float32)[None, :])
-        b_lo = (w * (b_lo * b_rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-        w = tl.where(q_row, tl.load(p_qw + half + o_f, mask=o_f < half, other=0.0).to(tl.float32)[None, :],
-                     tl.load(p_kw + half + o_f, mask=o_f < half, other=0.0).to(tl.float32)[None, :])
-        b_hi = (w * (b_hi * b_rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+        b_lo = _normed(b_lo, b_rstd, p_qw, p_kw, o_f, o_f < half, q_row, dt)
+        b_hi = _normed(b_hi, b_rstd, p_qw, p_kw, half + o_f, o_f < half, q_row, dt)
         if HAS_PASS:
-            w = tl.where(q_row, tl.load(p_qw + o_p, mask=o_p < D, other=0.0).to(tl.float32)[None, :],
-                         tl.load(p_kw + o_p, mask=o_p < D, other=0.0).to(tl.float32)[None, :])
-            b_ps = (w * (b_ps * b_rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+            b_ps = _normed(b_ps, b_rstd, p_qw, p_kw, o_p, o_p < D, q_row, dt)
     y_lo = b_lo * b_cos + (-b_hi) * b_sin
     y_hi = b_hi * b_cos + b_lo * b_sin
     p_qrow = p_q + (i_t * stride_qt + o_h * stride_qh)[:, None]
@@ -106,3 +99,13 @@ def rope_qk_cache_kernel(p_qkv, p_pos, p_slot, p_cos, p_sin, p_qw, p_kw, p_q, p_
     b_v = tl.load(p_qkv + (i_t * stride_qkv + (o_h + KVH) * D)[:, None] + o_v[None, :], mask=m_v, other=0.0)
     p_vrow = p_v + (b_slot * stride_vs + i_l * stride_vl + o_kh * stride_vh)[:, None]
     tl.store(p_vrow + o_v[None, :], b_v, mask=m_v)
+
+
+@triton.jit
+def _normed(b_x, b_rstd, p_qw, p_kw, o_d, m_d, q_row, dt: tl.constexpr):
+    """Dims o_d of each row normalized and weighted (q_norm's weight on q rows, k_norm's on
+    k rows), rounded as transformers rounds: the normalized head to the storage dtype
+    before the weight, the product again."""
+    w = tl.where(q_row, tl.load(p_qw + o_d, mask=m_d, other=0.0).to(tl.float32)[None, :],
+                 tl.load(p_kw + o_d, mask=m_d, other=0.0).to(tl.float32)[None, :])
+    return (w * (b_x * b_rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
