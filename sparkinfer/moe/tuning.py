@@ -79,10 +79,15 @@ TILES_FP8 = (("bm128-rescale", 128, 128, 128, 8, 1, 128, 1, True),
              ("bm128-2pass", 128, 128, 128, 8, 1, 128, 2), ("bm128-2pass-bn2-64", 128, 128, 64, 8, 1, 128, 2),
              ("bm64-2pass", 64, 128, 128, 8, 1, 128, 2))
 # NVFP4 (decode in registers): BK 128 only (BK fixes the prepared interleave).
-# BN1 128, BM 256 (12 bytes) and BM 128 at 4 warps (4 bytes) spill; the planned
-# 128/64/128 takes 173 registers (one program per SM), BM 64 125 (two).
-TILES_NVFP4 = (("deep", 128, 64, 128, 8, 1, 128), ("bm64", 64, 64, 128, 8, 1, 128),
-               ("bm64-w4", 64, 64, 128, 4, 1, 128))
+# `moe_tile_sweep.py --sm90 --formats nvfp4` at 9ae2d3a (every shape, M 1024 and 4096): the
+# kernel's 128/64/128 emits m64n64k16 in FC1 (236-244 registers): its two warpgroups split
+# BM, so each decodes the whole 64-row weight tile, twice the decode work per MMA. "n128"
+# (BN1 128) gives each warpgroup its own 64 rows at n128 (254-255 registers, no spill),
+# "bm64-n128" its own 64 rows at n64 (169). BM 256 (472-508 bytes) and BM 128 at 4 warps
+# (628-636) spill.
+TILES_NVFP4 = (("kernel", 128, 64, 128, 8, 1, 128), ("deep", 128, 64, 128, 8, 1, 128), ("bm64", 64, 64, 128, 8, 1, 128),
+               ("bm64-w4", 64, 64, 128, 4, 1, 128), ("n128", 128, 128, 128, 8, 1, 128),
+               ("bm64-n128", 64, 128, 128, 8, 1, 128))
 
 
 def grouped_config(p: MoEPlan, bm: int, bn1: int, bn2: int, decode: str) -> TileConfig:
