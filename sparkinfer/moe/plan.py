@@ -121,15 +121,23 @@ SMEM_FIXED = 8 * 1024
 # - NVFP4, BM 16 up to 16 rows: BM 32 loses at every mean <= 16 (M = 32..256
 #   at means 1-8: 1.32-1.49x slower; mean 16: Qwen3 M = 256 208 vs 221,
 #   Mixtral M = 64 413 vs 431, TP8 shard M = 512 533 vs 569).
-# - NVFP4, BM 32 up to 32 rows: Mixtral M = 128 611 vs 668 (BM 16) and 711
-#   (BM 64); Qwen3 M = 512 305 vs 332 and 372.
-# - NVFP4, BM 128 above 96 rows: Mixtral M = 512 (mean 128) 1570 vs 1702 (BM 64).
+# - NVFP4 above 16 rows: BM 64, and BM 128 above 96 rows, both at BN1 128 (NVFP4_GROUPED_BN1).
+#   An H100 at 7c17a69 (`moe_tile_sweep.py --formats nvfp4 --tiles n128,bm64-n128`,
+#   sweeps/moe_tile_sweep_nvfp4_n128_h100.json, every config checked), us BM 64 / BM 128
+#   (both BN1 128) / the BM 32 or 16 planned before: mean 32 rows: Qwen3 M 512 278 / 449 /
+#   309, Mixtral M 128 521 / 835 / 616, TP8 shard M 1024 756 / 1,267 / 833, DeepSeek-V3 M
+#   1024 4,122 / 6,651 / 4,976; mean 16: Qwen3 M 256 271 / 428 / 202 (BM 16), TP8 shard M 512
+#   699 / 1,184 / 520; mean 64: Qwen3 M 1024 399 / 469, Mixtral M 256 803 / 851, TP8 shard M
+#   2048 1,117 / 1,369, DeepSeek-V3 M 2048 6,077 / 7,196; mean 128: Mixtral M 512 1,262 /
+#   1,217, TP8 shard M 4096 1,897 / 2,101, DeepSeek-V3 M 4096 12,173 / 10,728, Qwen3 M 2048
+#   683 / 706; mean 256: Qwen3 M 4096 1,196 / 1,138, Mixtral M 1024 2,221 / 2,128. Means 17-31
+#   are not measured (BM 64 there, as at 32).
 # - bf16, BM 32 above 8 rows: at mean 16 BM 32 wins (Qwen3 M = 256 317 vs 332
 #   at BM 16, Mixtral M = 64 677 vs 707, TP8 shard M = 512 760 vs 834); at
 #   mean 8 BM 16 still does (Qwen3 M = 128 305 vs 313, TP8 shard M = 256 700
 #   vs 718, DeepSeek-V3 M = 256 5275 vs 5407, Mixtral M = 32 654 vs 672).
 # bf16 above BF16_WIDE_MIN_ROWS takes the wide tiles below instead.
-GROUPED_BLOCK_M = ((16, 16), (32, 32), (96, 64))
+GROUPED_BLOCK_M = ((16, 16), (96, 64))
 GROUPED_BLOCK_M_BF16 = ((8, 16), (32, 32), (96, 64))
 GROUPED_BLOCK_M_LARGE = 128
 # bf16 weights above 16 mean rows per expert: "wide" tiles, BN1 128 (gate and up:
@@ -170,27 +178,28 @@ BF16_WIDE_BM64_MAX_ROWS = 96
 # 864 -> 974 us); M = 1024 3748 -> 3341, 627 -> 623, 345 -> 340, 1799 -> 1776.
 # Same bits in every case. Below, the narrow tiles keep the plain order (not measured).
 GROUP_M = 8
+# NVFP4 grouped tiles at BM >= 64: BN1 128, so FC1's two warpgroups each own 64 weight
+# rows at n = BM (m64n128k16 at BM 128) where BN1 64 had them split BM and each decode the
+# same 64-row tile (m64n64k16): half the decode work per MMA (tuning.TILES_NVFP4 has the
+# sm_90 compile). H100 at 7c17a69 (sweeps/moe_tile_sweep_nvfp4_n128_h100.json), us BN1 128 /
+# 64 at the planned BM 128: Qwen3 M 4096 1,138 / 1,495, Mixtral M 1024 2,128 / 2,877, M
+# 4096 6,846 / 9,536, TP8 shard M 4096 2,101 / 2,549, DeepSeek-V3 M 4096 10,728 / 13,991.
+NVFP4_GROUPED_BN1 = 128
 # NVFP4 from NVFP4_DEQUANT_MIN_ROWS mean routed rows per active expert: the call
 # dequantizes its experts to bf16 once (`kernels/convert.py`, a chunk of experts
 # at a time within MoECaps.dequant_scratch_bytes) and runs the bf16 grouped
 # tiles on the copies, instead of the NVFP4 grouped kernel that decodes every
-# weight tile again for each BM-row tile, with narrower tiles: at M = 4096 it
-# reaches 19-37% of the bf16 tensor-core rate where bf16 reaches 30-64%
-# (moe_h200.json, b7c56e6: Qwen3 1540 vs 815 us, Mixtral 9831 vs 5645).
-# Measured on one H200 (`sparkinfer bench moe --sweep --formats nvfp4 --m
-# 256,1024,4096` at 4edaaed, sweeps/moe_sweep_nvfp4_h200.json: the dequantized
-# path against the NVFP4 kernel's planned tiles, us, mean rows per active expert):
-# at 256 rows Qwen3 M=4096 1166 vs 1527, Mixtral M=1024 2598 vs 2896; at 1024
-# Mixtral M=4096 5893 vs 9858; below, at 128 rows, DeepSeek-V3 M=4096 17652 vs
-# 13756 and its TP8 shard 2529 vs 2361, at 64 rows Qwen3 M=1024 842 vs 539 and
-# Mixtral M=256 1977 vs 1121. The threshold lies between 128 and 256 rows.
+# weight tile again for each BM-row tile. Mixtral, H100 at 7c17a69 (the same file), us
+# copies / the NVFP4 kernel at BN1 128: 256 rows (M 1024) 3,517 / 2,128, 512 (M 2048)
+# 4,679 / 3,643, 1,024 (M 4096) 7,835 / 6,846, 2,048 (M 8192) 13,036 / 13,196, 4,096 (M
+# 16384) 25,558 / 26,954; Qwen3 at 256 rows (M 4096) 1,572 / 1,138. Before BN1 128 the
+# threshold was 160 rows (H200 at 4edaaed, sweeps/moe_sweep_nvfp4_h200.json).
 # Batch-invariant plans (MoECaps' default, and `bench moe`'s) take the copies too:
 # they are stored in the NVFP4 kernels' K order (kernels/convert.py), FC1 gathers x
 # in it and stores FC2's input in it (`step_k_order`, `k_position`), so a route's sums
 # are the NVFP4 kernels' to the bit (tests/moe/test_dequant_order.py) whichever path T
-# picks. Those sweeps timed copies in natural K order; FC1's K-ordered x gathers
-# (4-byte pairs, as the NVFP4 kernels load) and reordered store are untimed.
-NVFP4_DEQUANT_MIN_ROWS = 160
+# picks.
+NVFP4_DEQUANT_MIN_ROWS = 2048
 # fp8_block: one weight scale per 128 x 128 block and one activation scale per
 # 128 elements of a row, so a K step is one block (BK 128) and FC1 programs
 # span whole activation groups (BN1 128: its epilogue quantizes FC2's input).
@@ -371,15 +380,18 @@ def _config(caps: MoECaps, spec: MoESpec, tokens: int, chunk: int) -> TileConfig
     bm = next((b for limit, b in table if mean_rows <= limit), GROUPED_BLOCK_M_LARGE)
     if bm <= 32:
         bn1 = bn2 = 64
-        budget, warps = SMEM_TWO_PER_SM, 4
+        budget, warps, deep = SMEM_TWO_PER_SM, 4, 3
+    elif nvfp4:  # each warpgroup decodes its own 64 weight rows (NVFP4_GROUPED_BN1)
+        bn1, bn2 = NVFP4_GROUPED_BN1, 128
+        budget, warps, deep = SMEM_ONE_PER_SM, 8, 4
     else:
         # FC1 loads gate and up tiles per step, so it keeps BN at 64.
         bn1, bn2 = 64, 128
-        budget, warps = SMEM_ONE_PER_SM, 8
+        budget, warps, deep = SMEM_ONE_PER_SM, 8, 3
     fc1 = halves * _weight_bytes(bn1, chunk, nvfp4) + chunk * bm * 2
     fc2 = _weight_bytes(bn2, chunk, nvfp4) + chunk * bm * 2
     return TileConfig("grouped", bm, bn1, bn2, num_warps=warps,
-                        stages1=min(3, _stages(fc1, budget)), stages2=min(3, _stages(fc2, budget)))
+                        stages1=min(deep, _stages(fc1, budget)), stages2=min(deep, _stages(fc2, budget)))
 
 
 def plan(caps: MoECaps, spec: MoESpec) -> MoEPlan:

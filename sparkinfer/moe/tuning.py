@@ -79,13 +79,13 @@ TILES_FP8 = (("bm128-rescale", 128, 128, 128, 8, 1, 128, 1, True),
              ("bm128-2pass", 128, 128, 128, 8, 1, 128, 2), ("bm128-2pass-bn2-64", 128, 128, 64, 8, 1, 128, 2),
              ("bm64-2pass", 64, 128, 128, 8, 1, 128, 2))
 # NVFP4 (decode in registers): BK 128 only (BK fixes the prepared interleave).
-# `moe_tile_sweep.py --sm90 --formats nvfp4` at 9ae2d3a (every shape, M 1024 and 4096): the
-# kernel's 128/64/128 emits m64n64k16 in FC1 (236-244 registers): its two warpgroups split
-# BM, so each decodes the whole 64-row weight tile, twice the decode work per MMA. "n128"
-# (BN1 128) gives each warpgroup its own 64 rows at n128 (254-255 registers, no spill),
-# "bm64-n128" its own 64 rows at n64 (169). BM 256 (472-508 bytes) and BM 128 at 4 warps
-# (628-636) spill.
-TILES_NVFP4 = (("kernel", 128, 64, 128, 8, 1, 128), ("deep", 128, 64, 128, 8, 1, 128), ("bm64", 64, 64, 128, 8, 1, 128),
+# `moe_tile_sweep.py --sm90 --formats nvfp4` at 9ae2d3a (every shape, M 1024 and 4096): BN1 64
+# at BM 128 (planned before plan.NVFP4_GROUPED_BN1; "kernel" in
+# sweeps/moe_tile_sweep_nvfp4_n128_h100.json) emits m64n64k16 in FC1 (236-244 registers):
+# its two warpgroups split BM, so each decodes the whole 64-row weight tile, twice the decode
+# work per MMA. BN1 128 gives each warpgroup its own 64 rows at n = BM (BM 128: 254-255
+# registers, no spill; BM 64: 169). BM 256 (472-508 bytes) and BM 128 at 4 warps (628-636) spill.
+TILES_NVFP4 = (("bn1-64", 128, 64, 128, 8, 1, 128), ("bm64-bn1-64", 64, 64, 128, 8, 1, 128),
                ("bm64-w4", 64, 64, 128, 4, 1, 128), ("n128", 128, 128, 128, 8, 1, 128),
                ("bm64-n128", 64, 128, 128, 8, 1, 128))
 
@@ -116,8 +116,8 @@ def candidates(p: MoEPlan, tokens: int) -> tuple[tuple[str, TileConfig], ...]:
     reduction splits (more programs in flight at tiny T), and grouped BM 16
     from T 4 (where micro stops paying).
     grouped: the neighbouring BMs (BM 32: 16 and 64); at BM >= 64 also BM 64 and, for bf16, wider
-    FC1 tiles (BN1 128: m64 wgmma per warpgroup on gate and up), for nvfp4 a
-    deeper pipeline (up to 4 stages). nvfp4 grouped, T <= 64: the other decode.
+    FC1 tiles (BN1 128: m64 wgmma per warpgroup on gate and up), for nvfp4 BN1 64 (its
+    warpgroups split BM) and the other of BM 64 / 128. nvfp4 grouped, T <= 64: the other decode.
     nvfp4 grouped: the other side of NVFP4_DEQUANT_MIN_ROWS second ("dequant":
     bf16 tiles on decoded copies, or "nvfp4-kernel"), so the sweep times the
     threshold. At most four per T, so a sweep of 4 shapes x 2 formats x 4 T
@@ -148,11 +148,10 @@ def candidates(p: MoEPlan, tokens: int) -> tuple[tuple[str, TileConfig], ...]:
         out.append((f"grouped-bm{bm}", grouped_config(p, bm, 64, 64, chosen.decode)))
         if chosen.block_m == 32:  # the other neighbour
             out.append(("grouped-bm64", grouped_config(p, 64, 64, 128, chosen.decode)))
-    elif nvfp4:  # BN1 128 spills at 255 registers with the decode; try a deeper pipeline
-        out.append((f"grouped-bm{chosen.block_m}-deep",
-                    grouped_config(p, chosen.block_m, 64, 128, chosen.decode)))
-        if chosen.block_m != 64:
-            out.append(("grouped-bm64", grouped_config(p, 64, 64, 128, chosen.decode)))
+    elif nvfp4:  # the warpgroups splitting BM (BN1 64, plan.NVFP4_GROUPED_BN1), the other BM
+        out.append(("grouped-bn1-64", grouped_config(p, chosen.block_m, 64, 128, chosen.decode)))
+        other = 64 if chosen.block_m == 128 else 128
+        out.append((f"grouped-bm{other}", grouped_config(p, other, 128, 128, chosen.decode)))
     elif p.spec.weight_format == "fp8_block":  # BM 64 is the largest that fits (plan.py)
         out.append(("grouped-bn2-64", grouped_config(p, chosen.block_m, 128, 64, chosen.decode)))
         out.append(("grouped-bm32", grouped_config(p, 32, 128, 64, chosen.decode)))
@@ -236,9 +235,6 @@ def tile_candidates(p: MoEPlan, tokens: int, small: bool = False) -> tuple[tuple
         if p.spec.weight_format == "fp8_block" and FP8_BLOCK % bn2:
             continue  # an FC2 tile takes one weight scale a step: its rows lie in one block
         tp = _tile(p, bm, bn1, bn2, warps, per_sm, bk, chosen, *extra)
-        if name == "deep":  # the plan's tiles, one stage deeper where shared memory allows
-            tp = p.forced(dataclasses.replace(chosen, stages1=tp.buckets[0][1].stages1,
-                                              stages2=tp.buckets[0][1].stages2))
         if (tp.chunk, tp.buckets[0][1]) not in seen:
             seen.add((tp.chunk, tp.buckets[0][1]))
             out.append((name, tp))

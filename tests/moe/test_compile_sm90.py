@@ -25,9 +25,10 @@ CASES = [("qwen3", fmt, t) for fmt in ("bf16", "nvfp4") for t in (1, 64, 1024)] 
     # fp8_block: micro (FC1 split: the act kernel quantizes; unsplit: FC1's epilogue), grouped
     ("qwen3", "fp8_block", 1), ("mixtral", "fp8_block", 4), ("qwen3", "fp8_block", 64),
     ("dsv3_tp8", "fp8_block", 4096),
-    # NVFP4 from 160 rows per expert: decoded to bf16 in expert chunks, bf16 tiles (in
-    # NVFP4's K order, so batch-invariant plans take it too)
-    ("qwen3_4k-ptx", "nvfp4", 4096),
+    # NVFP4 at 256 rows per expert: its own grouped tiles, BN1 128 (plan.NVFP4_GROUPED_BN1);
+    # from 2,048: decoded to bf16 in expert chunks, bf16 tiles (in NVFP4's K order, so
+    # batch-invariant plans take it too)
+    ("qwen3_4k-ptx", "nvfp4", 4096), ("mixtral_8k-ptx", "nvfp4", 8192),
     # a per-rank I the plan pads (176 -> 192)
     ("glm_air_tp8-ptx", "nvfp4", 1), ("glm_air_tp8", "bf16", 64)]
 
@@ -49,6 +50,7 @@ def _compile(cases: list) -> list:
 def compiled():
     shapes = {"qwen3": (QWEN3, 1024, {}), "dsv3_tp8": (DSV3_TP8, 4096, DSV3_ROUTING),
               "mixtral": (MIXTRAL, 16, {}), "qwen3_4k": (QWEN3, 4096, {}),
+              "mixtral_8k": (MIXTRAL, 8192, {}),
               "glm_air_tp8": (GLM_AIR_TP8, 64, {})}
     case = [(*shapes[name.split("-")[0]], "ptx" if name.endswith("-ptx") else "arith")
             for name, _, _ in CASES]
@@ -103,18 +105,29 @@ def test_fp8_kernels_use_e4m3_tensor_cores(compiled, name, fmt, t):
         assert rows["moe_act_kernel"]["cvt_e4m3"] > 0
 
 
+def test_nvfp4_grouped_fc1_warpgroups_own_their_weight_rows(compiled):
+    """Qwen3 at T 4096 (256 rows per expert, BM 128): FC1 at BN1 128 issues m64n128k16
+    (each warpgroup decodes its own 64 weight rows for all 128 routed rows; BN1 64 had
+    the two split BM, m64n64k16, each decoding the same tile) without a spill."""
+    rows = {r["kernel"]: r for r in compiled[("qwen3_4k-ptx", "nvfp4", 4096)]}
+    assert "nvfp4_dequant_kernel" not in rows
+    for k in ("moe_fc1_kernel", "moe_fc2_kernel"):
+        assert rows[k]["dequant_experts"] == 0 and rows[k]["spill"] == 0, rows[k]
+        assert rows[k]["mma"] and all(".m64n128k16." in m for m in rows[k]["mma"]), rows[k]
+
+
 def test_nvfp4_dequantized_path_launches_decode_then_bf16_tiles(compiled):
-    """Qwen3 at T 4096 (256 rows per expert): per chunk of 85 experts, decode
+    """Mixtral at T 8192 (2,048 rows per expert): per chunk of 2 experts, decode
     FC1's weights -> FC1 on bf16 tensor cores -> decode FC2's -> FC2. FC1's x,
     gathered in NVFP4's K order, rides the cp.async pipeline (no synchronous tile
     load: with the step's offsets unaligned to Triton's analysis it did not)."""
-    rows = compiled[("qwen3_4k-ptx", "nvfp4", 4096)]
+    rows = compiled[("mixtral_8k-ptx", "nvfp4", 8192)]
     names = [r["kernel"] for r in rows]
     gemm = [n for n in names if n in ("nvfp4_dequant_kernel", "moe_fc1_kernel", "moe_fc2_kernel")]
     assert gemm == ["nvfp4_dequant_kernel", "moe_fc1_kernel", "nvfp4_dequant_kernel",
-                    "moe_fc2_kernel"] * 2
+                    "moe_fc2_kernel"] * 4
     for r in rows:
-        assert r["dequant_experts"] == 85
+        assert r["dequant_experts"] == 2
         if r["kernel"].startswith("moe_fc"):
             assert r["mma"] and all(m.endswith(".f32.bf16.bf16") for m in r["mma"]), r
             assert r["sync_bf16_tiles"] == 0, r

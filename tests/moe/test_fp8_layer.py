@@ -227,21 +227,21 @@ def test_nvfp4_dequantized_path_gives_the_kernel_paths_bits(h, i, bn1):
 
 
 @pytest.mark.parametrize("invariant", [True, False])
-def test_planner_takes_the_dequantized_path_from_160_rows_per_expert(invariant):
+def test_planner_takes_the_dequantized_path_from_2048_rows_per_expert(invariant):
     """In batch-invariant plans too: the copies give the NVFP4 kernels' bits."""
     mixtral = dict(num_experts=8, top_k=2, hidden=4096, intermediate=14336, batch_invariant=invariant)
-    p = plan(MoECaps(max_tokens=4096, **mixtral), MoESpec(weight_format="nvfp4"))
-    # T 512: 128 mean rows per expert (NVFP4 kernels); T 1024: 256 (bf16 tiles on copies)
-    assert p.config_for(512).dequant_experts == 0 and p.config_for(512).block_n1 == 64
-    cfg = p.config_for(1024)
+    p = plan(MoECaps(max_tokens=8192, **mixtral), MoESpec(weight_format="nvfp4"))
+    # T 4096: 1,024 mean rows per expert (NVFP4 kernels, BN1 128); T 8192: 2,048 (bf16 tiles on copies)
+    assert p.config_for(4096).dequant_experts == 0 and p.config_for(4096).block_n1 == 128
+    cfg = p.config_for(8192)
     assert cfg.dequant_experts == 2 and (cfg.block_n1, cfg.block_n2, cfg.block_k) == (128, 256, 64)
-    off = plan(MoECaps(max_tokens=4096, dequant_scratch_bytes=0, **mixtral),
+    off = plan(MoECaps(max_tokens=8192, dequant_scratch_bytes=0, **mixtral),
                MoESpec(weight_format="nvfp4"))
-    assert off.config_for(4096).dequant_experts == 0
+    assert off.config_for(8192).dequant_experts == 0
     # 235 MB per Mixtral FC1 copy: a 200 MB budget holds none
-    small = plan(MoECaps(max_tokens=4096, dequant_scratch_bytes=200 << 20, **mixtral),
+    small = plan(MoECaps(max_tokens=8192, dequant_scratch_bytes=200 << 20, **mixtral),
                  MoESpec(weight_format="nvfp4"))
-    assert small.config_for(4096).dequant_experts == 0
+    assert small.config_for(8192).dequant_experts == 0
 
 
 FP8_CAPS = MoECaps(max_tokens=8, num_experts=4, top_k=2, hidden=256, intermediate=128)

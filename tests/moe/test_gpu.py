@@ -7,7 +7,6 @@ at the four benchmark shapes (format reference, repeats and replays bitwise);
 the NVFP4 dequantized path against the NVFP4 kernels; the top-k sum folded into the
 norm after the layer (test_route_sum.py) bitwise against reduce then norm."""
 
-import dataclasses
 import os
 
 import pytest
@@ -15,6 +14,7 @@ import torch
 
 from sparkinfer.moe import MoECaps, MoESpec, allocate_scratch, bind, moe_reference, plan, prepare_weights, run
 from sparkinfer.moe.routing import route_reference
+from sparkinfer.moe.tuning import _other_nvfp4_path
 from sparkinfer.quant import FP8BlockTensor, NVFP4Tensor
 from tests.moe import test_route_sum
 from tests.moe._util import assert_moe_close, poison_scratch, random_layer
@@ -200,15 +200,17 @@ def test_gpu_fp8_bench_shapes(shape, t):
 
 
 def test_gpu_nvfp4_dequantized_path_matches_the_kernels():
-    """Qwen3 dims at T 4096 (256 rows per expert: the batch-invariant plan decodes to
-    bf16 in chunks of 85 experts) against the NVFP4 grouped kernels: the same bits
-    (the copies keep the kernels' K order), both against the reference; graph
-    replay bitwise."""
+    """Qwen3 dims at T 4096 (256 rows per expert): the path that decodes to bf16 in chunks
+    of 85 experts (the sweep's "dequant", planned from 2,048 rows) against the planned
+    NVFP4 grouped kernels (BN1 128): the same bits (the copies keep the kernels' K
+    order), both against the reference; graph replay bitwise."""
     dims = SHAPES["qwen3"]
     spec = MoESpec(weight_format="nvfp4")
-    caps = MoECaps(max_tokens=4096, **dims)
-    p, off = plan(caps, spec), plan(dataclasses.replace(caps, dequant_scratch_bytes=0), spec)
-    assert p.config_for(4096).dequant_experts == 85 and not off.config_for(4096).dequant_experts
+    off = plan(MoECaps(max_tokens=4096, **dims), spec)
+    name, cfg = _other_nvfp4_path(off, 4096)
+    p = off.forced(cfg)
+    assert name == "dequant" and cfg.dequant_experts == 85 and not off.config_for(4096).dequant_experts
+    assert off.config_for(4096).block_n1 == 128
     e, h, i = dims["num_experts"], dims["hidden"], dims["intermediate"]
     gen = torch.Generator(device="cuda").manual_seed(1)
     src = (_random_nvfp4(e, 2 * i, h, gen), _random_nvfp4(e, h, i, gen))
@@ -259,10 +261,11 @@ def test_gpu_padded_intermediate_matches_reference(fmt, i, t):
 
 def test_gpu_padded_nvfp4_dequantized_path():
     """The NVFP4 path that decodes experts to bf16 (8 experts, top-2, T 1024: 256 rows per
-    expert) at I 176, padded to 192, against the reference."""
+    expert, forced: planned from 2,048) at I 176, padded to 192, against the reference."""
     spec = MoESpec(weight_format="nvfp4")
     p = plan(MoECaps(max_tokens=1024, num_experts=8, top_k=2, hidden=4096, intermediate=176,
                      batch_invariant=False), spec)
+    p = p.forced(_other_nvfp4_path(p, 1024)[1])
     assert p.config_for(1024).dequant_experts > 0 and p.intermediate == 192
     gen = torch.Generator(device="cuda").manual_seed(7)
     _padded_case(p, (_random_nvfp4(8, 352, 4096, gen), _random_nvfp4(8, 4096, 176, gen)), 1024, spec)

@@ -18,7 +18,7 @@ DECISIONS = [
     ("dsv3-T1", DSV3, 1, "micro", 16, 1, 1),  # 256 FC1 programs: no FC1 split
     ("dsv3-T16", DSV3, 16, "micro", 16, 1, 1),
     ("dsv3-T64", DSV3, 64, "grouped", 16, 1, 1),
-    ("dsv3-T1024", DSV3, 1024, "grouped", 32, 1, 1),
+    ("dsv3-T1024", DSV3, 1024, "grouped", 64, 1, 1),  # mean 32 rows: BM 64 at BN1 128 (plan.py)
     ("dsv3-T4096", DSV3, 4096, "grouped", 128, 1, 1),
     ("dsv3tp8-T1", DSV3_TP8, 1, "micro", 16, 4, 1),
     ("qwen3-T1", QWEN3, 1, "micro", 16, 1, 2),  # 96 FC1 programs >= 66: no FC1 split
@@ -46,19 +46,19 @@ def test_plan_decisions(shape, t, family, bm, s1, s2):
 @pytest.mark.parametrize("shape", [DSV3_TP8, QWEN3, MIXTRAL], ids=["dsv3tp8", "qwen3", "mixtral"])
 def test_batch_invariant_plans_never_split(shape, fmt):
     """Every bucket, decode and prefill sizes: unsplit FC1 and FC2. NVFP4 decodes
-    its experts to bf16 copies from 160 mean rows an expert as batch-dependent
+    its experts to bf16 copies from 2,048 mean rows an expert as batch-dependent
     plans do (the copies give the kernels' bits: tests/moe/test_fp8_layer.py): a
-    small-expert shape (E 8, K 8) at T 256, not at T 128."""
+    small-expert shape (E 8, K 8) at T 2048, not at T 1024."""
     small = dict(num_experts=8, top_k=8, hidden=1024, intermediate=1024)
     for sh in (shape, small):
-        p = plan(MoECaps(max_tokens=1024, **sh), MoESpec(weight_format=fmt))
+        p = plan(MoECaps(max_tokens=4096, **sh), MoESpec(weight_format=fmt))
         for t, cfg in p.buckets:
             assert (cfg.split1, cfg.split2) == (1, 1), (sh, t, cfg)
             rows = t * sh["top_k"] / min(sh["num_experts"], t * sh["top_k"])
             want = fmt == "nvfp4" and t > MICRO_MAX_TOKENS and rows >= NVFP4_DEQUANT_MIN_ROWS
             assert (cfg.dequant_experts > 0) == want, (sh, t, cfg)
-    inv = plan(MoECaps(max_tokens=1024, **small), MoESpec(weight_format="nvfp4"))
-    assert inv.config_for(256).dequant_experts > 0 and not inv.config_for(128).dequant_experts
+    inv = plan(MoECaps(max_tokens=4096, **small), MoESpec(weight_format="nvfp4"))
+    assert inv.config_for(2048).dequant_experts > 0 and not inv.config_for(1024).dequant_experts
     specs = {s.name: s for s in scratch_specs(plan(MoECaps(max_tokens=64, **shape), MoESpec(weight_format=fmt)))}
     assert specs["fc2_partial"].dtype == torch.bfloat16 and specs["route_out"].dtype == torch.bfloat16
 

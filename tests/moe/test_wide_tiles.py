@@ -32,10 +32,10 @@ def test_bf16_plans_wide_tiles_above_16_rows_per_expert(shape, t, bm, wide):
     assert p.chunk == 128 and cfg.family == "grouped" and cfg.block_m == bm
     assert (cfg.block_n1, cfg.block_n2, cfg.block_k) == ((128, 256, 64) if wide else (64, 64, 0))
     nv = plan(MoECaps(max_tokens=4096, batch_invariant=False, **shape), MoESpec(weight_format="nvfp4")).config_for(t)
-    if nv.dequant_experts:  # >= 160 rows per expert: bf16 tiles on decoded copies (plan.py)
+    if nv.dequant_experts:  # >= 2,048 rows per expert: bf16 tiles on decoded copies (plan.py)
         assert dataclasses.replace(nv, dequant_experts=0) == cfg
-    else:  # the NVFP4 kernels keep the chunk (its prepared layout)
-        assert nv.block_k == 0 and nv.block_n1 == 64
+    else:  # the NVFP4 kernels keep the chunk (its prepared layout); BN1 128 from BM 64
+        assert nv.block_k == 0 and nv.block_n1 == (128 if nv.block_m >= 64 else 64)
 
 
 def _layer(t=40):
