@@ -83,8 +83,8 @@ def test_attention_probe_row(heads, q_len):
 @pytest.mark.parametrize("dims", [(128, 8, 2048, 768), (8, 2, 4096, 14336)], ids=["qwen3", "mixtral"])
 def test_moe_probe_token(dims, fmt):
     """T = 1..4096 cross micro (<= 16) and grouped tiles (Mixtral bf16: block_m 16, 32, then
-    the wide 64 tiles; NVFP4 16..64) and, for NVFP4 from 160 routed rows an expert (Mixtral
-    T 1024, both at 4096), the bf16 tiles on decoded copies; fp8_block: micro, then grouped
+    the wide 64 tiles; NVFP4 16..128 at BN1 128 from BM 64) and, for NVFP4, the bf16 tiles on
+    decoded copies (forced at T 4096; planned from 2,048 routed rows an expert); fp8_block: micro, then grouped
     (BM 128 under plan.FP8_RESCALE); the probe token's output must not move."""
     from sparkinfer.quant import quantize_nvfp4
     from sparkinfer.quant.fp8 import quantize_fp8_block
@@ -113,8 +113,16 @@ def test_moe_probe_token(dims, fmt):
     bad = [(t, tiles.get(t), _diff(got, want)) for t in (2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096)
            if not torch.equal(_bits(got := run(t)), _bits(want))]
     assert not bad, bad
-    if fmt == "nvfp4":  # the copies were among the paths compared
-        assert layer.plan.config_for(4096).dequant_experts > 0
+    if fmt == "nvfp4":  # and the copies (planned from 2,048 rows an expert) at T 4096
+        from sparkinfer.moe import allocate_scratch
+        from sparkinfer.moe.tuning import _other_nvfp4_path
+
+        name, cfg = _other_nvfp4_path(layer.plan, 4096)
+        assert name == "dequant" and cfg.dequant_experts > 0
+        layer.plan = layer.plan.forced(cfg)
+        layer.scratch = allocate_scratch(layer.plan, "cuda")
+        got = run(4096)
+        assert torch.equal(_bits(got), _bits(want)), _diff(got, want)
 
 
 # ---------------------------------------------------------------- fused norm (one rank), rope
