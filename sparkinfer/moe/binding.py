@@ -272,11 +272,6 @@ def bind(plan: MoEPlan, scratch: dict, weights: MoEWeights, *, x: torch.Tensor,
     if cfg.fc1_passes != 1 and (cfg.fc1_passes != 2 or fmt != "fp8_block" or cfg.family != "grouped"):
         raise PlanError(f"bind: config fc1_passes={cfg.fc1_passes} for a {cfg.family!r} {fmt} bucket; "
                         "only grouped fp8_block configs take 2 (an activation group in two halves), else 1")
-    if cfg.fc1_stacked and (fmt != "nvfp4" or cfg.family != "grouped" or cfg.dequant_experts
-                            or not plan.spec.gated):
-        raise PlanError(f"bind: config fc1_stacked=True for a {cfg.family!r} {fmt} bucket "
-                        f"(dequant_experts={cfg.dequant_experts}, gated={plan.spec.gated}); only the "
-                        "grouped NVFP4 kernels of a gated layer stack FC1's gate and up rows")
     if cfg.fp8_rescale and fmt != "fp8_block":
         raise PlanError(f"bind: config fp8_rescale=True for {fmt} weights; only fp8_block configs take it")
     bk = cfg.block_k

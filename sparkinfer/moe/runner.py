@@ -273,7 +273,7 @@ def _grouped(b: MoEBinding, w1: _Weights, w2: _Weights, common: dict):
             e_lo, e_hi, x.stride(0), *ww1.strides, 0, inter.stride(0), alpha, limit,
             BM=cfg.block_m, BN=cfg.block_n1, MICRO=False, PARTIALS=False, X_FP8=True,
             num_stages=cfg.stages1, GROUP=cfg.group_m, TMA=cfg.tma, PASSES=cfg.fc1_passes,
-            KCH=b.plan.chunk if chunk else 0, STACK=cfg.fc1_stacked, **common)
+            KCH=b.plan.chunk if chunk else 0, **common)
         if chunk:
             ww2 = _decoded(b, w2, wb, e_lo, e_hi, h, i)
         d_a = TensorDescriptor(inter, list(inter.shape), list(inter.stride()),

@@ -54,9 +54,6 @@ class TileConfig:
     grouped tiles of BM >= 64 with their routed rows on the MMA's M side (kernels/fp8.py
     RESCALE, ROWS; `rows_on_mma_m`): BM 128 in one pass fits the registers. Other sums than
     without it, so a plan sets it in every bucket or none (FP8_RESCALE).
-    fc1_stacked (NVFP4 kernels, gated, grouped only): FC1's BN1 gate rows over their up rows
-    as one weight tile and one dot a step (kernels/fc1.py `fc1_sums_stacked`), so each of 8
-    warps' two warpgroups owns one half at n = BM with one accumulator; same sums, same bits.
     """
 
     family: str
@@ -75,7 +72,6 @@ class TileConfig:
     tma: bool = False
     fc1_passes: int = 1
     fp8_rescale: bool = False
-    fc1_stacked: bool = False
 
     @property
     def rows_on_mma_m(self) -> bool:

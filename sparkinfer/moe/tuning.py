@@ -87,9 +87,7 @@ TILES_FP8 = (("bm128-rescale", 128, 128, 128, 8, 1, 128, 1, True),
 # registers, no spill; BM 64: 169). BM 256 (472-508 bytes) and BM 128 at 4 warps (628-636) spill.
 TILES_NVFP4 = (("bn1-64", 128, 64, 128, 8, 1, 128), ("bm64-bn1-64", 64, 64, 128, 8, 1, 128),
                ("bm64-w4", 64, 64, 128, 4, 1, 128), ("n128", 128, 128, 128, 8, 1, 128),
-               ("bm64-n128", 64, 128, 128, 8, 1, 128),
-               ("bm256-stacked", 256, 64, 128, 8, 1, 128, 1, False, True),
-               ("stacked", 128, 64, 128, 8, 1, 128, 1, False, True))
+               ("bm64-n128", 64, 128, 128, 8, 1, 128))
 
 
 def grouped_config(p: MoEPlan, bm: int, bn1: int, bn2: int, decode: str) -> TileConfig:
@@ -180,7 +178,7 @@ def _other_nvfp4_path(p: MoEPlan, tokens: int) -> tuple[str, TileConfig]:
 
 
 def _tile(p: MoEPlan, bm: int, bn1: int, bn2: int, warps: int, per_sm: int, bk: int,
-          chosen: TileConfig, passes: int = 1, rescale: bool = False, stacked: bool = False) -> MoEPlan:
+          chosen: TileConfig, passes: int = 1, rescale: bool = False) -> MoEPlan:
     """p forced to these tiles, with the chosen config's decode, program order and loads
     (rescale: the rescaled FP8 accumulation, TileConfig.fp8_rescale). NVFP4: the NVFP4
     kernels' tiles, whose prepared weights no TMA descriptor walks, even where the plan
@@ -199,8 +197,7 @@ def _tile(p: MoEPlan, bm: int, bn1: int, bn2: int, warps: int, per_sm: int, bk: 
     fc2 = _weight_bytes(bn2, bk, nvfp4, fp8) + bk * bm * act
     cfg = TileConfig("grouped", bm, bn1, bn2, num_warps=warps, stages1=stages(fc1),
                      stages2=stages(fc2), decode=chosen.decode, group_m=chosen.group_m,
-                     tma=chosen.tma and not nvfp4, fc1_passes=passes, fp8_rescale=rescale or chosen.fp8_rescale,
-                     fc1_stacked=stacked)
+                     tma=chosen.tma and not nvfp4, fc1_passes=passes, fp8_rescale=rescale or chosen.fp8_rescale)
     return dataclasses.replace(p.forced(cfg), chunk=bk)
 
 

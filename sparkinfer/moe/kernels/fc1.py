@@ -41,7 +41,6 @@ from sparkinfer.moe.kernels.common import (
     split_chunks,
     step_k_order,
     step_weight_tile,
-    weight_tile,
 )
 from sparkinfer.moe.kernels.fp8 import (
     act_operand,
@@ -69,7 +68,6 @@ def moe_fc1_kernel(
     INTERPRET: tl.constexpr, PDL: tl.constexpr = False, GROUP: tl.constexpr = 0,
     TMA: tl.constexpr = False, PASSES: tl.constexpr = 1, RESCALE: tl.constexpr = False,
     ROWS: tl.constexpr = False, KCH: tl.constexpr = 0, WAIT: tl.constexpr = False,
-    STACK: tl.constexpr = False,
 ):
     if WAIT:  # launched early behind the routing (micro): its ids and weights after this
         gdc_wait()
@@ -80,33 +78,7 @@ def moe_fc1_kernel(
                  o_row, i_n, tl.program_id(2), I, num_chunks, chunks_per_split,
                  stride_x, stride_we, stride_wn, stride_se, stride_os, stride_or, alpha, limit,
                  K, BM, BN, BK, PARTIALS, GATED, ACT, NVFP4, FP8, X_FP8, GSCALE, WEIGHT_BEFORE,
-                 PTX_DECODE, INTERPRET, PDL, TMA, PASSES, RESCALE, ROWS, KCH, STACK)
-
-
-@triton.jit
-def fc1_sums_stacked(p_x, p_w, p_s, e_w, tok, m_row, row0, I, num_chunks, stride_x, stride_we,
-                     stride_se, BN: tl.constexpr, BK: tl.constexpr, PTX_DECODE: tl.constexpr,
-                     INTERPRET: tl.constexpr):
-    """NVFP4 FC1's gate and up sums fp32 [BN, BM] (unsplit) as one dot a step: the BN gate
-    rows row0.. stacked over their BN up rows (I + row0..) as one [2BN, BK] weight tile, so
-    at 8 warps each warpgroup decodes and multiplies its own half at n = BM (m64n256k16 at
-    BM 256, one accumulator of 128 registers a thread where two dots need two). Each output
-    element sums the same K steps in the same order as `fc1_sums`: the same bits."""
-    o_2 = tl.arange(0, 2 * BN)
-    o_r = row0 + o_2 % BN
-    m_n = o_r < I
-    o_n = o_r + (o_2 // BN) * I  # gate rows, then up rows
-    o_k = k_order(BK, True)
-    p_we = p_w + e_w.to(tl.int64) * stride_we
-    p_se = p_s + e_w.to(tl.int64) * stride_se
-    b_a = tl.zeros([2 * BN, tok.shape[0]], dtype=tl.float32)
-    for c in range(0, num_chunks):
-        b_x, _ = act_operand(p_x, tok, m_row, o_k, c, stride_x, BK, False, False, INTERPRET)
-        b_c = load_scales(p_se, o_n, m_n, c, num_chunks, BK)
-        b_wt = weight_tile(p_we, b_c, o_n, m_n, c, 0, num_chunks, 2 * BN, BK, True, False,
-                           PTX_DECODE, INTERPRET)
-        b_a = tl.dot(b_wt, b_x, b_a)
-    return tl.split(tl.permute(tl.reshape(b_a, [2, BN, tok.shape[0]]), (1, 2, 0)))
+                 PTX_DECODE, INTERPRET, PDL, TMA, PASSES, RESCALE, ROWS, KCH)
 
 
 @triton.jit
@@ -199,7 +171,7 @@ def fc1_tile(p_x, p_xs, p_w, p_s, p_gs, p_topk_w, p_out, p_os, d_w, e, e_w, rout
              GSCALE: tl.constexpr, WEIGHT_BEFORE: tl.constexpr, PTX_DECODE: tl.constexpr,
              INTERPRET: tl.constexpr, PDL: tl.constexpr, TMA: tl.constexpr,
              PASSES: tl.constexpr = 1, RESCALE: tl.constexpr = False, ROWS: tl.constexpr = False,
-             KCH: tl.constexpr = 0, STACK: tl.constexpr = False):
+             KCH: tl.constexpr = 0):
     """One FC1 tile: expert e (>= 0; its weights at index e_w of p_w / p_s), rows
     route [BM] (-1: inactive) stored at rows o_row, weight rows i_n*BN..,
     reduction split i_s (one program of moe_fc1_kernel; `fc1_sums`). FP8: the
@@ -209,13 +181,9 @@ def fc1_tile(p_x, p_xs, p_w, p_s, p_gs, p_topk_w, p_out, p_os, d_w, e, e_w, rout
     m_row = route >= 0
     tok = tl.where(m_row, route // K, 0)
     BP: tl.constexpr = BN // PASSES
-    if STACK:  # NVFP4, gated, unsplit (bind)
-        b_g, b_u = fc1_sums_stacked(p_x, p_w, p_s, e_w, tok, m_row, i_n * BN, I, num_chunks,
-                                    stride_x, stride_we, stride_se, BN, BK, PTX_DECODE, INTERPRET)
-    else:
-        b_g, b_u = fc1_sums(p_x, p_xs, p_w, p_s, d_w, e_w, tok, m_row, i_n * BN, i_s, I, num_chunks,
-                            chunks_per_split, stride_x, stride_we, stride_wn, stride_se, BP, BK, GATED,
-                            NVFP4, FP8, X_FP8, PTX_DECODE, INTERPRET, TMA, RESCALE, ROWS, KCH)
+    b_g, b_u = fc1_sums(p_x, p_xs, p_w, p_s, d_w, e_w, tok, m_row, i_n * BN, i_s, I, num_chunks,
+                        chunks_per_split, stride_x, stride_we, stride_wn, stride_se, BP, BK, GATED,
+                        NVFP4, FP8, X_FP8, PTX_DECODE, INTERPRET, TMA, RESCALE, ROWS, KCH)
     o_n = i_n * BN + tl.arange(0, BP)
     m_n = o_n < I
     if PASSES == 2:  # FP8 only (bind): the first half's activation waits for the second's
