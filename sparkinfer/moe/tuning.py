@@ -85,6 +85,11 @@ TILES_FP8 = (("bm128-rescale", 128, 128, 128, 8, 1, 128, 1, True),
 # its two warpgroups split BM, so each decodes the whole 64-row weight tile, twice the decode
 # work per MMA. BN1 128 gives each warpgroup its own 64 rows at n = BM (BM 128: 254-255
 # registers, no spill; BM 64: 169). BM 256 (472-508 bytes) and BM 128 at 4 warps (628-636) spill.
+# Tried and removed: FC1's BN1 gate rows stacked over their up rows as one weight tile, one dot a
+# step (ae743f8): at BM 256 each warpgroup ran m64n256k16 but ptxas spilled 364-368 bytes at 2
+# stages; H100 (sweeps/moe_tile_sweep_nvfp4_stacked_h100.json), us planned / stacked BM 128 /
+# stacked BM 256: Qwen3 M 4096 1,231 / 1,493 / 1,959, Mixtral M 4096 7,185 / 8,939 / 11,899,
+# DeepSeek-V3 M 4096 10,761 / 12,820 / 22,042 (at BM 128 twice the programs load each activation tile).
 TILES_NVFP4 = (("bn1-64", 128, 64, 128, 8, 1, 128), ("bm64-bn1-64", 64, 64, 128, 8, 1, 128),
                ("bm64-w4", 64, 64, 128, 4, 1, 128), ("n128", 128, 128, 128, 8, 1, 128),
                ("bm64-n128", 64, 128, 128, 8, 1, 128))
