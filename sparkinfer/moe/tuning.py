@@ -92,7 +92,8 @@ TILES_FP8 = (("bm128-rescale", 128, 128, 128, 8, 1, 128, 1, True),
 # DeepSeek-V3 M 4096 10,761 / 12,820 / 22,042 (at BM 128 twice the programs load each activation tile).
 TILES_NVFP4 = (("bn1-64", 128, 64, 128, 8, 1, 128), ("bm64-bn1-64", 64, 64, 128, 8, 1, 128),
                ("bm64-w4", 64, 64, 128, 4, 1, 128), ("n128", 128, 128, 128, 8, 1, 128),
-               ("bm64-n128", 64, 128, 128, 8, 1, 128))
+               ("bm64-n128", 64, 128, 128, 8, 1, 128), ("n128-bn2-256", 128, 128, 256, 8, 1, 128),
+               ("bm64-n128-bn2-256", 64, 128, 256, 8, 1, 128))
 
 
 def grouped_config(p: MoEPlan, bm: int, bn1: int, bn2: int, decode: str) -> TileConfig:
