@@ -91,7 +91,7 @@ TILES_FP8 = (("bm128-rescale", 128, 128, 128, 8, 1, 128, 1, True),
 # stacked BM 256: Qwen3 M 4096 1,231 / 1,493 / 1,959, Mixtral M 4096 7,185 / 8,939 / 11,899,
 # DeepSeek-V3 M 4096 10,761 / 12,820 / 22,042 (at BM 128 twice the programs load each activation tile).
 # BN2 256 gives each FC2 warpgroup two accumulation chains (sm_90 compile: BM 128 spills 292
-# bytes at 255 registers, BM 64 takes 228, no spill).
+# bytes at 255 registers, BM 64 takes 228, no spill); not yet timed on a GPU.
 TILES_NVFP4 = (("bn1-64", 128, 64, 128, 8, 1, 128), ("bm64-bn1-64", 64, 64, 128, 8, 1, 128),
                ("bm64-w4", 64, 64, 128, 4, 1, 128), ("n128", 128, 128, 128, 8, 1, 128),
                ("bm64-n128", 64, 128, 128, 8, 1, 128), ("n128-bn2-256", 128, 128, 256, 8, 1, 128),

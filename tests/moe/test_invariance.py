@@ -9,18 +9,20 @@ Planned for 132 SMs (so the heuristic splits); small dims (H 64, I 32, E 8, K 2)
 because the interpreter runs every program in series.
 """
 
+import dataclasses
+
 import pytest
 import torch
 
-from sparkinfer.moe import MoECaps, MoELayer, MoESpec
+from sparkinfer.moe import MoECaps, MoELayer, MoESpec, allocate_scratch
 from tests.moe._util import poison_scratch, random_layer
 
 E, K, H, I = 8, 2, 64, 32
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
 
-def _layer(fmt: str, invariant: bool, seed: int):
-    caps = MoECaps(max_tokens=max(BUCKETS), num_experts=E, top_k=K, hidden=H, intermediate=I,
+def _layer(fmt: str, invariant: bool, seed: int, max_tokens: int = max(BUCKETS)):
+    caps = MoECaps(max_tokens=max_tokens, num_experts=E, top_k=K, hidden=H, intermediate=I,
                    batch_invariant=invariant)
     spec = MoESpec(weight_format=fmt)
     _, _, (w1, w2), _ = random_layer(caps, spec, seed=seed)
@@ -50,6 +52,24 @@ def test_probe_token_is_the_same_bits_at_every_bucket(fmt, buckets):
         got = _probe_out(layer, probe, t, 10 + t)
         assert torch.equal(got.view(torch.int16), alone.view(torch.int16)), \
             f"T = {t} ({layer.plan.config_for(t).family}): the probe token's output differs from T = 1"
+
+
+def test_nvfp4_probe_token_through_the_wide_grouped_tiles():
+    """NVFP4 at T 96 (24 rows an expert: BM 64, BN1 128, plan.NVFP4_GROUPED_BN1) and forced
+    to BM 128 and to BN1 64 (the tiles planned before): the probe's bits at T = 1 (micro)."""
+    layer = _layer("nvfp4", True, seed=3, max_tokens=128)
+    cfg = layer.plan.config_for(96)
+    assert (cfg.family, cfg.block_m, cfg.block_n1, cfg.num_warps) == ("grouped", 64, 128, 8)
+    g = torch.Generator().manual_seed(4)
+    probe = (torch.randn(H, generator=g).bfloat16(), (2 * torch.randn(E, generator=g)).bfloat16())
+    alone = _probe_out(layer, probe, 1, 0)
+    planned = layer.plan
+    for forced in (None, dataclasses.replace(cfg, block_m=128), dataclasses.replace(cfg, block_n1=64)):
+        layer.plan = planned if forced is None else planned.forced(forced)
+        layer.scratch = allocate_scratch(layer.plan, "cpu")
+        got = _probe_out(layer, probe, 96, 7)
+        assert torch.equal(got.view(torch.int16), alone.view(torch.int16)), \
+            f"T = 96 at {layer.plan.config_for(96)}: the probe token's output differs from T = 1"
 
 
 def test_the_heuristic_plan_moves_the_bits():

@@ -28,6 +28,7 @@ CASES = [
     ("bf16-silu-grouped", dict(), 20, 8, 2),
     ("nvfp4-silu-micro", dict(weight_format="nvfp4"), 4, 8, 2),
     ("nvfp4-silu-grouped", dict(weight_format="nvfp4"), 18, 4, 2),
+    ("nvfp4-silu-grouped-bn1-128", dict(weight_format="nvfp4"), 40, 4, 2),  # 20 rows: BM 64, BN1 128
     ("bf16-relu2-micro", dict(activation="relu2"), 2, 4, 1),
     ("nvfp4-relu2-grouped", dict(weight_format="nvfp4", activation="relu2"), 17, 8, 3),
     ("bf16-swiglu-interleaved-micro", dict(activation="swiglu_oai", gate_up_order="interleaved"),
@@ -43,8 +44,10 @@ CASES = [
 @pytest.mark.parametrize("kw,t,e,k", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_layer_matches_reference(kw, t, e, k):
     spec = MoESpec(**kw)
-    b, ref = run_case(spec, t, e, k)
+    b, ref = run_case(spec, t, e, k, max_tokens=max(32, t))
     assert b.config.family == ("micro" if t <= 16 else "grouped")
+    if t * k / e > 16 and spec.weight_format == "nvfp4":  # the case runs what its id says
+        assert (b.config.block_m, b.config.block_n1) == (64, 128)
     assert torch.isfinite(b.out.float()).all()
     assert_moe_close(b.out, ref)
 
