@@ -109,10 +109,12 @@ def _finish_split(i_n, o_n, m_n, M, p_b, p_out, p_part, p_sync, stride_om, strid
     GROUP consecutive ones in order from zero, then the group sums in order from zero
     (config.py's two-level order; a coarse call's partials are group sums: GROUP 1),
     FR rows at a time (a coarse call: all its rows in one pass, whose loads are in flight
-    together; a loop over 16-row blocks paid an L2 round trip per block)."""
+    together; a loop over 16-row blocks paid an L2 round trip per block). Returns whether
+    this program stored the block's outputs."""
     tl.debug_barrier()  # every thread's partial is written before the count goes up
     ticket = tl.atomic_add(p_sync + i_n, 1, sem="acq_rel")
-    if ticket == SPLIT - 1:  # the others' partials are visible to it
+    last = ticket == SPLIT - 1
+    if last:  # the others' partials are visible to it
         for r0 in range(0, M, FR):
             o_m = r0 + tl.arange(0, FR)
             m = (o_n >= 0)[:, None] & (o_m < M)[None, :]
@@ -126,6 +128,7 @@ def _finish_split(i_n, o_n, m_n, M, p_b, p_out, p_part, p_sync, stride_om, strid
                     b_grp = tl.zeros([o_n.shape[0], FR], dtype=tl.float32)
             _store_rows(b_acc, o_n, m_n, r0, M, p_b, p_out, stride_om, HAS_BIAS, FR)
         tl.atomic_xchg(p_sync + i_n, 0)  # zero again for the next call (and graph replay)
+    return last
 
 
 @triton.jit
@@ -141,7 +144,8 @@ def _linear_program(p_x, p_w, p_b, p_out, p_part, p_sync, M, N, K, k_slice, stri
     GROUP: the finisher's slices per group; SLICE (stream): the K of one chain from zero
     (0: the program's whole K is one chain; > 0: the RB row blocks are one [k, RB * BM]
     operand, a power of two: an element's products are the same k16 MMA chain at any
-    operand width, as gemm.py and the MoE kernels rely on too)."""
+    operand width, as gemm.py and the MoE kernels rely on too). Returns whether this
+    program stored final outputs (unsplit: every program; split: its block's finisher)."""
     i_n, i_s = tl.program_id(0), tl.program_id(1)
     o_n = i_n * BN + tl.arange(0, BN)
     m_n = o_n < N
@@ -206,9 +210,11 @@ def _linear_program(p_x, p_w, p_b, p_out, p_part, p_sync, M, N, K, k_slice, stri
                 b_acc = _mma(b_w, xs[j], tl.zeros([BN, BM], dtype=tl.float32), PRECISION)
                 _emit(b_acc, o_n, m_n, (g + j) * BM, M, i_s, p_b, p_out, p_part, stride_om, stride_ps,
                       stride_pn, SPLIT, HAS_BIAS)
+    done = True
     if SPLIT > 1:
-        _finish_split(i_n, o_n, m_n, M, p_b, p_out, p_part, p_sync, stride_om, stride_ps, stride_pn,
-                      SPLIT, GROUP, HAS_BIAS, BM * RB if SLICE > 0 else BM)
+        done = _finish_split(i_n, o_n, m_n, M, p_b, p_out, p_part, p_sync, stride_om, stride_ps, stride_pn,
+                             SPLIT, GROUP, HAS_BIAS, BM * RB if SLICE > 0 else BM)
+    return done
 
 
 @triton.jit(do_not_specialize=["M"])

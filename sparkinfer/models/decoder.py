@@ -44,6 +44,8 @@ from sparkinfer.linear import gemm, linear, linear_sync
 from sparkinfer.models.torch_ops import TorchOps
 from sparkinfer.models.weights import DenseMLPWeights, ExpertWeights, ModelWeights, Sharding
 from sparkinfer.moe import MoECaps, MoELayer, MoESpec, RouteSum, plan_supports_aux_stream_overlap
+from sparkinfer.moe.routing import fused
+from sparkinfer.moe.routing.fused import route_projection, router_sync
 from sparkinfer.norm import add_rms_norm, rms_norm
 from sparkinfer.rope import rope_qk_cache, rotary_table
 from sparkinfer.runtime.devices import cuda_sm_count
@@ -200,6 +202,9 @@ class Decoder:
         # split-K semaphores of the projections, one per weight (`linear_sync`)
         self._sync = {} if self.torch_ops is not None else \
             {w.data_ptr(): linear_sync(w) for w in _projections(weights)}
+        for lw in weights.layers if self.torch_ops is None else ():  # the routers' also count their routing
+            if isinstance(lw.mlp, ExpertWeights):
+                self._sync[lw.mlp.router.data_ptr()] = router_sync(lw.mlp.router)
         self._moe_out = torch.empty((max_tokens, spec.hidden), dtype=torch.bfloat16, device=dev)
         # shared experts overlap the routed ones on an auxiliary stream (GPU only; the
         # switch is for A/B runs and debugging)
@@ -330,6 +335,13 @@ class Decoder:
         out = self._moe_out[:x.shape[0]]
 
         def router(h):  # GLM-4.5's fp32 router upcasts h inside the kernel
+            if self.torch_ops is None and self.batch_invariant and not self._prefill and fused.ROUTER_FUSED:
+                # decode and verify rows: the routing in the router's launch (moe.routing.fused),
+                # into the layer's own routing buffers; the same ids and weights as logits would give
+                topk = self.moe[i].topk_scratch(h.shape[0])
+                route_projection(h, m.router, self.moe[i].plan.spec, topk, sync=self._sync[m.router.data_ptr()],
+                                 bias=self.moe[i].bias)
+                return topk
             return self._linear(h, m.router)
 
         def routed(h, logits):
