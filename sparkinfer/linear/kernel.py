@@ -217,6 +217,26 @@ def _linear_program(p_x, p_w, p_b, p_out, p_part, p_sync, M, N, K, k_slice, stri
     return done
 
 
+@triton.jit
+def grid_last(done, p_ticket):
+    """Whether this program is the last of the grid's NB feature blocks to store its outputs
+    (done: `_linear_program`'s return): each storing program counts itself on p_ticket (an
+    int32 of the call site's semaphores) after a barrier, acquire-release, so the last one
+    sees every block's outputs. The last one must zero the ticket (`grid_reset`) once its
+    epilogue is done. The fused epilogues (moe.routing.fused, rope.fused) run on it."""
+    last = False
+    if done:
+        tl.debug_barrier()  # every thread's outputs are stored before the count goes up
+        last = tl.atomic_add(p_ticket, 1, sem="acq_rel") == tl.num_programs(0) - 1
+    return last
+
+
+@triton.jit
+def grid_reset(p_ticket):
+    """Zero a `grid_last` ticket for the next call (and graph replay)."""
+    tl.atomic_xchg(p_ticket, 0)
+
+
 @triton.jit(do_not_specialize=["M"])
 def linear_preload_kernel(p_x, p_w, p_b, p_out, p_part, p_sync, M, N, K, k_slice, stride_xm, stride_xk, stride_wn,
                           stride_om, stride_ps, stride_pn, BN: tl.constexpr, BK: tl.constexpr, KS: tl.constexpr,

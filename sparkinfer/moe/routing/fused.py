@@ -28,7 +28,7 @@ import triton.language as tl
 from sparkinfer.errors import LayoutError
 from sparkinfer.linear import config
 from sparkinfer.linear.config import LinearTile
-from sparkinfer.linear.kernel import _linear_program
+from sparkinfer.linear.kernel import _linear_program, grid_last, grid_reset
 from sparkinfer.linear.launch import _check, coarse_call, default_tile, fine_launch, linear
 from sparkinfer.moe.routing.kernel import route_token
 from sparkinfer.moe.routing.launch import check_route, route, route_constants
@@ -54,15 +54,12 @@ def router_topk_kernel(p_x, p_w, p_b, p_out, p_part, p_sync, M, N, K, k_slice, s
     done = _linear_program(p_x, p_w, p_b, p_out, p_part, p_sync, M, N, K, k_slice, stride_xm, stride_xk,
                            stride_wn, stride_om, stride_ps, stride_pn, BN, BK, KS, RB, STREAM, SPLIT, GROUP,
                            SLICE, HAS_BIAS, GATED, PRECISION, PDL)
-    if done:
-        nb = tl.num_programs(0)
-        tl.debug_barrier()  # every thread's logits are stored before the count goes up
-        ticket = tl.atomic_add(p_sync + nb, 1, sem="acq_rel")
-        if ticket == nb - 1:  # every block's logits are visible to it
-            for t in range(0, M):
-                route_token(p_out + t * stride_om, p_bias, p_ids + t * TOPK, p_tw + t * TOPK, scale,
-                            E, EP, TOPK, KP, SIGMOID, G, EG, TG, RENORM, CG=True)
-            tl.atomic_xchg(p_sync + nb, 0)
+    p_ticket = p_sync + tl.num_programs(0)  # the slot past the feature blocks' (`router_sync`)
+    if grid_last(done, p_ticket):  # every block's logits are visible to it
+        for t in range(0, M):
+            route_token(p_out + t * stride_om, p_bias, p_ids + t * TOPK, p_tw + t * TOPK, scale,
+                        E, EP, TOPK, KP, SIGMOID, G, EG, TG, RENORM, CG=True)
+        grid_reset(p_ticket)
 
 
 def router_sync(w: torch.Tensor) -> torch.Tensor:
