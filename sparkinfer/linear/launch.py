@@ -15,7 +15,8 @@ from sparkinfer.linear.config import BLOCK_M, BLOCK_N, MAX_ROWS, LinearTile, lin
 from sparkinfer.linear.kernel import linear_preload_kernel, linear_stream_kernel
 from sparkinfer.runtime.devices import cuda_sm_count
 
-__all__ = ["linear", "linear_sync", "LINEAR_MAX_ROWS", "LINEAR_PDL", "default_tile", "coarse_call", "fine_launch"]
+__all__ = ["linear", "linear_sync", "LINEAR_MAX_ROWS", "LINEAR_PDL", "default_tile", "coarse_call", "fine_call",
+           "fine_launch"]
 
 # Features per program under the interpreter (see `linear`): 5-12 programs a tiny preset's
 # projection become 1-2.
@@ -29,12 +30,13 @@ LINEAR_PDL = True
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def linear_sync(w: torch.Tensor) -> torch.Tensor:
+def linear_sync(w: torch.Tensor, tickets: int = 0) -> torch.Tensor:
     """The split-K semaphores of one call site of `linear` with weight `w` [N, K]:
-    int32 zeros [ceil(N / 64)], which the kernel counts up and resets. Give each
-    call site its own (two calls that may run at once must not share one);
-    allocate it before capturing a graph that uses it."""
-    return torch.zeros(triton.cdiv(w.shape[0], BLOCK_N), dtype=torch.int32, device=w.device)
+    int32 zeros [ceil(N / 64)], which the kernel counts up and resets, and `tickets` more
+    for a fused epilogue's last-program count (`linear.kernel.grid_last`: the router's
+    routing, the qkv projection's rope). Give each call site its own (two calls that may run
+    at once must not share one); allocate it before capturing a graph that uses it."""
+    return torch.zeros(triton.cdiv(w.shape[0], BLOCK_N) + tickets, dtype=torch.int32, device=w.device)
 
 
 def _precision(dtype: torch.dtype, interpret: bool) -> str:
@@ -168,6 +170,21 @@ def coarse_call(m: int, tile: LinearTile, w: torch.Tensor, gated: bool) -> bool:
     above = 0 if tile.coarse_always else config.COARSE_MIN_ROWS
     return (not tile.stream and tile.split > 1 and m > above and w.element_size() <= 2
             and (config.COARSE_GATED or not gated))
+
+
+# The SMs of the GPUs the fused epilogues' choice is made for on the CPU (H100 / H200: 132).
+REFERENCE_SMS = 132
+
+
+def fine_call(m: int, w: torch.Tensor, device: torch.device) -> bool:
+    """Whether `linear` runs a call of m rows on w with semaphores as one fine launch (not
+    coarse pieces, not torch) on `device`, which a fused epilogue needs (moe.routing.fused,
+    rope.fused). On the CPU: on a GPU of REFERENCE_SMS SMs, so that the interpreter fuses
+    where the GPU does and its launch counts (tests/models/test_launch_count.py) are the GPU's."""
+    if not 0 < m <= MAX_ROWS or w.stride(1) != 1:
+        return False
+    sms = _num_sms(device) if device.type == "cuda" else REFERENCE_SMS
+    return not coarse_call(m, linear_tile(w.shape[0], w.shape[1], w.element_size(), sms), w, False)
 
 
 def fine_launch(x, w, bias, out, sync, tile: LinearTile, pdl, gated) -> tuple[tuple, tuple, dict]:

@@ -29,7 +29,7 @@ from sparkinfer.errors import LayoutError
 from sparkinfer.linear import config
 from sparkinfer.linear.config import LinearTile
 from sparkinfer.linear.kernel import _linear_program, grid_last, grid_reset
-from sparkinfer.linear.launch import _check, coarse_call, default_tile, fine_launch, linear
+from sparkinfer.linear.launch import _check, coarse_call, default_tile, fine_call, fine_launch, linear, linear_sync
 from sparkinfer.moe.routing.kernel import route_token
 from sparkinfer.moe.routing.launch import check_route, route, route_constants
 from sparkinfer.moe.spec import MoESpec
@@ -63,9 +63,8 @@ def router_topk_kernel(p_x, p_w, p_b, p_out, p_part, p_sync, M, N, K, k_slice, s
 
 
 def router_sync(w: torch.Tensor) -> torch.Tensor:
-    """Semaphores of one router call site: `linear_sync(w)`'s and the routing's slot
-    (int32 zeros [ceil(N / 64) + 1]); serves `linear` on w too."""
-    return torch.zeros(triton.cdiv(w.shape[0], config.BLOCK_N) + 1, dtype=torch.int32, device=w.device)
+    """Semaphores of one router call site: `linear_sync(w)`'s and the routing's ticket."""
+    return linear_sync(w, tickets=1)
 
 
 def route_projection(x: torch.Tensor, w: torch.Tensor, spec: MoESpec, out: tuple[torch.Tensor, torch.Tensor], *,
@@ -88,9 +87,9 @@ def route_projection(x: torch.Tensor, w: torch.Tensor, spec: MoESpec, out: tuple
     if logits is None:
         logits = torch.empty((t, e), dtype=w.dtype, device=x.device)
     tile = tile or default_tile(w, x.device, True)
-    use = (ROUTER_FUSED if fused is None else fused) and 0 < t <= FUSED_MAX_ROWS and w.stride(1) == 1
+    use = (ROUTER_FUSED if fused is None else fused) and t <= FUSED_MAX_ROWS and fine_call(t, w, x.device)
     if not use or coarse_call(t, tile, w, False):
-        linear(x, w, out=logits, sync=sync, tile=tile)
+        linear(x, w, out=logits, sync=sync, tile=tile, invariant=True)
         route(logits, spec, out, bias=bias)
         return logits
     ids, tw = out
