@@ -39,7 +39,7 @@ def rope_qk_cache_kernel(p_qkv, p_pos, p_slot, p_cos, p_sin, p_qw, p_kw, p_q, p_
     rope_rows(tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS), p_qkv, p_pos, p_slot, p_cos, p_sin,
               p_qw, p_kw, p_q, p_k, p_v, stride_qkv, stride_cs, stride_qt, stride_qh, stride_ks, stride_kl,
               stride_kh, stride_vs, stride_vl, stride_vh, T, HQ, KVH, D, R, L, KV_STRIDE, KV_OFFSET, eps,
-              HAS_NORM, HAS_PASS, BLOCK_ROWS, BLOCK_H, BLOCK_P, BLOCK_D, PDL)
+              HAS_NORM, HAS_PASS, BLOCK_ROWS, BLOCK_H, BLOCK_P, BLOCK_D, PDL, "")
 
 
 @triton.jit
@@ -49,10 +49,11 @@ def rope_rows(o_r, p_qkv, p_pos, p_slot, p_cos, p_sin, p_qw, p_kw, p_q, p_k, p_v
               T, HQ, KVH, D, R, L, KV_STRIDE, KV_OFFSET, eps,
               HAS_NORM: tl.constexpr, HAS_PASS: tl.constexpr, BLOCK_ROWS: tl.constexpr,
               BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
-              PDL: tl.constexpr = False, CACHE: tl.constexpr = ""):
+              PDL: tl.constexpr, CACHE: tl.constexpr):
     """The (token, head) rows o_r [BLOCK_ROWS] (module docstring): one program of the
     kernel, or a block of the qkv projection's fused epilogue (`sparkinfer.rope.fused`),
-    whose qkv rows other programs of its grid stored: CACHE ".cg" reads them through L2."""
+    whose qkv rows other programs of its grid stored: CACHE ".cg" reads them through L2
+    (a load's cache modifier; "" the default)."""
     heads = HQ + KVH
     m_r = o_r < T * heads
     i_t = tl.where(m_r, o_r // heads, 0)  # [BLOCK_ROWS] token of each row
