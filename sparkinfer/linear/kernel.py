@@ -109,12 +109,10 @@ def _finish_split(i_n, o_n, m_n, M, p_b, p_out, p_part, p_sync, stride_om, strid
     GROUP consecutive ones in order from zero, then the group sums in order from zero
     (config.py's two-level order; a coarse call's partials are group sums: GROUP 1),
     FR rows at a time (a coarse call: all its rows in one pass, whose loads are in flight
-    together; a loop over 16-row blocks paid an L2 round trip per block). Returns whether
-    this program stored the block's outputs."""
+    together; a loop over 16-row blocks paid an L2 round trip per block)."""
     tl.debug_barrier()  # every thread's partial is written before the count goes up
     ticket = tl.atomic_add(p_sync + i_n, 1, sem="acq_rel")
-    last = ticket == SPLIT - 1
-    if last:  # the others' partials are visible to it
+    if ticket == SPLIT - 1:  # the others' partials are visible to it
         for r0 in range(0, M, FR):
             o_m = r0 + tl.arange(0, FR)
             m = (o_n >= 0)[:, None] & (o_m < M)[None, :]
@@ -128,7 +126,6 @@ def _finish_split(i_n, o_n, m_n, M, p_b, p_out, p_part, p_sync, stride_om, strid
                     b_grp = tl.zeros([o_n.shape[0], FR], dtype=tl.float32)
             _store_rows(b_acc, o_n, m_n, r0, M, p_b, p_out, stride_om, HAS_BIAS, FR)
         tl.atomic_xchg(p_sync + i_n, 0)  # zero again for the next call (and graph replay)
-    return last
 
 
 @triton.jit
@@ -144,8 +141,7 @@ def _linear_program(p_x, p_w, p_b, p_out, p_part, p_sync, M, N, K, k_slice, stri
     GROUP: the finisher's slices per group; SLICE (stream): the K of one chain from zero
     (0: the program's whole K is one chain; > 0: the RB row blocks are one [k, RB * BM]
     operand, a power of two: an element's products are the same k16 MMA chain at any
-    operand width, as gemm.py and the MoE kernels rely on too). Returns whether this
-    program stored final outputs (unsplit: every program; split: its block's finisher)."""
+    operand width, as gemm.py and the MoE kernels rely on too)."""
     i_n, i_s = tl.program_id(0), tl.program_id(1)
     o_n = i_n * BN + tl.arange(0, BN)
     m_n = o_n < N
@@ -210,31 +206,9 @@ def _linear_program(p_x, p_w, p_b, p_out, p_part, p_sync, M, N, K, k_slice, stri
                 b_acc = _mma(b_w, xs[j], tl.zeros([BN, BM], dtype=tl.float32), PRECISION)
                 _emit(b_acc, o_n, m_n, (g + j) * BM, M, i_s, p_b, p_out, p_part, stride_om, stride_ps,
                       stride_pn, SPLIT, HAS_BIAS)
-    done = True
     if SPLIT > 1:
-        done = _finish_split(i_n, o_n, m_n, M, p_b, p_out, p_part, p_sync, stride_om, stride_ps, stride_pn,
-                             SPLIT, GROUP, HAS_BIAS, BM * RB if SLICE > 0 else BM)
-    return done
-
-
-@triton.jit
-def grid_last(done, p_ticket):
-    """Whether this program is the last of the grid's NB feature blocks to store its outputs
-    (done: `_linear_program`'s return): each storing program counts itself on p_ticket (an
-    int32 of the call site's semaphores) after a barrier, acquire-release, so the last one
-    sees every block's outputs. The last one must zero the ticket (`grid_reset`) once its
-    epilogue is done. The fused epilogues (moe.routing.fused, rope.fused) run on it."""
-    last = False
-    if done:
-        tl.debug_barrier()  # every thread's outputs are stored before the count goes up
-        last = tl.atomic_add(p_ticket, 1, sem="acq_rel") == tl.num_programs(0) - 1
-    return last
-
-
-@triton.jit
-def grid_reset(p_ticket):
-    """Zero a `grid_last` ticket for the next call (and graph replay)."""
-    tl.atomic_xchg(p_ticket, 0)
+        _finish_split(i_n, o_n, m_n, M, p_b, p_out, p_part, p_sync, stride_om, stride_ps, stride_pn,
+                      SPLIT, GROUP, HAS_BIAS, BM * RB if SLICE > 0 else BM)
 
 
 @triton.jit(do_not_specialize=["M"])

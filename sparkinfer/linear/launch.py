@@ -15,8 +15,7 @@ from sparkinfer.linear.config import BLOCK_M, BLOCK_N, MAX_ROWS, LinearTile, lin
 from sparkinfer.linear.kernel import linear_preload_kernel, linear_stream_kernel
 from sparkinfer.runtime.devices import cuda_sm_count
 
-__all__ = ["linear", "linear_sync", "LINEAR_MAX_ROWS", "LINEAR_PDL", "default_tile", "coarse_call", "fine_call",
-           "fine_launch"]
+__all__ = ["linear", "linear_sync", "LINEAR_MAX_ROWS", "LINEAR_PDL"]
 
 # Features per program under the interpreter (see `linear`): 5-12 programs a tiny preset's
 # projection become 1-2.
@@ -30,13 +29,12 @@ LINEAR_PDL = True
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def linear_sync(w: torch.Tensor, tickets: int = 0) -> torch.Tensor:
+def linear_sync(w: torch.Tensor) -> torch.Tensor:
     """The split-K semaphores of one call site of `linear` with weight `w` [N, K]:
-    int32 zeros [ceil(N / 64)], which the kernel counts up and resets, and `tickets` more
-    for a fused epilogue's last-program count (`linear.kernel.grid_last`: the router's
-    routing, the qkv projection's rope). Give each call site its own (two calls that may run
-    at once must not share one); allocate it before capturing a graph that uses it."""
-    return torch.zeros(triton.cdiv(w.shape[0], BLOCK_N) + tickets, dtype=torch.int32, device=w.device)
+    int32 zeros [ceil(N / 64)], which the kernel counts up and resets. Give each
+    call site its own (two calls that may run at once must not share one);
+    allocate it before capturing a graph that uses it."""
+    return torch.zeros(triton.cdiv(w.shape[0], BLOCK_N), dtype=torch.int32, device=w.device)
 
 
 def _precision(dtype: torch.dtype, interpret: bool) -> str:
@@ -114,7 +112,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
     shape's first call). `out` must not overlap x (AliasingError).
     """
     _check(x, w, bias, out, sync, gated)
-    m = x.shape[0]
+    m, k = x.shape[0], w.shape[1]
     n = w.shape[0]
     if out is None:
         out = torch.empty((m, n), dtype=w.dtype, device=x.device)
@@ -130,12 +128,24 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
         return torch.addmm(bias, x, w.t(), out=out) if bias is not None else torch.mm(x, w.t(), out=out)
     if m == 0:
         return out
+    elem = w.element_size()
     if tile is None:
-        tile = default_tile(w, x.device, sync is not None)
+        tile = linear_tile(n, k, elem, _num_sms(x.device) if sync is not None else 1)
+        if x.device.type == "cpu" and tile.stream and tile.split == 1:
+            # the interpreter runs programs one after another at ~5 ms each whatever their
+            # width (tiny presets: 99 launches, a quarter of a decode step's 21 s): one
+            # program per INTERPRET_BLOCK_N features. Each output's sum is the same K loop
+            # at any width, and the width follows N alone, so rows stay batch-invariant.
+            tile = replace(tile, block_n=min(INTERPRET_BLOCK_N, max(BLOCK_N, triton.next_power_of_2(n))))
     if tile.split > 1 and sync is None:
         raise LayoutError(f"linear: a tile split {tile.split} ways needs the call site's semaphores; pass "
                           "sync=linear_sync(w)")
-    if coarse_call(m, tile, w, gated):
+    # fp32 weights stay fine: tf32x3 runs its three passes over a whole dot, so its steps
+    # would have to be whole slices, which spilled (244 bytes at 4 row blocks, sm_90).
+    # Gated calls stay fine unless COARSE_GATED (config.py says why).
+    above = 0 if tile.coarse_always else config.COARSE_MIN_ROWS
+    if not tile.stream and tile.split > 1 and m > above and w.element_size() <= 2 and (
+            config.COARSE_GATED or not gated):
         # the interpreter's dots are numpy matmuls, whose sum order follows the operand
         # shapes: there each launch takes one 16-row block, the preload schedule's operand
         piece = BLOCK_M if triton_interpret() else config.COARSE_MAX_ROWS
@@ -143,55 +153,6 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
             rows = slice(i, i + piece)
             _coarse(x[rows], w, bias, out[rows], sync, tile, pdl, gated)
         return out
-    grid, args, kw = fine_launch(x, w, bias, out, sync, tile, pdl, gated)
-    (linear_stream_kernel if tile.stream else linear_preload_kernel)[grid](*args, **kw)
-    return out
-
-
-def default_tile(w: torch.Tensor, device: torch.device, split_ok: bool) -> LinearTile:
-    """`linear_tile` of w on `device` (split over SMs only where the call site has
-    semaphores: split_ok), widened under the interpreter (below)."""
-    n, k = w.shape
-    tile = linear_tile(n, k, w.element_size(), _num_sms(device) if split_ok else 1)
-    if device.type == "cpu" and tile.stream and tile.split == 1:
-        # the interpreter runs programs one after another at ~5 ms each whatever their
-        # width (tiny presets: 99 launches, a quarter of a decode step's 21 s): one
-        # program per INTERPRET_BLOCK_N features. Each output's sum is the same K loop
-        # at any width, and the width follows N alone, so rows stay batch-invariant.
-        tile = replace(tile, block_n=min(INTERPRET_BLOCK_N, max(BLOCK_N, triton.next_power_of_2(n))))
-    return tile
-
-
-def coarse_call(m: int, tile: LinearTile, w: torch.Tensor, gated: bool) -> bool:
-    """Whether a call of m rows runs as coarse pieces (`_coarse`) rather than one fine launch."""
-    # fp32 weights stay fine: tf32x3 runs its three passes over a whole dot, so its steps
-    # would have to be whole slices, which spilled (244 bytes at 4 row blocks, sm_90).
-    # Gated calls stay fine unless COARSE_GATED (config.py says why).
-    above = 0 if tile.coarse_always else config.COARSE_MIN_ROWS
-    return (not tile.stream and tile.split > 1 and m > above and w.element_size() <= 2
-            and (config.COARSE_GATED or not gated))
-
-
-# The SMs of the GPUs the fused epilogues' choice is made for on the CPU (H100 / H200: 132).
-REFERENCE_SMS = 132
-
-
-def fine_call(m: int, w: torch.Tensor, device: torch.device) -> bool:
-    """Whether `linear` runs a call of m rows on w with semaphores as one fine launch (not
-    coarse pieces, not torch) on `device`, which a fused epilogue needs (moe.routing.fused,
-    rope.fused). On the CPU: on a GPU of REFERENCE_SMS SMs, so that the interpreter fuses
-    where the GPU does and its launch counts (tests/models/test_launch_count.py) are the GPU's."""
-    if not 0 < m <= MAX_ROWS or w.stride(1) != 1:
-        return False
-    sms = _num_sms(device) if device.type == "cuda" else REFERENCE_SMS
-    return not coarse_call(m, linear_tile(w.shape[0], w.shape[1], w.element_size(), sms), w, False)
-
-
-def fine_launch(x, w, bias, out, sync, tile: LinearTile, pdl, gated) -> tuple[tuple, tuple, dict]:
-    """(grid, positional args, keyword args) of one launch of a linear kernel over all of
-    x's rows (M <= MAX_ROWS): `linear`'s, and the router's fused routing (moe.routing)."""
-    m, k = x.shape[0], w.shape[1]
-    n, elem = w.shape[0], w.element_size()
     blocks = triton.cdiv(n, tile.block_n)
     # The stream schedule multiplies every weight step with each row block in turn, so it
     # takes exactly the blocks M needs: a mixed step's LM head has D + R rows (65-68 beside
@@ -206,14 +167,16 @@ def fine_launch(x, w, bias, out, sync, tile: LinearTile, pdl, gated) -> tuple[tu
         part = torch.empty((tile.split, blocks * tile.block_n, rows), dtype=torch.float32, device=x.device)
     interpret = triton_interpret()
     pdl = _pdl(pdl, x, interpret)
-    args = (x, w, bias if bias is not None else w, out, part, sync if sync is not None else out,
-            m, n, k, tile.k_slice, x.stride(0), x.stride(1), w.stride(0), out.stride(0),
-            part.stride(0) if tile.split > 1 else 0, rows)
-    kw = dict(BN=tile.block_n, BK=tile.block_k, KS=tile.k_slice if not tile.stream else tile.block_k,
-              RB=row_blocks, SPLIT=tile.split, GROUP=tile.group, SLICE=0, HAS_BIAS=bias is not None,
-              GATED=gated, PRECISION=_precision(w.dtype, interpret), PDL=pdl, num_warps=tile.num_warps,
-              num_stages=tile.num_stages(row_blocks, elem), **(dict(launch_pdl=True) if pdl else {}))
-    return (blocks, tile.split), args, kw
+    kernel = linear_stream_kernel if tile.stream else linear_preload_kernel
+    kernel[(blocks, tile.split)](
+        x, w, bias if bias is not None else w, out, part, sync if sync is not None else out,
+        m, n, k, tile.k_slice, x.stride(0), x.stride(1), w.stride(0), out.stride(0),
+        part.stride(0) if tile.split > 1 else 0, rows,
+        BN=tile.block_n, BK=tile.block_k, KS=tile.k_slice if not tile.stream else tile.block_k, RB=row_blocks,
+        SPLIT=tile.split, GROUP=tile.group, SLICE=0, HAS_BIAS=bias is not None, GATED=gated,
+        PRECISION=_precision(w.dtype, interpret), PDL=pdl, num_warps=tile.num_warps,
+        num_stages=tile.num_stages(row_blocks, elem), **(dict(launch_pdl=True) if pdl else {}))
+    return out
 
 
 def _coarse(x, w, bias, out, sync, tile: LinearTile, pdl, gated) -> None:

@@ -44,12 +44,8 @@ from sparkinfer.linear import gemm, linear, linear_sync
 from sparkinfer.models.torch_ops import TorchOps
 from sparkinfer.models.weights import DenseMLPWeights, ExpertWeights, ModelWeights, Sharding
 from sparkinfer.moe import MoECaps, MoELayer, MoESpec, RouteSum, plan_supports_aux_stream_overlap
-from sparkinfer.moe.routing import fused
-from sparkinfer.moe.routing.fused import route_projection
 from sparkinfer.norm import add_rms_norm, rms_norm
-from sparkinfer.rope import fused as rope_fused
 from sparkinfer.rope import rope_qk_cache, rotary_table
-from sparkinfer.rope.fused import qkv_rope
 from sparkinfer.runtime.devices import cuda_sm_count
 
 __all__ = ["Step", "KVCache", "Decoder", "moe_layer", "prepare_moe"]
@@ -203,7 +199,7 @@ class Decoder:
                                    batch_invariant=batch_invariant, release=False)
         # split-K semaphores of the projections, one per weight (`linear_sync`)
         self._sync = {} if self.torch_ops is not None else \
-            {w.data_ptr(): linear_sync(w, tickets=1) for w in _projections(weights)}  # + a fused epilogue's
+            {w.data_ptr(): linear_sync(w) for w in _projections(weights)}
         self._moe_out = torch.empty((max_tokens, spec.hidden), dtype=torch.bfloat16, device=dev)
         # shared experts overlap the routed ones on an auxiliary stream (GPU only; the
         # switch is for A/B runs and debugging)
@@ -238,20 +234,14 @@ class Decoder:
     def _attention(self, i: int, x, step: Step):
         a, spec, sh = self.w.layers[i].attn, self.spec, self.sh
         d, t = spec.head_dim, x.shape[0]
+        qkv = self._linear(x, a.qkv, a.qkv_bias)
         norms = (a.q_norm, a.k_norm) if a.q_norm is not None else None
         caches = (self.cache.k[i], self.cache.v[i])
         ops = self.torch_ops
+        rope_fn = ops.rope_qk_cache if ops is not None else rope_qk_cache
         attend = ops.attention if ops is not None else decode_attention
-        rope_kw = dict(norms=norms, eps=spec.rms_eps, kv_stride=sh.dcp, kv_offset=sh.rank if sh.dcp > 1 else 0)
-        heads = (self.heads_l, a.kv_heads, d)
-        if ops is None and self.batch_invariant and not self._prefill and rope_fused.ROPE_FUSED:
-            # decode and verify rows: rope in the projection's launch (rope.fused), the same bits
-            q = qkv_rope(x, a.qkv, a.qkv_bias, step.positions, step.slots, self.table, caches, heads,
-                         sync=self._sync[a.qkv.data_ptr()], **rope_kw)
-        else:
-            rope_fn = ops.rope_qk_cache if ops is not None else rope_qk_cache
-            q = rope_fn(self._linear(x, a.qkv, a.qkv_bias), step.positions, step.slots, self.table, caches, heads,
-                        **rope_kw)
+        q = rope_fn(qkv, step.positions, step.slots, self.table, caches, (self.heads_l, a.kv_heads, d),
+                          norms=norms, eps=spec.rms_eps, kv_stride=sh.dcp, kv_offset=sh.rank if sh.dcp > 1 else 0)
         b = step.row_slots.shape[0]
         if step.decode_rows:  # a mixed step: its decode rows, then its rows of Q, into one buffer
             n, h = step.decode_rows, self.heads_l
@@ -340,13 +330,6 @@ class Decoder:
         out = self._moe_out[:x.shape[0]]
 
         def router(h):  # GLM-4.5's fp32 router upcasts h inside the kernel
-            if self.torch_ops is None and self.batch_invariant and not self._prefill and fused.ROUTER_FUSED:
-                # decode and verify rows: the routing in the router's launch (moe.routing.fused),
-                # into the layer's own routing buffers; the same ids and weights as logits would give
-                topk = self.moe[i].topk_scratch(h.shape[0])
-                route_projection(h, m.router, self.moe[i].plan.spec, topk, sync=self._sync[m.router.data_ptr()],
-                                 bias=self.moe[i].bias)
-                return topk
             return self._linear(h, m.router)
 
         def routed(h, logits):

@@ -49,27 +49,16 @@ class MoELayer:
                                         share=share_scratch.scratch if share_scratch is not None else None)
         self.bias = bias
 
-    def topk_scratch(self, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The layer's routing buffers for `tokens` rows: (ids int32 [T, K], weights fp32 [T, K]),
-        where a call with logits routes them (a fused router writes them and passes them as
-        `logits`). Views; shared with the layers this one shares scratch with."""
-        return self.scratch["topk_ids"][:tokens], self.scratch["topk_weights"][:tokens]
-
-    def __call__(self, x: torch.Tensor, logits: torch.Tensor | tuple[torch.Tensor, torch.Tensor], *,
+    def __call__(self, x: torch.Tensor, logits: torch.Tensor, *,
                  out: torch.Tensor | None = None, reduce: bool = True) -> torch.Tensor | RouteSum:
-        """x: bf16 [T, H]; logits: [T, E] router logits, or the routing already done
-        (ids int32 [T, K], weights fp32 [T, K]); out: optional [T, H].
+        """x: bf16 [T, H]; logits: [T, E] router logits; out: optional [T, H].
 
         Returns out; reduce False: a `RouteSum` (out's dtype) for the residual add +
         RMSNorm after the layer to sum, out untouched. Allocates only when out is None
         (refused during capture); no host sync; capture-legal with out given.
         """
-        if isinstance(logits, tuple):
-            b = bind(self.plan, self.scratch, self.weights, x=x, out=out, topk_ids=logits[0],
-                     topk_weights=logits[1])
-        else:
-            b = bind(self.plan, self.scratch, self.weights, x=x, out=out, logits=logits,
-                     bias=self.bias)
+        b = bind(self.plan, self.scratch, self.weights, x=x, out=out, logits=logits,
+                 bias=self.bias)
         if not reduce:
             return run(b, reduce=False)
         run(b)

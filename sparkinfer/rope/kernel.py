@@ -36,25 +36,8 @@ def rope_qk_cache_kernel(p_qkv, p_pos, p_slot, p_cos, p_sin, p_qw, p_kw, p_q, p_
                          HAS_NORM: tl.constexpr, HAS_PASS: tl.constexpr, BLOCK_ROWS: tl.constexpr,
                          BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
                          PDL: tl.constexpr = False):
-    rope_rows(tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS), p_qkv, p_pos, p_slot, p_cos, p_sin,
-              p_qw, p_kw, p_q, p_k, p_v, stride_qkv, stride_cs, stride_qt, stride_qh, stride_ks, stride_kl,
-              stride_kh, stride_vs, stride_vl, stride_vh, T, HQ, KVH, D, R, L, KV_STRIDE, KV_OFFSET, eps,
-              HAS_NORM, HAS_PASS, BLOCK_ROWS, BLOCK_H, BLOCK_P, BLOCK_D, PDL, "")
-
-
-@triton.jit
-def rope_rows(o_r, p_qkv, p_pos, p_slot, p_cos, p_sin, p_qw, p_kw, p_q, p_k, p_v,
-              stride_qkv, stride_cs, stride_qt, stride_qh,
-              stride_ks, stride_kl, stride_kh, stride_vs, stride_vl, stride_vh,
-              T, HQ, KVH, D, R, L, KV_STRIDE, KV_OFFSET, eps,
-              HAS_NORM: tl.constexpr, HAS_PASS: tl.constexpr, BLOCK_ROWS: tl.constexpr,
-              BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
-              PDL: tl.constexpr, CACHE: tl.constexpr):
-    """The (token, head) rows o_r [BLOCK_ROWS] (module docstring): one program of the
-    kernel, or a block of the qkv projection's fused epilogue (`sparkinfer.rope.fused`),
-    whose qkv rows other programs of its grid stored: CACHE ".cg" reads them through L2
-    (a load's cache modifier; "" the default)."""
     heads = HQ + KVH
+    o_r = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     m_r = o_r < T * heads
     i_t = tl.where(m_r, o_r // heads, 0)  # [BLOCK_ROWS] token of each row
     o_h = o_r % heads  # its head: q below HQ, k from HQ
@@ -73,18 +56,18 @@ def rope_rows(o_r, p_qkv, p_pos, p_slot, p_cos, p_sin, p_qw, p_kw, p_q, p_k, p_v
         gdc_launch_dependents()  # attention (launched with PDL) may launch now and wait for this grid
         gdc_wait()
     base = (i_t * stride_qkv + o_h * D)[:, None]
-    b_lo = tl.load(p_qkv + base + o_f[None, :], mask=m_f, other=0.0, cache_modifier=CACHE).to(tl.float32)
-    b_hi = tl.load(p_qkv + base + half + o_f[None, :], mask=m_f, other=0.0, cache_modifier=CACHE).to(tl.float32)
+    b_lo = tl.load(p_qkv + base + o_f[None, :], mask=m_f, other=0.0).to(tl.float32)
+    b_hi = tl.load(p_qkv + base + half + o_f[None, :], mask=m_f, other=0.0).to(tl.float32)
     if HAS_PASS:  # the dims past R: normalized, not rotated
         o_p = R + tl.arange(0, BLOCK_P)
         m_p = m_r[:, None] & (o_p < D)[None, :]
-        b_ps = tl.load(p_qkv + base + o_p[None, :], mask=m_p, other=0.0, cache_modifier=CACHE).to(tl.float32)
+        b_ps = tl.load(p_qkv + base + o_p[None, :], mask=m_p, other=0.0).to(tl.float32)
     dt = p_q.dtype.element_ty
     if HAS_NORM:
         if HAS_PASS:  # the whole row once more for the sum (exact: the same bits as from the parts)
             o_d = tl.arange(0, BLOCK_D)
             b_x = tl.load(p_qkv + base + o_d[None, :], mask=m_r[:, None] & (o_d < D)[None, :],
-                          other=0.0, cache_modifier=CACHE).to(tl.float32)
+                          other=0.0).to(tl.float32)
             b_ss = sum_squares(b_x, 1)
         else:
             b_ss = sum_squares(tl.reshape(tl.join(b_lo, b_hi), [BLOCK_ROWS, 2 * BLOCK_H]), 1)
@@ -113,8 +96,7 @@ def rope_rows(o_r, p_qkv, p_pos, p_slot, p_cos, p_sin, p_qw, p_kw, p_q, p_k, p_v
         tl.store(p_krow + o_p[None, :], b_ps.to(p_k.dtype.element_ty), mask=m_p & m_k)
     o_v = tl.arange(0, BLOCK_D)
     m_v = m_k & (o_v < D)[None, :]
-    b_v = tl.load(p_qkv + (i_t * stride_qkv + (o_h + KVH) * D)[:, None] + o_v[None, :], mask=m_v, other=0.0,
-                  cache_modifier=CACHE)
+    b_v = tl.load(p_qkv + (i_t * stride_qkv + (o_h + KVH) * D)[:, None] + o_v[None, :], mask=m_v, other=0.0)
     p_vrow = p_v + (b_slot * stride_vs + i_l * stride_vl + o_kh * stride_vh)[:, None]
     tl.store(p_vrow + o_v[None, :], b_v, mask=m_v)
 

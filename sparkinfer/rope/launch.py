@@ -36,7 +36,7 @@ INTERPRETED_BLOCK_ROWS = 64
 # On since an H100 A/B (moe/routing/launch.py has its numbers).
 ROPE_PDL = True
 
-__all__ = ["RotaryTable", "rotary_table", "rope_qk_cache", "rope_call", "rope_block_rows", "MAX_BLOCK_ROWS"]
+__all__ = ["RotaryTable", "rotary_table", "rope_qk_cache", "rope_block_rows", "MAX_BLOCK_ROWS"]
 
 
 def _min_programs(device: torch.device) -> int:
@@ -93,24 +93,6 @@ def rope_qk_cache(qkv: torch.Tensor, positions: torch.Tensor, slots: torch.Tenso
     q_out when given). Allocates only q when q_out is None; no host sync;
     capture-legal.
     """
-    q_out, args, kw = rope_call(qkv, positions, slots, table, caches, heads, norms=norms, eps=eps,
-                                kv_stride=kv_stride, kv_offset=kv_offset, q_out=q_out)
-    t, (hq, kvh, _) = qkv.shape[0], heads
-    if t == 0:
-        return q_out
-    rows = t * (hq + kvh)
-    block_rows = rope_block_rows(rows, kw["BLOCK_D"], _min_programs(qkv.device), _max_block_rows(qkv.device))
-    pdl = ROPE_PDL and qkv.device.type != "cpu" and not triton_interpret()
-    rope_qk_cache_kernel[(triton.cdiv(rows, block_rows),)](
-        *args, BLOCK_ROWS=block_rows, PDL=pdl, num_warps=4, **kw, **(dict(launch_pdl=True) if pdl else {}))
-    return q_out
-
-
-def rope_call(qkv, positions, slots, table: RotaryTable, caches: tuple, heads: tuple, *, norms, eps: float,
-              kv_stride: int, kv_offset: int, q_out) -> tuple[torch.Tensor, tuple, dict]:
-    """`rope_qk_cache`'s checks (typed errors) and (q_out, allocated unless given; the kernel's
-    positional args; its constexprs but BLOCK_ROWS and PDL): the kernel's, and the qkv
-    projection's fused epilogue's (`sparkinfer.rope.fused`)."""
     hq, kvh, d = heads
     t = qkv.shape[0]
     k_cache, v_cache = caches
@@ -132,21 +114,8 @@ def rope_call(qkv, positions, slots, table: RotaryTable, caches: tuple, heads: t
         q_out = torch.empty((t, hq, d), dtype=qkv.dtype, device=qkv.device)
     if tuple(q_out.shape) != (t, hq, d) or q_out.stride(2) != 1:
         raise ShapeError(f"q_out must be [T, Hq, D] = {(t, hq, d)}; got {tuple(q_out.shape)}")
-    # the kernel's offsets into qkv, q and the rotary table are int32
-    for name, x in (("qkv", qkv), ("q_out", q_out), ("the rotary table", table.cos)):
-        if x.stride(0) * x.shape[0] >= 2 ** 31:
-            raise ShapeError(f"{name} spans {x.stride(0) * x.shape[0]} elements; rope_qk_cache indexes "
-                             "qkv, q and the table in int32 (below 2**31): split the step")
-    qw, kw = norms if norms is not None else (table.cos, table.cos)
-    args = (qkv, positions, slots, table.cos, table.sin, qw, kw, q_out, k_cache, v_cache,
-            qkv.stride(0), table.cos.stride(0), q_out.stride(0), q_out.stride(1),
-            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-            t, hq, kvh, d, table.rotary_dim, k_cache.shape[1], kv_stride, kv_offset, float(eps))
-    consts = dict(HAS_NORM=norms is not None, HAS_PASS=table.rotary_dim < d,
-                  BLOCK_H=triton.next_power_of_2(max(table.rotary_dim // 2, 1)),
-                  BLOCK_P=triton.next_power_of_2(max(d - table.rotary_dim, 1)), BLOCK_D=triton.next_power_of_2(d))
-    return q_out, args, consts
+    if t == 0:
+        return q_out
     # the kernel's offsets into qkv, q and the rotary table are int32
     for name, x in (("qkv", qkv), ("q_out", q_out), ("the rotary table", table.cos)):
         if x.stride(0) * x.shape[0] >= 2 ** 31:

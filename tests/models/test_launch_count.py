@@ -26,9 +26,8 @@ eager step launched, per the torch profiler, exactly the kernels counted here:
 35, 41 and 38, with `linear_preload_kernel` in place of the CPU's
 `linear_stream_kernel` (`linear` picks its variant by machine), so the tables'
 names are the CPU's and their totals hold on the GPU. Since 8875db0 (the top-k sum in
-the norm after the layer, `RouteSum`) the totals were 33, 37 and 35: one launch fewer a
-MoE layer, two for GLM (measured faster: docs/performance.md). With the routing in the router's
-launch (`moe.routing.fused`) and rope in the qkv projection's (`rope.fused`) they are 28, 32 and 29.
+the norm after the layer, `RouteSum`) the totals are 33, 37 and 35: one launch fewer a
+MoE layer, two for GLM (measured faster: docs/performance.md).
 """
 
 import collections
@@ -45,19 +44,18 @@ from sparkinfer.models.weights import Sharding
 
 LAYERS = 3  # Qwen3 and GLM presets' own count (layer 0 dense); Mixtral's 2 raised to 3
 L, N = "triton: linear_stream_kernel", "triton: add_rms_norm_kernel"
-ATTN = {"triton: qkv_rope_kernel": 1, "triton: attention_kernel": 1}
+ATTN = {"triton: rope_qk_cache_kernel": 1, "triton: attention_kernel": 1}
 # on one rank the top-k sum runs inside the residual add + RMSNorm after the layer (`RouteSum`:
 # moe_reduce_kernel and one add_rms_norm_kernel, and GLM's torch add, folded into one launch)
-MOE = {"triton: router_topk_kernel": 1, "triton: moe_fc1_kernel": 1, "triton: moe_fc2_kernel": 1,
+MOE = {"triton: routing_kernel": 1, "triton: moe_fc1_kernel": 1, "triton: moe_fc2_kernel": 1,
        "triton: moe_reduce_norm_kernel": 1}
-# The launches of one MoE layer, as of this commit: the qkv projection with rotary + cache write
-# (rope.fused), attention, the o projection, the norm after attention, the router projection
-# with its routing (moe.routing.fused), the expert kernels and the top-k sum with the norm after
-# the layer; GLM adds its shared expert's two projections.
+# The launches of one MoE layer, as of this commit: qkv, o and router projections, the norm
+# after attention, rotary + cache write, attention, routing, the expert kernels and the top-k
+# sum with the norm after the layer; GLM adds its shared expert's two projections.
 LAYER = {
-    "qwen3_moe-tiny": {L: 1, N: 1, **ATTN, **MOE},  # 8
-    "glm4_moe-tiny": {L: 3, N: 1, **ATTN, **MOE},  # 10
-    "mixtral-tiny": {L: 1, N: 1, **ATTN, **MOE},  # 8
+    "qwen3_moe-tiny": {L: 3, N: 1, **ATTN, **MOE},  # 10
+    "glm4_moe-tiny": {L: 5, N: 1, **ATTN, **MOE},  # 12
+    "mixtral-tiny": {L: 3, N: 1, **ATTN, **MOE},  # 10
 }
 # The launches of the whole step at LAYERS layers, as of this commit: the layers, the embedding
 # lookup and its norm, the LM head, and the sampler's two (a row's chunks, then their argmax; one
@@ -65,11 +63,11 @@ LAYER = {
 SAMPLE = {"triton: _argmax_partials_kernel": 1, "triton: _gumbel_argmax_kernel": 1}
 STEP = {
     # layer 0 dense: gate_up and down projections (silu applied as down loads its input)
-    "qwen3_moe-tiny": {L: 6, N: 5, "triton: qkv_rope_kernel": 3, "triton: attention_kernel": 3,
+    "qwen3_moe-tiny": {L: 11, N: 5, "triton: rope_qk_cache_kernel": 3, "triton: attention_kernel": 3,
                        **{k: 2 for k in MOE}, "torch: embedding": 1, **SAMPLE},  # 33
-    "glm4_moe-tiny": {L: 10, N: 5, "triton: qkv_rope_kernel": 3, "triton: attention_kernel": 3,
+    "glm4_moe-tiny": {L: 15, N: 5, "triton: rope_qk_cache_kernel": 3, "triton: attention_kernel": 3,
                       **{k: 2 for k in MOE}, "torch: embedding": 1, **SAMPLE},  # 37
-    "mixtral-tiny": {L: 4, N: 4, "triton: qkv_rope_kernel": 3, "triton: attention_kernel": 3,
+    "mixtral-tiny": {L: 10, N: 4, "triton: rope_qk_cache_kernel": 3, "triton: attention_kernel": 3,
                      **{k: 3 for k in MOE}, "torch: embedding": 1, **SAMPLE},  # 35
 }
 UPDATE = ("Update LAYER / STEP in tests/models/test_launch_count.py only with a measurement showing "

@@ -32,43 +32,18 @@ def _top1(x, o):
 
 
 @triton.jit
-def pair_sum(x, LOG: tl.constexpr):
-    """Sum of a 1-D block of 2**LOG elements as a tree of adjacent pairs. The association
-    is the block's own, whatever layout the compiler gives it (a plain tl.sum adds in an
-    order that follows the warps: the routing kernel runs one warp, the router's fused
-    epilogue four), so the same logits get the same weights from either."""
-    for _ in tl.static_range(LOG):
-        x = tl.sum(tl.reshape(x, [x.shape[0] // 2, 2]), axis=1)
-    return tl.sum(x, axis=0)
-
-
-@triton.jit
 def routing_kernel(p_logits, p_bias, p_ids, p_w, stride_l, scale,
                    E: tl.constexpr, EP: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
                    SIGMOID: tl.constexpr, G: tl.constexpr, EG: tl.constexpr, TG: tl.constexpr,
                    RENORM: tl.constexpr, PDL: tl.constexpr = False):
     i_t = tl.program_id(0)
+    o_e = tl.arange(0, EP)
+    m_e = o_e < E
     if PDL:  # launched early behind the router projection: its logits once it has ended
         gdc_launch_dependents()  # FC1 (launched with PDL) may launch now and wait for this grid
         gdc_wait()
-    route_token(p_logits + i_t.to(tl.int64) * stride_l, p_bias, p_ids + i_t * K, p_w + i_t * K, scale,
-                E, EP, K, KP, SIGMOID, G, EG, TG, RENORM)
-
-
-@triton.jit
-def route_token(p_l, p_bias, p_ids, p_w, scale, E: tl.constexpr, EP: tl.constexpr, K: tl.constexpr,
-                KP: tl.constexpr, SIGMOID: tl.constexpr, G: tl.constexpr, EG: tl.constexpr,
-                TG: tl.constexpr, RENORM: tl.constexpr, CG: tl.constexpr = False):
-    """One token's top-k from its E logits at p_l: ids to p_ids [K], weights to p_w [K].
-    CG: the logits were written by other programs of this grid (the router's fused
-    epilogue): loaded through L2 only."""
-    o_e = tl.arange(0, EP)
-    m_e = o_e < E
-    if CG:
-        b_l = tl.load(p_l + o_e, mask=m_e, other=-float("inf"), cache_modifier=".cg")
-    else:
-        b_l = tl.load(p_l + o_e, mask=m_e, other=-float("inf"))
-    b_l = b_l.to(tl.float32)
+    b_l = tl.load(p_logits + i_t.to(tl.int64) * stride_l + o_e, mask=m_e,
+                  other=-float("inf")).to(tl.float32)
     has_nan = tl.sum((b_l != b_l).to(tl.int32), axis=0) > 0
     if SIGMOID:
         b_p = tl.sigmoid(b_l)
@@ -93,7 +68,7 @@ def route_token(p_l, p_bias, p_ids, p_w, scale, E: tl.constexpr, EP: tl.constexp
     else:
         b_max = tl.max(b_l, axis=0)
         b_x = tl.where(m_e, tl.exp(b_l - b_max), 0.0)
-        b_p = b_x / pair_sum(b_x, EP.bit_length() - 1)
+        b_p = b_x / tl.sum(b_x, axis=0)
         b_sel = tl.where(m_e, b_p, -float("inf"))
     b_sel = tl.where(b_sel != b_sel, -float("inf"), b_sel)
     m_free = m_e  # experts not yet taken: -inf scores still select, never twice, never past E
@@ -107,8 +82,8 @@ def route_token(p_l, p_bias, p_ids, p_w, scale, E: tl.constexpr, EP: tl.constexp
         b_w = tl.where(o_k == k, tl.sum(tl.where(o_e == i, b_p, 0.0), axis=0), b_w)
         m_free = m_free & (o_e != i)
     if RENORM:
-        b_w = b_w / pair_sum(b_w, KP.bit_length() - 1)
+        b_w = b_w / tl.sum(b_w, axis=0)
     b_w = tl.where(has_nan, float("nan"), b_w * scale)
     m_k = o_k < K
-    tl.store(p_ids + o_k, b_ids, mask=m_k)
-    tl.store(p_w + o_k, b_w, mask=m_k)
+    tl.store(p_ids + i_t * K + o_k, b_ids, mask=m_k)
+    tl.store(p_w + i_t * K + o_k, b_w, mask=m_k)

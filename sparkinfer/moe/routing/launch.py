@@ -25,13 +25,22 @@ ROUTING_PDL = True
 ROUTING_WARPS = 1
 
 
-def check_route(shape: tuple[int, int], dtype: torch.dtype, spec: MoESpec,
-                out: tuple[torch.Tensor, torch.Tensor], bias: torch.Tensor | None) -> None:
-    """Refuse a routing of logits of `shape` [T, E] and `dtype` into `out` (typed errors)."""
+def route(logits: torch.Tensor, spec: MoESpec, out: tuple[torch.Tensor, torch.Tensor], *,
+          bias: torch.Tensor | None = None) -> None:
+    """Top-k routing of logits [T, E] (bf16/fp16/fp32) into out = (ids [T, K] int32,
+    weights [T, K] fp32), per `spec.routing`.
+
+    bias: fp32 [E] correction bias ("sigmoid_grouped" only; selection uses
+    sigmoid + bias, weights use the sigmoid alone). Allocates nothing, no host
+    sync, capture-legal.
+    """
     ids, w = out
-    if dtype not in (torch.bfloat16, torch.float16, torch.float32):
-        raise DTypeError(f"route: logits dtype {dtype}; use bf16, fp16 or fp32")
-    t, e = shape
+    if logits.dim() != 2 or logits.stride(-1) != 1:
+        raise ShapeError(f"route: logits shape {tuple(logits.shape)} stride {logits.stride()}; "
+                         "need [T, E] with unit stride along E")
+    if logits.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise DTypeError(f"route: logits dtype {logits.dtype}; use bf16, fp16 or fp32")
+    t, e = logits.shape
     k = ids.shape[-1]
     if ids.shape != (t, k) or w.shape != (t, k) or not ids.is_contiguous() or not w.is_contiguous():
         raise ShapeError(f"route: outputs {tuple(ids.shape)}, {tuple(w.shape)}; need contiguous "
@@ -46,35 +55,12 @@ def check_route(shape: tuple[int, int], dtype: torch.dtype, spec: MoESpec,
     g = spec.n_group if sigmoid else 1
     if sigmoid and g > 1 and g & (g - 1):
         raise PlanError(f"route: n_group={g} must be a power of two")
-
-
-def route_constants(e: int, k: int, spec: MoESpec) -> dict:
-    """The routing's constexprs for E experts and top-k K (`route_token`)."""
-    sigmoid = spec.routing == "sigmoid_grouped"
-    g = spec.n_group if sigmoid else 1
-    return dict(E=e, EP=triton.next_power_of_2(e), K=k, KP=triton.next_power_of_2(k), SIGMOID=sigmoid, G=g,
-                EG=e // g, TG=spec.topk_group if sigmoid else 1, RENORM=spec.renormalize)
-
-
-def route(logits: torch.Tensor, spec: MoESpec, out: tuple[torch.Tensor, torch.Tensor], *,
-          bias: torch.Tensor | None = None) -> None:
-    """Top-k routing of logits [T, E] (bf16/fp16/fp32) into out = (ids [T, K] int32,
-    weights [T, K] fp32), per `spec.routing`.
-
-    bias: fp32 [E] correction bias ("sigmoid_grouped" only; selection uses
-    sigmoid + bias, weights use the sigmoid alone). Allocates nothing, no host
-    sync, capture-legal.
-    """
-    ids, w = out
-    if logits.dim() != 2 or logits.stride(-1) != 1:
-        raise ShapeError(f"route: logits shape {tuple(logits.shape)} stride {logits.stride()}; "
-                         "need [T, E] with unit stride along E")
-    check_route(tuple(logits.shape), logits.dtype, spec, out, bias)
-    t, e = logits.shape
     if t == 0:
         return
     pdl = ROUTING_PDL and logits.device.type != "cpu" and not triton_interpret()
     routing_kernel[(t,)](
         logits, bias if bias is not None else w, ids, w, logits.stride(0),
-        float(spec.routed_scaling_factor), **route_constants(e, ids.shape[-1], spec),
-        PDL=pdl, num_warps=ROUTING_WARPS, **(dict(launch_pdl=True) if pdl else {}))
+        float(spec.routed_scaling_factor),
+        E=e, EP=triton.next_power_of_2(e), K=k, KP=triton.next_power_of_2(k),
+        SIGMOID=sigmoid, G=g, EG=e // g, TG=spec.topk_group if sigmoid else 1,
+        RENORM=spec.renormalize, PDL=pdl, num_warps=ROUTING_WARPS, **(dict(launch_pdl=True) if pdl else {}))
