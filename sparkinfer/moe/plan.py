@@ -121,7 +121,8 @@ SMEM_FIXED = 8 * 1024
 # - NVFP4, BM 16 up to 16 rows: BM 32 loses at every mean <= 16 (M = 32..256
 #   at means 1-8: 1.32-1.49x slower; mean 16: Qwen3 M = 256 208 vs 221,
 #   Mixtral M = 64 413 vs 431, TP8 shard M = 512 533 vs 569).
-# - NVFP4 above 16 rows: BM 64, and BM 128 above 96 rows, both at BN1 128 (NVFP4_GROUPED_BN1).
+# - NVFP4 above 16 rows: BM 64, and BM 128 above 96 rows, both at BN1 128 (NVFP4_GROUPED_BN1;
+#   BM 64's FC2 at BN2 256 since, NVFP4_GROUPED_BN2_BM64).
 #   An H100 at 7c17a69 (`moe_tile_sweep.py --formats nvfp4 --tiles n128,bm64-n128`,
 #   sweeps/moe_tile_sweep_nvfp4_n128_h100.json, every config checked), us BM 64 / BM 128
 #   (both BN1 128) / the BM 32 or 16 planned before: mean 32 rows: Qwen3 M 512 278 / 449 /
@@ -185,6 +186,16 @@ GROUP_M = 8
 # 64 at the planned BM 128: Qwen3 M 4096 1,138 / 1,495, Mixtral M 1024 2,128 / 2,877, M
 # 4096 6,846 / 9,536, TP8 shard M 4096 2,101 / 2,549, DeepSeek-V3 M 4096 10,728 / 13,991.
 NVFP4_GROUPED_BN1 = 128
+# NVFP4 grouped FC2 at BM 64: 256 weight rows a program, two accumulation chains a warpgroup
+# where 128 gave one chain of 8 HGMMA.64x128x16 a step (sm_90 compile: 228 registers, no
+# spill). H200 at 0812327 (`moe_tile_sweep.py --formats nvfp4 --tiles
+# n128-bn2-256,bm64-n128-bn2-256`, sweeps/moe_tile_sweep_nvfp4_bn2_256_h200.json, every config
+# checked against the fp32 reference), us BN2 256 / 128 at the planned BM 64: DeepSeek-V3 M
+# 1024 3,791 / 4,001 (FC2 1,340 / 1,548), its TP8 shard 690 / 745, Qwen3 381 / 396. At BM 128
+# BN2 256 was faster too (Qwen3 M 4096 1,146 / 1,196, the TP8 shard 1,904 / 2,052, DeepSeek-V3
+# 10,231 / 10,533, Mixtral M 1024 2,146 / 2,176, M 4096 7,141 / 7,217), but its FC2 spills 292
+# bytes (tuning.TILES_NVFP4), so BM 128 keeps 128.
+NVFP4_GROUPED_BN2_BM64 = 256
 # NVFP4 from NVFP4_DEQUANT_MIN_ROWS mean routed rows per active expert: the call
 # dequantizes its experts to bf16 once (`kernels/convert.py`, a chunk of experts
 # at a time within MoECaps.dequant_scratch_bytes) and runs the bf16 grouped
@@ -382,7 +393,7 @@ def _config(caps: MoECaps, spec: MoESpec, tokens: int, chunk: int) -> TileConfig
         bn1 = bn2 = 64
         budget, warps, deep = SMEM_TWO_PER_SM, 4, 3
     elif nvfp4:  # each warpgroup decodes its own 64 weight rows (NVFP4_GROUPED_BN1)
-        bn1, bn2 = NVFP4_GROUPED_BN1, 128
+        bn1, bn2 = NVFP4_GROUPED_BN1, NVFP4_GROUPED_BN2_BM64 if bm == 64 else 128
         budget, warps, deep = SMEM_ONE_PER_SM, 8, 4
     else:
         # FC1 loads gate and up tiles per step, so it keeps BN at 64.
