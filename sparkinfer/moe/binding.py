@@ -274,6 +274,9 @@ def bind(plan: MoEPlan, scratch: dict, weights: MoEWeights, *, x: torch.Tensor,
                         "only grouped fp8_block configs take 2 (an activation group in two halves), else 1")
     if cfg.fp8_rescale and fmt != "fp8_block":
         raise PlanError(f"bind: config fp8_rescale=True for {fmt} weights; only fp8_block configs take it")
+    if cfg.block_m2 and (cfg.family != "grouped" or cfg.block_m2 < 16 or cfg.block_m % cfg.block_m2):
+        raise PlanError(f"bind: config block_m2={cfg.block_m2} for a {cfg.family!r} bucket of block_m="
+                        f"{cfg.block_m}; FC2's rows must be a grouped tile's divisor of at least 16, or 0")
     bk = cfg.block_k
     if cfg.dequant_experts and bk and plan.chunk % bk:
         raise PlanError(f"bind: dequantized config with block_k={bk}; its copies keep the NVFP4 kernels' "

@@ -276,14 +276,15 @@ def _grouped(b: MoEBinding, w1: _Weights, w2: _Weights, common: dict):
             KCH=b.plan.chunk if chunk else 0, **common)
         if chunk:
             ww2 = _decoded(b, w2, wb, e_lo, e_hi, h, i)
+        bm2 = cfg.fc2_block_m  # FC2's rows a program: block_m / bm2 programs a sorted tile
         d_a = TensorDescriptor(inter, list(inter.shape), list(inter.stride()),
-                               [cfg.block_m, bk]) if cfg.tma else inter
-        moe_fc2_kernel[_grid(cfg, tiles, h, cfg.block_n2)](
+                               [bm2, bk]) if cfg.tma else inter
+        moe_fc2_kernel[_grid(cfg, tiles * (cfg.block_m // bm2), h, cfg.block_n2)](
             inter, inter_s, ww2.w, ww2.s, ww2.g, ids, tw, srt, te, ro,
             _desc(cfg, ww2, e_hi - e_lo, h, i, cfg.block_n2, bk), d_a, t, h, i // bk, i // bk,
-            e_lo, e_hi, inter.stride(0), *ww2.strides, 0, ro.stride(0), BM=cfg.block_m,
+            e_lo, e_hi, inter.stride(0), *ww2.strides, 0, ro.stride(0), BM=bm2,
             BN=cfg.block_n2, MICRO=False, X_FP8=True, num_stages=cfg.stages2,
-            GROUP=cfg.group_m, TMA=cfg.tma, **common)
+            GROUP=cfg.group_m, TMA=cfg.tma, TILE_M=cfg.block_m if bm2 != cfg.block_m else 0, **common)
     return ro
 
 

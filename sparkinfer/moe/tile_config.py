@@ -50,6 +50,12 @@ class TileConfig:
     fc1_passes (fp8_block grouped only): 2 runs each FC1 program's 128 rows (one
     activation group) as two K passes of 64 (kernels/fc1.py), so BM 128 fits the
     registers; same bytes. Never planned: slower than one pass on the H200 (tuning.TILES_FP8).
+    block_m2 (grouped only): FC2's routed rows per program, 0 for block_m; a divisor of
+    block_m, >= 16. FC2 then runs block_m / block_m2 programs a sorted tile, each on
+    block_m2 consecutive sorted rows (of their tile's expert); one whose rows are all the
+    tile's padding returns at once. Each row's sums are the same K chain at either width,
+    so the bits are block_m's. FC2 is not FC1: its one weight matrix per tile fits a wider
+    BN2 at fewer rows (a sweep candidate, tuning.TILES_NVFP4).
     fp8_rescale (fp8_block): the accumulation kept in units of each K step's scales, and
     grouped tiles of BM >= 64 with their routed rows on the MMA's M side (kernels/fp8.py
     RESCALE, ROWS; `rows_on_mma_m`): BM 128 in one pass fits the registers. Other sums than
@@ -72,6 +78,12 @@ class TileConfig:
     tma: bool = False
     fc1_passes: int = 1
     fp8_rescale: bool = False
+    block_m2: int = 0
+
+    @property
+    def fc2_block_m(self) -> int:
+        """FC2's routed rows per program (`block_m2`, or block_m)."""
+        return self.block_m2 or self.block_m
 
     @property
     def rows_on_mma_m(self) -> bool:

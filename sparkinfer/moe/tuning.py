@@ -93,11 +93,15 @@ TILES_FP8 = (("bm128-rescale", 128, 128, 128, 8, 1, 128, 1, True),
 # DeepSeek-V3 M 4096 10,761 / 12,820 / 22,042 (at BM 128 twice the programs load each activation tile).
 # BN2 256 gives each FC2 warpgroup two accumulation chains (sm_90 compile: BM 128 spills 292
 # bytes at 255 registers, BM 64 takes 228, no spill); timed on an H200 at 0812327: faster at
-# all 8 points (plan.NVFP4_GROUPED_BN2_BM64 has the numbers), planned at BM 64 since.
+# all 8 points (plan.NVFP4_GROUPED_BN2_BM64 has the numbers), planned at BM 64 since. At BM 128 FC1
+# ran fastest (Qwen3 M 4096 582 us against 655 at BM 64) and FC2 slowest (496 at BN2 256 against 411
+# at BM 64): "n128-fc2-bm64-bn2-256" runs FC1 at BM 128 and FC2 at 64 rows a program over the same
+# sorted tiles (TileConfig.block_m2; 10th field); not yet timed on a GPU.
 TILES_NVFP4 = (("bn1-64", 128, 64, 128, 8, 1, 128), ("bm64-bn1-64", 64, 64, 128, 8, 1, 128),
                ("bm64-w4", 64, 64, 128, 4, 1, 128), ("n128", 128, 128, 128, 8, 1, 128),
                ("bm64-n128", 64, 128, 128, 8, 1, 128), ("n128-bn2-256", 128, 128, 256, 8, 1, 128),
-               ("bm64-n128-bn2-256", 64, 128, 256, 8, 1, 128))
+               ("bm64-n128-bn2-256", 64, 128, 256, 8, 1, 128),
+               ("n128-fc2-bm64-bn2-256", 128, 128, 256, 8, 1, 128, 1, False, 64))
 
 
 def grouped_config(p: MoEPlan, bm: int, bn1: int, bn2: int, decode: str) -> TileConfig:
@@ -189,9 +193,10 @@ def _other_nvfp4_path(p: MoEPlan, tokens: int) -> tuple[str, TileConfig]:
 
 
 def _tile(p: MoEPlan, bm: int, bn1: int, bn2: int, warps: int, per_sm: int, bk: int,
-          chosen: TileConfig, passes: int = 1, rescale: bool = False) -> MoEPlan:
+          chosen: TileConfig, passes: int = 1, rescale: bool = False, bm2: int = 0) -> MoEPlan:
     """p forced to these tiles, with the chosen config's decode, program order and loads
-    (rescale: the rescaled FP8 accumulation, TileConfig.fp8_rescale). NVFP4: the NVFP4
+    (rescale: the rescaled FP8 accumulation, TileConfig.fp8_rescale; bm2: FC2's rows a
+    program, TileConfig.block_m2). NVFP4: the NVFP4
     kernels' tiles, whose prepared weights no TMA descriptor walks, even where the plan
     chose the dequantized path (its bf16 tiles load the copies by TMA)."""
     nvfp4 = p.spec.weight_format == "nvfp4"
@@ -205,10 +210,11 @@ def _tile(p: MoEPlan, bm: int, bn1: int, bn2: int, warps: int, per_sm: int, bk: 
 
     act = 1 if fp8 else 2  # bytes per activation element
     fc1 = halves * _weight_bytes(bn1, bk, nvfp4, fp8) + bk * bm * act
-    fc2 = _weight_bytes(bn2, bk, nvfp4, fp8) + bk * bm * act
+    fc2 = _weight_bytes(bn2, bk, nvfp4, fp8) + bk * (bm2 or bm) * act
     cfg = TileConfig("grouped", bm, bn1, bn2, num_warps=warps, stages1=stages(fc1),
                      stages2=stages(fc2), decode=chosen.decode, group_m=chosen.group_m,
-                     tma=chosen.tma and not nvfp4, fc1_passes=passes, fp8_rescale=rescale or chosen.fp8_rescale)
+                     tma=chosen.tma and not nvfp4, fc1_passes=passes, fp8_rescale=rescale or chosen.fp8_rescale,
+                     block_m2=bm2)
     return dataclasses.replace(p.forced(cfg), chunk=bk)
 
 

@@ -83,6 +83,16 @@ def test_bind_rejects_configs_that_cannot_serve_the_call(layer):
         bind(wide, allocate_scratch(wide, "cpu"), w, **_good(17))
 
 
+@pytest.mark.parametrize("bm2, family", [(8, "micro"), (48, "grouped"), (8, "grouped"), (128, "grouped")])
+def test_bind_rejects_fc2_rows_that_do_not_divide_the_tile(layer, bm2, family):
+    """TileConfig.block_m2: a divisor of a grouped tile's block_m, at least 16 (64 here)."""
+    p, w, _, _ = layer
+    cfg = dataclasses.replace(p.config_for(1), family="grouped", block_m=64) if family == "grouped" else p.config_for(1)
+    bad = p.forced(dataclasses.replace(cfg, block_m2=bm2))
+    with pytest.raises(PlanError, match=f"block_m2={bm2}"):
+        bind(bad, allocate_scratch(bad, "cpu"), w, **_good())
+
+
 def test_missing_out_allocates_eagerly_but_raises_during_capture(layer, monkeypatch):
     p, w, _, scratch = layer
     b = bind(p, scratch, w, **_good())

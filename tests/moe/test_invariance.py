@@ -56,7 +56,9 @@ def test_probe_token_is_the_same_bits_at_every_bucket(fmt, buckets):
 
 def test_nvfp4_probe_token_through_the_wide_grouped_tiles():
     """NVFP4 at T 96 (24 rows an expert: BM 64, BN1 128, plan.NVFP4_GROUPED_BN1) and forced
-    to BM 128 and to BN1 64 (the tiles planned before): the probe's bits at T = 1 (micro)."""
+    to BM 128, to BN1 64 (the tiles planned before) and to FC2 programs of fewer rows than
+    the sorted tiles (TileConfig.block_m2: 32 and 16 of 64, 64 of 128, BN2 128 and 256):
+    the probe's bits at T = 1 (micro)."""
     layer = _layer("nvfp4", True, seed=3, max_tokens=128)
     cfg = layer.plan.config_for(96)
     assert (cfg.family, cfg.block_m, cfg.block_n1, cfg.num_warps) == ("grouped", 64, 128, 8)
@@ -64,7 +66,9 @@ def test_nvfp4_probe_token_through_the_wide_grouped_tiles():
     probe = (torch.randn(H, generator=g).bfloat16(), (2 * torch.randn(E, generator=g)).bfloat16())
     alone = _probe_out(layer, probe, 1, 0)
     planned = layer.plan
-    for forced in (None, dataclasses.replace(cfg, block_m=128), dataclasses.replace(cfg, block_n1=64)):
+    fewer = [dataclasses.replace(cfg, block_m2=32), dataclasses.replace(cfg, block_m2=16, block_n2=128),
+             dataclasses.replace(cfg, block_m=128, block_m2=64)]
+    for forced in (None, dataclasses.replace(cfg, block_m=128), dataclasses.replace(cfg, block_n1=64), *fewer):
         layer.plan = planned if forced is None else planned.forced(forced)
         layer.scratch = allocate_scratch(layer.plan, "cpu")
         got = _probe_out(layer, probe, 96, 7)

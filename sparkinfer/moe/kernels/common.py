@@ -359,17 +359,24 @@ def micro_rows(p_ids, i_r, T, E: tl.constexpr, K: tl.constexpr, BM: tl.constexpr
 
 @triton.jit
 def program_rows(p_ids, p_sorted, p_tile_e, i_m, T, E: tl.constexpr, K: tl.constexpr,
-                 BM: tl.constexpr, KP: tl.constexpr, RP: tl.constexpr, MICRO: tl.constexpr):
+                 BM: tl.constexpr, KP: tl.constexpr, RP: tl.constexpr, MICRO: tl.constexpr,
+                 TILE_M: tl.constexpr = 0):
     """(expert or -1, route per row or -1, row index of the program's A/output rows)
     of GEMM program i_m: MICRO, route slot i_m (`micro_rows`; rows are indexed by
-    route); else sorted tile i_m (`tile_expert`, `sorted_route`)."""
+    route); else sorted tile i_m (`tile_expert`, `sorted_route`), or with TILE_M > 0
+    (sorted tiles of TILE_M rows, BM dividing it) the BM rows from i_m * BM, of the expert
+    of their tile, -1 where they are all padding."""
     if MICRO:
         e, route = micro_rows(p_ids, i_m, T, E, K, BM, KP, RP)
         o_row = route
     else:
-        e = tl.load(p_tile_e + i_m)
         o_row = i_m * BM + tl.arange(0, BM)
         route = tl.load(p_sorted + o_row)
+        if TILE_M > 0:
+            e = tl.load(p_tile_e + (i_m * BM) // TILE_M)
+            e = tl.where(tl.max(route, axis=0) >= 0, e, -1)
+        else:
+            e = tl.load(p_tile_e + i_m)
     return e, route, o_row
 
 

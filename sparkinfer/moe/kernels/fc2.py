@@ -10,7 +10,9 @@ weight when it comes before FC2, rounded to bf16). Stores fp32 partials
 out[s, route, n].
 
 GROUPED: grid (max_tiles, cdiv(H, BN), 1). Reads the bf16 activations that
-FC1 stored in sorted order and stores out[0, route, n] in the output dtype.
+FC1 stored in sorted order and stores out[0, route, n] in the output dtype. TILE_M > 0
+(TileConfig.block_m2): the sort's tiles are TILE_M rows and a program takes BM of them,
+TILE_M / BM programs a tile (grid max_tiles * TILE_M / BM).
 
 FP8: FC2 reads e4m3 activation rows with one scale per row and 128 columns
 (FC1's or moe_act_kernel's epilogue quantized them) and e4m3 weights with
@@ -98,10 +100,10 @@ def moe_fc2_kernel(
     NVFP4: tl.constexpr, FP8: tl.constexpr, X_FP8: tl.constexpr,  # X_FP8: FC1's (unused)
     GSCALE: tl.constexpr, PTX_DECODE: tl.constexpr, INTERPRET: tl.constexpr,
     PDL: tl.constexpr = False, GROUP: tl.constexpr = 0, TMA: tl.constexpr = False,
-    RESCALE: tl.constexpr = False, ROWS: tl.constexpr = False,
+    RESCALE: tl.constexpr = False, ROWS: tl.constexpr = False, TILE_M: tl.constexpr = 0,
 ):
     i_m, i_n = grouped_ids(H, BN, GROUP)
-    e, route, o_arow = program_rows(p_ids, p_sorted, p_tile_e, i_m, T, E, K, BM, KP, RP, MICRO)
+    e, route, o_arow = program_rows(p_ids, p_sorted, p_tile_e, i_m, T, E, K, BM, KP, RP, MICRO, TILE_M)
     if (e >= e_lo) & (e < e_hi):
         fc2_tile(p_a, p_as, p_w, p_s, p_gs, p_out, d_w, d_a, e, e - e_lo, route, o_arow,
                  i_m * BM, i_n, tl.program_id(2), H, num_chunks, chunks_per_split, stride_ar,
