@@ -196,6 +196,11 @@ NVFP4_GROUPED_BN1 = 128
 # 10,231 / 10,533, Mixtral M 1024 2,146 / 2,176, M 4096 7,141 / 7,217), but its FC2 spills 292
 # bytes (tuning.TILES_NVFP4), so BM 128 keeps 128.
 NVFP4_GROUPED_BN2_BM64 = 256
+
+
+def nvfp4_grouped_bn(bm: int) -> tuple[int, int]:
+    """(BN1, BN2) of NVFP4 grouped tiles of BM >= 64 rows (NVFP4_GROUPED_BN1, NVFP4_GROUPED_BN2_BM64)."""
+    return NVFP4_GROUPED_BN1, NVFP4_GROUPED_BN2_BM64 if bm == 64 else 128
 # NVFP4 from NVFP4_DEQUANT_MIN_ROWS mean routed rows per active expert: the call
 # dequantizes its experts to bf16 once (`kernels/convert.py`, a chunk of experts
 # at a time within MoECaps.dequant_scratch_bytes) and runs the bf16 grouped
@@ -393,7 +398,7 @@ def _config(caps: MoECaps, spec: MoESpec, tokens: int, chunk: int) -> TileConfig
         bn1 = bn2 = 64
         budget, warps, deep = SMEM_TWO_PER_SM, 4, 3
     elif nvfp4:  # each warpgroup decodes its own 64 weight rows (NVFP4_GROUPED_BN1)
-        bn1, bn2 = NVFP4_GROUPED_BN1, NVFP4_GROUPED_BN2_BM64 if bm == 64 else 128
+        bn1, bn2 = nvfp4_grouped_bn(bm)
         budget, warps, deep = SMEM_ONE_PER_SM, 8, 4
     else:
         # FC1 loads gate and up tiles per step, so it keeps BN at 64.

@@ -17,7 +17,6 @@ import dataclasses
 from sparkinfer.moe.plan import (
     FP8_BLOCK,
     MAX_SPLIT,
-    NVFP4_GROUPED_BN2_BM64,
     SMEM_ONE_PER_SM,
     SMEM_TWO_PER_SM,
     MoEPlan,
@@ -25,6 +24,7 @@ from sparkinfer.moe.plan import (
     _stages,
     _weight_bytes,
     dequant_chunk,
+    nvfp4_grouped_bn,
     plan,
 )
 
@@ -165,8 +165,7 @@ def candidates(p: MoEPlan, tokens: int) -> tuple[tuple[str, TileConfig], ...]:
     elif nvfp4:  # the warpgroups splitting BM (BN1 64, plan.NVFP4_GROUPED_BN1), the other BM
         out.append(("grouped-bn1-64", grouped_config(p, chosen.block_m, 64, 128, chosen.decode)))
         other = 64 if chosen.block_m == 128 else 128
-        out.append((f"grouped-bm{other}", grouped_config(p, other, 128, NVFP4_GROUPED_BN2_BM64 if other == 64
-                                                         else 128, chosen.decode)))
+        out.append((f"grouped-bm{other}", grouped_config(p, other, *nvfp4_grouped_bn(other), chosen.decode)))
     elif p.spec.weight_format == "fp8_block":  # BM 64 is the largest that fits (plan.py)
         out.append(("grouped-bn2-64", grouped_config(p, chosen.block_m, 128, 64, chosen.decode)))
         out.append(("grouped-bm32", grouped_config(p, 32, 128, 64, chosen.decode)))
