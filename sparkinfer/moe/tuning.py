@@ -42,7 +42,8 @@ TILE_STAGE_CAP = 4
 # not listed). "bk64-2cta": 96 KiB per program and <= 128 registers, so two
 # share an SM. 16 warps do not compile at BM 256 x BN 256 (ptxas needs > 128
 # registers a thread).
-TILES_LARGE = (("bn1-128", 128, 128, 128, 8, 1, 128), ("bk64", 128, 64, 128, 8, 1, 64),
+TILES_LARGE = (("fc2-bm64", 128, 128, 256, 8, 1, 64, 1, False, 64),
+               ("bn1-128", 128, 128, 128, 8, 1, 128), ("bk64", 128, 64, 128, 8, 1, 64),
                ("bk64-bn1-128", 128, 128, 128, 8, 1, 64),
                ("bk64-bn2-256", 128, 64, 256, 8, 1, 64),
                ("bk64-wide", 128, 128, 256, 8, 1, 64), ("bk64-2cta", 128, 64, 128, 8, 2, 64),
@@ -75,6 +76,7 @@ TILES_SMALL = (("bm16", 16, 64, 64, 4, 2, 128), ("bn2-128", 32, 64, 128, 4, 2, 1
 # Compiled for sm_90 on the CPU without a spill (tests/moe/test_compile_sm90.py); timed on an
 # H100 at 79e4281 (plan.FP8_RESCALE_BM128_MIN_ROWS has the numbers).
 TILES_FP8 = (("bm128-rescale", 128, 128, 128, 8, 1, 128, 1, True),
+             ("bm128-rescale-fc2-bm64", 128, 128, 128, 8, 1, 128, 1, True, 64),
              ("bm128-2pass-rescale", 128, 128, 128, 8, 1, 128, 2, True),
              ("bm64-rescale", 64, 128, 128, 8, 1, 128, 1, True),
              ("bm128-2pass", 128, 128, 128, 8, 1, 128, 2), ("bm128-2pass-bn2-64", 128, 128, 64, 8, 1, 128, 2),
