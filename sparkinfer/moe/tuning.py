@@ -129,14 +129,14 @@ def candidates(p: MoEPlan, tokens: int) -> tuple[tuple[str, TileConfig], ...]:
     """(name, config) to time at `tokens`, the plan's own choice first ("planned").
 
     micro buckets (T <= 16): FC1 unsplit where the plan splits it, twice the
-    reduction splits (more programs in flight at tiny T), and grouped BM 16
-    from T 4 (where micro stops paying).
+    reduction splits (more programs in flight at tiny T), 8 warps a program (the
+    NVFP4 decode's issue slots), and grouped BM 16 from T 4 (where micro stops paying).
     grouped: the neighbouring BMs (BM 32: 16 and 64); at BM >= 64 also BM 64 and, for bf16, wider
     FC1 tiles (BN1 128: m64 wgmma per warpgroup on gate and up), for nvfp4 BN1 64 (its
     warpgroups split BM) and the other of BM 64 / 128. nvfp4 grouped, T <= 64: the other decode.
     nvfp4 grouped: the other side of NVFP4_DEQUANT_MIN_ROWS second ("dequant":
     bf16 tiles on decoded copies, or "nvfp4-kernel"), so the sweep times the
-    threshold. At most four per T, so a sweep of 4 shapes x 2 formats x 4 T
+    threshold. At most five per T, so a sweep of 4 shapes x 2 formats x 4 T
     compiles in about three minutes. Pure.
     """
     chosen = p.config_for(tokens)
@@ -156,6 +156,8 @@ def candidates(p: MoEPlan, tokens: int) -> tuple[tuple[str, TileConfig], ...]:
         if (s1, s2) != (chosen.split1, chosen.split2):
             out.append((f"micro-s{s1}x{s2}", dataclasses.replace(chosen, split1=s1,
                                                                 split2=s2, stages2=2)))
+        if chosen.num_warps == 4:  # two warpgroups on n8 halves of the rows (sm_90: m64n8k16)
+            out.append(("micro-w8", dataclasses.replace(chosen, num_warps=8)))
         if tokens >= 4:
             out.append(("grouped-bm16", grouped_config(p, 16, 64, 64, chosen.decode)))
         return tuple(out)
