@@ -7,6 +7,7 @@ __all__ = [
     "SparkInferError",
     "UnsupportedModelError",
     "CheckpointError",
+    "ModelFetchError",
     "ShapeError",
     "DTypeError",
     "DeviceError",
@@ -127,6 +128,11 @@ class PlanError(SparkInferError, ValueError):
 class UnsupportedModelError(SparkInferError, ValueError):
     """A checkpoint's architecture, or a config field whose value changes the
     maths, is not one this library implements; the message names it."""
+
+
+class ModelFetchError(SparkInferError, RuntimeError):
+    """A Hugging Face Hub model id could not be fetched (unknown, gated, private, or
+    offline and not in the cache); the message says what to do."""
 
 
 class CheckpointError(SparkInferError, ValueError):

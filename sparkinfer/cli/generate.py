@@ -1,10 +1,11 @@
 """`sparkinfer generate`: text from a Hugging Face MoE checkpoint on N ranks.
 
-    sparkinfer generate --model DIR [--tp N] [--dcp N] [--moe-format bf16|nvfp4]
+    sparkinfer generate --model DIR|ORG/NAME [--tp N] [--dcp N] [--moe-format bf16|nvfp4]
                         [--max-new-tokens 64] [--temperature 0] [--top-p 1]
                         [--draft DIR | --self-draft N] [--spec-k 3] --prompt "..."
 
-Before any rank starts, the launch is checked on this process: the config
+--model (and --draft) is a checkpoint directory or a Hugging Face model id, fetched
+here once (`models.hub`). Before any rank starts, the launch is checked on this process: the config
 against the world size, DCP, expert format and the prompt's length
 (`models.validate.validate_launch`), and every checkpoint file's header; what
 cannot run is refused in one line. The tokenizer comes from the checkpoint
@@ -31,11 +32,18 @@ def generate(args) -> int:
     from sparkinfer.engine.session import GenerateRequest
     from sparkinfer.models.checkpoint import Checkpoint
     from sparkinfer.models.config import load_spec
+    from sparkinfer.models.hub import resolve_model
     from sparkinfer.models.tokenizer import load_tokenizer
     from sparkinfer.models.validate import validate_launch
     from sparkinfer.runtime.ranks import resolve_backend, run_ranks
 
     con = Console(stderr=True)
+    for dest, flag in (("model", "--model"), ("draft", "--draft")):  # a Hub id: fetched once, here
+        if getattr(args, dest) is not None:
+            ref = resolve_model(getattr(args, dest), what=flag)
+            if ref.repo_id is not None:
+                con.print(f"[dim]{flag} {ref.repo_id}: {ref.path}", soft_wrap=True)
+            setattr(args, dest, ref.path)
     spec = load_spec(args.model)
     ids = load_tokenizer(args.model).encode(args.prompt)
     launch = dict(tp=args.tp, dcp=args.dcp, moe_format=args.moe_format)
@@ -102,7 +110,8 @@ def _printer(path: str, prompt: str):
 
 def add_parser(sub) -> None:
     p = sub.add_parser("generate", help="generate text from a Hugging Face MoE checkpoint")
-    p.add_argument("--model", required=True, help="checkpoint directory (config.json, *.safetensors, tokenizer)")
+    p.add_argument("--model", required=True, help="checkpoint directory (config.json, *.safetensors, tokenizer), "
+                   "or a Hugging Face model id (org/name[@revision]), fetched into the Hub's cache")
     p.add_argument("--prompt", required=True)
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks")
     p.add_argument("--dcp", type=int, default=1, help="1, or --tp to split the KV cache over the ranks")
@@ -112,7 +121,8 @@ def add_parser(sub) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--stop-id", type=int, action="append", help="token id that ends generation (repeatable)")
-    p.add_argument("--draft", default=None, help="draft checkpoint directory (same tokenizer) for speculative decoding")
+    p.add_argument("--draft", default=None, help="draft checkpoint directory or Hub id (same tokenizer) for "
+                   "speculative decoding")
     p.add_argument("--self-draft", type=int, default=0, help="speculative decoding with the target's first N layers")
     p.add_argument("--spec-k", type=int, default=3, help="draft tokens per speculative round")
     p.add_argument("--backend", default="auto", choices=("auto", "cpu", "cuda", "cuda_shared"))

@@ -1,6 +1,6 @@
 """`sparkinfer serve`: a checkpoint on N ranks behind an OpenAI-compatible HTTP API.
 
-    sparkinfer serve --model DIR [--tp 2] [--dcp 2] [--moe-format bf16|nvfp4|fp8_block]
+    sparkinfer serve --model DIR|ORG/NAME [--tp 2] [--dcp 2] [--moe-format bf16|nvfp4|fp8_block]
                      [--draft DIR | --self-draft L --spec-k K] [--max-batch B] [--max-context T]
                      [--max-waiting N] [--host H] [--port P] [--backend auto|cpu|cuda|cuda_shared]
                      [--timeout S] [--served-model-name NAME] [--grace S]
@@ -70,6 +70,8 @@ def _options(args):
 
 
 def run(args) -> int:
+    from sparkinfer.models.hub import resolve_model
+
     with contextlib.ExitStack() as stack:
         model = args.model
         if args.demo:
@@ -83,6 +85,15 @@ def run(args) -> int:
             tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sparkinfer_serve_demo_")))
             model = str(make_checkpoint(args.preset, tmp / args.preset, seed=SEEDS.get(args.preset, 0)))
             print(f"wrote a tiny random {args.preset} checkpoint (transformers save_pretrained) to {model}")
+        else:  # a Hub id: fetched once, here, and served under its name
+            ref = resolve_model(model)
+            if ref.repo_id is not None:
+                print(f"--model {ref.repo_id}: {ref.path}", flush=True)
+                if args.served_model_name is None:
+                    args.served_model_name = ref.repo_id
+            model = ref.path
+        if args.draft is not None:
+            args.draft = resolve_model(args.draft, what="--draft").path
         config = engine_config(args, model)
         from sparkinfer.engine.serving import ServingEngine
         print(f"starting the engine: {config.tp} rank(s), backend {config.backend}, {config.model}", flush=True)
@@ -94,14 +105,16 @@ def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve a checkpoint over an OpenAI-compatible HTTP API",
                        description=__doc__.split("\n\n")[0])
     what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--model", help="checkpoint directory (config.json, *.safetensors, tokenizer files)")
+    what.add_argument("--model", help="checkpoint directory (config.json, *.safetensors, tokenizer files), or a "
+                      "Hugging Face model id (org/name[@revision]), fetched into the Hub's cache and served by "
+                      "that name")
     what.add_argument("--demo", action="store_true", help="write a tiny random checkpoint and serve it")
     p.add_argument("--preset", default="qwen3_moe-tiny", help="--demo's tiny preset")
     p.add_argument("--tp", type=int, default=None, help="tensor-parallel ranks (default 1)")
     p.add_argument("--dcp", type=int, default=None, help="1, or --tp to split the KV cache over the ranks")
     p.add_argument("--moe-format", default=None, choices=("bf16", "nvfp4", "fp8_block"))
     draft = p.add_mutually_exclusive_group()
-    draft.add_argument("--draft", default=None, help="draft checkpoint directory (same tokenizer)")
+    draft.add_argument("--draft", default=None, help="draft checkpoint directory or Hub id (same tokenizer)")
     draft.add_argument("--self-draft", type=int, default=None, metavar="L", help="the first L layers as the draft")
     p.add_argument("--spec-k", type=int, default=None, metavar="K", help="draft tokens per speculative round")
     p.add_argument("--max-batch", type=int, default=None, help="requests decoding at once (cache slots)")
