@@ -50,7 +50,7 @@ CONTEXT_ROUND = 256
 def add_arguments(p) -> None:
     target = p.add_mutually_exclusive_group()
     target.add_argument("--url", help="an OpenAI-compatible server already running (http://host:port)")
-    target.add_argument("--model", help="a checkpoint directory: `sparkinfer serve --model` is started")
+    target.add_argument("--model", help="a checkpoint directory or Hub id: `sparkinfer serve --model` is started")
     target.add_argument("--preset", help="a realistic preset with random weights (e.g. qwen3-30b-a3b)")
     p.add_argument("--layers", type=int, default=8, help="decoder layers of --preset")
     p.add_argument("--checkpoint-dir", default=None,
