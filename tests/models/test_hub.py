@@ -4,6 +4,7 @@ typed line that says what to do; `generate` and `serve` hand the ranks the snaps
 directory, and `serve` names the model by its id."""
 
 import fnmatch
+import json
 
 import huggingface_hub
 import pytest
@@ -13,7 +14,7 @@ import sparkinfer.runtime.ranks as ranks
 from sparkinfer.cli import main
 from sparkinfer.errors import ModelFetchError, UnsupportedModelError
 from sparkinfer.models.config import load_spec
-from sparkinfer.models.hub import ALLOW, ModelRef, resolve_model
+from sparkinfer.models.hub import META, ModelRef, resolve_model
 from sparkinfer.models.presets import make_checkpoint
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -90,24 +91,42 @@ def test_each_hub_failure_is_one_typed_line(cls, says, monkeypatch):
     assert str(info.value).startswith(says) and "\n" not in str(info.value)
 
 
-def test_only_the_files_a_rank_reads_are_fetched(monkeypatch, tmp_path):
-    asked = {}
+@pytest.mark.parametrize("indexed", [True, False], ids=["index", "no-index"])
+def test_only_the_files_a_rank_reads_are_fetched(indexed, monkeypatch, tmp_path):
+    """The config, tokenizer and index first; then the weights the index names (not a
+    consolidated copy beside them), or without an index the top folder's safetensors;
+    both at the commit the first fetch resolved."""
+    snap = tmp_path / COMMIT
+    snap.mkdir()
+    if indexed:
+        shards = {"a.weight": "model-00001-of-00002.safetensors", "b.weight": "model-00002-of-00002.safetensors",
+                  "c.weight": "model-00001-of-00002.safetensors"}
+        (snap / "model.safetensors.index.json").write_text(json.dumps({"weight_map": shards}))
+    calls = []
 
-    def fetch(repo, revision=None, allow_patterns=None):
-        asked.update(repo=repo, revision=revision, patterns=allow_patterns)
-        return str(tmp_path)
+    def fetch(repo, revision=None, allow_patterns=None, ignore_patterns=None):
+        calls.append((repo, revision, allow_patterns, ignore_patterns))
+        return str(snap)
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fetch)
-    assert resolve_model("org/x@abc") == ModelRef(str(tmp_path), "org/x", "abc")
-    assert asked["repo"] == "org/x" and asked["revision"] == "abc" and asked["patterns"] == list(ALLOW)
+    assert resolve_model("org/x@v2") == ModelRef(str(snap), "org/x", "v2")
+    (repo, rev, meta, no), (repo2, rev2, weights, skip) = calls
+    assert (repo, rev, meta, no) == ("org/x", "v2", list(META), None) and (repo2, rev2) == ("org/x", COMMIT)
+    for name in ("config.json", "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json",
+                 "tokenizer.model", "hf_quant_config.json", "chat_template.jinja"):
+        assert any(fnmatch.fnmatch(name, p) for p in meta), name
 
-    def wanted(name):
-        return any(fnmatch.fnmatch(name, p) for p in asked["patterns"])
-    for name in ("config.json", "model-00001-of-00016.safetensors", "model.safetensors.index.json",
-                 "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "hf_quant_config.json"):
-        assert wanted(name), name
-    for name in ("pytorch_model-00001-of-00002.bin", "model.gguf", "original/consolidated.00.pth", "README.md"):
-        assert not wanted(name), name
+    def fetched(name):
+        return any(fnmatch.fnmatch(name, p) for p in weights) and not any(fnmatch.fnmatch(name, p)
+                                                                          for p in skip or ())
+    assert not any(fnmatch.fnmatch(w, p) for w in ("model.safetensors", "x.bin") for p in meta)
+    wanted = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"] if indexed else \
+        ["model.safetensors", "model-00001-of-00002.safetensors"]
+    for name in wanted:
+        assert fetched(name), name
+    unwanted = ["pytorch_model.bin", "model.gguf", "original/model.safetensors"]
+    for name in unwanted + (["consolidated.safetensors"] if indexed else []):
+        assert not fetched(name), name
 
 
 def _no_ranks(*args, **kwargs):
