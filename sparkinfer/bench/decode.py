@@ -5,6 +5,12 @@
                             [--batches 1,8,32,64] [--formats bf16,nvfp4] [--context 512] [--tp 2 [--dcp 2]]
                             [--overlap-batches 1,8,32] [--spec-k 3] [--invariance on|off|both] [--profile]
                             [--dry-run]
+    sparkinfer bench decode --model DIR|ORG/NAME [--batches 1,8,32,64] [--formats bf16,nvfp4]
+
+`--model`: a checkpoint of one's own (a directory, or a Hugging Face id fetched as
+`generate` fetches it) instead of the presets: its tensors through the loader, at its
+own depth, ours and the torch ops at TP 1, rows named by the id (or the directory)
+with `weights` "checkpoint"; no transformers or speculative rows.
 
 Per preset (realistic dimensions, random weights made on the GPU by transformers'
 own model class, `--layers` decoder layers): our decoder with bf16 and NVFP4
@@ -48,6 +54,8 @@ keep their values.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from sparkinfer.bench.decode_memory import max_cache_len, preset_layers
 
@@ -97,6 +105,8 @@ def add_arguments(p) -> None:
                    help="our decoder batch-invariant (on), batch-dependent (off), or both in paired rows")
     p.add_argument("--out", default=None, help="default benchmarks/results/decode_<machine>.json "
                                                "(decode_full_depth_<machine>.json with --full-depth)")
+    p.add_argument("--model", default=None, help="a checkpoint directory or Hugging Face id (org/name): our "
+                   "decoder on its own weights instead of the presets' random ones (TP 1)")
     p.add_argument("--dry-run", action="store_true", help="a tiny preset on the CPU (logic check only)")
 
 
@@ -105,6 +115,18 @@ def resolve(args) -> str | None:
     why the combination is refused, or None."""
     if args.full_depth and args.layers is not None:
         return f"--full-depth with --layers {args.layers}: give one of them"
+    if args.model is not None:
+        given = [f for f, v in (("--presets", args.presets), ("--layers", args.layers),
+                                ("--full-depth", args.full_depth), ("--hf-batches", args.hf_batches),
+                                ("--spec-k", args.spec_k)) if v]
+        given += [f"--tp {args.tp}"] * (args.tp > 1) + [f"--weights {args.weights}"] * (args.weights != "transformers")
+        if given:
+            return (f"--model with {', '.join(given)}: a checkpoint runs with its own weights and depth, on one GPU "
+                    "(ours and the torch ops; no transformers or speculative rows)")
+        from sparkinfer.models.hub import resolve_model
+
+        args.model_ref = resolve_model(args.model)  # a Hub id: fetched once, here
+        args.presets, args.weights, args.hf_batches, args.spec_k = args.model_ref.path, "checkpoint", "", 0
     explicit_hf = args.hf_batches
     for k, v in (_DRY_DEFAULTS if args.dry_run else _GPU_DEFAULTS).items():
         if getattr(args, k) is None:
@@ -129,7 +151,7 @@ def check_memory(args, free_bytes: int) -> None:
 
     batch = max(int(b) for b in args.batches.split(","))
     for preset in args.presets.split(","):
-        spec = load_spec(preset_config(preset, layers=preset_layers(args)))
+        spec = load_spec(preset if args.model else preset_config(preset, layers=preset_layers(args)))
         for fmt in args.formats.split(","):
             need = memory_need(spec, fmt, source=args.weights, batch=batch, max_len=max_cache_len(args),
                                sharding=Sharding(0, args.tp, args.dcp))
@@ -168,11 +190,16 @@ def _rows_for(preset, args, dev, bw, say) -> list[dict]:
     batches = [int(b) for b in args.batches.split(",")]
     ctx = args.context
     cuda = dev.type == "cuda"
-    if args.weights == "transformers":
-        model, cfg = hf_model(preset, preset_layers(args), dev)
+    if args.model:  # the checkpoint's own tensors through the loader (`preset` is its directory)
+        from sparkinfer.models.checkpoint import Checkpoint
+        from sparkinfer.models.config import load_spec
+
+        model, cfg, vocab = Checkpoint(preset), preset, load_spec(preset).vocab_size
+        preset = args.model_ref.repo_id or Path(preset).name
     else:
-        model, cfg = random_model(preset, preset_layers(args), dev)
-    prompt = torch.randint(0, cfg["vocab_size"], (ctx,)).tolist()
+        model, cfg = (hf_model if args.weights == "transformers" else random_model)(preset, preset_layers(args), dev)
+        vocab = cfg["vocab_size"]
+    prompt = torch.randint(0, vocab, (ctx,)).tolist()
     ref = None
     if args.weights == "transformers":
         with torch.no_grad():
@@ -182,7 +209,7 @@ def _rows_for(preset, args, dev, bw, say) -> list[dict]:
         if cuda:
             torch.cuda.reset_peak_memory_stats(dev)
         spec, dec, engine = build(model, cfg, fmt=fmt, ops=ops, batch=max(batches), max_len=ctx + 64,
-                                  max_tokens=max(max(batches), min(ctx, 512)), batch_invariant=inv)
+                                  max_tokens=max(max(batches), min(ctx, 512)), batch_invariant=inv, device=dev)
         mem = _memory_fields(args, spec, fmt, dev)
         with torch.no_grad():
             logits = prefill_rows(engine, prompt, max(batches)).float()

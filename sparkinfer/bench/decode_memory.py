@@ -37,7 +37,7 @@ __all__ = ["MemoryNeed", "memory_need", "check_fits", "EXPERT_BYTES", "preset_la
 
 # Bytes per expert weight in each format the decoder runs.
 EXPERT_BYTES = {"bf16": 2.0, "nvfp4": 0.5 + 1 / 16}
-SOURCES = ("transformers", "random-direct")
+SOURCES = ("transformers", "random-direct", "checkpoint")
 RESERVE_BYTES = 4_000_000_000
 QUANTIZE_FP32_FACTOR = 5  # quantize_nvfp4's temporaries over its input's fp32 size (4.3x measured)
 PAD_MULTIPLE = 32  # moe/plan.py PAD_MULTIPLE: the prepared experts' I is a multiple of it
@@ -65,8 +65,8 @@ class MemoryNeed:
 
 def memory_need(spec, fmt: str, *, source: str, batch: int, max_len: int, sharding=None) -> MemoryNeed:
     """Bytes one rank (`sharding`, default the whole model) needs to build `spec` with
-    experts in `fmt` ("bf16" or "nvfp4") from weights of `source` ("transformers" or
-    "random-direct") and a KV cache of batch + 1 slots of max_len positions.
+    experts in `fmt` ("bf16" or "nvfp4") from weights of `source` ("transformers",
+    "random-direct" or "checkpoint": a directory's own tensors) and a KV cache of batch + 1 slots of max_len positions.
     PlanError for an unknown fmt or source; ShapeError where the loader would raise one."""
     from sparkinfer.models.loader import head_shard, vocab_shard
     from sparkinfer.models.weights import Sharding

@@ -62,9 +62,10 @@ def random_model(preset: str, layers: int | None, device, *, agree_after: int | 
 
 
 def build(model, cfg, *, fmt: str, ops: str, batch: int, max_len: int, max_tokens: int, sharding=None,
-          comm=None, batch_invariant: bool = True):
+          comm=None, batch_invariant: bool = True, device=None):
     """(spec, decoder, engine) of our model on `model`'s weights: a transformers model
-    (its state dict is read) or a `RandomSource` (`random_model`); one rank's shard
+    (its state dict is read), a `RandomSource` (`random_model`) or a `Checkpoint` (read
+    onto `device`; cfg its directory, for `load_spec`); one rank's shard
     (`sharding`, default the whole model) over `comm` (None for one rank);
     batch_invariant: the decoder's switch (see `Decoder`). Allocates on the model's device.
 
@@ -74,6 +75,7 @@ def build(model, cfg, *, fmt: str, ops: str, batch: int, max_len: int, max_token
     is the model plus one layer's copy, not the model plus every w1 (Mixtral-8x7B at
     32 layers: 93 GB of weights and 60 GB of w1, more than an H200 holds)."""
     from sparkinfer.engine import Engine
+    from sparkinfer.models.checkpoint import Checkpoint
     from sparkinfer.models.config import load_spec
     from sparkinfer.models.decoder import Decoder, KVCache, prepare_moe
     from sparkinfer.models.loader import load_weights
@@ -81,8 +83,8 @@ def build(model, cfg, *, fmt: str, ops: str, batch: int, max_len: int, max_token
     from sparkinfer.models.tensor_source import TensorSource
     from sparkinfer.models.weights import Sharding
 
-    dev = model.device
-    src = model if isinstance(model, RandomSource) else TensorSource(model.state_dict())
+    dev = device if device is not None else model.device
+    src = model if isinstance(model, (RandomSource, Checkpoint)) else TensorSource(model.state_dict())
     spec = load_spec(cfg)
     sh = sharding or Sharding()
     weights = load_weights(src, spec, sh, device=dev, moe_format=fmt)
