@@ -5,12 +5,12 @@
                             [--batches 1,8,32,64] [--formats bf16,nvfp4] [--context 512] [--tp 2 [--dcp 2]]
                             [--overlap-batches 1,8,32] [--spec-k 3] [--invariance on|off|both] [--profile]
                             [--dry-run]
-    sparkinfer bench decode --model DIR|ORG/NAME [--batches 1,8,32,64] [--formats bf16,nvfp4]
+    sparkinfer bench decode --model DIR|ORG/NAME [--batches 1,8,32,64] [--formats bf16,nvfp4] [--tp 2]
 
 `--model`: a checkpoint of one's own (a directory, or a Hugging Face id fetched as
 `generate` fetches it) instead of the presets: its tensors through the loader, at its
-own depth, ours and the torch ops at TP 1, rows named by the id (or the directory)
-with `weights` "checkpoint"; no transformers or speculative rows.
+own depth, ours and the torch ops (on --tp ranks too), rows named by the id (or the
+directory) with `weights` "checkpoint"; no transformers or speculative rows.
 
 Per preset (realistic dimensions, random weights made on the GPU by transformers'
 own model class, `--layers` decoder layers): our decoder with bf16 and NVFP4
@@ -106,7 +106,7 @@ def add_arguments(p) -> None:
     p.add_argument("--out", default=None, help="default benchmarks/results/decode_<machine>.json "
                                                "(decode_full_depth_<machine>.json with --full-depth)")
     p.add_argument("--model", default=None, help="a checkpoint directory or Hugging Face id (org/name): our "
-                   "decoder on its own weights instead of the presets' random ones (TP 1)")
+                   "decoder on its own weights instead of the presets' random ones")
     p.add_argument("--dry-run", action="store_true", help="a tiny preset on the CPU (logic check only)")
 
 
@@ -119,9 +119,9 @@ def resolve(args) -> str | None:
         given = [f for f, v in (("--presets", args.presets), ("--layers", args.layers),
                                 ("--full-depth", args.full_depth), ("--hf-batches", args.hf_batches),
                                 ("--spec-k", args.spec_k)) if v]
-        given += [f"--tp {args.tp}"] * (args.tp > 1) + [f"--weights {args.weights}"] * (args.weights != "transformers")
+        given += [f"--weights {args.weights}"] * (args.weights != "transformers")
         if given:
-            return (f"--model with {', '.join(given)}: a checkpoint runs with its own weights and depth, on one GPU "
+            return (f"--model with {', '.join(given)}: a checkpoint runs with its own weights and depth "
                     "(ours and the torch ops; no transformers or speculative rows)")
         from sparkinfer.models.hub import resolve_model
 
@@ -139,6 +139,11 @@ def resolve(args) -> str | None:
     if not impls or not set(impls) <= {"sparkinfer", "torch"}:
         return f"--impls {args.impls}: a comma-separated subset of sparkinfer,torch"
     return None
+
+
+def _checkpoint_name(args) -> str | None:
+    """--model's name in the rows: its Hub id, or its directory's name (None: presets)."""
+    return (args.model_ref.repo_id or Path(args.model_ref.path).name) if args.model else None
 
 
 def check_memory(args, free_bytes: int) -> None:
@@ -195,7 +200,7 @@ def _rows_for(preset, args, dev, bw, say) -> list[dict]:
         from sparkinfer.models.config import load_spec
 
         model, cfg, vocab = Checkpoint(preset), preset, load_spec(preset).vocab_size
-        preset = args.model_ref.repo_id or Path(preset).name
+        preset = _checkpoint_name(args)
     else:
         model, cfg = (hf_model if args.weights == "transformers" else random_model)(preset, preset_layers(args), dev)
         vocab = cfg["vocab_size"]
@@ -341,7 +346,7 @@ def main(args) -> int:
         if args.tp > 1:
             from sparkinfer.bench.decode_tp import tp_rows
 
-            rows += tp_rows(preset, args, say)
+            rows += tp_rows(preset, args, say, name=_checkpoint_name(args))
             continue
         rows += _rows_for(preset, args, dev, bw, say)
         if args.spec_k:

@@ -4,7 +4,8 @@ the same decoder on torch ops with NCCL all-reduces, in one launch.
 
 Every rank checks its device's free memory for its shard (`decode_memory`), builds
 the same random model (transformers' class, the same seed; or with `--weights
-random-direct` a `RandomSource`, whose tensors every rank draws alike and slices),
+random-direct` a `RandomSource`, whose tensors every rank draws alike and slices;
+or with `--model` the checkpoint, each rank reading its slices),
 keeps its shard (`Sharding(rank, N, dcp)`), prefills the same prompt and times the
 same bucket graphs in lockstep; a row holds the slowest rank's time (each rank's in
 us_per_rank), its floor is one rank's bytes (its weights, the experts a batch hits on
@@ -19,15 +20,16 @@ from __future__ import annotations
 __all__ = ["tp_rows"]
 
 
-def tp_rows(preset: str, args, say) -> list[dict]:
-    """Rows of one preset at --tp ranks (see the module docstring)."""
+def tp_rows(preset: str, args, say, name: str | None = None) -> list[dict]:
+    """Rows of one preset at --tp ranks (see the module docstring); name: `preset` is a
+    checkpoint directory (`bench decode --model`), its rows named so."""
     from sparkinfer.bench.decode_memory import max_cache_len, preset_layers
     from sparkinfer.bench.decode_model import build_modes
     from sparkinfer.runtime import run_ranks
 
     opt = dict(layers=preset_layers(args), batches=[int(b) for b in args.batches.split(",")], context=args.context,
                replays=args.replays, builds=list(build_modes(args)), dcp=args.dcp, dry=args.dry_run,
-               weights=args.weights, max_len=max_cache_len(args))
+               weights=args.weights, max_len=max_cache_len(args), name=name)
     ranks = run_ranks(_rank_rows, args.tp, backend="cpu" if args.dry_run else "cuda", args=(preset, opt),
                       timeout_s=600 if args.dry_run else 1800)
     rows = []
@@ -65,7 +67,7 @@ def _rank_rows(world, preset: str, opt: dict) -> list[dict]:
 
     dev = world.device
     sharding = Sharding(world.rank, world.world_size, opt["dcp"])
-    spec = load_spec(preset_config(preset, layers=opt["layers"]))
+    spec = load_spec(preset if opt["name"] else preset_config(preset, layers=opt["layers"]))
     batch, ctx = max(opt["batches"]), opt["context"]
     if dev.type == "cuda":  # before this rank allocates anything
         for fmt in dict.fromkeys(f for f, _, _ in opt["builds"]):
@@ -73,8 +75,12 @@ def _rank_rows(world, preset: str, opt: dict) -> list[dict]:
                                sharding=sharding)
             check_fits(need, torch.cuda.mem_get_info(dev)[0], f"rank {world.rank} of {preset} at "
                        f"{spec.num_layers} layers with {fmt} experts and --weights {opt['weights']}")
-    make = hf_model if opt["weights"] == "transformers" else random_model
-    model, cfg = make(preset, opt["layers"], dev)
+    if opt["name"]:  # a checkpoint directory: its own tensors, this rank's slices
+        from sparkinfer.models.checkpoint import Checkpoint
+
+        model, cfg = Checkpoint(preset), preset
+    else:
+        model, cfg = (hf_model if opt["weights"] == "transformers" else random_model)(preset, opt["layers"], dev)
     max_tokens = max(batch, min(ctx, 512))
     gen = torch.Generator().manual_seed(1)
     prompt = torch.randint(0, spec.vocab_size, (ctx,), generator=gen).tolist()
@@ -89,7 +95,8 @@ def _rank_rows(world, preset: str, opt: dict) -> list[dict]:
     try:
         for fmt, ops, inv in opt["builds"]:
             _, dec, engine = build(model, cfg, fmt=fmt, ops=ops, batch=batch, max_len=ctx + 64,
-                                   max_tokens=max_tokens, comm=comm, batch_invariant=inv, sharding=sharding)
+                                   max_tokens=max_tokens, comm=comm, batch_invariant=inv, sharding=sharding,
+                                   device=dev)
             with torch.no_grad():
                 logits = prefill_rows(engine, prompt, batch)
                 err = ((logits.float() - ref).norm() / ref.norm()).item() if ref is not None else None
@@ -97,8 +104,9 @@ def _rank_rows(world, preset: str, opt: dict) -> list[dict]:
                 for b in opt["batches"]:
                     us, same = step_us(engine, b, ctx, opt["replays"])
                     floor = floor_bytes(spec, dec.w, b, ctx, fmt) / bw * 1e6 if bw else None
-                    rows.append(dict(bench="decode", preset=preset, layers=spec.num_layers, weights=opt["weights"],
-                                     impl=ops, experts=fmt, tp=world.world_size, dcp=opt["dcp"], batch=b,
+                    rows.append(dict(bench="decode", preset=opt["name"] or preset, layers=spec.num_layers,
+                                     weights=opt["weights"], impl=ops, experts=fmt, tp=world.world_size, dcp=opt["dcp"],
+                                     batch=b,
                                      context=ctx, **({"batch_invariant": inv} if ops == "sparkinfer" else {}),
                                      us_per_step=us, floor_us=floor, copy_bandwidth_Bps=bw,
                                      replay_equals_eager=same, prefill_rel_err_vs_hf=err, argmax_agrees_hf=agrees,

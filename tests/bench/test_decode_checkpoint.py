@@ -37,6 +37,17 @@ def test_a_checkpoint_directory_is_timed_at_its_own_depth(ckpt, tmp_path, capsys
     assert "weights checkpoint" in capsys.readouterr().out
 
 
+def test_a_checkpoint_on_two_ranks(ckpt, tmp_path):
+    """--tp 2: each CPU rank reads its slices of the checkpoint; the ranks' logits the same bits."""
+    out = tmp_path / "decode.json"
+    argv = ["bench", "decode", "--dry-run", "--model", str(ckpt), "--tp", "2", "--impls", "sparkinfer", "--batches",
+            "1", "--replays", "1", "--context", "4", "--out", str(out)]
+    assert main(argv) == 0
+    (r,) = _rows(out)
+    assert (r["preset"], r["weights"], r["tp"], r["batch"]) == ("tiny-moe", "checkpoint", 2, 1), r
+    assert r["ok"] and r["ranks_same_logits"] and len(r["us_per_rank"]) == 2, r
+
+
 def test_a_hub_id_is_timed_under_its_name(ckpt, tmp_path, monkeypatch):
     repo = tmp_path / "hub" / "models--org--tiny-moe"
     (repo / "snapshots").mkdir(parents=True)
@@ -54,7 +65,7 @@ def test_a_hub_id_is_timed_under_its_name(ckpt, tmp_path, monkeypatch):
                                                                           True), r
 
 
-REFUSED = [(["--presets", "qwen3_moe-tiny"], "--presets"), (["--layers", "2"], "--layers"), (["--tp", "2"], "--tp 2"),
+REFUSED = [(["--presets", "qwen3_moe-tiny"], "--presets"), (["--layers", "2"], "--layers"),
            (["--weights", "random-direct"], "--weights"), (["--spec-k", "2"], "--spec-k")]
 
 
