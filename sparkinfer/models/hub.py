@@ -81,8 +81,8 @@ def _fetch(repo: str, rev: str | None, what: str) -> str:
         raise ModelFetchError(f"{what} {name}: the repository is gated; accept its terms on huggingface.co and "
                               "set HF_TOKEN (or run `hf auth login`)") from None
     except RepositoryNotFoundError:
-        raise ModelFetchError(f"{what} {name}: no such model on the Hub, or a private one (set HF_TOKEN); "
-                              "or pass a local checkpoint directory") from None
+        raise ModelFetchError(f"{what} {name}: no such directory here, and no such model on the Hub (or a private "
+                              "one: set HF_TOKEN)") from None
     except RevisionNotFoundError:
         raise ModelFetchError(f"{what} {name}: the repository has no revision {rev or 'main'!r}") from None
     except LocalEntryNotFoundError:

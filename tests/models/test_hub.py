@@ -78,7 +78,8 @@ def _http_error(cls):
 
 @pytest.mark.parametrize("cls,says", [
     ("GatedRepoError", "--model org/x: the repository is gated; accept its terms on huggingface.co and set HF_TOKEN"),
-    ("RepositoryNotFoundError", "--model org/x: no such model on the Hub, or a private one (set HF_TOKEN)"),
+    ("RepositoryNotFoundError", "--model org/x: no such directory here, and no such model on the Hub (or a "
+                                "private one: set HF_TOKEN)"),
     ("RevisionNotFoundError", "--model org/x: the repository has no revision 'main'"),
     ("HfHubHTTPError", "--model org/x: fetching from the Hub failed (HfHubHTTPError: the Hub's message)"),
 ])
