@@ -41,7 +41,10 @@ TILE_STAGE_CAP = 4
 # FC2 256/128: 189, m64n256k16; FC1 256/64 at BK 64 spills 4 bytes, so it is
 # not listed). "bk64-2cta": 96 KiB per program and <= 128 registers, so two
 # share an SM. 16 warps do not compile at BM 256 x BN 256 (ptxas needs > 128
-# registers a thread).
+# registers a thread). "fc2-bm64": the planned BM 128 tiles with FC2 at 64 rows a program
+# (TileConfig.block_m2; the 10th field), as NVFP4's FC2 ran faster at BM 64 (TILES_NVFP4):
+# sm_90 at Qwen3 / Mixtral / DeepSeek-V3 M 4096, FC2 90 registers, m64n64k16, 160 KiB, no
+# spill. Not yet timed.
 TILES_LARGE = (("fc2-bm64", 128, 128, 256, 8, 1, 64, 1, False, 64),
                ("bn1-128", 128, 128, 128, 8, 1, 128), ("bk64", 128, 64, 128, 8, 1, 64),
                ("bk64-bn1-128", 128, 128, 128, 8, 1, 64),
@@ -74,7 +77,9 @@ TILES_SMALL = (("bm16", 16, 64, 64, 4, 2, 128), ("bn2-128", 32, 64, 128, 4, 2, 1
 # Then the rescaled accumulation (plan.FP8_RESCALE; the 9th field): BM 128 in one pass and
 # in two, and the planned BM 64; listed first, so tile_candidates' cap of 13 keeps them.
 # Compiled for sm_90 on the CPU without a spill (tests/moe/test_compile_sm90.py); timed on an
-# H100 at 79e4281 (plan.FP8_RESCALE_BM128_MIN_ROWS has the numbers).
+# H100 at 79e4281 (plan.FP8_RESCALE_BM128_MIN_ROWS has the numbers). "bm128-rescale-fc2-bm64":
+# FC2 at 64 rows a program over BM 128 tiles (block_m2): 104 registers, 96 KiB, two programs an
+# SM at M 4096 (sm_90, the same three shapes); not yet timed.
 TILES_FP8 = (("bm128-rescale", 128, 128, 128, 8, 1, 128, 1, True),
              ("bm128-rescale-fc2-bm64", 128, 128, 128, 8, 1, 128, 1, True, 64),
              ("bm128-2pass-rescale", 128, 128, 128, 8, 1, 128, 2, True),
