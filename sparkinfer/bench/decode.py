@@ -184,27 +184,20 @@ def _rows_for(preset, args, dev, bw, say) -> list[dict]:
         build,
         build_modes,
         floor_bytes,
-        hf_model,
         hf_step_us,
+        model_source,
         prefill_rows,
-        random_model,
         step_kernels,
         step_us,
     )
+    from sparkinfer.models.config import load_spec
 
     batches = [int(b) for b in args.batches.split(",")]
     ctx = args.context
     cuda = dev.type == "cuda"
-    if args.model:  # the checkpoint's own tensors through the loader (`preset` is its directory)
-        from sparkinfer.models.checkpoint import Checkpoint
-        from sparkinfer.models.config import load_spec
-
-        model, cfg, vocab = Checkpoint(preset), preset, load_spec(preset).vocab_size
-        preset = _checkpoint_name(args)
-    else:
-        model, cfg = (hf_model if args.weights == "transformers" else random_model)(preset, preset_layers(args), dev)
-        vocab = cfg["vocab_size"]
-    prompt = torch.randint(0, vocab, (ctx,)).tolist()
+    model, cfg = model_source(preset, preset_layers(args), args.weights, dev)  # --model: `preset` is its directory
+    prompt = torch.randint(0, load_spec(cfg).vocab_size, (ctx,)).tolist()
+    preset = _checkpoint_name(args) or preset
     ref = None
     if args.weights == "transformers":
         with torch.no_grad():

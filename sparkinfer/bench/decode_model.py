@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import time
 
-__all__ = ["hf_model", "random_model", "build", "prefill_rows", "floor_bytes", "copy_bandwidth", "step_us",
-           "hf_step_us", "step_kernels", "build_modes"]
+__all__ = ["hf_model", "random_model", "model_source", "build", "prefill_rows", "floor_bytes", "copy_bandwidth",
+           "step_us", "hf_step_us", "step_kernels", "build_modes"]
 
 
 def hf_model(preset: str, layers: int, device, *, agree_after: int | None = None):
@@ -59,6 +59,17 @@ def random_model(preset: str, layers: int | None, device, *, agree_after: int | 
 
     cfg = preset_config(preset, layers=layers)
     return RandomSource(cfg, seed=0, device=device, zero_from=agree_after), cfg
+
+
+def model_source(preset: str, layers: int | None, weights: str, device):
+    """(weights, cfg) for `build` by `bench decode --weights`: "transformers" (`hf_model`),
+    "random-direct" (`random_model`), or "checkpoint", where `preset` is a checkpoint
+    directory, read through the loader (cfg: the directory)."""
+    if weights == "checkpoint":
+        from sparkinfer.models.checkpoint import Checkpoint
+
+        return Checkpoint(preset), preset
+    return (hf_model if weights == "transformers" else random_model)(preset, layers, device)
 
 
 def build(model, cfg, *, fmt: str, ops: str, batch: int, max_len: int, max_tokens: int, sharding=None,

@@ -54,9 +54,8 @@ def _rank_rows(world, preset: str, opt: dict) -> list[dict]:
         build,
         copy_bandwidth,
         floor_bytes,
-        hf_model,
+        model_source,
         prefill_rows,
-        random_model,
         step_us,
     )
     from sparkinfer.comm import Communicator
@@ -75,12 +74,7 @@ def _rank_rows(world, preset: str, opt: dict) -> list[dict]:
                                sharding=sharding)
             check_fits(need, torch.cuda.mem_get_info(dev)[0], f"rank {world.rank} of {preset} at "
                        f"{spec.num_layers} layers with {fmt} experts and --weights {opt['weights']}")
-    if opt["name"]:  # a checkpoint directory: its own tensors, this rank's slices
-        from sparkinfer.models.checkpoint import Checkpoint
-
-        model, cfg = Checkpoint(preset), preset
-    else:
-        model, cfg = (hf_model if opt["weights"] == "transformers" else random_model)(preset, opt["layers"], dev)
+    model, cfg = model_source(preset, opt["layers"], opt["weights"], dev)  # a checkpoint: this rank's slices
     max_tokens = max(batch, min(ctx, 512))
     gen = torch.Generator().manual_seed(1)
     prompt = torch.randint(0, spec.vocab_size, (ctx,), generator=gen).tolist()

@@ -201,6 +201,8 @@ NVFP4_GROUPED_BN2_BM64 = 256
 def nvfp4_grouped_bn(bm: int) -> tuple[int, int]:
     """(BN1, BN2) of NVFP4 grouped tiles of BM >= 64 rows (NVFP4_GROUPED_BN1, NVFP4_GROUPED_BN2_BM64)."""
     return NVFP4_GROUPED_BN1, NVFP4_GROUPED_BN2_BM64 if bm == 64 else 128
+
+
 # NVFP4 from NVFP4_DEQUANT_MIN_ROWS mean routed rows per active expert: the call
 # dequantizes its experts to bf16 once (`kernels/convert.py`, a chunk of experts
 # at a time within MoECaps.dequant_scratch_bytes) and runs the bf16 grouped
