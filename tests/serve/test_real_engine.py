@@ -110,14 +110,18 @@ def _checks(live: LiveServer, full: bool) -> None:
     assert together == [alone[p] for p in asked]
     if not full:
         return
-    # a cancelled stream frees its slot
+    # a cancelled stream frees its slot. The line iterator is held until the client leaves: a dropped one (the
+    # temporary generator expression this read once was) closes the response when next() returns, so the
+    # request was cancelled before its slot was read, and a read after the abort landed saw 0 slots (a CI run:
+    # steps at the first token's, running 0, waiting 0). The first token's message carries the engine's
+    # counters (ServingEngine._read sets them before it delivers), so one read is current; the request
+    # cannot end by itself before it (ignore_eos, no stop, 39 more steps to max_tokens).
     with live.http(timeout=STEP_DEADLINE_S) as http, http.stream("POST", "/v1/completions", json={
             "model": model, "prompt": "abc", "max_tokens": 40, "ignore_eos": True, "stream": True}) as r:
-        # polled: the engine's counters arrive with its step messages (a CI run once read 0 slots here, its
-        # request already gone; the first event is named below should that recur)
-        first = next(line for line in r.iter_lines() if line.startswith("data: "))
-        wait_until(lambda: live.engine.stats().slots_used == 1, f"the stream's request to hold a slot "
-                   f"(first event {first[:300]}; {live.engine.stats()})", timeout_s=30)
+        lines = r.iter_lines()
+        first = next(line for line in lines if line.startswith("data: "))
+        held = live.engine.stats()
+        assert held.slots_used == 1, f"the stream's request holds no slot (first event {first[:300]}; {held})"
     wait_until(lambda: live.engine.stats().slots_used == 0 and not live.state.in_flight, "the slot to be freed")
     # a burst beyond the slots and the queue: the excess is refused, every accepted request completes
     def one(i):
