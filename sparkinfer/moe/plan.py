@@ -122,7 +122,7 @@ SMEM_FIXED = 8 * 1024
 #   at means 1-8: 1.32-1.49x slower; mean 16: Qwen3 M = 256 208 vs 221,
 #   Mixtral M = 64 413 vs 431, TP8 shard M = 512 533 vs 569).
 # - NVFP4 above 16 rows: BM 64, and BM 128 above 96 rows, both at BN1 128 (NVFP4_GROUPED_BN1;
-#   BM 64's FC2 at BN2 256 since, NVFP4_GROUPED_BN2_BM64).
+#   FC2 at BN2 256 since, at 64 rows a program over BM 128 tiles: NVFP4_GROUPED_BN2).
 #   An H100 at 7c17a69 (`moe_tile_sweep.py --formats nvfp4 --tiles n128,bm64-n128`,
 #   sweeps/moe_tile_sweep_nvfp4_n128_h100.json, every config checked), us BM 64 / BM 128
 #   (both BN1 128) / the BM 32 or 16 planned before: mean 32 rows: Qwen3 M 512 278 / 449 /
@@ -186,21 +186,30 @@ GROUP_M = 8
 # 64 at the planned BM 128: Qwen3 M 4096 1,138 / 1,495, Mixtral M 1024 2,128 / 2,877, M
 # 4096 6,846 / 9,536, TP8 shard M 4096 2,101 / 2,549, DeepSeek-V3 M 4096 10,728 / 13,991.
 NVFP4_GROUPED_BN1 = 128
-# NVFP4 grouped FC2 at BM 64: 256 weight rows a program, two accumulation chains a warpgroup
-# where 128 gave one chain of 8 HGMMA.64x128x16 a step (sm_90 compile: 228 registers, no
+# NVFP4 grouped FC2: 256 weight rows a program, two accumulation chains a warpgroup where
+# 128 gave one chain of 8 HGMMA.64x128x16 a step (sm_90 compile at BM 64: 228 registers, no
 # spill). H200 at 0812327 (`moe_tile_sweep.py --formats nvfp4 --tiles
 # n128-bn2-256,bm64-n128-bn2-256`, sweeps/moe_tile_sweep_nvfp4_bn2_256_h200.json, every config
 # checked against the fp32 reference), us BN2 256 / 128 at the planned BM 64: DeepSeek-V3 M
-# 1024 3,791 / 4,001 (FC2 1,340 / 1,548), its TP8 shard 690 / 745, Qwen3 381 / 396. At BM 128
-# BN2 256 was faster too (Qwen3 M 4096 1,146 / 1,196, the TP8 shard 1,904 / 2,052, DeepSeek-V3
-# 10,231 / 10,533, Mixtral M 1024 2,146 / 2,176, M 4096 7,141 / 7,217), but its FC2 spills 292
-# bytes (tuning.TILES_NVFP4), so BM 128 keeps 128.
-NVFP4_GROUPED_BN2_BM64 = 256
+# 1024 3,791 / 4,001 (FC2 1,340 / 1,548), its TP8 shard 690 / 745, Qwen3 381 / 396.
+# At BM 128 FC2 at BN2 256 spills 292 bytes (tuning.TILES_NVFP4), and FC1 runs fastest at BM 128
+# while FC2 runs fastest at 64 rows, so BM 128 tiles run FC2 at 64 rows a program
+# (TileConfig.block_m2, NVFP4_GROUPED_FC2_ROWS; 229 registers, no spill; the same bits). H100 at
+# 1326b74, two runs in one lease (`moe_tile_sweep.py --formats nvfp4 --m 1024,4096 --tiles
+# n128-fc2-bm64-bn2-256,n128-bn2-256,bm64-n128-bn2-256`, sweeps/moe_tile_sweep_nvfp4_block_m2_h100.json
+# has the second, every config checked), us FC2 at 64 rows / the BN2 128 planned before: Qwen3 M 4096
+# 1,091 / 1,240 and 1,082 / 1,231, Mixtral M 1024 2,031 / 2,179 and 2,034 / 2,178, M 4096 6,809 /
+# 7,137 and 7,588 / 7,415, the TP8 shard M 4096 1,856 / 2,124 and 1,885 / 2,110, DeepSeek-V3 M 4096
+# 9,269 / 10,830 and 10,266 / 10,778.
+NVFP4_GROUPED_BN2 = 256
+NVFP4_GROUPED_FC2_ROWS = 64
 
 
-def nvfp4_grouped_bn(bm: int) -> tuple[int, int]:
-    """(BN1, BN2) of NVFP4 grouped tiles of BM >= 64 rows (NVFP4_GROUPED_BN1, NVFP4_GROUPED_BN2_BM64)."""
-    return NVFP4_GROUPED_BN1, NVFP4_GROUPED_BN2_BM64 if bm == 64 else 128
+def nvfp4_grouped_tiles(bm: int) -> tuple[int, int, int]:
+    """(BN1, BN2, FC2 rows a program: TileConfig.block_m2, 0 for BM) of NVFP4 grouped tiles of
+    BM >= 64 rows (NVFP4_GROUPED_BN1, NVFP4_GROUPED_BN2, NVFP4_GROUPED_FC2_ROWS)."""
+    bm2 = NVFP4_GROUPED_FC2_ROWS if bm > NVFP4_GROUPED_FC2_ROWS else 0
+    return NVFP4_GROUPED_BN1, NVFP4_GROUPED_BN2, bm2
 
 
 # NVFP4 from NVFP4_DEQUANT_MIN_ROWS mean routed rows per active expert: the call
@@ -396,20 +405,21 @@ def _config(caps: MoECaps, spec: MoESpec, tokens: int, chunk: int) -> TileConfig
                           group_m=GROUP_M, tma=True)
     table = GROUPED_BLOCK_M if nvfp4 else GROUPED_BLOCK_M_BF16
     bm = next((b for limit, b in table if mean_rows <= limit), GROUPED_BLOCK_M_LARGE)
+    bm2 = 0
     if bm <= 32:
         bn1 = bn2 = 64
         budget, warps, deep = SMEM_TWO_PER_SM, 4, 3
     elif nvfp4:  # each warpgroup decodes its own 64 weight rows (NVFP4_GROUPED_BN1)
-        bn1, bn2 = nvfp4_grouped_bn(bm)
+        bn1, bn2, bm2 = nvfp4_grouped_tiles(bm)
         budget, warps, deep = SMEM_ONE_PER_SM, 8, 4
     else:
         # FC1 loads gate and up tiles per step, so it keeps BN at 64.
         bn1, bn2 = 64, 128
         budget, warps, deep = SMEM_ONE_PER_SM, 8, 3
     fc1 = halves * _weight_bytes(bn1, chunk, nvfp4) + chunk * bm * 2
-    fc2 = _weight_bytes(bn2, chunk, nvfp4) + chunk * bm * 2
-    return TileConfig("grouped", bm, bn1, bn2, num_warps=warps,
-                        stages1=min(deep, _stages(fc1, budget)), stages2=min(deep, _stages(fc2, budget)))
+    fc2 = _weight_bytes(bn2, chunk, nvfp4) + chunk * (bm2 or bm) * 2
+    return TileConfig("grouped", bm, bn1, bn2, num_warps=warps, stages1=min(deep, _stages(fc1, budget)),
+                      stages2=min(deep, _stages(fc2, budget)), block_m2=bm2)
 
 
 def plan(caps: MoECaps, spec: MoESpec) -> MoEPlan:

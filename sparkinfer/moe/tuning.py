@@ -24,7 +24,7 @@ from sparkinfer.moe.plan import (
     _stages,
     _weight_bytes,
     dequant_chunk,
-    nvfp4_grouped_bn,
+    nvfp4_grouped_tiles,
     plan,
 )
 
@@ -44,7 +44,8 @@ TILE_STAGE_CAP = 4
 # registers a thread). "fc2-bm64": the planned BM 128 tiles with FC2 at 64 rows a program
 # (TileConfig.block_m2; the 10th field), as NVFP4's FC2 ran faster at BM 64 (TILES_NVFP4):
 # sm_90 at Qwen3 / Mixtral / DeepSeek-V3 M 4096, FC2 90 registers, m64n64k16, 160 KiB, no
-# spill. Not yet timed.
+# spill. Slower on an H100 at 1326b74 (sweeps/moe_tile_sweep_fc2_bm64_h100.json, M 4096, us / the
+# planned): Qwen3 842 / 781, Mixtral 5,440 / 4,617, TP8 shard 1,779 / 1,627, DeepSeek-V3 10,547 / 10,187.
 TILES_LARGE = (("fc2-bm64", 128, 128, 256, 8, 1, 64, 1, False, 64),
                ("bn1-128", 128, 128, 128, 8, 1, 128), ("bk64", 128, 64, 128, 8, 1, 64),
                ("bk64-bn1-128", 128, 128, 128, 8, 1, 64),
@@ -79,7 +80,10 @@ TILES_SMALL = (("bm16", 16, 64, 64, 4, 2, 128), ("bn2-128", 32, 64, 128, 4, 2, 1
 # Compiled for sm_90 on the CPU without a spill (tests/moe/test_compile_sm90.py); timed on an
 # H100 at 79e4281 (plan.FP8_RESCALE_BM128_MIN_ROWS has the numbers). "bm128-rescale-fc2-bm64":
 # FC2 at 64 rows a program over BM 128 tiles (block_m2): 104 registers, 96 KiB, two programs an
-# SM at M 4096 (sm_90, the same three shapes); not yet timed.
+# SM at M 4096 (sm_90, the same three shapes). H100 at 1326b74 (sweeps/moe_tile_sweep_fc2_bm64_h100.json,
+# M 4096, us / the planned): Qwen3 654 / 673, TP8 shard 1,269 / 1,305 (planned BM 64), DeepSeek-V3
+# 5,950 / 6,181 (BM 64), but Mixtral 4,148 / 3,592 (1,024 rows an expert: FC2 reads each weight tile
+# twice as often); not planned from one lease's two runs.
 TILES_FP8 = (("bm128-rescale", 128, 128, 128, 8, 1, 128, 1, True),
              ("bm128-rescale-fc2-bm64", 128, 128, 128, 8, 1, 128, 1, True, 64),
              ("bm128-2pass-rescale", 128, 128, 128, 8, 1, 128, 2, True),
@@ -100,10 +104,10 @@ TILES_FP8 = (("bm128-rescale", 128, 128, 128, 8, 1, 128, 1, True),
 # DeepSeek-V3 M 4096 10,761 / 12,820 / 22,042 (at BM 128 twice the programs load each activation tile).
 # BN2 256 gives each FC2 warpgroup two accumulation chains (sm_90 compile: BM 128 spills 292
 # bytes at 255 registers, BM 64 takes 228, no spill); timed on an H200 at 0812327: faster at
-# all 8 points (plan.NVFP4_GROUPED_BN2_BM64 has the numbers), planned at BM 64 since. At BM 128 FC1
+# all 8 points (plan.NVFP4_GROUPED_BN2 has the numbers), planned at BM 64 since. At BM 128 FC1
 # ran fastest (Qwen3 M 4096 582 us against 655 at BM 64) and FC2 slowest (496 at BN2 256 against 411
 # at BM 64): "n128-fc2-bm64-bn2-256" runs FC1 at BM 128 and FC2 at 64 rows a program over the same
-# sorted tiles (TileConfig.block_m2; 10th field); not yet timed on a GPU.
+# sorted tiles (TileConfig.block_m2; 10th field), planned at BM 128 since an H100 timed it (plan.py).
 TILES_NVFP4 = (("bn1-64", 128, 64, 128, 8, 1, 128), ("bm64-bn1-64", 64, 64, 128, 8, 1, 128),
                ("bm64-w4", 64, 64, 128, 4, 1, 128), ("n128", 128, 128, 128, 8, 1, 128),
                ("bm64-n128", 64, 128, 128, 8, 1, 128), ("n128-bn2-256", 128, 128, 256, 8, 1, 128),
@@ -161,7 +165,11 @@ def candidates(p: MoEPlan, tokens: int) -> tuple[tuple[str, TileConfig], ...]:
         if (s1, s2) != (chosen.split1, chosen.split2):
             out.append((f"micro-s{s1}x{s2}", dataclasses.replace(chosen, split1=s1,
                                                                 split2=s2, stages2=2)))
-        if chosen.num_warps == 4:  # two warpgroups on n8 halves of the rows (sm_90: m64n8k16)
+        # two warpgroups on n8 halves of the rows (sm_90: m64n8k16). H100 at 1326b74
+        # (sweeps/moe_sweep_micro_w8_h100.json), us 8 warps / the planned 4 at M 1: NVFP4 Qwen3 26.5 /
+        # 18.6, TP8 shard 54.5 / 40.6, DeepSeek-V3 107.4 / 93.0; bf16 Qwen3 32.8 / 32.0, TP8 shard 47.5
+        # / 42.7, DeepSeek-V3 239.9 / 281.6 (where micro-s2x2 took 240.2): kept as a candidate only
+        if chosen.num_warps == 4:
             out.append(("micro-w8", dataclasses.replace(chosen, num_warps=8)))
         if tokens >= 4:
             out.append(("grouped-bm16", grouped_config(p, 16, 64, 64, chosen.decode)))
@@ -174,7 +182,9 @@ def candidates(p: MoEPlan, tokens: int) -> tuple[tuple[str, TileConfig], ...]:
     elif nvfp4:  # the warpgroups splitting BM (BN1 64, plan.NVFP4_GROUPED_BN1), the other BM
         out.append(("grouped-bn1-64", grouped_config(p, chosen.block_m, 64, 128, chosen.decode)))
         other = 64 if chosen.block_m == 128 else 128
-        out.append((f"grouped-bm{other}", grouped_config(p, other, *nvfp4_grouped_bn(other), chosen.decode)))
+        bn1, bn2, bm2 = nvfp4_grouped_tiles(other)
+        out.append((f"grouped-bm{other}", dataclasses.replace(
+            grouped_config(p, other, bn1, bn2, chosen.decode), block_m2=bm2)))
     elif p.spec.weight_format == "fp8_block":  # BM 64 is the largest that fits (plan.py)
         out.append(("grouped-bn2-64", grouped_config(p, chosen.block_m, 128, 64, chosen.decode)))
         out.append(("grouped-bm32", grouped_config(p, 32, 128, 64, chosen.decode)))

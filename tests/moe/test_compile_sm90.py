@@ -108,12 +108,13 @@ def test_fp8_kernels_use_e4m3_tensor_cores(compiled, name, fmt, t):
 def test_nvfp4_grouped_fc1_warpgroups_own_their_weight_rows(compiled):
     """Qwen3 at T 4096 (256 rows per expert, BM 128): FC1 at BN1 128 issues m64n128k16
     (each warpgroup decodes its own 64 weight rows for all 128 routed rows; BN1 64 had
-    the two split BM, m64n64k16, each decoding the same tile) without a spill."""
+    the two split BM, m64n64k16, each decoding the same tile) without a spill; FC2 runs 64
+    routed rows a program over the same tiles (block_m2, BN2 256: m64n64k16), no spill either."""
     rows = {r["kernel"]: r for r in compiled[("qwen3_4k-ptx", "nvfp4", 4096)]}
     assert "nvfp4_dequant_kernel" not in rows
-    for k in ("moe_fc1_kernel", "moe_fc2_kernel"):
+    for k, mma in (("moe_fc1_kernel", ".m64n128k16."), ("moe_fc2_kernel", ".m64n64k16.")):
         assert rows[k]["dequant_experts"] == 0 and rows[k]["spill"] == 0, rows[k]
-        assert rows[k]["mma"] and all(".m64n128k16." in m for m in rows[k]["mma"]), rows[k]
+        assert rows[k]["mma"] and all(mma in m for m in rows[k]["mma"]), rows[k]
 
 
 def test_nvfp4_dequantized_path_launches_decode_then_bf16_tiles(compiled):

@@ -49,8 +49,9 @@ def test_grouped_config_matches_the_planner_and_sizes_stages_by_shared_memory():
     assert grouped_config(p, 32, 64, 64, "ptx") == p.config_for(64)  # bf16, mean 16: BM 32 (plan.py)
     pn = plan(MoECaps(max_tokens=4096, dequant_scratch_bytes=0, **SHAPES["mixtral"]),
               MoESpec(weight_format="nvfp4"))  # the NVFP4 kernels' tiles (no dequantized path)
-    g, c = grouped_config(pn, 128, 128, 128, "ptx"), pn.config_for(4096)  # (bf16 plans wide tiles there)
+    g, c = grouped_config(pn, 128, 128, 256, "ptx"), pn.config_for(4096)  # (bf16 plans wide tiles there)
     assert (g.block_m, g.block_n1, g.block_n2, g.num_warps) == (c.block_m, c.block_n1, c.block_n2, c.num_warps)
+    assert (g.block_m2, c.block_m2) == (0, 64)  # NVFP4 BM 128 tiles run FC2 at 64 rows (plan.NVFP4_GROUPED_FC2_ROWS)
     wide = grouped_config(p, 128, 128, 128, "arith")
     # FC1 step: 2 * 128 * 128 * 2 + 128 * 128 * 2 bytes = 96 KiB -> 2 stages in 220 KiB
     assert (wide.num_warps, wide.stages1, wide.stages2) == (8, 2, 3)
