@@ -149,14 +149,13 @@ def _checkpoint_name(args) -> str | None:
 def check_memory(args, free_bytes: int) -> None:
     """Refuse (CapacityError, `decode_memory.check_fits`) before anything is built when a
     preset and format of this run would not fit in `free_bytes` of one device."""
-    from sparkinfer.bench.decode_memory import check_fits, memory_need
+    from sparkinfer.bench.decode_memory import check_fits, memory_need, spec_config
     from sparkinfer.models.config import load_spec
-    from sparkinfer.models.presets import preset_config
     from sparkinfer.models.weights import Sharding
 
     batch = max(int(b) for b in args.batches.split(","))
     for preset in args.presets.split(","):
-        spec = load_spec(preset if args.model else preset_config(preset, layers=preset_layers(args)))
+        spec = load_spec(spec_config(preset, preset_layers(args), args.weights))
         for fmt in args.formats.split(","):
             need = memory_need(spec, fmt, source=args.weights, batch=batch, max_len=max_cache_len(args),
                                sharding=Sharding(0, args.tp, args.dcp))

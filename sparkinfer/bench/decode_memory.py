@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from sparkinfer.errors import CapacityError, PlanError
 
-__all__ = ["MemoryNeed", "memory_need", "check_fits", "EXPERT_BYTES", "preset_layers", "max_cache_len"]
+__all__ = ["MemoryNeed", "memory_need", "check_fits", "EXPERT_BYTES", "spec_config", "preset_layers", "max_cache_len"]
 
 # Bytes per expert weight in each format the decoder runs.
 EXPERT_BYTES = {"bf16": 2.0, "nvfp4": 0.5 + 1 / 16}
@@ -131,6 +131,14 @@ def _checkpoint_params(spec) -> int:
     dense = 3 * h * spec.dense_intermediate
     layers = sum(attn + (moe if is_moe else dense) for is_moe in spec.moe_layers)
     return layers + spec.vocab_size * h * (1 if spec.tie_word_embeddings else 2) + h
+
+
+def spec_config(preset: str, layers: int | None, weights: str):
+    """What `load_spec` reads for one row of `bench decode`: the checkpoint directory with
+    --weights checkpoint (`--model`, its own depth), else the preset's config at `layers`."""
+    from sparkinfer.models.presets import preset_config
+
+    return preset if weights == "checkpoint" else preset_config(preset, layers=layers)
 
 
 def preset_layers(args) -> int | None:

@@ -49,7 +49,7 @@ def tp_rows(preset: str, args, say, name: str | None = None) -> list[dict]:
 def _rank_rows(world, preset: str, opt: dict) -> list[dict]:
     import torch
 
-    from sparkinfer.bench.decode_memory import check_fits, memory_need
+    from sparkinfer.bench.decode_memory import check_fits, memory_need, spec_config
     from sparkinfer.bench.decode_model import (
         build,
         copy_bandwidth,
@@ -61,12 +61,11 @@ def _rank_rows(world, preset: str, opt: dict) -> list[dict]:
     from sparkinfer.comm import Communicator
     from sparkinfer.models.build import comm_capacity
     from sparkinfer.models.config import load_spec
-    from sparkinfer.models.presets import preset_config
     from sparkinfer.models.weights import Sharding
 
     dev = world.device
     sharding = Sharding(world.rank, world.world_size, opt["dcp"])
-    spec = load_spec(preset if opt["name"] else preset_config(preset, layers=opt["layers"]))
+    spec = load_spec(spec_config(preset, opt["layers"], opt["weights"]))
     batch, ctx = max(opt["batches"]), opt["context"]
     if dev.type == "cuda":  # before this rank allocates anything
         for fmt in dict.fromkeys(f for f, _, _ in opt["builds"]):
@@ -99,9 +98,9 @@ def _rank_rows(world, preset: str, opt: dict) -> list[dict]:
                     us, same = step_us(engine, b, ctx, opt["replays"])
                     floor = floor_bytes(spec, dec.w, b, ctx, fmt) / bw * 1e6 if bw else None
                     rows.append(dict(bench="decode", preset=opt["name"] or preset, layers=spec.num_layers,
-                                     weights=opt["weights"], impl=ops, experts=fmt, tp=world.world_size, dcp=opt["dcp"],
-                                     batch=b,
-                                     context=ctx, **({"batch_invariant": inv} if ops == "sparkinfer" else {}),
+                                     weights=opt["weights"], impl=ops, experts=fmt, tp=world.world_size,
+                                     dcp=opt["dcp"], batch=b, context=ctx,
+                                     **({"batch_invariant": inv} if ops == "sparkinfer" else {}),
                                      us_per_step=us, floor_us=floor, copy_bandwidth_Bps=bw,
                                      replay_equals_eager=same, prefill_rel_err_vs_hf=err, argmax_agrees_hf=agrees,
                                      logits_digest=_digest(logits)))

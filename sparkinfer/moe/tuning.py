@@ -115,11 +115,11 @@ TILES_NVFP4 = (("bn1-64", 128, 64, 128, 8, 1, 128), ("bm64-bn1-64", 64, 64, 128,
                ("n128-fc2-bm64-bn2-256", 128, 128, 256, 8, 1, 128, 1, False, 64))
 
 
-def grouped_config(p: MoEPlan, bm: int, bn1: int, bn2: int, decode: str) -> TileConfig:
-    """A `grouped` config with tiles (BM, BN1, BN2): 4 warps and two programs
-    per SM up to BM 32, else 8 warps and one; pipeline depth (2..3 at two per
-    SM, 2..4 at one) from the shared memory a step needs. fp8_block: BN1 is
-    always 128 (whole activation groups). Pure."""
+def grouped_config(p: MoEPlan, bm: int, bn1: int, bn2: int, decode: str, bm2: int = 0) -> TileConfig:
+    """A `grouped` config with tiles (BM, BN1, BN2) and FC2 at bm2 rows a program
+    (TileConfig.block_m2; 0: BM): 4 warps and two programs per SM up to BM 32, else
+    8 warps and one; pipeline depth (2..3 at two per SM, 2..4 at one) from the shared
+    memory a step needs. fp8_block: BN1 is always 128 (whole activation groups). Pure."""
     nvfp4 = p.spec.weight_format == "nvfp4"
     fp8 = p.spec.weight_format == "fp8_block"
     bn1 = FP8_BLOCK if fp8 else bn1
@@ -128,10 +128,10 @@ def grouped_config(p: MoEPlan, bm: int, bn1: int, bn2: int, decode: str) -> Tile
     budget, warps, cap = (SMEM_ONE_PER_SM, 8, 4) if big else (SMEM_TWO_PER_SM, 4, 3)
     act = 1 if fp8 else 2  # bytes per activation element
     fc1 = halves * _weight_bytes(bn1, p.chunk, nvfp4, fp8) + p.chunk * bm * act
-    fc2 = _weight_bytes(bn2, p.chunk, nvfp4, fp8) + p.chunk * bm * act
+    fc2 = _weight_bytes(bn2, p.chunk, nvfp4, fp8) + p.chunk * (bm2 or bm) * act
     return TileConfig("grouped", bm, bn1, bn2, num_warps=warps,
                         stages1=min(cap, _stages(fc1, budget)),
-                        stages2=min(cap, _stages(fc2, budget)), decode=decode)
+                        stages2=min(cap, _stages(fc2, budget)), decode=decode, block_m2=bm2)
 
 
 def candidates(p: MoEPlan, tokens: int) -> tuple[tuple[str, TileConfig], ...]:
@@ -183,8 +183,7 @@ def candidates(p: MoEPlan, tokens: int) -> tuple[tuple[str, TileConfig], ...]:
         out.append(("grouped-bn1-64", grouped_config(p, chosen.block_m, 64, 128, chosen.decode)))
         other = 64 if chosen.block_m == 128 else 128
         bn1, bn2, bm2 = nvfp4_grouped_tiles(other)
-        out.append((f"grouped-bm{other}", dataclasses.replace(
-            grouped_config(p, other, bn1, bn2, chosen.decode), block_m2=bm2)))
+        out.append((f"grouped-bm{other}", grouped_config(p, other, bn1, bn2, chosen.decode, bm2)))
     elif p.spec.weight_format == "fp8_block":  # BM 64 is the largest that fits (plan.py)
         out.append(("grouped-bn2-64", grouped_config(p, chosen.block_m, 128, 64, chosen.decode)))
         out.append(("grouped-bm32", grouped_config(p, 32, 128, 64, chosen.decode)))
