@@ -143,22 +143,37 @@ def checks(ctx, layer, fmt, ms, decode) -> list[dict]:
     return rows
 
 
+def layer_bytes(m: int, k: int, h: int, i: int, weight_bytes: float, fmt: str) -> float:
+    """The least HBM traffic of one call in this layer's structure: the active experts'
+    weights once, x read and the output written once (bf16), FC1's activation written and
+    read by FC2 (e4m3 for fp8_block, else bf16; its scales left out), and FC2's routed rows
+    written and read by the top-k sum (bf16). Pure."""
+    routes = m * k
+    act = 1 if fmt == "fp8_block" else 2
+    return weight_bytes + 2 * (2 * m * h) + 2 * act * routes * i + 2 * 2 * routes * h
+
+
 def _row(ctx, layer, lim, m, fmt, impl, sec, mode, expert_bytes, active):
     k, h, i = layer.k, layer.h, layer.i
     nbytes = active * expert_bytes
     floor = nbytes / (lim["copy_gbs"] * 1e9)
     flops = 2.0 * m * k * (2 * i * h + h * i)
+    # every byte of the layer at the measured copy rate, and the most of the bf16 tensor-core
+    # rate a call could then reach: max(MMA time, byte time) bounds it from below
+    bytes_us = layer_bytes(m, k, h, i, nbytes, fmt) / (lim["copy_gbs"] * 1e9) * 1e6
     r = dict(kind="time", shape=layer.name, M=m, format=fmt, impl=impl, mode=mode,
              us=sec * 1e6, active_experts=active, weight_bytes=nbytes,
              floor_us=floor * 1e6, frac_floor=floor / sec, tflops=flops / sec / 1e12,
              frac_tc=flops / sec / 1e12 / lim["bf16_tflops"],
              E=layer.e, K=k, H=h, I=i, copy_gbs=lim["copy_gbs"],
-             tc_tflops=lim["bf16_tflops"])
+             tc_tflops=lim["bf16_tflops"], layer_bytes_us=bytes_us)
     if "spec_hbm_gbs" in lim:  # the part's specified peaks, beside the measured rates
         spec_floor = nbytes / (lim["spec_hbm_gbs"] * 1e9)
+        tc_us = flops / (lim["spec_bf16_tflops"] * 1e12) * 1e6
         r.update(spec_hbm_gbs=lim["spec_hbm_gbs"], spec_bf16_tflops=lim["spec_bf16_tflops"],
                  spec_floor_us=spec_floor * 1e6, frac_spec_hbm=spec_floor / sec,
-                 frac_spec_tc=flops / sec / 1e12 / lim["spec_bf16_tflops"])
+                 frac_spec_tc=flops / sec / 1e12 / lim["spec_bf16_tflops"],
+                 max_frac_spec_tc=tc_us / max(tc_us, bytes_us))
     return r
 
 

@@ -30,11 +30,12 @@ def print_tables(rows, title: str) -> None:
         lp = t.get((shape, m, "bf16", "torch_loop"), {}).get("us")
         best = min((u for u in (g, lp) if u), default=None)
         main.append([shape, m, f, r["family"], fmt(r["us"], 1), _pct(r.get("frac_spec_hbm")), _pct(r["frac_floor"]),
-                     _pct(r.get("frac_spec_tc")), fmt(g, 1), fmt(lp, 1), fmt(best / r["us"] if best else None),
+                     _pct(r.get("frac_spec_tc")), _pct(r.get("max_frac_spec_tc")),
+                     fmt(g, 1), fmt(lp, 1), fmt(best / r["us"] if best else None),
                      {True: "ok", False: "FAILED", None: "–"}[r.get("ok")]])
     print_table(f"MoE layer, us per call, {title}",
-                ["shape", "M", "format", "family", "us", "% HBM spec", "% copy", "% tc spec", "grouped_mm us",
-                 "loop us (setup timed)", "x vs best torch", "graph check"], main)
+                ["shape", "M", "format", "family", "us", "% HBM spec", "% copy", "% tc spec", "% tc max",
+                 "grouped_mm us", "loop us (setup timed)", "x vs best torch", "graph check"], main)
 
 
 def plot(rows, path):

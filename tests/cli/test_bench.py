@@ -75,6 +75,8 @@ def test_bench_moe_dry_run(tmp_path, capsys):
                                                           ("torch_grouped_mm", "bf16"), ("torch_loop", "bf16")}
     assert {r["M"] for r in times} == {2, 20}
     assert all(r["weight_bytes"] > 0 and r["us"] > 0 for r in times)
+    # the layer's bytes count the weights and more (x, the activation, FC2's rows, the output)
+    assert all(r["layer_bytes_us"] > r["floor_us"] for r in times if r["impl"] == "sparkinfer")
     # every timing checked on the outputs of the run that was timed, baselines included
     assert all(r["ok"] and r["check_rel_norm"] <= r["tol_rel_norm_max"] for r in times)
     assert "MoE layer, us per call" in capsys.readouterr().out
@@ -248,3 +250,22 @@ def test_bench_prefill_mixed_dry_run(tmp_path):
         assert r["kind"] == "mixed" and r["decode_equal"] and r["chunks_equal"] and r["ok"], r
         assert r["decode_ms"] > 0 and r["mixed_ms"] > 0 and r["prefill_ms"] > 0
         assert r["marginal_ms"] == pytest.approx(r["mixed_ms"] - r["decode_ms"])
+
+
+def test_layer_bytes_bounds_the_deepseek_tp8_shard_by_bytes():
+    """`moe_cases.layer_bytes` at the DeepSeek-V3 TP8 shard (E 256, K 8, H 7168, I 256), M 4096,
+    bf16: every expert's weights (2.82 GB), FC2's routed rows there and back (0.94 GB), the
+    activation there and back, x and the output: 3.91 GB, which at 4,275 GB/s take longer
+    (915 us) than the MMAs at 989 TFLOP/s (365 us), so no call reaches 40% of the bf16 rate."""
+    from sparkinfer.bench.moe_cases import layer_bytes
+
+    m, k, h, i, e = 4096, 8, 7168, 256, 256
+    weights = e * 3 * h * i * 2
+    total = layer_bytes(m, k, h, i, weights, "bf16")
+    assert total == weights + 4 * m * h + 4 * m * k * i + 4 * m * k * h
+    assert total == pytest.approx(3.91e9, rel=1e-3)
+    assert layer_bytes(m, k, h, i, weights, "fp8_block") == total - 2 * m * k * i  # e4m3 activation
+    tc_us = 2.0 * m * k * 3 * h * i / 989e12 * 1e6
+    bytes_us = total / 4275e9 * 1e6
+    assert bytes_us == pytest.approx(915, abs=1) and tc_us == pytest.approx(365, abs=1)
+    assert tc_us / bytes_us < 0.40
