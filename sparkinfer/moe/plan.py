@@ -192,15 +192,16 @@ NVFP4_GROUPED_BN1 = 128
 # n128-bn2-256,bm64-n128-bn2-256`, sweeps/moe_tile_sweep_nvfp4_bn2_256_h200.json, every config
 # checked against the fp32 reference), us BN2 256 / 128 at the planned BM 64: DeepSeek-V3 M
 # 1024 3,791 / 4,001 (FC2 1,340 / 1,548), its TP8 shard 690 / 745, Qwen3 381 / 396.
-# At BM 128 FC2 at BN2 256 spills 292 bytes (tuning.TILES_NVFP4), and FC1 runs fastest at BM 128
-# while FC2 runs fastest at 64 rows, so BM 128 tiles run FC2 at 64 rows a program
-# (TileConfig.block_m2, NVFP4_GROUPED_FC2_ROWS; 229 registers, no spill; the same bits). H100 at
-# 1326b74, two runs in one lease (`moe_tile_sweep.py --formats nvfp4 --m 1024,4096 --tiles
-# n128-fc2-bm64-bn2-256,n128-bn2-256,bm64-n128-bn2-256`, sweeps/moe_tile_sweep_nvfp4_block_m2_h100.json
-# has the second, every config checked), us FC2 at 64 rows / the BN2 128 planned before: Qwen3 M 4096
-# 1,091 / 1,240 and 1,082 / 1,231, Mixtral M 1024 2,031 / 2,179 and 2,034 / 2,178, M 4096 6,809 /
-# 7,137 and 7,588 / 7,415, the TP8 shard M 4096 1,856 / 2,124 and 1,885 / 2,110, DeepSeek-V3 M 4096
-# 9,269 / 10,830 and 10,266 / 10,778.
+# At BM 128 FC2 at BN2 256 spills 292 bytes (tuning.TILES_NVFP4), and FC1 runs fastest at BM 128 while
+# FC2 runs fastest at 64 rows, so BM 128 tiles run FC2 at 64 rows a program (TileConfig.block_m2,
+# NVFP4_GROUPED_FC2_ROWS; 229 registers, no spill; the same bits). H100 at 1326b74, two runs in one
+# lease (`moe_tile_sweep.py --formats nvfp4 --m 1024,4096 --tiles
+# n128-fc2-bm64-bn2-256,n128-bn2-256,bm64-n128-bn2-256`, the second in the git history of
+# sweeps/moe_tile_sweep_nvfp4_block_m2_h100.json, every config checked), us FC2 at 64 rows / the BN2
+# 128 planned before: Qwen3 M 4096 1,091 / 1,240 and 1,082 / 1,231, Mixtral M 1024 2,031 / 2,179 and
+# 2,034 / 2,178, M 4096 6,809 / 7,137 and 7,588 / 7,415, the TP8 shard M 4096 1,856 / 2,124 and 1,885
+# / 2,110, DeepSeek-V3 M 4096 9,269 / 10,830 and 10,266 / 10,778. A third H100 run, planned at 91ff03f
+# (the file now): 1,089 / 1,197, 2,001 / 2,136, 7,102 / 7,200, 1,856 / 1,991, 9,557 / 10,362.
 NVFP4_GROUPED_BN2 = 256
 NVFP4_GROUPED_FC2_ROWS = 64
 
@@ -256,8 +257,21 @@ FP8_RESCALE = True
 # us BM 128 / BM 64 rescaled / the scaled dot's planned BM 64: 256 rows (Qwen3 M 4096,
 # Mixtral M 1024) 673 / 723 / 969, 1,140 / 1,359 / 1,772; 1,024 rows (Mixtral M 4096) 3,940
 # / 5,022 / 6,273; 128 rows (the DeepSeek-V3 TP8 shard at M 4096) 1,354 / 1,295 / 1,766;
-# 64 rows (Qwen3 M 1024) 313 / 295 / 357.
-FP8_RESCALE_BM128_MIN_ROWS = 160
+# 64 rows (Qwen3 M 1024) 313 / 295 / 357. From 128 rows since BM 128 tiles with FC2 at 64 rows
+# a program (FP8_GROUPED_FC2_ROWS) beat BM 64 there: an H100 at 91ff03f
+# (sweeps/moe_tile_sweep_fp8_fc2_rows_h100.json, `moe_tile_sweep.py --formats fp8_block --m
+# 1024,2048,4096 --tiles bm128-rescale-fc2-bm64,bm128-rescale`, every config checked and bitwise
+# equal to the planned one), us at 128 rows BM 128 + FC2 at 64 / BM 128 / the BM 64 planned
+# before: Qwen3 M 2048 396 / 411 / 427, the TP8 shard M 4096 1,272 / 1,357 / 1,303, DeepSeek-V3
+# M 4096 5,846 / 6,308 / 6,870; at 64 rows (BM 64 stays) Qwen3 M 1024 298 / 313 / 297,
+# DeepSeek-V3 M 2048 4,487 / 4,567 / 4,603.
+FP8_RESCALE_BM128_MIN_ROWS = 128
+# FC2's routed rows a program on BM 128 tiles below FP8_FC2_FULL_MIN_ROWS mean rows an expert
+# (TileConfig.block_m2; the same sums). At 256 rows and more FC2 reads each weight tile for half as
+# many rows and loses, the same run, us FC2 at 64 / BM 128: Mixtral M 1024 (256 rows) 1,182 / 1,132,
+# M 2048 2,096 / 1,900, M 4096 4,200 / 3,721; Qwen3 M 4096 (256 rows) 644 / 662.
+FP8_GROUPED_FC2_ROWS = 64
+FP8_FC2_FULL_MIN_ROWS = 256
 # And BM 64 (rows on the MMA's M side) from FP8_RESCALE_BM64_MIN_ROWS, where the bf16 table
 # keeps BM 32 (rows on N, half of each m64 wgmma idle). An H100 at 0d11bab
 # (sweeps/moe_tile_sweep_fp8_rescale_small_h100.json, sweeps/moe_tile_sweep_fp8_bm64_h100.json;
@@ -326,7 +340,7 @@ def _fp8_config(caps: MoECaps, spec: MoESpec, tokens: int) -> TileConfig:
     """fp8_block tiles: the bf16 rules with BN1 = 128 (whole activation groups)
     and 1-byte weights; every bucket with the rescaled accumulation when FP8_RESCALE,
     whose grouped tiles take BM 64 from FP8_RESCALE_BM64_MIN_ROWS and BM 128 from
-    FP8_RESCALE_BM128_MIN_ROWS."""
+    FP8_RESCALE_BM128_MIN_ROWS, FC2 at FP8_GROUPED_FC2_ROWS below FP8_FC2_FULL_MIN_ROWS."""
     routes = tokens * caps.top_k
     active = min(caps.num_experts, routes)
     halves = 2 if spec.gated else 1
@@ -349,13 +363,14 @@ def _fp8_config(caps: MoECaps, spec: MoESpec, tokens: int) -> TileConfig:
     if FP8_RESCALE and mean_rows >= FP8_RESCALE_BM64_MIN_ROWS:
         bm = max(bm, 64)
     bn2 = 64 if bm <= 32 else 128
+    bm2 = FP8_GROUPED_FC2_ROWS if bm > FP8_GROUPED_FC2_ROWS and mean_rows < FP8_FC2_FULL_MIN_ROWS else 0
     budget, warps = (SMEM_TWO_PER_SM, 4) if bm <= 32 else (SMEM_ONE_PER_SM, 8)
     fc1 = halves * _weight_bytes(ck, ck, False, True) + ck * bm
-    fc2 = _weight_bytes(bn2, ck, False, True) + ck * bm
+    fc2 = _weight_bytes(bn2, ck, False, True) + ck * (bm2 or bm)
     wide = mean_rows > BF16_WIDE_MIN_ROWS  # GROUP_M
     return TileConfig("grouped", bm, ck, bn2, num_warps=warps,
                       stages1=min(4, _stages(fc1, budget)), stages2=min(4, _stages(fc2, budget)),
-                      group_m=GROUP_M if wide else 0, tma=wide, fp8_rescale=FP8_RESCALE)
+                      group_m=GROUP_M if wide else 0, tma=wide, fp8_rescale=FP8_RESCALE, block_m2=bm2)
 
 
 def _config(caps: MoECaps, spec: MoESpec, tokens: int, chunk: int) -> TileConfig:

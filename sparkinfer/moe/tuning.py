@@ -83,7 +83,8 @@ TILES_SMALL = (("bm16", 16, 64, 64, 4, 2, 128), ("bn2-128", 32, 64, 128, 4, 2, 1
 # SM at M 4096 (sm_90, the same three shapes). H100 at 1326b74 (sweeps/moe_tile_sweep_fc2_bm64_h100.json,
 # M 4096, us / the planned): Qwen3 654 / 673, TP8 shard 1,269 / 1,305 (planned BM 64), DeepSeek-V3
 # 5,950 / 6,181 (BM 64), but Mixtral 4,148 / 3,592 (1,024 rows an expert: FC2 reads each weight tile
-# twice as often); not planned from one lease's two runs.
+# twice as often); planned from 128 to 256 rows an expert since a second H100 lease at 91ff03f
+# (plan.FP8_GROUPED_FC2_ROWS has its numbers).
 TILES_FP8 = (("bm128-rescale", 128, 128, 128, 8, 1, 128, 1, True),
              ("bm128-rescale-fc2-bm64", 128, 128, 128, 8, 1, 128, 1, True, 64),
              ("bm128-2pass-rescale", 128, 128, 128, 8, 1, 128, 2, True),

@@ -91,8 +91,9 @@ def test_fp8_layer_matches_the_references(kw, t, e, k, sms):
     assert rel <= TOL["weights_only"][0] and mx <= TOL["weights_only"][1], (rel, mx)
 
 
-RESCALED = [  # id, T, num_sms, forced grouped tile (BM, BN1, BN2, warps, per SM, BK, FC1 passes) or None
+RESCALED = [  # id, T, num_sms, forced grouped tile (BM, BN1, BN2, warps, per SM, BK, FC1 passes[, FC2 rows]) or None
     ("micro", 3, 1, None), ("grouped-bm128", 20, 132, (128, 128, 128, 8, 1, 128, 1)),
+    ("grouped-bm128-fc2-64", 20, 132, (128, 128, 128, 8, 1, 128, 1, 64)),  # plan.FP8_GROUPED_FC2_ROWS
     ("grouped-bm32", 20, 132, (32, 128, 64, 4, 2, 128, 1)),  # rows on N, as micro
 ]
 
@@ -115,12 +116,13 @@ def test_fp8_accumulations_match_the_references(monkeypatch, t, sms, tile, resca
     p, w, src, scratch = random_layer(caps, spec)
     assert all(c.fp8_rescale == rescale for _, c in p.buckets)
     if tile is not None:  # its sorted rows' scratch too
-        p = _tile(p, *tile[:6], p.config_for(t), tile[6])
+        p = _tile(p, *tile[:6], p.config_for(t), tile[6], bm2=tile[7] if len(tile) > 7 else 0)
         scratch = allocate_scratch(p, "cpu")
     x, logits = torch.randn(t, 384).bfloat16(), torch.randn(t, 4)
     out = torch.full((t, 384), float("nan"), dtype=torch.bfloat16)
     b = bind(p, scratch, w, x=x, out=out, logits=logits)
     assert b.config.fp8_rescale == rescale and b.config.block_m == (tile[0] if tile else b.config.block_m)
+    assert b.config.block_m2 == (tile[7] if tile and len(tile) > 7 else 0)
     run(b)
     ref = moe_reference(b.x, src, route_reference(logits, spec, 2), spec=spec)
     rel, mx = _errors(b.out, ref)
@@ -139,6 +141,26 @@ def test_fp8_repeats_bitwise(t):
         b.out.fill_(float("nan"))
         run(b)
         assert torch.equal(b.out, first)
+
+
+def test_fp8_fc2_at_fewer_rows_gives_the_same_bits():
+    """plan.FP8_GROUPED_FC2_ROWS: FC2 at 64 rows a program over BM 128 sorted tiles (block_m2)
+    gives the whole tiles' bits (every FC2 sum runs in K order whatever its program's rows)."""
+    from sparkinfer.moe.tuning import _tile
+
+    spec = MoESpec(weight_format="fp8_block")
+    caps = MoECaps(max_tokens=64, num_experts=4, top_k=2, hidden=384, intermediate=256, num_sms=132)
+    p, w, _, _ = random_layer(caps, spec, seed=5)
+    x, logits = torch.randn(40, 384).bfloat16(), torch.randn(40, 4)
+    outs = []
+    for bm2 in (0, 64):
+        q = _tile(p, 128, 128, 128, 8, 1, 128, p.config_for(40), 1, True, bm2=bm2)
+        out = torch.full((40, 384), float("nan"), dtype=torch.bfloat16)
+        b = bind(q, allocate_scratch(q, "cpu"), w, x=x, out=out, logits=logits)
+        assert (b.config.block_m, b.config.block_m2) == (128, bm2)
+        run(b)
+        outs.append(b.out.clone())
+    assert torch.isfinite(outs[0].float()).all() and torch.equal(outs[0], outs[1])
 
 
 class _CudaScalarDivision(TorchFunctionMode):

@@ -135,23 +135,32 @@ def test_with_changes_and_forced_configs():
     assert forced.config_for(1) == cfg and forced.buckets == ((64, cfg),)
 
 
-@pytest.mark.parametrize("t,bm", [(256, 32), (384, 64), (512, 64), (1024, 64), (4096, 128)],
-                         ids=["mean16", "mean24", "mean32", "mean64", "mean256"])
-def test_fp8_rescale_plans_bm64_and_bm128_from_their_thresholds(monkeypatch, t, bm):
+@pytest.mark.parametrize("t,bm,bm2", [(256, 32, 0), (384, 64, 0), (512, 64, 0), (1024, 64, 0), (2048, 128, 64),
+                                       (4096, 128, 0)],
+                         ids=["mean16", "mean24", "mean32", "mean64", "mean128", "mean256"])
+def test_fp8_rescale_plans_bm64_and_bm128_from_their_thresholds(monkeypatch, t, bm, bm2):
     """plan.FP8_RESCALE: grouped fp8_block tiles take BM 64 from FP8_RESCALE_BM64_MIN_ROWS
     and BM 128 from FP8_RESCALE_BM128_MIN_ROWS mean rows an expert (Qwen3's dims: T * 8 / 128
-    rows, 16 at T 256 .. 256 at T 4096); without it they stop at FP8_MAX_BLOCK_M and follow
-    the bf16 table (BM 32 up to 32 rows)."""
+    rows, 16 at T 256 .. 256 at T 4096), with FC2 at FP8_GROUPED_FC2_ROWS rows a program below
+    FP8_FC2_FULL_MIN_ROWS; without it they stop at FP8_MAX_BLOCK_M and follow the bf16 table
+    (BM 32 up to 32 rows)."""
     import importlib
 
-    from sparkinfer.moe.plan import FP8_MAX_BLOCK_M, FP8_RESCALE_BM64_MIN_ROWS, FP8_RESCALE_BM128_MIN_ROWS
+    from sparkinfer.moe.plan import (
+        FP8_FC2_FULL_MIN_ROWS,
+        FP8_GROUPED_FC2_ROWS,
+        FP8_MAX_BLOCK_M,
+        FP8_RESCALE_BM64_MIN_ROWS,
+        FP8_RESCALE_BM128_MIN_ROWS,
+    )
 
     caps = MoECaps(max_tokens=4096, num_experts=128, top_k=8, hidden=2048, intermediate=768)
     spec = MoESpec(weight_format="fp8_block")
     rows = t * 8 / 128
     assert bm == (128 if rows >= FP8_RESCALE_BM128_MIN_ROWS else 64 if rows >= FP8_RESCALE_BM64_MIN_ROWS else 32)
+    assert bm2 == (FP8_GROUPED_FC2_ROWS if bm == 128 and rows < FP8_FC2_FULL_MIN_ROWS else 0)
     cfg = plan(caps, spec).config_for(t)  # on by default
-    assert cfg.fp8_rescale and cfg.family == "grouped" and cfg.block_m == bm
+    assert cfg.fp8_rescale and cfg.family == "grouped" and (cfg.block_m, cfg.block_m2) == (bm, bm2)
     monkeypatch.setattr(importlib.import_module("sparkinfer.moe.plan"), "FP8_RESCALE", False)
     cfg = plan(caps, spec).config_for(t)
     assert not cfg.fp8_rescale and cfg.block_m == min(FP8_MAX_BLOCK_M, 32 if rows <= 32 else 64)
