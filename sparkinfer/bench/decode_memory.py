@@ -16,8 +16,10 @@ What is counted (one rank):
                 (a `RandomSource` draws it whole: the tensor, its slice and one fp32 draw
                 chunk), and for NVFP4 one layer's bf16 experts staged for `quantize_nvfp4` plus
                 its fp32 temporaries (measured on the CPU: 1.1 GB over a 64M-element bf16
-                input, 4.3x the input's fp32 size; counted as 5x). The decoder's MoE layers
-                copy one layer at a time (`decode_model.build`), which the first term covers.
+                input, 4.3x the input's fp32 size; counted as 5x) over the matrices it takes at
+                a time (`quant.nvfp4.QUANTIZE_CHUNK_BYTES` of fp32, at least one matrix). The
+                decoder's MoE layers copy one layer at a time (`decode_model.build`), which the
+                first term covers.
     kv_cache    2 (k, v) x L x (B + 1) slots x max_len x KVH_l x D x 2 bytes
     reference   with weights from transformers, its whole model in bf16 beside ours
     reserve     CUDA graphs, MoE and attention scratch, cuBLAS / Triton workspaces and the
@@ -52,6 +54,7 @@ class MemoryNeed:
     kv_cache: int
     reference: int
     reserve: int = RESERVE_BYTES
+    fmt: str = "bf16"  # the experts' format (check_fits suggests NVFP4 only to bf16)
 
     @property
     def total(self) -> int:
@@ -92,11 +95,15 @@ def memory_need(spec, fmt: str, *, source: str, batch: int, max_len: int, shardi
     full = _largest_tensor_bytes(spec)
     transient = 2 * full + 4 * (1 << 26)  # the drawn tensor, its slice, one fp32 chunk (random_source.DRAW_CHUNK)
     if fmt != "bf16" and any(spec.moe_layers):
+        from sparkinfer.quant.nvfp4 import QUANTIZE_CHUNK_BYTES
+
         staged = 3 * e * h * i_l * 2  # one layer's bf16 w1 + w2
-        transient = max(transient, staged + QUANTIZE_FP32_FACTOR * 2 * e * i_l * h * 4)
+        at_once = min(2 * e * i_l * h * 4, max(QUANTIZE_CHUNK_BYTES, 2 * i_l * h * 4))  # fp32 bytes a chunk
+        transient = max(transient, staged + QUANTIZE_FP32_FACTOR * at_once)
     kv = 2 * spec.num_layers * (batch + 1) * -(-max_len // sh.dcp) * hs.kv_heads * d * 2
     reference = _checkpoint_params(spec) * 2 if source == "transformers" else 0
-    return MemoryNeed(weights=int(weights), transient=int(transient), kv_cache=int(kv), reference=int(reference))
+    return MemoryNeed(weights=int(weights), transient=int(transient), kv_cache=int(kv), reference=int(reference),
+                      fmt=fmt)
 
 
 def check_fits(need: MemoryNeed, free_bytes: int, what: str) -> None:
@@ -104,10 +111,12 @@ def check_fits(need: MemoryNeed, free_bytes: int, what: str) -> None:
     when need.total > free_bytes. Pure."""
     if need.total <= free_bytes:
         return
+    smaller = (f"--formats nvfp4 (experts at {EXPERT_BYTES['nvfp4']:.2f} instead of 2 bytes per weight), "
+               if need.fmt == "bf16" else "")
     raise CapacityError(
         f"{what} needs about {need.total / 1e9:.1f} GB on one device ({need.describe()} GB), but the device "
-        f"has {free_bytes / 1e9:.1f} GB free; use --formats nvfp4 (experts at {EXPERT_BYTES['nvfp4']:.2f} "
-        f"instead of 2 bytes per weight), fewer --layers instead of --full-depth, or more ranks with --tp")
+        f"has {free_bytes / 1e9:.1f} GB free; use {smaller}fewer --layers instead of --full-depth, or more "
+        "ranks with --tp")
 
 
 def _largest_tensor_bytes(spec) -> int:

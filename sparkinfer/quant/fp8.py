@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from sparkinfer.errors import CheckpointError, DTypeError, ShapeError
+from sparkinfer.quant.nvfp4 import matrices_per_chunk
 from sparkinfer.quant.reference import E4M3_MAX
 
 __all__ = ["FP8_BLOCK", "ACT_AMIN", "FP8BlockTensor", "quantize_fp8_block",
@@ -113,6 +114,20 @@ def quantize_fp8_block(w: torch.Tensor) -> FP8BlockTensor:
         raise DTypeError(f"quantize_fp8_block: w dtype {w.dtype}; pass bf16, fp16 or fp32")
     if w.dim() < 2:
         raise ShapeError(f"quantize_fp8_block: w shape {tuple(w.shape)}; need [..., N, K]")
+    per_chunk = matrices_per_chunk(w)  # a stack a few matrices at a time (nvfp4.QUANTIZE_CHUNK_BYTES)
+    if per_chunk is None:
+        return _quantize(w)
+    lead, (n, k) = w.shape[:-2], w.shape[-2:]
+    flat = w.reshape(-1, n, k)
+    q = torch.empty(flat.shape, dtype=torch.float8_e4m3fn, device=w.device)
+    scale = torch.empty(flat.shape[0], _blocks(n), _blocks(k), dtype=torch.float32, device=w.device)
+    for a in range(0, flat.shape[0], per_chunk):
+        t = _quantize(flat[a:a + per_chunk])
+        q[a:a + per_chunk], scale[a:a + per_chunk] = t.weight, t.scale
+    return FP8BlockTensor(q.reshape(w.shape), scale.reshape(*lead, _blocks(n), _blocks(k)))
+
+
+def _quantize(w: torch.Tensor) -> FP8BlockTensor:
     x = w.float()
     if not bool(torch.isfinite(x).all()):
         raise ValueError("quantize_fp8_block: w holds NaN or inf; E4M3 weights cannot hold them")

@@ -28,9 +28,14 @@ from sparkinfer.errors import DTypeError, ShapeError
 from sparkinfer.quant.reference import E2M1_MAX, E4M3_MAX, e2m1_codes_to_float, round_to_e2m1_codes, round_to_e4m3
 
 __all__ = ["BLOCK", "NVFP4Tensor", "quantize_nvfp4", "dequantize_nvfp4", "from_checkpoint",
-           "pack_codes", "unpack_codes"]
+           "pack_codes", "unpack_codes", "matrices_per_chunk", "QUANTIZE_CHUNK_BYTES"]
 
 BLOCK = 16  # elements per E4M3 block scale
+# Quantizers take a stack of matrices (MoE experts [E, N, R]) this many fp32 bytes at a time:
+# their torch temporaries are about 4.3x the input's fp32 size (bench/decode_memory.py), so one
+# GLM-4.5-Air layer's w1 (128 x 2,816 x 4,096) in one piece needed about 25 GB beside the model.
+# Matrices are independent (one global scale each), so the chunks give the same bits.
+QUANTIZE_CHUNK_BYTES = 1 << 28
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,34 @@ def quantize_nvfp4(w: torch.Tensor, global_scale: torch.Tensor | None = None) ->
     if w.dim() < 2 or w.shape[-1] % BLOCK != 0:
         raise ShapeError(f"quantize_nvfp4: w shape {tuple(w.shape)}; need [..., N, R] with "
                          f"R a multiple of {BLOCK}")
+    if global_scale is not None and global_scale.shape != w.shape[:-2]:
+        raise ShapeError(f"quantize_nvfp4: global_scale shape {tuple(global_scale.shape)}, "
+                         f"expected {tuple(w.shape[:-2])} (one per matrix)")
+    per_chunk = matrices_per_chunk(w)
+    if per_chunk is None:
+        return _quantize(w, global_scale)
+    lead, (n, r) = w.shape[:-2], w.shape[-2:]
+    flat, gs_flat = w.reshape(-1, n, r), None if global_scale is None else global_scale.reshape(-1)
+    packed = torch.empty(flat.shape[0], n, r // 2, dtype=torch.uint8, device=w.device)
+    scales = torch.empty(flat.shape[0], n, r // BLOCK, dtype=torch.float8_e4m3fn, device=w.device)
+    gs = torch.empty(flat.shape[0], dtype=torch.float32, device=w.device)
+    for a in range(0, flat.shape[0], per_chunk):
+        b = min(a + per_chunk, flat.shape[0])
+        t = _quantize(flat[a:b], None if gs_flat is None else gs_flat[a:b])
+        packed[a:b], scales[a:b], gs[a:b] = t.packed, t.scales, t.global_scale
+    return NVFP4Tensor(packed.reshape(*lead, n, r // 2), scales.reshape(*lead, n, r // BLOCK), gs.reshape(lead))
+
+
+def matrices_per_chunk(w: torch.Tensor) -> int | None:
+    """Matrices of a stack w [B..., N, R] a quantizer takes at a time (QUANTIZE_CHUNK_BYTES of
+    fp32, at least one); None when w is one matrix or fits in one chunk. Pure."""
+    per = w.shape[-2] * w.shape[-1] * 4
+    if w.dim() < 3 or w.numel() * 4 <= QUANTIZE_CHUNK_BYTES:
+        return None
+    return max(1, QUANTIZE_CHUNK_BYTES // per)
+
+
+def _quantize(w: torch.Tensor, global_scale: torch.Tensor | None) -> NVFP4Tensor:
     x = w.float()
     if not bool(torch.isfinite(x).all()):
         raise ValueError("quantize_nvfp4: w holds NaN or inf; NVFP4 cannot represent them")
@@ -95,9 +128,6 @@ def quantize_nvfp4(w: torch.Tensor, global_scale: torch.Tensor | None = None) ->
         amax = x.abs().flatten(-2).amax(-1) if x.dim() > 2 else x.abs().amax()
         gs = torch.where(amax > 0, amax / (E2M1_MAX * E4M3_MAX), torch.ones_like(amax))
     else:
-        if global_scale.shape != lead:
-            raise ShapeError(f"quantize_nvfp4: global_scale shape {tuple(global_scale.shape)}, "
-                             f"expected {tuple(lead)} (one per matrix)")
         gs = global_scale.float()
     gs_b = gs.reshape(*lead, 1, 1)
     blocks = x.reshape(*x.shape[:-1], -1, BLOCK)  # [B..., N, R/16, 16]

@@ -74,6 +74,19 @@ def test_full_depth_rows_that_fit_one_h200():
         decode.check_memory(_args("--presets", "mixtral-8x7b", "--full-depth", "--formats", "bf16"), H200_FREE)
 
 
+def test_glm_air_nvfp4_at_full_depth_fits_an_h100_since_quantizing_goes_a_few_experts_at_a_time():
+    """quant.nvfp4.QUANTIZE_CHUNK_BYTES: a layer's experts are quantized a few at a time, so
+    the build's temporaries are about 6 GB (the largest drawn tensor) where the whole layer's
+    fp32 temporaries counted 34 GB, and the 81.6 GB fit the 84.5 GB an H100 had free; a
+    refusal of NVFP4 experts does not suggest NVFP4."""
+    args = _args("--presets", "glm-4.5-air", "--full-depth", "--weights", "random-direct", "--formats", "nvfp4",
+                 "--batches", "1,8")
+    decode.check_memory(args, 84_500_000_000)
+    with pytest.raises(CapacityError, match=r"build temporaries 6\.2, .* use fewer --layers") as e:
+        decode.check_memory(args, 80_000_000_000)
+    assert "--formats nvfp4" not in str(e.value)
+
+
 def test_the_refusal_counts_every_part():
     need = memory_need(load_spec(preset_config("mixtral-8x7b")), "bf16", source="random-direct", batch=8,
                        max_len=576)

@@ -114,3 +114,35 @@ def test_quantize_rejects_bad_inputs():
         quantize_nvfp4(torch.full((4, 16), float("nan")))
     with pytest.raises(ShapeError, match="one per matrix"):
         quantize_nvfp4(torch.ones(2, 4, 16), torch.ones(3))
+
+
+@pytest.mark.parametrize("lead", [(7,), (3, 4)], ids=["experts", "two-lead-dims"])
+def test_stacks_quantize_a_few_matrices_at_a_time_with_the_same_bits(monkeypatch, lead):
+    """nvfp4.QUANTIZE_CHUNK_BYTES bounds the quantizers' temporaries: a stack of matrices goes
+    through in chunks (two matrices here, the last one alone), NVFP4 with and without given
+    global scales and FP8 blocks (partial blocks too), and gives the whole stack's bits; a NaN
+    in the last chunk is still refused."""
+    import sparkinfer.quant.nvfp4 as nv
+    from sparkinfer.quant.fp8 import quantize_fp8_block
+
+    g = torch.Generator().manual_seed(11)
+    w = torch.randn(*lead, 48, 64, generator=g).bfloat16()
+    w.view(-1, 48, 64)[2] = 0  # a matrix of zeros: global scale 1
+    gs = torch.rand(lead, generator=g) + 0.1
+    whole = [quantize_nvfp4(w), quantize_nvfp4(w, gs), quantize_fp8_block(w[..., :40, :50])]
+    monkeypatch.setattr(nv, "QUANTIZE_CHUNK_BYTES", 2 * 48 * 64 * 4)
+    assert nv.matrices_per_chunk(w) == 2
+    chunked = [quantize_nvfp4(w), quantize_nvfp4(w, gs), quantize_fp8_block(w[..., :40, :50])]
+
+    def bits(t):
+        return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
+
+    for a, b in zip(whole[:2], chunked[:2]):
+        for x, y in ((a.packed, b.packed), (a.scales, b.scales), (a.global_scale, b.global_scale)):
+            assert x.shape == y.shape and x.dtype == y.dtype and torch.equal(bits(x), bits(y))
+    assert torch.equal(bits(whole[2].weight), bits(chunked[2].weight)) and torch.equal(whole[2].scale, chunked[2].scale)
+    assert chunked[2].scale.shape == (*lead, 1, 1)
+    bad = w.clone()
+    bad.view(-1, 48, 64)[-1, 5, 7] = float("nan")
+    with pytest.raises(ValueError, match="NaN"):
+        quantize_nvfp4(bad)
