@@ -68,7 +68,7 @@ def parse_args(argv=None):
                     "planned tiles in those grouped program orders and with TMA loads "
                     "(tuning.order_candidates) instead of the tile table")
     ap.add_argument("--tiles", default=None, help="comma list of candidate names (tuning's tile "
-                    "tables): time only those beside the planned config")
+                    "tables): time only those beside the planned config ('none': the planned alone)")
     ap.add_argument("--small-tiles", action="store_true", help="time tuning.TILES_SMALL (BM <= 32 and a few "
                     "BM 64) whatever BM the plan chose")
     ap.add_argument("--sm90", action="store_true", help="CPU only: compile every candidate for "
@@ -82,7 +82,20 @@ def parse_args(argv=None):
                if args.dry_run else "benchmarks/results/sweeps/moe_tile_sweep_sm90.json" if args.sm90 else
                "benchmarks/results/sweeps/moe_tile_sweep_h200.json")
     args.out = args.out or default
+    if args.tiles:
+        unknown = sorted(set(args.tiles.split(",")) - tile_names() - {"none"})
+        if unknown:  # an unknown name would time the planned config alone, silently
+            ap.error(f"--tiles {','.join(unknown)}: not in tuning's tile tables; known: "
+                     f"{', '.join(sorted(tile_names()))} (the NVFP4 dequantized path against its kernels: "
+                     "`sparkinfer bench moe --sweep`)")
     return args
+
+
+def tile_names() -> set[str]:
+    """Every candidate name of tuning's tile tables (--tiles)."""
+    from sparkinfer.moe import tuning
+
+    return {c[0] for t in (tuning.TILES_SMALL, tuning.TILES_LARGE, tuning.TILES_NVFP4, tuning.TILES_FP8) for c in t}
 
 
 def gemm_flops(caps, spec, m: int) -> tuple[float, float]:

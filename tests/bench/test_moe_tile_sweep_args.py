@@ -1,0 +1,29 @@
+"""benchmarks/sweeps/moe_tile_sweep.py: --tiles names outside tuning's tile tables are refused
+before anything runs (an unknown name used to time the planned config alone, silently)."""
+
+import importlib.util
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("moe_tile_sweep", os.path.join(ROOT, "benchmarks", "sweeps",
+                                                                                 "moe_tile_sweep.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_tile_names_are_checked_before_any_run(capsys):
+    sweep = _tool()
+    args = sweep.parse_args(["--tiles", "n128-bn2-256,bm128-rescale-fc2-bm64", "--dry-run"])
+    assert args.tiles == "n128-bn2-256,bm128-rescale-fc2-bm64"
+    assert sweep.parse_args(["--tiles", "none", "--dry-run"]).tiles == "none"
+    with pytest.raises(SystemExit) as e:
+        sweep.parse_args(["--tiles", "n128,dequant,nvfp4-kernel", "--dry-run"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--tiles dequant,nvfp4-kernel: not in tuning's tile tables" in err and "bench moe --sweep" in err
