@@ -82,6 +82,16 @@ def parse_args(argv=None):
                if args.dry_run else "benchmarks/results/sweeps/moe_tile_sweep_sm90.json" if args.sm90 else
                "benchmarks/results/sweeps/moe_tile_sweep_h200.json")
     args.out = args.out or default
+    if args.dry_run:
+        os.environ["TRITON_INTERPRET"] = "1"  # before Triton is imported (the checks below import it)
+    elif args.sm90:
+        os.environ.pop("TRITON_INTERPRET", None)  # interpreted kernels cannot be compiled
+    from sparkinfer.bench.moe import SHAPES
+
+    if args.shapes and set(args.shapes.split(",")) - set(SHAPES) - set(DRY_SHAPES):
+        ap.error(f"--shapes {args.shapes}: choose from {', '.join(sorted(SHAPES))}")
+    if set(args.formats.split(",")) - {"bf16", "fp8_block", "nvfp4"}:
+        ap.error(f"--formats {args.formats}: choose from bf16, fp8_block, nvfp4")
     if args.tiles:
         unknown = sorted(set(args.tiles.split(",")) - tile_names() - {"none"})
         if unknown:  # an unknown name would time the planned config alone, silently
@@ -347,11 +357,7 @@ def sm90_report(shapes, formats, ms, orders=None, small=False, tiles=None) -> li
 
 
 def main(argv=None):
-    args = parse_args(argv)
-    if args.dry_run:
-        os.environ["TRITON_INTERPRET"] = "1"  # before Triton is imported
-    elif args.sm90:
-        os.environ.pop("TRITON_INTERPRET", None)  # interpreted kernels cannot be compiled
+    args = parse_args(argv)  # sets TRITON_INTERPRET for --dry-run and --sm90
     from sparkinfer.bench import moe as bench_moe
     from sparkinfer.bench.moe_cases import Layer
 

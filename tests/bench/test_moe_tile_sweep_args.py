@@ -1,5 +1,6 @@
-"""benchmarks/sweeps/moe_tile_sweep.py: --tiles names outside tuning's tile tables are refused
-before anything runs (an unknown name used to time the planned config alone, silently)."""
+"""benchmarks/sweeps/moe_tile_sweep.py: --tiles names outside tuning's tile tables, unknown
+shapes and formats are refused before anything runs (an unknown tile name used to time the
+planned config alone, silently; an unknown shape raised a KeyError after the device checks)."""
 
 import importlib.util
 import os
@@ -17,7 +18,8 @@ def _tool():
     return mod
 
 
-def test_tile_names_are_checked_before_any_run(capsys):
+def test_tile_names_are_checked_before_any_run(capsys, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", os.environ.get("TRITON_INTERPRET", ""))  # --dry-run sets it
     sweep = _tool()
     args = sweep.parse_args(["--tiles", "n128-bn2-256,bm128-rescale-fc2-bm64", "--dry-run"])
     assert args.tiles == "n128-bn2-256,bm128-rescale-fc2-bm64"
@@ -27,3 +29,11 @@ def test_tile_names_are_checked_before_any_run(capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "--tiles dequant,nvfp4-kernel: not in tuning's tile tables" in err and "bench moe --sweep" in err
+
+
+@pytest.mark.parametrize("argv, what", [(["--shapes", "qwen3,qwen4"], "--shapes qwen3,qwen4: choose from"),
+                                        (["--formats", "bf16,fp4"], "--formats bf16,fp4: choose from")])
+def test_shapes_and_formats_are_checked_before_any_run(capsys, argv, what):
+    with pytest.raises(SystemExit):
+        _tool().parse_args(argv)
+    assert what in capsys.readouterr().err
