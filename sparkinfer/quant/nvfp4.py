@@ -104,9 +104,9 @@ def quantize_nvfp4(w: torch.Tensor, global_scale: torch.Tensor | None = None) ->
     scales = torch.empty(flat.shape[0], n, r // BLOCK, dtype=torch.float8_e4m3fn, device=w.device)
     gs = torch.empty(flat.shape[0], dtype=torch.float32, device=w.device)
     for a in range(0, flat.shape[0], per_chunk):
-        b = min(a + per_chunk, flat.shape[0])
-        t = _quantize(flat[a:b], None if gs_flat is None else gs_flat[a:b])
-        packed[a:b], scales[a:b], gs[a:b] = t.packed, t.scales, t.global_scale
+        part = slice(a, a + per_chunk)
+        t = _quantize(flat[part], None if gs_flat is None else gs_flat[part])
+        packed[part], scales[part], gs[part] = t.packed, t.scales, t.global_scale
     return NVFP4Tensor(packed.reshape(*lead, n, r // 2), scales.reshape(*lead, n, r // BLOCK), gs.reshape(lead))
 
 

@@ -2,22 +2,17 @@
 interleaved round by round, rows tagged, medians per row key; end to end, each variant's
 settings reach its own run (a setting that breaks the benchmark fails that run alone)."""
 
-import importlib.util
 import json
-import os
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.bench._util import ROOT, sweep_script
+
 PROBE = 0  # a flag for the tests below
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("flags_ab", os.path.join(ROOT, "benchmarks", "sweeps",
-                                                                           "flags_ab.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return sweep_script("flags_ab")
 
 
 def test_variants_parse_and_unknown_settings_fail_before_any_run():

@@ -2,20 +2,15 @@
 shapes and formats are refused before anything runs (an unknown tile name used to time the
 planned config alone, silently; an unknown shape raised a KeyError after the device checks)."""
 
-import importlib.util
 import os
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.bench._util import sweep_script
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("moe_tile_sweep", os.path.join(ROOT, "benchmarks", "sweeps",
-                                                                                 "moe_tile_sweep.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return sweep_script("moe_tile_sweep")
 
 
 def test_tile_names_are_checked_before_any_run(capsys, monkeypatch):
