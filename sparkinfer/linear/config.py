@@ -57,7 +57,7 @@ from dataclasses import dataclass
 import triton
 
 __all__ = ["LinearTile", "linear_tile", "BLOCK_N", "BLOCK_M", "MAX_ROWS", "PRELOAD_BYTES", "MAX_SPLIT",
-           "COARSE_MIN_ROWS", "COARSE_BLOCK_K", "COARSE_MAX_ROWS", "COARSE_BLOCK_N", "PRELOAD_SLICE_BYTES"]
+           "COARSE_MIN_ROWS", "COARSE_BLOCK_K", "COARSE_MAX_ROWS", "COARSE_BLOCK_N"]
 
 BLOCK_M = 16  # rows of x per row block (kernel.BM)
 # The kernel serves M <= MAX_ROWS (8 row blocks: 8 fp32 [64, 16] accumulators, 64
@@ -77,14 +77,6 @@ PRELOAD_BYTES = 64 * 1024
 # tf32 halves in shared memory: ptxas for sm_90 at [64, 256] 176 KB and 235 registers,
 # at [64, 128] 88 KB and 198 (no spills)
 PRELOAD_BYTES_FP32 = 32 * 1024
-# A weight whose preloaded slices all fit one wave (2 x PRELOAD_BYTES an SM, the residency
-# of 64 KB programs) takes slices of at most PRELOAD_SLICE_BYTES, 4 programs an SM instead
-# of 2: more of them are resident, loading, when their PDL launch comes early. The cost
-# model alone chose 64 KB for Qwen3-30B-A3B's o [2048, 4096]; an H100 A/B at 0b019ab
-# (`flags_ab.py`, `bench decode --presets qwen3-30b-a3b --batches 1,8,64`, bf16, two
-# rounds, sweeps/decode_preload_slice_ab_h100.json), us a step 64 / 32 KB: batch 1 779.0 /
-# 774.8, batch 8 1,866.5 / 1,830.8, batch 64 4,048.6 / 4,047.6.
-PRELOAD_SLICE_BYTES = 32 * 1024
 PRELOAD_SLICES = (128, 256, 512)  # KS candidates; a slice is at least one BK step
 MAX_SPLIT = 32  # partials the last program adds: 32 x [64, 16] fp32 = 128 KB at most, L2-resident
 COST_ROWS = 8  # the decode batch whose partials the preload choice charges (issue 28: B <= 8)
@@ -179,8 +171,6 @@ def linear_tile(n: int, k: int, elem: int = 2, num_sms: int = 1) -> LinearTile:
         cap = PRELOAD_BYTES if elem <= 2 else PRELOAD_BYTES_FP32
         fits = [ks for ks in PRELOAD_SLICES if min(BLOCK_N, n) * ks * elem <= cap
                 and triton.cdiv(k, ks) <= MAX_SPLIT]
-        if n * k * elem <= 2 * PRELOAD_BYTES * num_sms:
-            fits = [ks for ks in fits if min(BLOCK_N, n) * ks * elem <= PRELOAD_SLICE_BYTES] or fits
         if fits:
             ks = min(fits, key=lambda s: (_preload_cost(n, k, s, elem, num_sms), -s))
             ks = max(16, min(ks, triton.next_power_of_2(k)))  # the MMA's K is at least 16

@@ -89,13 +89,10 @@ def test_split_k_repeats_bitwise_and_rearms(monkeypatch):
 
 def test_tiles_of_the_presets_depend_on_the_weight_and_device_only():
     """The decode projections of the three presets on an H200 (132 SMs): preload with
-    K split where the feature blocks leave SMs idle, stream where they fill them; slices
-    of 32 KB where a weight's slices fit one wave (PRELOAD_SLICE_BYTES), else 64 KB."""
+    K split where the feature blocks leave SMs idle, stream where they fill them."""
     expect = {  # (N, K, bytes) -> (stream, KS, split)
         (5120, 2048, 2): (False, 256, 8),  # Qwen3-30B-A3B qkv
-        (2048, 4096, 2): (False, 256, 16),  # its o: one wave of preloads, so 32 KB slices
-        (6144, 4096, 2): (False, 512, 8),  # Mixtral-8x7B's qkv: more than a wave, 64 KB slices
-        (4096, 12288, 2): (False, 512, 24),  # GLM-4.5-Air's o: 32 KB slices would split 48 ways
+        (2048, 4096, 2): (False, 512, 8),  # its o
         (128, 2048, 2): (False, 128, 16),  # its router
         (151936, 2048, 2): (True, 2048, 1),  # its LM head
         (128, 4096, 4): (False, 128, 32),  # GLM-4.5-Air's fp32 router
