@@ -99,6 +99,10 @@ MAX_GROUPS = 8
 # 9.8 / 11.6 / 15.2 against 9.0 / 10.3 / 10.9, Mixtral's o 14.7 / 16.1 / 20.4 against
 # 13.3 / 14.5 / 20.4: never faster beyond noise, so 64 stays.
 COARSE_BLOCK_N = 64
+# `coarse_always` where the fine split's slices exceed one wave of preloads (2 x PRELOAD_BYTES
+# an SM, two 64 KB programs), whatever the slice; False: only slices of more than 32 KB count
+# (Qwen3-30B-A3B's qkv, 640 programs of 32 KB, then stays fine below COARSE_MIN_ROWS).
+COARSE_SMALL_SLICES = True
 # Gated calls (silu(gate) * up computed as x loads) stay on the fine split: H200 at ff3643a,
 # GLM-4.5-Air's shared down [4096, 1408] at M = 32 / 64, fine 15.5 / 24.7 us against coarse
 # 20.2 / 29.9 (each program computes the activation of its whole K range; fewer programs
@@ -176,7 +180,9 @@ def linear_tile(n: int, k: int, elem: int = 2, num_sms: int = 1) -> LinearTile:
             ks = max(16, min(ks, triton.next_power_of_2(k)))  # the MMA's K is at least 16
             split = triton.cdiv(k, ks)
             groups = max(1, min(split, MAX_GROUPS, triton.cdiv(num_sms, blocks)))
-            waves = ks * elem * min(BLOCK_N, n) > PRELOAD_BYTES // 2 and blocks * split > 2 * num_sms
+            waves = blocks * split * ks * elem * min(BLOCK_N, n) > 2 * PRELOAD_BYTES * num_sms
+            if not COARSE_SMALL_SLICES:
+                waves = waves and ks * elem * min(BLOCK_N, n) > PRELOAD_BYTES // 2
             return LinearTile(stream=False, block_n=BLOCK_N, block_k=min(BLOCK_K, ks), k_slice=ks,
                               split=split, group=triton.cdiv(split, groups), coarse_always=waves)
     bk = max(16, min(BLOCK_K, triton.next_power_of_2(k)))

@@ -6,13 +6,14 @@ cases marked `preload` plan for an H200's 132 SMs instead, which picks the
 preload schedule and splits K, as the decode projections run on the GPU."""
 
 import dataclasses
+from unittest import mock
 
 import pytest
 import torch
 
 from sparkinfer.envs import triton_interpret
 from sparkinfer.errors import AliasingError, DTypeError, LayoutError, ShapeError
-from sparkinfer.linear import LINEAR_MAX_ROWS, LinearTile, launch, linear, linear_sync, linear_tile
+from sparkinfer.linear import LINEAR_MAX_ROWS, LinearTile, config, launch, linear, linear_sync, linear_tile
 from sparkinfer.linear.reference import linear_reference
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -204,11 +205,14 @@ def test_rejects_bad_input():
 
 
 def test_coarse_calls_at_every_m_only_where_the_fine_split_takes_waves():
-    """config.py: 64 KB slices beyond two programs an SM (Mixtral's qkv and o, GLM-4.5-Air's
-    shared gate_up) take coarse calls at every M; one wave or less (Qwen3-30B-A3B's o), or
-    smaller slices (its qkv, the routers), only above COARSE_MIN_ROWS rows."""
-    for n, k in ((6144, 4096), (4096, 4096), (2816, 4096)):
+    """config.py: slices beyond one wave of preloads (2 x 64 KB an SM: Mixtral's qkv and o,
+    GLM-4.5-Air's shared gate_up, Qwen3-30B-A3B's qkv in 32 KB slices) take coarse calls at
+    every M; one wave or less (Qwen3-30B-A3B's o, the routers, GLM-4.5-Air's shared down)
+    only above COARSE_MIN_ROWS rows; COARSE_SMALL_SLICES False counts 64 KB slices alone."""
+    for n, k in ((6144, 4096), (4096, 4096), (2816, 4096), (5120, 2048)):
         assert linear_tile(n, k, 2, 132).coarse_always, (n, k)
-    for n, k in ((2048, 4096), (5120, 2048), (128, 2048), (4096, 1408)):
+    with mock.patch.object(config, "COARSE_SMALL_SLICES", False):
+        assert not linear_tile(5120, 2048, 2, 132).coarse_always
+    for n, k in ((2048, 4096), (128, 2048), (4096, 1408)):
         t = linear_tile(n, k, 2, 132)
         assert not t.stream and t.split > 1 and not t.coarse_always, (n, k)
