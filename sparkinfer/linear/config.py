@@ -101,7 +101,14 @@ MAX_GROUPS = 8
 COARSE_BLOCK_N = 64
 # `coarse_always` where the fine split's slices exceed one wave of preloads (2 x PRELOAD_BYTES
 # an SM, two 64 KB programs), whatever the slice; False: only slices of more than 32 KB count
-# (Qwen3-30B-A3B's qkv, 640 programs of 32 KB, then stays fine below COARSE_MIN_ROWS).
+# (Qwen3-30B-A3B's qkv, 640 programs of 32 KB, then stays fine below COARSE_MIN_ROWS; no
+# other preset's tile changes, TP 2 shards included). The same bits either way. Alone its
+# qkv is slower coarse (H100, M = 1: 11.9 against 10.5 us fine), but in the decode step
+# faster: H100 A/B at 8f5ed95 (`flags_ab.py`, three rounds of `bench decode --presets
+# qwen3-30b-a3b --batches 1,8,64`, sweeps/decode_coarse_small_slices_ab_h100.json), median us
+# a step False / True: bf16 batch 1 777.8 / 763.8, batch 8 1,872 / 1,816, batch 64 4,055 /
+# 4,062; NVFP4 experts 719.7 / 724.6, 1,117 / 1,085, 2,095 / 2,096 (batch 1 NVFP4 is the one
+# row every run of which was slower).
 COARSE_SMALL_SLICES = True
 # Gated calls (silu(gate) * up computed as x loads) stay on the fine split: H200 at ff3643a,
 # GLM-4.5-Air's shared down [4096, 1408] at M = 32 / 64, fine 15.5 / 24.7 us against coarse
