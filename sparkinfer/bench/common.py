@@ -157,11 +157,14 @@ def metadata(args=None) -> dict:
 
 
 def machine_label(meta: dict, world_size: int) -> str:
-    """"2xh200" for 2 ranks on NVIDIA H200s, "h200" for one, "cpu" for CPU ranks."""
+    """"2xh200" for 2 ranks on NVIDIA H200s, "h200" for one, "cpu" for CPU ranks: the model's
+    first word of letters then digits ("NVIDIA H100 80GB HBM3" -> "h100", as the files in
+    benchmarks/results are named), else the name without vendor words and separators."""
     name = str(meta.get("gpu") or "cpu").lower()
     for word in ("nvidia", "geforce", "tesla"):
         name = name.replace(word, "")
-    name = re.sub(r"[^a-z0-9]+", "", name) or "gpu"
+    model = next((w for w in re.split(r"[^a-z0-9]+", name) if re.fullmatch(r"[a-z]+\d+", w)), None)
+    name = model or re.sub(r"[^a-z0-9]+", "", name) or "gpu"
     return name if world_size <= 1 or name == "cpu" else f"{world_size}x{name}"
 
 

@@ -36,6 +36,9 @@ def test_command_line_is_relative_to_the_current_directory(tmp_path, monkeypatch
 def test_machine_labels_and_default_outputs():
     assert machine_label({"gpu": "NVIDIA H200"}, 2) == "2xh200"
     assert machine_label({"gpu": "NVIDIA H200"}, 1) == "h200"
+    assert machine_label({"gpu": "NVIDIA H100 80GB HBM3"}, 1) == "h100"  # the H100 files' name
+    assert machine_label({"gpu": "NVIDIA A100-SXM4-80GB"}, 2) == "2xa100"
+    assert machine_label({"gpu": "NVIDIA GeForce RTX 4090"}, 1) == "rtx4090"
     assert machine_label({"gpu": "cpu"}, 2) == "cpu"
     assert str(default_out("moe", {"gpu": "NVIDIA H200"}, 1, dry_run=False, sweep=True)) == os.path.join(
         "benchmarks", "results", "sweeps", "moe_sweep_h200.json")
