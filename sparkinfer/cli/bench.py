@@ -10,6 +10,7 @@
     sparkinfer bench serve ...             # the OpenAI server under load
     sparkinfer bench scheduler             # the serving loop's host time per engine step (CPU)
     sparkinfer bench summarize             # the docs tables from benchmarks/results/
+    sparkinfer bench suite --out-dir DIR   # the GPU benchmarks behind those tables, in a time budget
 
 Each name is a module `sparkinfer.bench.<name>` with `add_arguments(parser)` and
 `main(args) -> int` (see `sparkinfer.bench`). The module is imported only when its
@@ -34,6 +35,7 @@ BENCHMARKS = {
     "serve": "the OpenAI server under load: TTFT, TPOT, ITL, throughput (any URL, or a server it starts)",
     "scheduler": "the serving loop's host time per step against a decode step (CPU)",
     "summarize": "print the docs' results tables from benchmarks/results/",
+    "suite": "every GPU benchmark behind the docs' tables, most owed first, inside a time budget (1 GPU)",
 }
 
 

@@ -1,0 +1,186 @@
+"""Every GPU benchmark behind the README's and docs' tables, in one call inside a time budget.
+
+    sparkinfer bench suite --out-dir DIR [--budget-s 560] [--only decode-qwen3,serve] [--list]
+
+GPU time comes in leases of minutes, so one command that runs what is owed, most important
+first, beats a hand-written script per session. Each entry is one or more `sparkinfer bench`
+commands (the GPU test files: pytest, then `bench summarize --junit`), run as child processes
+in the order of ENTRIES. An entry whose estimate does not fit the time left is skipped, and a
+command that runs past the time left is stopped (what it wrote stays). Its rows go to
+`DIR/<file>_<machine>.json`, the names `benchmarks/results/` uses, so each file can be copied
+there as it is. The estimates are seconds measured on one H100 (sessions of 2026-12-07; the
+comment of each says which), a little less on an H200. Prints a line as each entry starts and
+ends and a table at the end; exits 1 if a command failed, 0 otherwise (skips included).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sparkinfer.bench.common import gpu_info, machine_label
+
+__all__ = ["add_arguments", "main", "ENTRIES", "Entry"]
+
+# The nine PDL flags off: the batch-1 step's kernels then add up (docs/decode.md).
+NO_PDL = ",".join(f"sparkinfer.{flag}=False" for flag in (
+    "attention.launch.COMBINE_PDL", "attention.launch.ATTENTION_PDL", "attention.launch.COMBINE_LETS_NEXT",
+    "norm.launch.NORM_WAIT", "linear.launch.LINEAR_PDL", "moe.routing.launch.ROUTING_PDL",
+    "moe.runner.MICRO_PDL", "moe.runner.FC1_PDL", "rope.launch.ROPE_PDL"))
+_DECODE = ("--layers", "8", "--weights", "random-direct", "--impls", "sparkinfer", "--hf-batches", "",
+           "--overlap-batches", "")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """name; est_s: seconds on one GPU; commands: argv lists after `python -m`, where
+    {out} stands for the output directory and {m} for the machine label (`_argv`); env: extra
+    environment of every command."""
+
+    name: str
+    est_s: int
+    commands: tuple[tuple[str, ...], ...]
+    env: dict = field(default_factory=dict)
+
+
+def _bench(*args: str) -> tuple[str, ...]:
+    return ("sparkinfer.cli", "bench", *args)
+
+
+def _decode(preset: str, *extra: str) -> tuple[str, ...]:
+    return _bench("decode", "--presets", preset, *_DECODE, *extra)
+
+
+ENTRIES = (
+    # 190 s on an H100 at 0b019ab (237 tests, 4 workers), then the conversion
+    Entry("gpu-tests", 200, (
+        ("pytest", "-rA", "-q", "-n", "4", "--dist", "loadgroup", "-o", "faulthandler_timeout=120", "{gpu_tests}",
+         "--junitxml={out}/gpu_tests.xml"),
+        _bench("summarize", "--junit", "{out}/gpu_tests.xml", "--out", "{out}/gpu_tests_{m}.json"))),
+    # 26 s each at 0b019ab
+    Entry("decode-profile", 35, (_decode("qwen3-30b-a3b", "--formats", "bf16,nvfp4", "--batches", "1", "--profile",
+                                         "--out", "{out}/decode_profile_{m}.json"),)),
+    Entry("decode-profile-nopdl", 35, (_decode("qwen3-30b-a3b", "--formats", "bf16,nvfp4", "--batches", "1",
+                                               "--profile", "--out", "{out}/decode_profile_nopdl_{m}.json"),),
+          env={"SPARKINFER_FLAGS": NO_PDL}),
+    # 107 s for both at 0b019ab
+    Entry("serve", 120, (
+        _decode("qwen3-30b-a3b", "--formats", "bf16", "--batches", "1,8,32,64",
+                "--out", "{out}/decode_beside_serve_{m}.json"),
+        _bench("serve", "--preset", "qwen3-30b-a3b", "--layers", "8",
+               "--checkpoint-dir", "{tmp}/sparkinfer_serve_checkpoint", "--concurrency", "1,8,32,64",
+               "--input-len", "512", "--output-len", "128",
+               "--decode-results", "{out}/decode_beside_serve_{m}.json", "--out", "{out}/serve_{m}.json"))),
+    # Qwen3-30B-A3B 52 s at e3a277d; the two larger presets not timed alone (guessed at twice that)
+    *(Entry(f"decode-{short}", est, (_decode(preset, "--formats", "bf16,nvfp4", "--batches", "1,8,32,64",
+                                             "--out", "{out}/decode_{m}.json"),))
+      for short, preset, est in (("qwen3", "qwen3-30b-a3b", 60), ("glm", "glm-4.5-air", 120),
+                                 ("mixtral", "mixtral-8x7b", 120))),
+    # its own --budget-s stops it starting shapes past 200 s
+    Entry("moe", 240, (_bench("moe", "--m", "1,8,64,1024,4096", "--budget-s", "200", "--out", "{out}/moe_{m}.json"),)),
+    # 37 s for these rows at 0b019ab
+    Entry("prefill-mixed", 45, (_bench("prefill", "--preset", "qwen3-30b-a3b", "--layers", "8", "--beside", "64",
+                                       "--rows", "1,4", "--context", "512", "--replays", "20",
+                                       "--out", "{out}/prefill_mixed_{m}.json"),)),
+    # full depth (refused at once where the GPU's memory is short): Qwen3-30B-A3B bf16 52 s at
+    # e3a277d, GLM-4.5-Air NVFP4 181 s at 83b8bfb, Mixtral-8x7B bf16 not timed on an H100
+    *(Entry(f"full-depth-{short}", est, (_bench("decode", "--presets", preset, "--full-depth", "--weights",
+                                                "random-direct", "--formats", fmt, "--impls", "sparkinfer",
+                                                "--batches", "1,8", "--hf-batches", "", "--overlap-batches", "",
+                                                "--out", "{out}/decode_full_depth_{m}.json"),))
+      for short, preset, fmt, est in (("qwen3", "qwen3-30b-a3b", "bf16", 60), ("glm", "glm-4.5-air", "nvfp4", 190),
+                                      ("mixtral", "mixtral-8x7b", "bf16", 150))),
+)
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--out-dir", required=False, help="where every result file goes (created)")
+    p.add_argument("--budget-s", type=float, default=560.0, help="seconds for all of it (default %(default)s)")
+    p.add_argument("--only", default=None, help="comma-separated entry names, in the suite's order (default all)")
+    p.add_argument("--list", action="store_true", help="print the entries and their commands; run nothing")
+
+
+def _select(only: str | None) -> list[Entry]:
+    if not only:
+        return list(ENTRIES)
+    names = [n.strip() for n in only.split(",") if n.strip()]
+    known = {e.name for e in ENTRIES}
+    if bad := [n for n in names if n not in known]:
+        raise SystemExit(f"bench suite: unknown --only {', '.join(bad)}; the entries: {', '.join(known)}")
+    return [e for e in ENTRIES if e.name in names]
+
+
+def _argv(cmd: tuple[str, ...], out: str, label: str) -> list[str]:
+    """The child's argv: `python -m ...` with {out}, {m} and {tmp} (the system's temporary
+    directory: the served checkpoint's gigabytes stay out of the results) filled in, and
+    {gpu_tests} the GPU test files of this checkout."""
+    argv = [sys.executable, "-m"]
+    for a in cmd:
+        if a == "{gpu_tests}":
+            argv += sorted(glob.glob(os.path.join("tests", "*", "test_gpu*.py"))) + [os.path.join("tests", "linear")]
+        else:
+            argv.append(a.replace("{out}", out).replace("{m}", label).replace("{tmp}", tempfile.gettempdir()))
+    return argv
+
+
+def _run(argv: list[str], env: dict, timeout: float) -> int:
+    """One command; its return code (124 when stopped at `timeout`)."""
+    try:
+        return subprocess.run(argv, env={**os.environ, **env}, timeout=timeout).returncode
+    except subprocess.TimeoutExpired:
+        return 124
+
+
+def run_suite(entries: list[Entry], out: str, label: str, budget_s: float, runner=_run, clock=time.monotonic,
+              say=print) -> list[dict]:
+    """Run `entries` in order inside `budget_s`; one record per entry: name, status
+    (ok, failed, skipped, stopped), seconds, and why where skipped or failed."""
+    t0, records = clock(), []
+    for e in entries:
+        left = budget_s - (clock() - t0)
+        if e.name == "gpu-tests" and not os.path.isdir("tests"):
+            records.append(dict(name=e.name, status="skipped", seconds=0.0, why="no tests/ here (run in a checkout)"))
+            continue
+        if e.est_s > left:
+            records.append(dict(name=e.name, status="skipped", seconds=0.0,
+                                why=f"needs about {e.est_s} s, {left:.0f} s left"))
+            say(f"suite: skip {e.name}: needs about {e.est_s} s, {left:.0f} s left")
+            continue
+        say(f"suite: {e.name} at {clock() - t0:.0f} s (about {e.est_s} s; {left:.0f} s left)")
+        start, status, why = clock(), "ok", ""
+        for cmd in e.commands:
+            left = budget_s - (clock() - t0)
+            rc = runner(_argv(cmd, out, label), e.env, max(1.0, left))
+            if rc:
+                status = "stopped" if rc == 124 else "failed"
+                why = f"{' '.join(cmd[:3])} exited {rc}"
+                break
+        records.append(dict(name=e.name, status=status, seconds=round(clock() - start, 1), why=why))
+        say(f"suite: {e.name} {status} in {clock() - start:.0f} s" + (f" ({why})" if why else ""))
+    return records
+
+
+def main(args) -> int:
+    entries = _select(args.only)
+    if args.list:
+        for e in entries:
+            env = "".join(f"{k}=... " for k in e.env)
+            print(f"{e.name:22s} about {e.est_s:4d} s")
+            for cmd in e.commands:
+                print("    " + env + " ".join(repr(a) if a == "" else a for a in _argv(cmd, "{out}", "{m}")[1:]))
+        return 0
+    if not args.out_dir:
+        raise SystemExit("bench suite: pass --out-dir DIR (the result files go there), or --list")
+    Path(args.out_dir).mkdir(parents=True, exist_ok=True)
+    label = machine_label(gpu_info(), 1)
+    records = run_suite(entries, args.out_dir, label, args.budget_s)
+    print(f"\n{'entry':22s} {'status':8s} {'s':>6s}  why")
+    for r in records:
+        print(f"{r['name']:22s} {r['status']:8s} {r['seconds']:6.0f}  {r['why']}")
+    return 1 if any(r["status"] in ("failed", "stopped") for r in records) else 0
