@@ -15,7 +15,8 @@ Triton interpreter where the benchmark needs ranks).
 Modules: comm, fused, moe, attention, decode, broadcast, serve (benchmarks); summarize (the docs tables from
 benchmarks/results/); suite (the one-GPU benchmarks and GPU tests in one call, inside a time budget); common,
 timing, collectives, report (shared helpers); launches (a counter of the kernels a piece of work launches, for
-tests and profiling). Nothing is imported at package import.
+tests and profiling); timeline (each kernel's share of an overlapped step, for --profile). Nothing is imported
+at package import.
 """
 
 __all__: list[str] = []

@@ -229,7 +229,9 @@ def _rows_for(preset, args, dev, bw, say) -> list[dict]:
                                      argmax_agrees_hf=agrees, replay_equals_eager=same,
                                      ok=(same or ops == "torch") and bool(torch.isfinite(logits).all())))
                     if args.profile and engine.graphs:
-                        rows[-1]["kernels"] = step_kernels(engine, b)
+                        timeline = {}
+                        rows[-1]["kernels"] = step_kernels(engine, b, timeline=timeline)
+                        rows[-1].update(launches=timeline.get("launches"), idle_us=timeline.get("idle_us"))
                     rows[-1].update(mem, peak_mem_bytes=torch.cuda.max_memory_allocated(dev) if cuda else None)
                     say(rows[-1])
                 dec.overlap_shared = cuda
@@ -329,9 +331,11 @@ def main(args) -> int:
 
     def say(r):
         con.print("  " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()
-                                  if k not in ("bench", "draft", "kernels")))
+                                  if k not in ("bench", "draft", "kernels", "launches")))
         for kern in r.get("kernels", [])[:12]:
-            con.print(f"      {kern['us_per_step']:8.1f} us {kern['per_step']:5.1f}x  {kern['name'][:70]}")
+            cr = kern.get("us_credit")
+            con.print(f"      {kern['us_per_step']:8.1f} us {kern['per_step']:5.1f}x  "
+                      f"{'' if cr is None else f'credit {cr:7.1f} us  '}{kern['name'][:70]}")
     rows = []
     for preset in args.presets.split(","):
         con.rule(preset)

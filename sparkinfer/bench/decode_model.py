@@ -221,35 +221,46 @@ def hf_step_us(model, batch: int, ctx: int, vocab: int) -> float:
     return (t[9] - t[1]) / 8 * 1e6
 
 
-def step_kernels(engine, batch: int, replays: int = 20) -> list[dict]:
+def step_kernels(engine, batch: int, replays: int = 20, timeline: dict | None = None) -> list[dict]:
     """The GPU kernels of one replay of the bucket's decode graph (captured by
     `step_us`), as `graph_kernels` lists them."""
     from sparkinfer.engine import SamplingParams
 
     _, run = engine._graph_step(engine.bucket(batch), 1, SamplingParams())
-    return graph_kernels(run, replays)
+    return graph_kernels(run, replays, timeline)
 
 
-def graph_kernels(run, replays: int = 20) -> list[dict]:
+def graph_kernels(run, replays: int = 20, timeline: dict | None = None) -> list[dict]:
     """The GPU kernels of one call of `run` (a graph replay): [{name, per_step,
-    us_per_step}], slowest first, from the CUDA profiler over `replays` calls. Names
-    are cut at 100 characters."""
+    us_per_step, us_credit}], slowest first, from the CUDA profiler over `replays` calls.
+    us_per_step sums the kernels' durations, which under PDL count their waits;
+    us_credit is the time each moved the step's end (`bench.timeline`), which adds up to
+    the step. `timeline`, a dict, receives `timeline.replay_timeline`'s launches and idle
+    time. Names are cut at 100 characters."""
     import collections
 
     import torch
     from torch.profiler import ProfilerActivity, profile
+
+    from sparkinfer.bench.timeline import replay_timeline
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(replays):
             run()
         torch.cuda.synchronize()
     agg = collections.defaultdict(lambda: [0, 0.0])
+    events = []
     for ev in prof.events():
         if ev.device_type == torch.autograd.DeviceType.CUDA:
             a = agg[ev.name[:100]]
             a[0] += 1
             a[1] += ev.device_time_total
-    return [dict(name=n, per_step=c / replays, us_per_step=t / replays)
+            events.append((ev.name[:100], ev.time_range.start, ev.time_range.end))
+    tl = replay_timeline(events, replays) or {}
+    if timeline is not None:
+        timeline.update(launches=tl.get("launches"), idle_us=tl.get("idle_us"))
+    credit = tl.get("credit_by_name", {})
+    return [dict(name=n, per_step=c / replays, us_per_step=t / replays, us_credit=credit.get(n))
             for n, (c, t) in sorted(agg.items(), key=lambda kv: -kv[1][1])]
 
 
