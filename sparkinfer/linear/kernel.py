@@ -16,7 +16,8 @@ here) adds the S partials in slice order, whatever order the programs finished.
 Two schedules of one program body (constexpr STREAM; two entry points, so
 profiles name them apart), each one fixed sum per element:
 - `linear_preload_kernel` (decode projections): the program's whole [BN, KS]
-  slice is loaded before `gdc_wait`. Nothing in a step writes weights, so these
+  slice is loaded before `gdc_wait` (EARLY; else after it, for A/B runs:
+  `launch.PRELOAD_EARLY`). Nothing in a step writes weights, so these
   loads may run while the predecessor grid still computes x: on an H200 that
   made a 2048 x 2048 GEMV stream at 63% of 4.8 TB/s against 29% for cuBLAS
   (MEASURED.md, 2026-12-03). Each row block of x is then multiplied by the tile
@@ -133,7 +134,7 @@ def _linear_program(p_x, p_w, p_b, p_out, p_part, p_sync, M, N, K, k_slice, stri
                     stride_om, stride_ps, stride_pn, BN: tl.constexpr, BK: tl.constexpr, KS: tl.constexpr,
                     RB: tl.constexpr, STREAM: tl.constexpr, SPLIT: tl.constexpr, GROUP: tl.constexpr,
                     SLICE: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr, PRECISION: tl.constexpr,
-                    PDL: tl.constexpr):
+                    PDL: tl.constexpr, EARLY: tl.constexpr = True):
     """One program of either schedule (the two entry points below name them apart in
     profiles). grid (NB = ceil(N / BN), S). KS: the preloaded slice (preload; =
     k_slice); RB: row blocks (>= ceil(M / BM); a power of two in the preload schedule; blocks past M are
@@ -189,8 +190,10 @@ def _linear_program(p_x, p_w, p_b, p_out, p_part, p_sync, M, N, K, k_slice, stri
     else:
         o_k = i_s * KS + tl.arange(0, KS)
         m_k = o_k < K
+        if PDL and not EARLY:
+            gdc_wait()
         b_w = tl.load(p_wn + o_k[None, :], mask=m_n[:, None] & m_k[None, :], other=0.0)  # [BN, KS]
-        if PDL:
+        if PDL and EARLY:
             gdc_wait()
         # RB row blocks in groups of XG: a group's x blocks are all loaded before its
         # first MMA, so their latencies overlap (a loop of load -> MMA -> store per block
@@ -215,10 +218,11 @@ def _linear_program(p_x, p_w, p_b, p_out, p_part, p_sync, M, N, K, k_slice, stri
 def linear_preload_kernel(p_x, p_w, p_b, p_out, p_part, p_sync, M, N, K, k_slice, stride_xm, stride_xk, stride_wn,
                           stride_om, stride_ps, stride_pn, BN: tl.constexpr, BK: tl.constexpr, KS: tl.constexpr,
                           RB: tl.constexpr, SPLIT: tl.constexpr, GROUP: tl.constexpr, SLICE: tl.constexpr,
-                          HAS_BIAS: tl.constexpr, GATED: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
+                          HAS_BIAS: tl.constexpr, GATED: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
+                          EARLY: tl.constexpr = True):
     _linear_program(p_x, p_w, p_b, p_out, p_part, p_sync, M, N, K, k_slice, stride_xm, stride_xk, stride_wn,
                     stride_om, stride_ps, stride_pn, BN, BK, KS, RB, False, SPLIT, GROUP, SLICE, HAS_BIAS, GATED,
-                    PRECISION, PDL)
+                    PRECISION, PDL, EARLY)
 
 
 @triton.jit(do_not_specialize=["M"])

@@ -15,7 +15,7 @@ from sparkinfer.linear.config import BLOCK_M, BLOCK_N, MAX_ROWS, LinearTile, lin
 from sparkinfer.linear.kernel import linear_preload_kernel, linear_stream_kernel
 from sparkinfer.runtime.devices import cuda_sm_count
 
-__all__ = ["linear", "linear_sync", "LINEAR_MAX_ROWS", "LINEAR_PDL"]
+__all__ = ["linear", "linear_sync", "LINEAR_MAX_ROWS", "LINEAR_PDL", "PRELOAD_EARLY"]
 
 # Features per program under the interpreter (see `linear`): 5-12 programs a tiny preset's
 # projection become 1-2.
@@ -26,6 +26,11 @@ LINEAR_MAX_ROWS = MAX_ROWS
 # predecessor finishes (MEASURED.md, H200: a 2048 x 2048 GEMV chain 4.18 -> 2.76 us
 # with PDL). Off, the kernel waits for its predecessor like any launch.
 LINEAR_PDL = True
+# The preload schedule's weight loads before its wait for the predecessor (kernel.py, EARLY).
+# False loads after the wait, like the stream schedule: coarse calls, which wait first, made
+# Qwen3-30B-A3B's qkv faster in the decode step though slower alone (linear/config.py,
+# COARSE_SMALL_SLICES), so whether the early loads pay at the other projections is open.
+PRELOAD_EARLY = True
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
@@ -175,7 +180,8 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
         BN=tile.block_n, BK=tile.block_k, KS=tile.k_slice if not tile.stream else tile.block_k, RB=row_blocks,
         SPLIT=tile.split, GROUP=tile.group, SLICE=0, HAS_BIAS=bias is not None, GATED=gated,
         PRECISION=_precision(w.dtype, interpret), PDL=pdl, num_warps=tile.num_warps,
-        num_stages=tile.num_stages(row_blocks, elem), **(dict(launch_pdl=True) if pdl else {}))
+        num_stages=tile.num_stages(row_blocks, elem), **(dict(launch_pdl=True) if pdl else {}),
+        **({} if tile.stream else dict(EARLY=PRELOAD_EARLY)))
     return out
 
 

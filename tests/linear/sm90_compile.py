@@ -38,14 +38,17 @@ class _Recorder:
 def record_launch(n: int, k: int, m: int, dtype: str, bias: bool, gated: bool = False,
                   config: dict | None = None) -> Launch:
     """The launch of linear(x [M, K], w [N, K]) with its semaphores on an H200 (meta tensors);
-    config: `sparkinfer.linear.config` attributes set for the call."""
+    config: `sparkinfer.linear.config` (or `launch`) attributes set for the call."""
     import sparkinfer.linear.launch as lin
 
     xt, wt = (_DTYPES[d] for d in dtype.split(">")) if ">" in dtype else (_DTYPES[dtype],) * 2
     meta = dict(device="meta")
     sink: list[Launch] = []
     w = torch.empty(n, k, dtype=wt, **meta)
-    with mock.patch.dict(vars(lin.config), config or {}), mock.patch.object(lin, "_num_sms", lambda device: 132), \
+    config = dict(config or {})
+    launch_flags = {k: config.pop(k) for k in list(config) if hasattr(lin, k) and not hasattr(lin.config, k)}
+    with mock.patch.dict(vars(lin.config), config), mock.patch.dict(vars(lin), launch_flags), \
+            mock.patch.object(lin, "_num_sms", lambda device: 132), \
             mock.patch.object(lin, "linear_preload_kernel", _Recorder(lin.linear_preload_kernel, sink)), \
             mock.patch.object(lin, "linear_stream_kernel", _Recorder(lin.linear_stream_kernel, sink)):
         lin.linear(torch.empty(m, k * (2 if gated else 1), dtype=xt, **meta), w,

@@ -19,7 +19,10 @@ pytest.importorskip("triton.backends.nvidia")
 H200_MAX_SHARED = 232448  # bytes of dynamic shared memory per block on sm_90
 # id -> (N, K, M, dtype, bias, gated)
 CASES = {
-    "qwen3-qkv-m1": (5120, 2048, 1, "bf16", False, False),  # preload, KS 256, split 8
+    "qwen3-qkv-m1": (5120, 2048, 1, "bf16", False, False),  # coarse at every M (COARSE_SMALL_SLICES)
+    "qwen3-qkv-m1-fine": (5120, 2048, 1, "bf16", False, False, {"COARSE_SMALL_SLICES": False}),  # preload, KS 256
+    "qwen3-o-m1": (2048, 4096, 1, "bf16", False, False),  # preload, KS 512, split 8
+    "qwen3-o-m1-late": (2048, 4096, 1, "bf16", False, False, {"PRELOAD_EARLY": False}),  # loads after the wait
     "glm-shared-gate-up-m16": (2816, 4096, 16, "bf16", False, False),  # preload, KS 512: the largest slice
     "qwen3-qkv-m64": (5120, 2048, 64, "bf16", False, False),  # coarse: 2 groups of 4 slices, 4 row blocks
     "qwen3-o-m128": (2048, 4096, 128, "bf16", False, False),  # coarse, launches of 64 rows
@@ -50,5 +53,7 @@ def test_launch_compiles_for_sm90_and_waits_where_designed(compiled, name):
     assert r["stores_before_wait"] == 0 and r["copies_before_wait"] == 0, r
     if r["stream"]:
         assert r["loads_before_wait"] == 0 and r["copies_after_wait"] > 0, r
+    elif name.endswith("-late"):  # launch.PRELOAD_EARLY off: nothing read before the wait
+        assert r["loads_before_wait"] == 0 and r["loads_after_wait"] >= 8 and r["split"] > 1, r
     else:  # the whole weight slice in flight before the wait, in 16-byte vectors
         assert r["loads_before_wait"] >= 8 and r["split"] > 1, r
