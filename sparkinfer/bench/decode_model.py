@@ -234,9 +234,9 @@ def graph_kernels(run, replays: int = 20, timeline: dict | None = None) -> list[
     """The GPU kernels of one call of `run` (a graph replay): [{name, per_step,
     us_per_step, us_credit}], slowest first, from the CUDA profiler over `replays` calls.
     us_per_step sums the kernels' durations, which under PDL count their waits;
-    us_credit is the time each moved the step's end (`bench.timeline`), which adds up to
-    the step. `timeline`, a dict, receives `timeline.replay_timeline`'s launches and idle
-    time. Names are cut at 100 characters."""
+    us_credit, the stretches of the step in which it was the running kernel that ended
+    first (`bench.timeline`), adds up to the step. `timeline`, a dict, receives
+    `timeline.replay_timeline`'s launches and idle time. Names are cut at 100 characters."""
     import collections
 
     import torch

@@ -1,4 +1,4 @@
-"""Every GPU benchmark behind the README's and docs' tables, in one call inside a time budget.
+"""The one-GPU benchmarks behind the README's and docs' tables, in one call inside a time budget.
 
     sparkinfer bench suite --out-dir DIR [--budget-s 560] [--only decode-qwen3,serve] [--list]
 
@@ -8,8 +8,8 @@ commands (the GPU test files: pytest, then `bench summarize --junit`), run as ch
 in the order of ENTRIES. An entry whose estimate does not fit the time left is skipped, and a
 command that runs past the time left is stopped (what it wrote stays). Its rows go to
 `DIR/<file>_<machine>.json`, the names `benchmarks/results/` uses, so each file can be copied
-there as it is. The estimates are seconds measured on one H100 (sessions of 2026-12-07; the
-comment of each says which), a little less on an H200. Prints a line as each entry starts and
+there as it is. The estimates are seconds on one H100, measured where the comment of an entry
+says so (2026-12-07), else guessed. Prints a line as each entry starts and
 ends and a table at the end; exits 1 if a command failed, 0 otherwise (skips included).
 """
 
@@ -63,7 +63,7 @@ ENTRIES = (
         ("pytest", "-rA", "-q", "-n", "4", "--dist", "loadgroup", "-o", "faulthandler_timeout=120", "{gpu_tests}",
          "--junitxml={out}/gpu_tests.xml"),
         _bench("summarize", "--junit", "{out}/gpu_tests.xml", "--out", "{out}/gpu_tests_{m}.json"))),
-    # 26 s each at 0b019ab
+    # 26 and 30 s at 0b019ab
     Entry("decode-profile", 35, (_decode("qwen3-30b-a3b", "--formats", "bf16,nvfp4", "--batches", "1", "--profile",
                                          "--out", "{out}/decode_profile_{m}.json"),)),
     Entry("decode-profile-nopdl", 35, (_decode("qwen3-30b-a3b", "--formats", "bf16,nvfp4", "--batches", "1",

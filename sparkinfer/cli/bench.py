@@ -35,7 +35,7 @@ BENCHMARKS = {
     "serve": "the OpenAI server under load: TTFT, TPOT, ITL, throughput (any URL, or a server it starts)",
     "scheduler": "the serving loop's host time per step against a decode step (CPU)",
     "summarize": "print the docs' results tables from benchmarks/results/",
-    "suite": "every GPU benchmark behind the docs' tables, most owed first, inside a time budget (1 GPU)",
+    "suite": "the one-GPU benchmarks behind the docs' tables and the GPU tests, in a time budget (1 GPU)",
 }
 
 
