@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import glob
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -130,11 +131,20 @@ def _argv(cmd: tuple[str, ...], out: str, label: str) -> list[str]:
 
 
 def _run(argv: list[str], env: dict, timeout: float) -> int:
-    """One command; its return code (124 when stopped at `timeout`)."""
+    """One command in a process group of its own; its return code, or 124 when stopped at
+    `timeout`: then the whole group is killed (a server `bench serve` started, pytest's
+    workers), so nothing of it holds the GPU for the next entry."""
+    proc = subprocess.Popen(argv, env={**os.environ, **env}, start_new_session=True)
     try:
-        return subprocess.run(argv, env={**os.environ, **env}, timeout=timeout).returncode
+        return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
         return 124
+    except BaseException:  # Ctrl-C: stop the group too, then let the interrupt through
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
 
 
 def run_suite(entries: list[Entry], out: str, label: str, budget_s: float, runner=_run, clock=time.monotonic,

@@ -5,6 +5,8 @@ options, the budget skips what does not fit, a failed command ends its entry, an
 import argparse
 import importlib
 import os
+import sys
+import time
 
 import pytest
 
@@ -80,3 +82,29 @@ def test_list_prints_every_entry_and_runs_nothing(capsys, monkeypatch):
     assert "SPARKINFER_FLAGS=..." in text
     with pytest.raises(SystemExit, match="--out-dir"):
         suite.main(argparse.Namespace(only="moe", list=False, out_dir=None, budget_s=1.0))
+
+
+def test_a_stopped_command_takes_its_children_with_it(tmp_path):
+    """The real runner at its timeout kills the command's whole process group: a grandchild
+    (a server, pytest's workers) does not outlive it."""
+    pid_file = tmp_path / "pid"
+    code = ("import subprocess, sys, time; "
+            "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
+            f"open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(120)")
+    # 10 s: two interpreters start and write the pid well before, even on 2 busy cores
+    assert suite._run([sys.executable, "-c", code], {}, timeout=10.0) == 124
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.05)
+    assert not _alive(pid)
+    assert suite._run([sys.executable, "-c", "raise SystemExit(3)"], {}, timeout=30.0) == 3
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, killed but not yet reaped by its dead parent's reaper, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
