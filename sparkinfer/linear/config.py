@@ -102,7 +102,8 @@ COARSE_BLOCK_N = 64
 # `coarse_always` where the fine split's slices exceed one wave of preloads (2 x PRELOAD_BYTES
 # an SM, two 64 KB programs), whatever the slice; False: only slices of more than 32 KB count
 # (Qwen3-30B-A3B's qkv, 640 programs of 32 KB, then stays fine below COARSE_MIN_ROWS; no
-# other preset's tile changes, TP 2 shards included). The same bits either way. Alone its
+# other preset's call changes, TP 2 shards included: GLM-4.5-Air's dense down at TP 2 is marked
+# too, but gated calls stay fine, COARSE_GATED). The same bits either way. Alone its
 # qkv is slower coarse (H100, M = 1: 11.9 against 10.5 us fine), but in the decode step
 # faster: H100 A/B at 8f5ed95 (`flags_ab.py`, three rounds of `bench decode --presets
 # qwen3-30b-a3b --batches 1,8,64`, sweeps/decode_coarse_small_slices_ab_h100.json), median us
