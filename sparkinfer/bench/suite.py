@@ -34,8 +34,7 @@ NO_PDL = ",".join(f"sparkinfer.{flag}=False" for flag in (
     "attention.launch.COMBINE_PDL", "attention.launch.ATTENTION_PDL", "attention.launch.COMBINE_LETS_NEXT",
     "norm.launch.NORM_WAIT", "linear.launch.LINEAR_PDL", "moe.routing.launch.ROUTING_PDL",
     "moe.runner.MICRO_PDL", "moe.runner.FC1_PDL", "rope.launch.ROPE_PDL"))
-_DECODE = ("--layers", "8", "--weights", "random-direct", "--impls", "sparkinfer", "--hf-batches", "",
-           "--overlap-batches", "")
+_DECODE = ("--weights", "random-direct", "--impls", "sparkinfer", "--hf-batches", "", "--overlap-batches", "")
 
 
 @dataclass(frozen=True)
@@ -54,8 +53,11 @@ def _bench(*args: str) -> tuple[str, ...]:
     return ("sparkinfer.cli", "bench", *args)
 
 
-def _decode(preset: str, *extra: str) -> tuple[str, ...]:
-    return _bench("decode", "--presets", preset, *_DECODE, *extra)
+def _decode(preset: str, *extra: str, full_depth: bool = False) -> tuple[str, ...]:
+    """`bench decode` of our decoder alone on random weights made on the GPU: 8 layers, or
+    the preset's own count."""
+    depth = ("--full-depth",) if full_depth else ("--layers", "8")
+    return _bench("decode", "--presets", preset, *depth, *_DECODE, *extra)
 
 
 ENTRIES = (
@@ -91,10 +93,8 @@ ENTRIES = (
                                        "--out", "{out}/prefill_mixed_{m}.json"),)),
     # full depth (refused at once where the GPU's memory is short): Qwen3-30B-A3B bf16 52 s at
     # e3a277d, GLM-4.5-Air NVFP4 181 s at 83b8bfb, Mixtral-8x7B bf16 not timed on an H100
-    *(Entry(f"full-depth-{short}", est, (_bench("decode", "--presets", preset, "--full-depth", "--weights",
-                                                "random-direct", "--formats", fmt, "--impls", "sparkinfer",
-                                                "--batches", "1,8", "--hf-batches", "", "--overlap-batches", "",
-                                                "--out", "{out}/decode_full_depth_{m}.json"),))
+    *(Entry(f"full-depth-{short}", est, (_decode(preset, "--formats", fmt, "--batches", "1,8",
+                                                 "--out", "{out}/decode_full_depth_{m}.json", full_depth=True),))
       for short, preset, fmt, est in (("qwen3", "qwen3-30b-a3b", "bf16", 60), ("glm", "glm-4.5-air", "nvfp4", 190),
                                       ("mixtral", "mixtral-8x7b", "bf16", 150))),
 )
@@ -154,13 +154,11 @@ def run_suite(entries: list[Entry], out: str, label: str, budget_s: float, runne
     t0, records = clock(), []
     for e in entries:
         left = budget_s - (clock() - t0)
-        if e.name == "gpu-tests" and not os.path.isdir("tests"):
-            records.append(dict(name=e.name, status="skipped", seconds=0.0, why="no tests/ here (run in a checkout)"))
-            continue
-        if e.est_s > left:
-            records.append(dict(name=e.name, status="skipped", seconds=0.0,
-                                why=f"needs about {e.est_s} s, {left:.0f} s left"))
-            say(f"suite: skip {e.name}: needs about {e.est_s} s, {left:.0f} s left")
+        why = ("no tests/ here (run in a checkout)" if e.name == "gpu-tests" and not os.path.isdir("tests") else
+               f"needs about {e.est_s} s, {left:.0f} s left" if e.est_s > left else "")
+        if why:
+            records.append(dict(name=e.name, status="skipped", seconds=0.0, why=why))
+            say(f"suite: skip {e.name}: {why}")
             continue
         say(f"suite: {e.name} at {clock() - t0:.0f} s (about {e.est_s} s; {left:.0f} s left)")
         start, status, why = clock(), "ok", ""
