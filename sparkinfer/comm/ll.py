@@ -16,8 +16,8 @@ import triton.language as tl
 from sparkinfer.comm.protocol import (
     ERR_MISMATCH,
     ERR_TIMEOUT,
-    HDR_ABORT,
     _report,
+    abort_for,
     addr_of,
     flag_word,
     ld_acquire,
@@ -50,7 +50,7 @@ def _ll_stuck(got, flag, p_table, rank, peer, epoch, deadline, op, W: tl.constex
     or the deadline. Returns the error code (recorded, peers aborted) or 0."""
     p_hdr = addr_of(p_table, rank).to(tl.pointer_type(tl.int64))
     wrong = tl.max(((got != 0) & (got != flag)).to(tl.int32), axis=0)
-    ab = ld_acquire(p_hdr + HDR_ABORT, INTERPRET)
+    ab = abort_for(p_hdr, epoch, INTERPRET)
     # A peer in a flag-synchronized op at this very sequence number (it signalled
     # block 0's first phase in this rank's slab) is running another collective: it
     # would never write these LL words, so say mismatch now rather than time out.

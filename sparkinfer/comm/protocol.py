@@ -148,9 +148,21 @@ def _report(p_table, rank, code, peer, origin, epoch, observed, expect, op, W: t
         tl.store(p_err + 7, _i64(origin))
         st_release(p_err, _i64(code), INTERPRET)
         if origin == rank:
-            abort = (_i64(code) << 32) | (_i64(origin) << 16) | _i64(peer)
+            abort = ((epoch & 0x7FFF) << 48) | (_i64(code) << 32) | (_i64(origin) << 16) | _i64(peer)
             for r in tl.static_range(W):
                 st_release(addr_of(p_table, r).to(tl.pointer_type(tl.int64)) + HDR_ABORT, abort, INTERPRET)
+
+
+@triton.jit
+def abort_for(p_hdr, epoch, INTERPRET: tl.constexpr):
+    """This rank's abort word (`_report`: epoch & 0x7FFF << 48 | code << 32 | origin
+    << 16 | peer) if it stops the op at `epoch`, else 0. An abort raised at a later
+    sequence does not: its origin finished this op, so every word this op awaits from
+    it was sent; this op completes and the next one raises. (CI, 3 CPU ranks: rank 2
+    still finishing sequence 6 raised a mismatch that rank 1 found at 7.)"""
+    ab = ld_acquire(p_hdr + HDR_ABORT, INTERPRET)
+    ahead = ((ab >> 48) - epoch) & 0x7FFF
+    return tl.where((ahead >= 1) & (ahead < 0x4000), 0, ab)
 
 
 @triton.jit
@@ -178,7 +190,7 @@ def wait_peers_at(p_table, rank, epoch, phase, fp, deadline, op, blk, W: tl.cons
                 v = ld_acquire(p_flag, INTERPRET)
                 pending = (v & LOW32) != (expect & LOW32)
                 if pending:
-                    ab = ld_acquire(p_hdr + HDR_ABORT, INTERPRET)
+                    ab = abort_for(p_hdr, epoch, INTERPRET)
                     if ab != 0:
                         status = ((ab >> 32) & 0xFFFF).to(tl.int32)
                         _report(p_table, rank, status, (ab & 0xFFFF).to(tl.int32), ((ab >> 16) & 0xFFFF).to(tl.int32),
@@ -213,7 +225,7 @@ def close_epoch(p_table, rank, epoch, op, W: tl.constexpr, INTERPRET: tl.constex
     but the group is broken; recording the abort here makes this call (or,
     on the GPU, the next host check) raise on this rank too. One local load."""
     p_hdr = tl.load(p_table + rank).to(tl.pointer_type(tl.int64))
-    ab = ld_acquire(p_hdr + HDR_ABORT, INTERPRET)
+    ab = abort_for(p_hdr, epoch, INTERPRET)
     if ab != 0:  # first claim only: a no-op where this rank already recorded an error
         _report(p_table, rank, ((ab >> 32) & 0xFFFF).to(tl.int32), (ab & 0xFFFF).to(tl.int32),
                 ((ab >> 16) & 0xFFFF).to(tl.int32), epoch, _i64(0), _i64(0), op, W, INTERPRET)
@@ -299,7 +311,7 @@ def wait_local(p_table, rank, p_slot, tag, deadline, epoch, op, W: tl.constexpr,
     while (v != tag) & (status == 0):
         v = tl.atomic_add(p_slot, 0, sem="acquire", scope="gpu")
         if v != tag:
-            ab = ld_acquire(p_hdr + HDR_ABORT, INTERPRET)
+            ab = abort_for(p_hdr, epoch, INTERPRET)
             if ab != 0:  # a block that would post skipped its work: the group aborted
                 status = ((ab >> 32) & 0xFFFF).to(tl.int32)
             elif now_ns(INTERPRET) > deadline:
