@@ -22,12 +22,16 @@ from typing import NamedTuple
 from sparkinfer.errors import ShapeError
 
 __all__ = ["SamplingParams", "RequestState", "FinishReason", "TokenLogprob", "RequestOutput", "FirstTimings",
-           "EngineStats", "merge_outputs", "MAX_LOGPROBS", "MAX_SEED"]
+           "EngineStats", "merge_outputs", "MAX_LOGPROBS", "MAX_SEED", "MAX_TOP_K"]
 
 # top-n logprobs a request may ask for (OpenAI's completions API allows 5, chat 20).
 MAX_LOGPROBS = 20
 # Seeds are 63-bit: they travel to every rank in an int64 field of the step plan.
 MAX_SEED = (1 << 63) - 1
+# The largest top_k a row carries (int32 on the device). A k at or above the vocabulary
+# keeps every token, so a larger one is stored as this and means the same; unclamped,
+# 2**32 + 1 wrapped to 1 (top-1 sampling) and 2**63 stopped the engine (OverflowError).
+MAX_TOP_K = (1 << 31) - 1
 
 
 @dataclass(frozen=True)
@@ -36,7 +40,8 @@ class SamplingParams:
 
     temperature: 0 is greedy (the first maximum); > 0 divides the logits.
     top_p: keep the smallest set of most likely tokens whose probability reaches
-        top_p (1.0 keeps all). top_k: keep the k most likely (0 keeps all).
+        top_p (1.0 keeps all). top_k: keep the k most likely (0, or k at or above
+        the vocabulary, keeps all; stored as at most MAX_TOP_K).
     seed: the request's generator: token n is drawn with uniforms that depend on
         (seed, n) alone, so a seeded request samples the same tokens whatever else
         runs. None: the engine draws a seed at submission.
@@ -80,6 +85,7 @@ class SamplingParams:
             bad.append(f"logprobs={self.logprobs!r} (None, or an int in 0..{MAX_LOGPROBS})")
         if bad:
             raise ShapeError("SamplingParams: " + "; ".join(bad))
+        object.__setattr__(self, "top_k", min(self.top_k, MAX_TOP_K))
         object.__setattr__(self, "stop_ids", tuple(self.stop_ids))
         object.__setattr__(self, "stop", tuple(self.stop))
 

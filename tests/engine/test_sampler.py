@@ -143,3 +143,23 @@ def test_rejections():
                        (dict(temperature=float("nan")), "temperature")):
         with pytest.raises(ShapeError, match=match):
             SP(**bad)
+
+
+def test_a_top_k_past_the_vocabulary_keeps_every_token():
+    """top_k at or past the vocabulary keeps all, however large: stored as MAX_TOP_K, it
+    fits the plan's int64 words and the device's int32 (2**32 + 1 wrapped to 1 there, and
+    2**63 stopped the engine with an OverflowError) and draws what top_k = 0 draws."""
+    import numpy as np
+
+    from sparkinfer.engine.plan import SamplingColumns
+    from sparkinfer.engine.request import MAX_TOP_K
+
+    x = torch.randn(8, V, generator=torch.Generator().manual_seed(11))
+    want = _draw(x, [SP(temperature=1.0, seed=s) for s in range(8)], [3] * 8)
+    for k in (V, 2**32 + 1, 2**63, 2**70):
+        params = [SP(temperature=1.0, top_k=k, seed=s) for s in range(8)]
+        assert params[0].top_k == min(k, MAX_TOP_K)
+        host = {name: np.zeros(8, dtype=torch.empty(0, dtype=dt).numpy().dtype) for name, dt in RowSampling.FIELDS}
+        RowSampling.write(host, SamplingColumns.of(params), np.full(8, 3))
+        assert host["top_k"].tolist() == [min(k, MAX_TOP_K)] * 8, k
+        assert _draw(x, params, [3] * 8, filtered=True) == want, k
