@@ -3,7 +3,11 @@ the prompt's length, and the engine's refusals -> HTTP errors."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from sparkinfer.engine.request import EngineStats
@@ -176,3 +180,45 @@ def test_text_chunks_are_pydantics_own_bytes():
     odd = TextChunks(lambda t: CompletionResponse(id="x", model="\x00sparkinfer-text\x00", created=7,
                                                   choices=[CompletionChoice(text=t)]))
     assert odd._cut is None and '"text":"a\\"b"' in odd('a"b')
+
+
+_INTS = [None, -2, -1, 0, 1, 5, 16, 20, 21, 255, 2**31 - 1, 2**31, 2**32 + 1, 2**63 - 1, 2**63, 2**70]
+_FLOATS = [None, 0.0, 5e-324, 1e-300, 1e-45, 1e-30, 0.5, 1.0, 2.0, 1e38, 1e300, 1.7976931348623157e308, -0.0, -1.0]
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.fixed_dictionaries({}, optional={
+    "temperature": st.sampled_from(_FLOATS), "top_p": st.sampled_from(_FLOATS), "top_k": st.sampled_from(_INTS),
+    "seed": st.sampled_from(_INTS), "n": st.sampled_from(_INTS), "logprobs": st.sampled_from(_INTS),
+    "max_tokens": st.sampled_from(_INTS), "ignore_eos": st.booleans(),
+    "top_logprobs": st.sampled_from(_INTS), "max_completion_tokens": st.sampled_from(_INTS),
+    "stop": st.one_of(st.none(), st.text(max_size=3), st.lists(st.text(max_size=3), max_size=5))}),
+    st.integers(1, 300), st.booleans())
+def test_any_accepted_request_reaches_the_device_fields_intact(fields, prompt_len, chat):
+    """Whatever numbers a request carries, it is refused (pydantic's 400, or APIError) or its
+    choices' parameters travel the engine's host path: the plan's int64 words, decoded on the
+    ranks to the same parameters, then the device's fp32 / int32 / int64 fields, without an
+    exception (one top_k of 2**63 once stopped the engine) and without a wrapped integer."""
+    from sparkinfer.engine.plan import SamplingColumns, _sampling_from
+    from sparkinfer.engine.request import MAX_TOP_K
+    from sparkinfer.engine.sampler import RowSampling
+    from sparkinfer.serve.protocol import choice_params
+
+    try:
+        req = ChatCompletionRequest(**CHAT, **fields) if chat else CompletionRequest(model="m", prompt="x", **fields)
+        params = choice_params(sampling_params(req, prompt_len=prompt_len, max_context=256), req.choices)
+    except (ValidationError, APIError):
+        return
+    cols = SamplingColumns.of(params)
+    for p, words in zip(params, cols.words):
+        q = _sampling_from(words)
+        assert (q.temperature, q.top_p, q.top_k, q.seed or 0, q.logprobs) == \
+            (p.temperature, p.top_p, p.top_k, p.seed or 0, p.logprobs)
+    host = {name: np.zeros(len(params) + 1, dtype=torch.empty(0, dtype=dt).numpy().dtype)
+            for name, dt in RowSampling.FIELDS}
+    with np.errstate(over="ignore"):  # a temperature past fp32's range is inf there: uniform over the kept tokens
+        RowSampling.write(host, cols, np.zeros(len(params), dtype=np.int64))
+    assert host["top_k"][:-1].tolist() == [min(p.top_k, MAX_TOP_K) for p in params]
+    assert host["seed"][:-1].tolist() == [p.seed or 0 for p in params]
+    # a top_p below fp32's smallest is 0 there, which keeps the top token, as any top_p under its probability does
+    assert all(0 <= t <= 1 for t in host["top_p"][:-1].tolist())
