@@ -166,6 +166,9 @@ def _validation_error(errors) -> APIError:
     if field is None:
         return APIError(400, f"the body must be a JSON object: {e.get('msg')}", code="invalid_json")
     members = [x for x in errors if _union_member(x, field)]
+    refused = [x for x in errors if x.get("type") == "value_error" and _field_of(x) == field]
+    if refused:  # a check took the type and refused the value (a lone surrogate): that is the complaint
+        members, e, loc, kind = [], refused[0], [p for p in refused[0]["loc"] if p != "body"], "value_error"
     if len(members) > 1:  # a union (prompt: str | list[int]): every member's complaint
         what = "; or ".join(f"{x.get('msg')} at {_where(x['loc'][1:])}" for x in members)
         return APIError(400, f"{field}: no accepted type matched ({what}), got {_quote(e.get('input'))}",
@@ -175,8 +178,16 @@ def _validation_error(errors) -> APIError:
     return APIError(400, f"{_where(loc)}: {msg}{got}", param=field, code="invalid_value")
 
 
-# pydantic names a union's member in the error location ("prompt.list[int].0"): not a field
-_UNION_TAG = re.compile(r"^(str|int|float|bool|none|constrained-\w+|list\[.*\]|dict\[.*\]|[A-Z]\w*)$")
+# pydantic names a union's member in the error location ("prompt.list[int].0", a validated
+# type's "function-after[...]"): not a field
+_UNION_TAG = re.compile(r"^(str|int|float|bool|none|constrained-\w+|function-\w+\[.*\]|list\[.*\]|dict\[.*\]|"
+                        r"[A-Z]\w*)$")
+
+
+def _field_of(error):
+    """The top-level field an error is about (None: the body itself)."""
+    loc = [p for p in error.get("loc", ()) if p != "body"]
+    return loc[0] if loc and isinstance(loc[0], str) else None
 
 
 def _union_member(error, field) -> bool:

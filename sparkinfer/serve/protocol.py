@@ -24,7 +24,7 @@ import dataclasses
 import time
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from sparkinfer.engine.request import MAX_SEED, SamplingParams
 
@@ -52,7 +52,32 @@ MAX_CHOICES = 16
 # every prompt's n choices are engine requests of their own, all accepted or none.
 MAX_ENGINE_REQUESTS = 64
 
-StopString = Annotated[str, StringConstraints(min_length=1)]
+
+
+def _unicode(s: str) -> str:
+    """s, if it is valid Unicode. JSON's \\u escapes can spell a lone surrogate (\\ud800), which
+    Python's json decodes into a str that no tokenizer takes and UTF-8 cannot encode: in a
+    prompt it answered 500, in a stop string it dropped the connection (the response's
+    encoding failed)."""
+    if not s.isascii():
+        try:
+            s.encode()
+        except UnicodeEncodeError as e:
+            raise ValueError(f"holds a lone surrogate ({s[e.start]!r} at index {e.start}), which is not Unicode "
+                             "text: send UTF-8 (a character past U+FFFF as a surrogate pair)") from None
+    return s
+
+
+Text = Annotated[str, AfterValidator(_unicode)]  # every request string the engine or a response sees
+
+
+def _stop_text(s: str) -> str:
+    if not s:
+        raise ValueError("is empty: a stop string needs at least one character")
+    return _unicode(s)
+
+
+StopString = Annotated[str, AfterValidator(_stop_text)]
 TokenId = Annotated[int, Field(ge=0)]
 
 
@@ -103,7 +128,7 @@ def _neutral(name: str, value, neutral):
 class _Sampling(_Request):
     """The fields completions and chat share."""
 
-    model: str
+    model: Text
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int | None = Field(1, ge=1, le=MAX_CHOICES)
@@ -117,7 +142,7 @@ class _Sampling(_Request):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
-    user: str | None = None
+    user: Text | None = None
 
     @field_validator("presence_penalty", "frequency_penalty")
     @classmethod
@@ -154,7 +179,7 @@ class CompletionRequest(_Sampling):
     is prompt p's choice i). logprobs: the chosen token's and the n most likely tokens'
     log-probabilities, n in 0..5."""
 
-    prompt: str | list[TokenId] | list[str] | list[list[TokenId]]
+    prompt: Text | list[TokenId] | list[Text] | list[list[TokenId]]
     max_tokens: int | None = Field(None, ge=1)
     logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
     echo: bool | None = False
@@ -191,7 +216,7 @@ class CompletionRequest(_Sampling):
 class TextPart(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ChatMessage(BaseModel):
@@ -199,8 +224,8 @@ class ChatMessage(BaseModel):
 
     model_config = ConfigDict(extra="ignore", strict=True)
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
-    name: str | None = None
+    content: Text | list[TextPart] | None = None
+    name: Text | None = None
 
     def template_dict(self) -> dict:
         """{"role", "content"} with text parts joined, as chat templates read messages."""

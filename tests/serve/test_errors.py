@@ -50,6 +50,16 @@ BAD = [
     ("chat/completions", {"model": "MODEL", **CHAT, "tools": [{"type": "function"}]}, "tools", "invalid_value"),
     ("chat/completions", {"model": "MODEL", "messages": [{"role": "user", "content": "x" * 300}]}, "messages",
      "context_length_exceeded"),
+    # lone surrogates (JSON's \u escapes spell them): a prompt's answered 500, a stop string's dropped the connection
+    ("completions", b'{"model": "MODEL", "prompt": "\\ud800abc", "max_tokens": 2}', "prompt", "invalid_value"),
+    ("completions", b'{"model": "MODEL", "prompt": ["hi", "\\udfff"], "max_tokens": 2}', "prompt", "invalid_value"),
+    ("completions", b'{"model": "MODEL", "prompt": "hi", "max_tokens": 2, "stop": ["\\udc00"]}', "stop",
+     "invalid_value"),
+    ("completions", b'{"model": "\\ud800", "prompt": "hi", "max_tokens": 2}', "model", "invalid_value"),
+    ("chat/completions", b'{"model": "MODEL", "messages": [{"role": "user", "content": "a\\ud800"}]}', "messages",
+     "invalid_value"),
+    ("chat/completions", b'{"model": "MODEL", "messages": [{"role": "user", "content": [{"type": "text", '
+     b'"text": "\\ud800"}]}]}', "messages", "invalid_value"),
 ]
 
 
@@ -72,6 +82,21 @@ def test_bad_input_gets_400_naming_the_field_and_the_server_answers_next(served,
         assert err["message"]
         nxt = http.post(f"/v1/{endpoint}", json={"model": model, **(OK if endpoint == "completions" else CHAT)})
         assert nxt.status_code == 200, nxt.text
+
+
+@pytest.mark.parametrize("field, body", [
+    ("prompt", b'{"model": "MODEL", "prompt": "\\ud800abc"}'),
+    ("stop", b'{"model": "MODEL", "prompt": "hi", "stop": "\\udc00"}'),
+    ("messages", b'{"model": "MODEL", "messages": [{"role": "user", "content": [{"type": "text", '
+                 b'"text": "\\ud800"}]}]}'),
+])
+def test_a_lone_surrogate_is_named_whichever_type_the_field_takes(served, field, body):
+    """The complaint is the text's, not the other members' of the field's union ("should be a valid list")."""
+    endpoint = "chat/completions" if field == "messages" else "completions"
+    with served.http() as http:
+        r = http.post(f"/v1/{endpoint}", content=body.replace(b"MODEL", served.engine.model_name.encode()),
+                      headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and "lone surrogate" in r.json()["error"]["message"], r.text
 
 
 def test_the_openai_client_sees_the_param(served):
