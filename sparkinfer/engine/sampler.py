@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -150,7 +151,8 @@ class RowSampling:
         columns: written in bulk), the rest padding (greedy, seed 0). counters: int [k]."""
         cols = params if isinstance(params, SamplingColumns) else SamplingColumns.of(params)
         k = len(cols)
-        host["temperature"][:k] = cols.temperature  # fp64 -> fp32, rounded as from a list of floats
+        with np.errstate(over="ignore"):  # past fp32's range a temperature is inf: uniform over the kept tokens
+            host["temperature"][:k] = cols.temperature  # fp64 -> fp32, rounded as from a list of floats
         host["top_p"][:k] = cols.top_p
         host["top_k"][:k] = cols.top_k
         host["seed"][:k] = cols.seed
