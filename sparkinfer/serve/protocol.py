@@ -53,7 +53,6 @@ MAX_CHOICES = 16
 MAX_ENGINE_REQUESTS = 64
 
 
-
 def _unicode(s: str) -> str:
     """s, if it is valid Unicode. JSON's \\u escapes can spell a lone surrogate (\\ud800), which
     Python's json decodes into a str that no tokenizer takes and UTF-8 cannot encode: in a
