@@ -21,6 +21,7 @@ that stops answering fails every request with an error that names it.
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import time
 import uuid
@@ -203,8 +204,9 @@ class Driver:
         timeout = config.timeout_s
         plans = BroadcastRing.create(None, readers=config.tp, slots=_RING_SLOTS, record_bytes=geo.plan_bytes,
                                      timeout_s=timeout)
-        result_handle = RingHandle(f"sparkinfer-res-{uuid.uuid4().hex[:16]}", 1, _RING_SLOTS, geo.result_bytes,
-                                   timeout)
+        # named by this process, as the plans' ring and the ranks' slabs are by theirs
+        result_handle = RingHandle(f"sparkinfer-res-{os.getpid()}-{uuid.uuid4().hex[:16]}", 1, _RING_SLOTS,
+                                   geo.result_bytes, timeout)
         self._plans = plans
         self._results = None
         self.ring_names = (plans.handle.name, result_handle.name)  # for a caller that outlives this process

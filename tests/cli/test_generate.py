@@ -13,6 +13,7 @@ import sparkinfer.runtime.ranks as ranks
 from sparkinfer.cli import main
 from sparkinfer.errors import RankFailed
 from sparkinfer.models.presets import make_checkpoint
+from tests.faults._util import shm_files
 
 # 8 query heads over 4 KV heads: tp 3 splits neither; 256 positions
 OVERRIDES = dict(num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=256)
@@ -32,8 +33,9 @@ def truncated(ckpt, tmp_path_factory):
     return out
 
 
-def _shm() -> set:
-    return {f for f in os.listdir("/dev/shm") if f.startswith("sparkinfer")}
+def _shm() -> list:
+    """This process's /dev/shm names (the refusals start no rank; the other test worker's come and go)."""
+    return shm_files(os.getpid())
 
 
 def _no_ranks(*args, **kwargs):

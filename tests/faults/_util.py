@@ -72,11 +72,17 @@ def spawn_ranks(fn, world_size: int, *, args=(), timeout_s: float = 120.0, backe
     return out
 
 
-def shm_files(pid: int) -> list:
-    """This process's slabs still named in /dev/shm (HostSlabBackend names them sparkinfer-<pid>-*)."""
+_SHM_NAME = re.compile(r"^sparkinfer-(?:ring-|res-)?(\d+)-")
+
+
+def shm_files(*pids: int) -> list:
+    """The /dev/shm names these processes made that are still there: host slabs
+    (sparkinfer-<pid>-*), plan rings (sparkinfer-ring-<pid>-*) and result rings
+    (sparkinfer-res-<pid>-*). By creator, not by difference with an earlier listing:
+    the other test worker's names come and go meanwhile (a CI run saw one of them)."""
     import os
 
-    return [f for f in os.listdir("/dev/shm") if f.startswith(f"sparkinfer-{pid}-")]
+    return sorted(f for f in os.listdir("/dev/shm") if (m := _SHM_NAME.match(f)) and int(m.group(1)) in pids)
 
 
 def close_outcome(comm) -> str:

@@ -30,6 +30,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from sparkinfer.errors import EngineFailed
+from tests.faults._util import shm_files
 from tests.serve.conftest import DEADLINE_S, LiveServer, wait_until
 
 PROMPTS = ["hello world", "the cat", "a b c d e f g h", "12345"]
@@ -166,15 +167,11 @@ def _checks(live: LiveServer, full: bool) -> None:
     assert sum(sums.values()) <= m[("sparkinfer_time_to_first_token_seconds_sum", ())]
 
 
-def _shm_names() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith("sparkinfer")}
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("tp", [1, 2])
 def test_the_server_over_the_real_engine(tp):
-    before = _shm_names()
     engine = _launch(tp)
+    made_by = (os.getpid(), engine._proc.pid, *engine.rank_pids())  # the /dev/shm names' creators
     live = LiveServer(engine)
     try:
         _checks(live, full=tp == 1)
@@ -203,7 +200,7 @@ def test_the_server_over_the_real_engine(tp):
             engine.close()
         except EngineFailed:  # both end failed: rank 1 killed at TP 2, the engine process at TP 1
             pass
-    assert _shm_names() <= before, "a /dev/shm name was left"
+    assert shm_files(*made_by) == [], "a /dev/shm name was left"
 
 
 def _engine_process_killed(engine, live) -> None:
