@@ -7,8 +7,15 @@ import sys
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
+from hypothesis import settings  # noqa: E402
 
 from sparkinfer.runtime import interpreter  # noqa: E402
+
+# Property tests draw the same examples on every run, so a CI run is red only for a change,
+# never for a draw (a flaky test is a defect); SPARKINFER_HYPOTHESIS=explore draws fresh ones.
+settings.register_profile("fixed", derandomize=True, database=None)
+settings.register_profile("explore")
+settings.load_profile(os.environ.get("SPARKINFER_HYPOTHESIS", "fixed"))
 
 # CPU ranks and in-process kernels run through the Triton interpreter; the
 # launcher sets this for its children, and this covers in-process tests.

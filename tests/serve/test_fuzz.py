@@ -5,7 +5,7 @@ The bodies mix every field of both endpoints with values of every JSON type, ext
 numbers, empty and non-Unicode text (a lone surrogate once answered 500 in a prompt and
 dropped the connection in a stop string), over the fake engine (a short context and
 fast steps, so an accepted request finishes in milliseconds). The examples are fixed
-(`derandomize`): CI runs the same bodies every time."""
+(tests/conftest.py's profile): CI runs the same bodies every time."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def _check(r, endpoint: str, body: dict) -> None:
         assert r.json()["choices"], r.text
 
 
-@settings(max_examples=250, deadline=None, derandomize=True)
+@settings(max_examples=250, deadline=None)
 @given(case=bodies())
 def test_any_body_gets_a_200_or_a_400_naming_a_field(live, case):
     endpoint, body = case
