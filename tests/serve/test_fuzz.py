@@ -23,27 +23,33 @@ JUNK = [None, True, False, 0, 1, -1, 3, 2**31, 2**63, 2**70, 0.5, 1.5, -0.0, 1e3
         "\U0001f600", [], [1], ["a"], [[1, 2]], {}, {"a": 1}, {"include_usage": True}]
 MESSAGES = [[{"role": "user", "content": "hi"}], [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
             [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}], [{"role": "user"}],
+            [{"role": "user", "content": "h\ud800i"}],
+            [{"role": "user", "content": [{"type": "text", "text": "\udc00"}]}],
             [{"role": "nobody", "content": "hi"}], [{"content": "hi"}]]
 COMMON = ["model", "stream", "stream_options", "n", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos",
           "presence_penalty", "frequency_penalty", "logit_bias", "user", "max_tokens", "logprobs", "unknown_field"]
 FIELDS = {"completions": COMMON + ["prompt", "echo", "best_of", "suffix"],
           "chat/completions": COMMON + ["messages", "max_completion_tokens", "top_logprobs", "response_format",
                                         "tools", "tool_choice", "parallel_tool_calls", "store", "metadata"]}
-VALID = {"model": [NAME], "prompt": ["hi", [104, 105], ["hi", "yo"], [[104], [105, 106]]], "messages": MESSAGES,
-         "max_tokens": [1, 4], "max_completion_tokens": [2], "n": [1, 2], "stop": ["i", ["x", "y"]],
-         "temperature": [0, 0.7], "top_p": [0.5, 1], "top_k": [-1, 5], "seed": [7], "logprobs": [2, True],
-         "top_logprobs": [3], "stream": [True, False], "stream_options": [{"include_usage": True}]}
+# What clients send, and its edges (lone surrogates, characters past U+FFFF, huge numbers)
+USUAL = {"model": [NAME, "\ud800"], "messages": MESSAGES, "user": ["u1", "\udfff"],
+         "prompt": ["hi", [104, 105], "h\ud800i", "\U0001f600", ["hi", "yo"], ["hi", "\udfff"], [[104], [105, 106]]],
+         "max_tokens": [1, 4, 2**70], "max_completion_tokens": [2], "n": [1, 2], "seed": [7, 2**63 - 1],
+         "stop": ["i", ["x", "y"], "\udc00", ["a", "\ud800"], "\U0001f600"], "temperature": [0, 0.7, 1e300],
+         "top_p": [0.5, 1, 5e-324], "top_k": [-1, 5, 2**63, 2**70], "logprobs": [2, True], "top_logprobs": [3],
+         "stream": [True, False], "stream_options": [{"include_usage": True}]}
 
 
 @st.composite
 def bodies(draw):
     endpoint = draw(st.sampled_from(sorted(FIELDS)))
     main = "prompt" if endpoint == "completions" else "messages"
-    body = {"model": NAME, main: VALID[main][0], "max_tokens": 3}
+    body = {"model": NAME, main: USUAL[main][0], "max_tokens": 3}
     for name in draw(st.lists(st.sampled_from(FIELDS[endpoint]), max_size=4, unique=True)):
-        if draw(st.booleans()) and name in VALID:
-            body[name] = draw(st.sampled_from(VALID[name]))
-        elif draw(st.integers(0, 9)) == 0:
+        roll = draw(st.integers(0, 9))
+        if roll < 7 and name in USUAL:
+            body[name] = draw(st.sampled_from(USUAL[name]))
+        elif roll == 9:
             body.pop(name, None)
         else:
             body[name] = draw(st.sampled_from(JUNK))
