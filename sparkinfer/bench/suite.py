@@ -138,13 +138,11 @@ def _run(argv: list[str], env: dict, timeout: float) -> int:
     try:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
         return 124
-    except BaseException:  # Ctrl-C: stop the group too, then let the interrupt through
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        raise
+    finally:  # stopped, or Ctrl-C here: the group goes too (the interrupt then goes on)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def run_suite(entries: list[Entry], out: str, label: str, budget_s: float, runner=_run, clock=time.monotonic,

@@ -149,7 +149,7 @@ async def _disconnected(request) -> None:
 def _validation_error(errors) -> APIError:
     """A 400 for pydantic's errors, naming the top-level field the first one is about."""
     e = errors[0]
-    loc = [p for p in e.get("loc", ()) if p != "body"]
+    loc = _loc(e)
     field = loc[0] if loc and isinstance(loc[0], str) else None
     kind = e.get("type", "")
     if kind == "json_invalid":
@@ -165,10 +165,11 @@ def _validation_error(errors) -> APIError:
         return APIError(400, f"{_where(loc)} is required", param=field, code="missing_field")
     if field is None:
         return APIError(400, f"the body must be a JSON object: {e.get('msg')}", code="invalid_json")
-    members = [x for x in errors if _union_member(x, field)]
-    refused = [x for x in errors if x.get("type") == "value_error" and _field_of(x) == field]
-    if refused:  # a check took the type and refused the value (a lone surrogate): that is the complaint
-        members, e, loc, kind = [], refused[0], [p for p in refused[0]["loc"] if p != "body"], "value_error"
+    refused = next((x for x in errors if x.get("type") == "value_error" and _loc(x)[:1] == [field]), None)
+    if refused is not None:  # a check took the type and refused the value (a lone surrogate): that is the complaint
+        e, loc, kind, members = refused, _loc(refused), "value_error", []
+    else:
+        members = [x for x in errors if _union_member(x, field)]
     if len(members) > 1:  # a union (prompt: str | list[int]): every member's complaint
         what = "; or ".join(f"{x.get('msg')} at {_where(x['loc'][1:])}" for x in members)
         return APIError(400, f"{field}: no accepted type matched ({what}), got {_quote(e.get('input'))}",
@@ -184,15 +185,14 @@ _UNION_TAG = re.compile(r"^(str|int|float|bool|none|constrained-\w+|function-\w+
                         r"[A-Z]\w*)$")
 
 
-def _field_of(error):
-    """The top-level field an error is about (None: the body itself)."""
-    loc = [p for p in error.get("loc", ()) if p != "body"]
-    return loc[0] if loc and isinstance(loc[0], str) else None
+def _loc(error) -> list:
+    """An error's location without pydantic's leading "body"."""
+    return [p for p in error.get("loc", ()) if p != "body"]
 
 
 def _union_member(error, field) -> bool:
     """Whether pydantic reports `error` for one member of `field`'s union: ("body", field, tag, ...)."""
-    loc = [p for p in error.get("loc", ()) if p != "body"]
+    loc = _loc(error)
     return len(loc) > 1 and loc[0] == field and isinstance(loc[1], str) and bool(_UNION_TAG.match(loc[1]))
 
 
