@@ -61,34 +61,34 @@ def _decode(preset: str, *extra: str, full_depth: bool = False) -> tuple[str, ..
 
 
 ENTRIES = (
-    # 190 s on an H100 at 0b019ab (237 tests, 4 workers), then the conversion
-    Entry("gpu-tests", 200, (
+    # 190 s on an H100 at 0b019ab (237 tests, 4 workers), 180 s at c95a5fa (240), then the conversion
+    Entry("gpu-tests", 195, (
         ("pytest", "-rA", "-q", "-n", "4", "--dist", "loadgroup", "-o", "faulthandler_timeout=120", "{gpu_tests}",
          "--junitxml={out}/gpu_tests.xml"),
         _bench("summarize", "--junit", "{out}/gpu_tests.xml", "--out", "{out}/gpu_tests_{m}.json"))),
-    # 26 and 30 s at 0b019ab
-    Entry("decode-profile", 35, (_decode("qwen3-30b-a3b", "--formats", "bf16,nvfp4", "--batches", "1", "--profile",
+    # 26 and 30 s at 0b019ab, 24 and 28 s at c95a5fa
+    Entry("decode-profile", 30, (_decode("qwen3-30b-a3b", "--formats", "bf16,nvfp4", "--batches", "1", "--profile",
                                          "--out", "{out}/decode_profile_{m}.json"),)),
-    Entry("decode-profile-nopdl", 35, (_decode("qwen3-30b-a3b", "--formats", "bf16,nvfp4", "--batches", "1",
+    Entry("decode-profile-nopdl", 32, (_decode("qwen3-30b-a3b", "--formats", "bf16,nvfp4", "--batches", "1",
                                                "--profile", "--out", "{out}/decode_profile_nopdl_{m}.json"),),
           env={"SPARKINFER_FLAGS": NO_PDL}),
-    # 107 s for both at 0b019ab
-    Entry("serve", 120, (
+    # 107 s for both at 0b019ab, 90 s at c95a5fa
+    Entry("serve", 110, (
         _decode("qwen3-30b-a3b", "--formats", "bf16", "--batches", "1,8,32,64",
                 "--out", "{out}/decode_beside_serve_{m}.json"),
         _bench("serve", "--preset", "qwen3-30b-a3b", "--layers", "8",
                "--checkpoint-dir", "{tmp}/sparkinfer_serve_checkpoint", "--concurrency", "1,8,32,64",
                "--input-len", "512", "--output-len", "128",
                "--decode-results", "{out}/decode_beside_serve_{m}.json", "--out", "{out}/serve_{m}.json"))),
-    # Qwen3-30B-A3B 52 s at e3a277d; the two larger presets not timed alone (guessed at twice that)
+    # at c95a5fa (the suite's H100 run): Qwen3-30B-A3B 22 s, GLM-4.5-Air 69, Mixtral-8x7B 48
     *(Entry(f"decode-{short}", est, (_decode(preset, "--formats", "bf16,nvfp4", "--batches", "1,8,32,64",
                                              "--out", "{out}/decode_{m}.json"),))
-      for short, preset, est in (("qwen3", "qwen3-30b-a3b", 60), ("glm", "glm-4.5-air", 120),
-                                 ("mixtral", "mixtral-8x7b", 120))),
-    # its own --budget-s stops it starting shapes past 200 s
-    Entry("moe", 240, (_bench("moe", "--m", "1,8,64,1024,4096", "--budget-s", "200", "--out", "{out}/moe_{m}.json"),)),
-    # 37 s for these rows at 0b019ab
-    Entry("prefill-mixed", 45, (_bench("prefill", "--preset", "qwen3-30b-a3b", "--layers", "8", "--beside", "64",
+      for short, preset, est in (("qwen3", "qwen3-30b-a3b", 30), ("glm", "glm-4.5-air", 80),
+                                 ("mixtral", "mixtral-8x7b", 60))),
+    # its own --budget-s stops it starting shapes past 200 s; 58 s at c95a5fa
+    Entry("moe", 90, (_bench("moe", "--m", "1,8,64,1024,4096", "--budget-s", "200", "--out", "{out}/moe_{m}.json"),)),
+    # 37 s for these rows at 0b019ab, 23 s at c95a5fa
+    Entry("prefill-mixed", 35, (_bench("prefill", "--preset", "qwen3-30b-a3b", "--layers", "8", "--beside", "64",
                                        "--rows", "1,4", "--context", "512", "--replays", "20",
                                        "--out", "{out}/prefill_mixed_{m}.json"),)),
     # full depth (refused at once where the GPU's memory is short): Qwen3-30B-A3B bf16 52 s at
