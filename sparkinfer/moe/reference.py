@@ -106,7 +106,7 @@ class Ties:
         """d [T, H] = out - ref (fp32): the `tokens` worst tokens that hold ties lose the
         part of their error a combination of their flips (each taken 0..1 times, least
         squares, then clamped) explains. Returns (d adjusted, flips explained). n flip
-        directions (a few hundred, 3-11% of a token's FC2 inputs at TIE_FC1) span n of
+        directions (a few hundred: about 11% of a token's FC2 inputs at TIE_FC1) span n of
         H dimensions, and the clamp keeps less than that: 2% noise stayed at 1.9-2.0%,
         a scaled output and a dropped route as large (tests/moe/test_ties.py)."""
         d = d.clone()
