@@ -4,7 +4,8 @@
 
 GPU time comes in leases of minutes, so one command that runs what is owed, most important
 first, beats a hand-written script per session. Each entry is one or more `sparkinfer bench`
-commands (the GPU test files: pytest, then `bench summarize --junit`), run as child processes
+commands (the GPU test files: pytest, then `bench summarize --junit`; the `ab-` entries: a
+checkout's `benchmarks/sweeps/flags_ab.py`, the flag A/Bs owed), run as child processes
 in the order of ENTRIES. An entry whose estimate does not fit the time left is skipped, and a
 command that runs past the time left is stopped (what it wrote stays). Its rows go to
 `DIR/<file>_<machine>.json`, the names `benchmarks/results/` uses, so each file can be copied
@@ -53,6 +54,13 @@ def _bench(*args: str) -> tuple[str, ...]:
     return ("sparkinfer.cli", "bench", *args)
 
 
+def _ab(out: str, variants: tuple[str, ...], *command: str) -> tuple[str, ...]:
+    """`benchmarks/sweeps/flags_ab.py` (a checkout's): three interleaved rounds of `command`
+    under each variant (`name:module.FLAG=value,...`), every run's rows in {out}/<out>_{m}.json."""
+    flags = [a for v in variants for a in ("--variant", v)]
+    return ("benchmarks.sweeps.flags_ab", "--rounds", "3", "--out", f"{{out}}/{out}_{{m}}.json", *flags, "--", *command)
+
+
 def _decode(preset: str, *extra: str, full_depth: bool = False) -> tuple[str, ...]:
     """`bench decode` of our decoder alone on random weights made on the GPU: 8 layers, or
     the preset's own count."""
@@ -97,6 +105,15 @@ ENTRIES = (
                                                  "--out", "{out}/decode_full_depth_{m}.json", full_depth=True),))
       for short, preset, fmt, est in (("qwen3", "qwen3-30b-a3b", "bf16", 60), ("glm", "glm-4.5-air", "nvfp4", 190),
                                       ("mixtral", "mixtral-8x7b", "bf16", 150))),
+    # the flags of `linear` whose defaults wait on a timing (docs/decode.md): the preload
+    # projections' early loads, coarse calls from the first row, and the coarse qkv
+    # (timed on an H100 only). 12 runs of about 20 s at c95a5fa's decode rows, guessed.
+    Entry("ab-linear", 280, (_ab("decode_linear_ab", (
+        "base:", "late:sparkinfer.linear.launch.PRELOAD_EARLY=False",
+        "coarse0:sparkinfer.linear.config.COARSE_MIN_ROWS=0",
+        "fine_qkv:sparkinfer.linear.config.COARSE_SMALL_SLICES=False"),
+        "bench", "decode", "--presets", "qwen3-30b-a3b", "--layers", "8", *_DECODE, "--formats", "bf16,nvfp4",
+        "--batches", "1,8,64"),)),
 )
 
 
@@ -153,6 +170,8 @@ def run_suite(entries: list[Entry], out: str, label: str, budget_s: float, runne
     for e in entries:
         left = budget_s - (clock() - t0)
         why = ("no tests/ here (run in a checkout)" if e.name == "gpu-tests" and not os.path.isdir("tests") else
+               "no benchmarks/ here (run in a checkout)" if e.name.startswith("ab-") and not os.path.isdir("benchmarks")
+               else
                f"needs about {e.est_s} s, {left:.0f} s left" if e.est_s > left else "")
         if why:
             records.append(dict(name=e.name, status="skipped", seconds=0.0, why=why))

@@ -24,6 +24,13 @@ def test_every_bench_command_parses_with_its_benchmarks_options():
                 files = [a for a in argv if a.startswith("tests")]
                 assert os.path.join("tests", "linear") in files and any("test_gpu" in f for f in files), files
                 continue
+            if argv[2] == "benchmarks.sweeps.flags_ab":  # every variant's flags exist; the command parses
+                ab = importlib.import_module(argv[2])
+                cut = argv.index("--")
+                variants = [argv[i + 1] for i in range(3, cut) if argv[i] == "--variant"]
+                assert len(variants) >= 2 and all(ab.parse_variant(v) for v in variants), variants
+                assert argv[argv.index("--out") + 1].endswith("_h200.json"), argv
+                argv = argv[:2] + ["sparkinfer.cli"] + argv[cut + 1:]
             assert argv[2:4] == ["sparkinfer.cli", "bench"], argv
             mod = importlib.import_module(f"sparkinfer.bench.{argv[4]}")
             p = argparse.ArgumentParser(exit_on_error=False)
@@ -31,6 +38,7 @@ def test_every_bench_command_parses_with_its_benchmarks_options():
             args = p.parse_args(argv[5:])
             out = getattr(args, "out", None)
             assert out is None or (out.startswith("/tmp/out/") and out.endswith("_h200.json")), (e.name, out)
+            assert e.name.startswith("ab-") == (out is None), e.name  # flags_ab gives each run its own --out
             seen += 1
     assert seen >= len(suite.ENTRIES)
     assert "{" not in " ".join(suite._argv(suite.ENTRIES[3].commands[1], "/o", "h100"))  # serve: {tmp} filled
