@@ -53,7 +53,7 @@ def test_flips_are_explained_and_nothing_else(seed, after):
     assert c.rel_norm < 1e-3 and c.rel_norm < plain.rel_norm / 3, (plain, c)
     # what flips cannot make: each as large with the ties as without
     scaled = compare_to_reference(kernel * 1.02, ref, TOL, ties=ties)
-    assert scaled.rel_norm > 0.019
+    assert scaled.rel_norm > 0.0185  # 0.0197 here: the flips take out 1.5% of a 2% error at most
     rms = ref.norm() / ref.numel() ** 0.5
     noise = ref + 0.02 * rms * torch.randn(ref.shape, generator=torch.Generator().manual_seed(seed))
     assert compare_to_reference(noise, ref, TOL, ties=ties).rel_norm > 0.018
