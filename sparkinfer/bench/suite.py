@@ -42,12 +42,14 @@ _DECODE = ("--weights", "random-direct", "--impls", "sparkinfer", "--hf-batches"
 class Entry:
     """name; est_s: seconds on one GPU; commands: argv lists after `python -m`, where
     {out} stands for the output directory and {m} for the machine label (`_argv`); env: extra
-    environment of every command."""
+    environment of every command; checkout: a folder of a checkout the commands read (the
+    entry is skipped where the working directory has none)."""
 
     name: str
     est_s: int
     commands: tuple[tuple[str, ...], ...]
     env: dict = field(default_factory=dict)
+    checkout: str = ""
 
 
 def _bench(*args: str) -> tuple[str, ...]:
@@ -73,7 +75,7 @@ ENTRIES = (
     Entry("gpu-tests", 195, (
         ("pytest", "-rA", "-q", "-n", "4", "--dist", "loadgroup", "-o", "faulthandler_timeout=120", "{gpu_tests}",
          "--junitxml={out}/gpu_tests.xml"),
-        _bench("summarize", "--junit", "{out}/gpu_tests.xml", "--out", "{out}/gpu_tests_{m}.json"))),
+        _bench("summarize", "--junit", "{out}/gpu_tests.xml", "--out", "{out}/gpu_tests_{m}.json")), checkout="tests"),
     # 26 and 30 s at 0b019ab, 24 and 28 s at c95a5fa
     Entry("decode-profile", 30, (_decode("qwen3-30b-a3b", "--formats", "bf16,nvfp4", "--batches", "1", "--profile",
                                          "--out", "{out}/decode_profile_{m}.json"),)),
@@ -113,7 +115,7 @@ ENTRIES = (
         "coarse0:sparkinfer.linear.config.COARSE_MIN_ROWS=0",
         "fine_qkv:sparkinfer.linear.config.COARSE_SMALL_SLICES=False"),
         "bench", "decode", "--presets", "qwen3-30b-a3b", "--layers", "8", *_DECODE, "--formats", "bf16,nvfp4",
-        "--batches", "1,8,64"),)),
+        "--batches", "1,8,64"),), checkout="benchmarks"),
 )
 
 
@@ -169,9 +171,7 @@ def run_suite(entries: list[Entry], out: str, label: str, budget_s: float, runne
     t0, records = clock(), []
     for e in entries:
         left = budget_s - (clock() - t0)
-        why = ("no tests/ here (run in a checkout)" if e.name == "gpu-tests" and not os.path.isdir("tests") else
-               "no benchmarks/ here (run in a checkout)" if e.name.startswith("ab-") and not os.path.isdir("benchmarks")
-               else
+        why = (f"no {e.checkout}/ here (run in a checkout)" if e.checkout and not os.path.isdir(e.checkout) else
                f"needs about {e.est_s} s, {left:.0f} s left" if e.est_s > left else "")
         if why:
             records.append(dict(name=e.name, status="skipped", seconds=0.0, why=why))

@@ -343,14 +343,14 @@ def compare_to_reference(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance | 
     tol = tol or tolerance_for(out, weight_format)
     o, r = out.float(), ref.float()
     finite = bool(torch.isfinite(o).all())
+    rn = r.norm()
     flips, raw = 0.0, None
     if finite and ties is not None and o.dim() == 2:
-        raw = ((o - r).norm() / r.norm()).item()
         d, flips = ties.explain(o - r)
+        raw = ((o - r).norm() / rn).item()
         o = r + d
     o, r = o.flatten(), r.flatten()
     d = (o - r).abs()
-    rn = r.norm()
     rms = rn / max(r.numel(), 1) ** 0.5
     cos = torch.nn.functional.cosine_similarity(o, r, dim=0).item() if finite else float("nan")
     rel = (d.norm() / rn).item() if finite else float("inf")
