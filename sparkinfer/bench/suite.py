@@ -71,32 +71,34 @@ def _decode(preset: str, *extra: str, full_depth: bool = False) -> tuple[str, ..
 
 
 ENTRIES = (
-    # 190 s on an H100 at 0b019ab (237 tests, 4 workers), 180 s at c95a5fa (240), then the conversion
-    Entry("gpu-tests", 195, (
+    # 190 s on an H100 at 0b019ab (237 tests, 4 workers), 180 s at c95a5fa (240), 241 s at 9d3dfae
+    # (240; another H100 lease), then the conversion
+    Entry("gpu-tests", 250, (
         ("pytest", "-rA", "-q", "-n", "4", "--dist", "loadgroup", "-o", "faulthandler_timeout=120", "{gpu_tests}",
          "--junitxml={out}/gpu_tests.xml"),
         _bench("summarize", "--junit", "{out}/gpu_tests.xml", "--out", "{out}/gpu_tests_{m}.json")), checkout="tests"),
-    # 26 and 30 s at 0b019ab, 24 and 28 s at c95a5fa
-    Entry("decode-profile", 30, (_decode("qwen3-30b-a3b", "--formats", "bf16,nvfp4", "--batches", "1", "--profile",
+    # 26 and 30 s at 0b019ab, 24 and 28 s at c95a5fa, 37 s (with PDL) at 9d3dfae
+    Entry("decode-profile", 37, (_decode("qwen3-30b-a3b", "--formats", "bf16,nvfp4", "--batches", "1", "--profile",
                                          "--out", "{out}/decode_profile_{m}.json"),)),
     Entry("decode-profile-nopdl", 32, (_decode("qwen3-30b-a3b", "--formats", "bf16,nvfp4", "--batches", "1",
                                                "--profile", "--out", "{out}/decode_profile_nopdl_{m}.json"),),
           env={"SPARKINFER_FLAGS": NO_PDL}),
-    # 107 s for both at 0b019ab, 90 s at c95a5fa
-    Entry("serve", 110, (
+    # 107 s for both at 0b019ab, 90 s at c95a5fa, 134 s at 9d3dfae
+    Entry("serve", 135, (
         _decode("qwen3-30b-a3b", "--formats", "bf16", "--batches", "1,8,32,64",
                 "--out", "{out}/decode_beside_serve_{m}.json"),
         _bench("serve", "--preset", "qwen3-30b-a3b", "--layers", "8",
                "--checkpoint-dir", "{tmp}/sparkinfer_serve_checkpoint", "--concurrency", "1,8,32,64",
                "--input-len", "512", "--output-len", "128",
                "--decode-results", "{out}/decode_beside_serve_{m}.json", "--out", "{out}/serve_{m}.json"))),
-    # at c95a5fa (the suite's H100 run): Qwen3-30B-A3B 22 s, GLM-4.5-Air 69, Mixtral-8x7B 48
+    # at c95a5fa (the suite's H100 run): Qwen3-30B-A3B 22 s, GLM-4.5-Air 69, Mixtral-8x7B 48; at
+    # 9d3dfae 31, 102 and 69 s
     *(Entry(f"decode-{short}", est, (_decode(preset, "--formats", "bf16,nvfp4", "--batches", "1,8,32,64",
                                              "--out", "{out}/decode_{m}.json"),))
-      for short, preset, est in (("qwen3", "qwen3-30b-a3b", 30), ("glm", "glm-4.5-air", 80),
-                                 ("mixtral", "mixtral-8x7b", 60))),
-    # its own --budget-s stops it starting shapes past 200 s; 58 s at c95a5fa
-    Entry("moe", 90, (_bench("moe", "--m", "1,8,64,1024,4096", "--budget-s", "200", "--out", "{out}/moe_{m}.json"),)),
+      for short, preset, est in (("qwen3", "qwen3-30b-a3b", 32), ("glm", "glm-4.5-air", 100),
+                                 ("mixtral", "mixtral-8x7b", 70))),
+    # its own --budget-s stops it starting shapes past 200 s; 58 s at c95a5fa, 102 s at 9d3dfae (H100s)
+    Entry("moe", 100, (_bench("moe", "--m", "1,8,64,1024,4096", "--budget-s", "200", "--out", "{out}/moe_{m}.json"),)),
     # 37 s for these rows at 0b019ab, 23 s at c95a5fa
     Entry("prefill-mixed", 35, (_bench("prefill", "--preset", "qwen3-30b-a3b", "--layers", "8", "--beside", "64",
                                        "--rows", "1,4", "--context", "512", "--replays", "20",
@@ -109,8 +111,9 @@ ENTRIES = (
                                       ("mixtral", "mixtral-8x7b", "bf16", 150))),
     # the flags of `linear` whose defaults wait on a timing (docs/decode.md): the preload
     # projections' early loads, coarse calls from the first row, and the coarse qkv
-    # (timed on an H100 only). 12 runs of about 20 s at c95a5fa's decode rows, guessed.
-    Entry("ab-linear", 280, (_ab("decode_linear_ab", (
+    # (timed on an H100 only). Its 12 runs took about 31 s each on an H100 at 9d3dfae: 10 of
+    # them in the 327 s the 280 s guessed left it.
+    Entry("ab-linear", 380, (_ab("decode_linear_ab", (
         "base:", "late:sparkinfer.linear.launch.PRELOAD_EARLY=False",
         "coarse0:sparkinfer.linear.config.COARSE_MIN_ROWS=0",
         "fine_qkv:sparkinfer.linear.config.COARSE_SMALL_SLICES=False"),

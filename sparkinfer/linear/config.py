@@ -84,7 +84,10 @@ SPLIT_MIN_STEPS = 8  # a streamed slice keeps at least 512 of K (f64ac5d: 4 step
 # Coarse calls (see the module docstring): above this many rows; a K step of at most
 # COARSE_BLOCK_K (any divisor of KS keeps the sums); at most COARSE_MAX_ROWS rows a
 # launch (4 row blocks: 2 x 4 fp32 [64, 16] tiles, the chains and the group sums, in
-# registers), more rows in launches of that many; MAX_GROUPS groups at most.
+# registers), more rows in launches of that many; MAX_GROUPS groups at most. Coarse from the
+# first row (0) on an H100 at 9d3dfae (sweeps/decode_linear_ab_h100.json, Qwen3-30B-A3B step):
+# bf16 batch 1 793.0 against 780.5 us, NVFP4 experts 716.3 against 742.7, bf16 batch 8 1,875.6
+# against 1,893.1: split by format, so 16 stays until an H200 says more.
 COARSE_MIN_ROWS = 16
 COARSE_BLOCK_K = 128
 COARSE_MAX_ROWS = 64
@@ -109,7 +112,8 @@ COARSE_BLOCK_N = 64
 # qwen3-30b-a3b --batches 1,8,64`, sweeps/decode_coarse_small_slices_ab_h100.json), median us
 # a step False / True: bf16 batch 1 777.8 / 763.8, batch 8 1,872 / 1,816, batch 64 4,055 /
 # 4,062; NVFP4 experts 719.7 / 724.6, 1,117 / 1,085, 2,095 / 2,096 (batch 1 NVFP4 is the one
-# row every run of which was slower).
+# row every run of which was slower). Again at 9d3dfae (sweeps/decode_linear_ab_h100.json),
+# False: bf16 796.8 / 1,926.6 against 780.5 / 1,893.1 at batch 1 / 8, NVFP4 731.6 against 742.7.
 COARSE_SMALL_SLICES = True
 # Gated calls (silu(gate) * up computed as x loads) stay on the fine split: H200 at ff3643a,
 # GLM-4.5-Air's shared down [4096, 1408] at M = 32 / 64, fine 15.5 / 24.7 us against coarse

@@ -50,6 +50,28 @@ def test_rounds_interleave_the_variants_and_tag_their_rows():
     assert med == {(1, "off"): 102.0, (1, "on"): 153.0, (8, "off"): 802.0, (8, "on"): 853.0}
 
 
+def test_a_stopped_sweep_keeps_every_run_it_finished(tmp_path):
+    """The suite's time limit kills a sweep part way: --out already holds each finished run."""
+    ab = _tool()
+    out = tmp_path / "ab.json"
+    runs = []
+
+    def runner(flags, argv):
+        if len(runs) == 3:
+            raise KeyboardInterrupt  # the kill, during the fourth run
+        runs.append(flags)
+        with open(argv[argv.index("--out") + 1], "w") as f:
+            json.dump([dict(preset="p", batch=1, us_per_step=10.0 + len(runs))], f)
+        return 0
+
+    with pytest.raises(KeyboardInterrupt):
+        ab.run_ab([("a", ""), ("b", f"{__name__}.PROBE=1")], 2, ["bench", "x"], runner=runner, out=str(out))
+    rows = json.loads(out.read_text())
+    assert [(r["variant"], r["ab_round"], r["us_per_step"]) for r in rows] == [("a", 1, 11.0), ("b", 1, 12.0),
+                                                                                ("a", 2, 13.0)]
+    assert not (tmp_path / "ab.json.part").exists()
+
+
 def test_each_variant_reaches_its_own_run(tmp_path, monkeypatch, capsys):
     """`bench scheduler --dry-run` (CPU, seconds) under the defaults, with a harmless flag
     (its rows record it) and with its timing function replaced by a number (its run fails)."""
