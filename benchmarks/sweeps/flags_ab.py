@@ -16,7 +16,7 @@ typo fails before any run. Each round runs every variant once, in the order give
 SPARKINFER_FLAGS: the command line, its ranks and a server's engine process apply them,
 and the rows record them (`flags`). Rounds interleave the variants, so a drift of the
 machine over the runs reaches them alike. Every run's rows go to --out, each tagged with
-`variant` and `ab_round`, rewritten after each run: a sweep stopped part way (a time
+`variant` and `ab_round`, appended after each run: a sweep stopped part way (a time
 limit kills it) keeps every run it finished. Then a table of the median of `--metric` per variant and row key
 (preset, experts, batch for `bench decode`; concurrency for `bench serve`). Runs the
 checkout it is started in (the working directory first on the path).
@@ -58,20 +58,15 @@ def _subprocess_run(flags: str, argv: list[str]) -> int:
     return subprocess.run([sys.executable, "-m", "sparkinfer.cli", *argv], env=env).returncode
 
 
-def write_rows(path: str, rows: list[dict]) -> None:
-    """rows as the JSON list at path, replaced whole (a reader never sees half a file)."""
-    tmp = f"{path}.part"
-    with open(tmp, "w") as f:
-        json.dump(rows, f, indent=1)
-        f.write("\n")
-    os.replace(tmp, path)
-
-
 def run_ab(variants: list[tuple[str, str]], rounds: int, argv: list[str],
            runner=_subprocess_run, out: str | None = None) -> tuple[list[dict], list[str]]:
     """(rows, failed runs): every variant once a round, in order; each run's rows tagged
-    (module docstring), and written to `out` (when given) after every run. runner(flags,
-    argv) runs one `sparkinfer argv`, returns its exit status."""
+    (module docstring), and appended to `out` (when given; replaced, not extended) after every
+    run. runner(flags, argv) runs one `sparkinfer argv`, returns its exit status."""
+    from sparkinfer.bench.common import append_rows
+
+    if out is not None and os.path.exists(out):
+        os.remove(out)
     rows, failed = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(rounds):
@@ -83,9 +78,10 @@ def run_ab(variants: list[tuple[str, str]], rounds: int, argv: list[str],
                 if status != 0 or not got:
                     failed.append(f"{name} in round {r + 1} exited {status} with {len(got)} rows")
                     print(f"flags_ab: {failed[-1]}", flush=True)
-                rows += [dict(row, variant=name, ab_round=r + 1, ab_status=status) for row in got]
+                tagged = [dict(row, variant=name, ab_round=r + 1, ab_status=status) for row in got]
+                rows += tagged
                 if out is not None:
-                    write_rows(out, rows)
+                    append_rows(out, tagged, {})
     return rows, failed
 
 
@@ -115,7 +111,6 @@ def main(argv=None) -> int:
     if len({name for name, _ in variants}) != len(variants):
         raise SystemExit("flags_ab: variant names must differ")
     rows, failed = run_ab(variants, args.rounds, command, out=args.out)
-    write_rows(args.out, rows)
     for key, name, med, vals in medians(rows, args.metric):
         shown = " ".join(f"{k}={v}" for k, v in key)
         print(f"{shown:<48} {name:<12} median {args.metric} {med:10.5g}  ({', '.join(f'{v:.5g}' for v in vals)})")

@@ -346,8 +346,9 @@ def compare_to_reference(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance | 
     rn = r.norm()
     flips, raw = 0.0, None
     if finite and ties is not None and o.dim() == 2:
-        d, flips = ties.explain(o - r)
-        raw = ((o - r).norm() / rn).item()
+        diff = o - r
+        d, flips = ties.explain(diff)
+        raw = (diff.norm() / rn).item()
         o = r + d
     o, r = o.flatten(), r.flatten()
     d = (o - r).abs()
