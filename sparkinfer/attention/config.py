@@ -74,6 +74,12 @@ MAX_GROUP = 128
 MIN_BLOCK_M = 16
 MAX_BLOCK_M = 128
 PREFILL_BLOCK_M = 64
+# Tiles of <= 16 rows (a decode query, or two verify queries, of one KV head's heads): warps and
+# cp.async pipeline depth. Module
+# flags so `bench attention` and `flags_ab` can time others (SPARKINFER_FLAGS); neither moves a
+# row's bits with B (the keys' cut is SPLIT_KEYS either way).
+DECODE_WARPS = 4
+DECODE_STAGES = 3
 
 
 @dataclass(frozen=True)
@@ -187,8 +193,9 @@ def attention_config(*, batch: int, q_len: int, num_q_heads: int, num_kv_heads: 
         block_d=block_d, num_splits=ns, split_keys=split_keys, split_slots=slots,
         # one warpgroup for decode tiles and D <= 128 prefill tiles (above); verify
         # tiles of 32-64 rows keep 8 (not timed at 4)
-        num_warps=4 if block_m <= 16 or (q_blocks > 1 and block_m <= PREFILL_BLOCK_M and block_d <= 128) else 8,
-        num_stages=3,
+        num_warps=DECODE_WARPS if block_m <= 16 else
+        4 if q_blocks > 1 and block_m <= PREFILL_BLOCK_M and block_d <= 128 else 8,
+        num_stages=DECODE_STAGES if block_m <= 16 else 3,
         grid=(programs, ns), rows=rows,
         workspace_numel=slots * rows * (head_dim + 1) if slots > 1 else 0,
     )
