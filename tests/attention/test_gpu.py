@@ -153,3 +153,41 @@ def test_gpu_merge_in_the_grid_gives_the_combine_kernels_bits(case, monkeypatch)
         assert torch.equal(out, c_out) and torch.equal(lse, c_lse), f"trial {trial}"
         if trial < 4:
             assert_matches(out, lse, *reference(q, k, v, slots, q_pos, sm_scale=case.D ** -0.5))
+
+
+REG_MERGES = {  # one program a tile walking several splits
+    "decode-qwen3-b64-L576": _case(64, 1, "qwen3", 576, seed=16),
+    "decode-glm-air-b64-L4096": _case(64, 1, "glm-air", 4096, seed=17),
+    "verify-q4-qwen3-b40": _case(40, 4, "qwen3", 1024, seed=18),
+}
+
+
+@pytest.mark.parametrize("case", REG_MERGES.values(), ids=REG_MERGES.keys())
+def test_gpu_merge_in_registers_gives_the_split_programs_bits(case, monkeypatch):
+    """`launch.MERGE_IN_REGISTERS` (NS 1: the program merges each split as it ends) against
+    the same splits over 4 programs a tile merged in the grid, on 10 fresh inputs eagerly and
+    10 graph replays: every call the same bits, and the reference."""
+    from sparkinfer.attention import launch as attn_launch
+
+    monkeypatch.setattr(attn_launch, "MERGE_IN_REGISTERS", True)
+    q, k, v, slots, q_pos = make_inputs(case, seed=0, device="cuda")
+    out, lse = poisoned(case, "cuda")
+    kw = dict(sm_scale=case.D ** -0.5, out=out, lse=lse, num_splits=1)
+    assert plan_call(q, k, num_splits=1).split_slots > 1
+    decode_attention(q, k, v, slots, q_pos, **kw)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        decode_attention(q, k, v, slots, q_pos, **kw)
+    for trial in range(20):
+        _refill(case, trial, 300 + trial, (q, k, v, slots, q_pos), (out, lse))
+        if trial % 2:
+            g.replay()
+        else:
+            decode_attention(q, k, v, slots, q_pos, **kw)
+        monkeypatch.setattr(attn_launch, "MERGE_IN_REGISTERS", False)
+        s_out, s_lse = decode_attention(q, k, v, slots, q_pos, sm_scale=case.D ** -0.5, num_splits=4)
+        monkeypatch.setattr(attn_launch, "MERGE_IN_REGISTERS", True)
+        torch.cuda.synchronize()
+        assert torch.equal(out, s_out) and torch.equal(lse, s_lse), f"trial {trial}"
+        if trial < 3:
+            assert_matches(out, lse, *reference(q, k, v, slots, q_pos, sm_scale=case.D ** -0.5))
