@@ -183,8 +183,8 @@ def _merge_rows(ws_ptr, o_ptr, lse_ptr, o_row, m_r, o_d, n_act, n_rows, ws_lse_o
     split at a time in split order with a running max (`_merge_weights`, `_merge_add`):
     o = sum_s 2^(lse_s - m) o_s / sum_s 2^(lse_s - m). The bits do not depend on the
     tile's layout or on which kernel runs it, and equal a REG attention kernel's merge
-    of the same splits in registers. A split with lse -inf (no key) adds zero and its
-    partial is not read; a row with none gives o = 0, lse = -inf. Loads skip L1 (.cg):
+    of the same splits in registers. A split with lse -inf (no key) adds zero; a row
+    with none gives o = 0, lse = -inf. Loads skip L1 (.cg):
     with MERGE the partials were written by other programs of the same grid."""
     m_o = m_r[:, None] & (o_d < HEAD_DIM)[None, :]
     r_m = tl.full(o_row.shape, float("-inf"), dtype=tl.float32)
@@ -193,10 +193,11 @@ def _merge_rows(ws_ptr, o_ptr, lse_ptr, o_row, m_r, o_d, n_act, n_rows, ws_lse_o
     s = 0
     while s < n_act:  # a while loop: the interpreter's range() rejects tensor bounds (numpy >= 2.3)
         o_ws = s * n_rows + o_row
+        # both loads issued together, one round trip a split: every split below n_act was
+        # stored (`_merge_add` drops a weight-0 partial, whatever it holds)
         b_lse = tl.load(ws_ptr + ws_lse_off + o_ws, mask=m_r, other=float("-inf"), cache_modifier=".cg")
+        b_o = tl.load(ws_ptr + o_ws[:, None] * HEAD_DIM + o_d[None, :], mask=m_o, other=0.0, cache_modifier=".cg")
         r_m, b_a, b_w = _merge_weights(r_m, b_lse)
-        b_o = tl.load(ws_ptr + o_ws[:, None] * HEAD_DIM + o_d[None, :], mask=m_o & (b_w > 0.0)[:, None],
-                      other=0.0, cache_modifier=".cg")
         r_den, r_acc = _merge_add(r_den, r_acc, b_a, b_w, b_o)
         s += 1
     _merge_store(o_ptr, lse_ptr, r_m, r_den, r_acc, o_row, m_r, m_o, o_d, HEAD_DIM)
