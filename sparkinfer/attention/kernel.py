@@ -41,17 +41,23 @@ def _dot_operand(x, INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def _attend_block(b_q, k_base, v_base, stride_kl, stride_vl, start, hi, row_pos, b_m, b_l, b_acc, qk_scale,
-                  kv_stride, kv_offset, o_d, m_d, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr):
-    """One online-softmax step over cache positions [start, min(start + BLOCK_N, hi)).
+def _load_rows(base, stride, start, hi, o_d, m_d, BLOCK_N: tl.constexpr):
+    """Cache rows [BLOCK_N, BLOCK_D] of positions [start, min(start + BLOCK_N, hi)) (0 past hi)."""
+    o_n = start + tl.arange(0, BLOCK_N)
+    o_n64 = o_n.to(tl.int64)[:, None]  # L * stride may pass 2^31 in a long cache
+    return tl.load(base + o_n64 * stride + o_d[None, :], mask=(o_n < hi)[:, None] & m_d[None, :], other=0.0)
+
+
+@triton.jit
+def _attend_block(b_q, b_k, b_v, v_base, stride_vl, start, hi, row_pos, b_m, b_l, b_acc, qk_scale, kv_stride,
+                  kv_offset, o_d, m_d, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr, LOADED: tl.constexpr):
+    """One online-softmax step over cache positions [start, min(start + BLOCK_N, hi)), whose
+    keys are b_k (`_load_rows`) and values b_v (LOADED), else loaded here after the scores.
 
     b_q: [BLOCK_M, BLOCK_D] rows; row_pos: [BLOCK_M] global query positions;
     b_m / b_l: [BLOCK_M] running max (log2 units) / sum; b_acc: [BLOCK_M, BLOCK_D]."""
     o_n = start + tl.arange(0, BLOCK_N)
     m_n = o_n < hi
-    m_kv = m_n[:, None] & m_d[None, :]
-    o_n64 = o_n.to(tl.int64)[:, None]  # L * stride may pass 2^31 in a long cache
-    b_k = tl.load(k_base + o_n64 * stride_kl + o_d[None, :], mask=m_kv, other=0.0)
     b_s = tl.dot(b_q, tl.trans(_dot_operand(b_k, INTERPRET))) * qk_scale  # [BLOCK_M, BLOCK_N]
     key_pos = o_n * kv_stride + kv_offset
     b_s = tl.where(m_n[None, :] & (key_pos[None, :] <= row_pos[:, None]), b_s, float("-inf"))
@@ -61,7 +67,8 @@ def _attend_block(b_q, k_base, v_base, stride_kl, stride_vl, start, hi, row_pos,
     alpha = tl.exp2(b_m - m_use)
     b_p = tl.exp2(b_s - m_use[:, None])
     b_l = b_l * alpha + tl.sum(b_p, 1)
-    b_v = tl.load(v_base + o_n64 * stride_vl + o_d[None, :], mask=m_kv, other=0.0)
+    if not LOADED:
+        b_v = _load_rows(v_base, stride_vl, start, hi, o_d, m_d, BLOCK_N)
     b_pv = tl.dot(_dot_operand(b_p.to(b_v.dtype), INTERPRET), _dot_operand(b_v, INTERPRET))
     return m_new, b_l, b_acc * alpha[:, None] + b_pv
 
@@ -70,12 +77,15 @@ def _attend_block(b_q, k_base, v_base, stride_kl, stride_vl, start, hi, row_pos,
 def _attend_step(b_q, k_base, v_base, stride_kl, stride_vl, start, hi, per, row_pos, b_m, b_l, b_acc, r_m, r_den,
                  r_acc, qk_scale, kv_stride, kv_offset, o_d, m_d, ws_ptr, o_row, m_r, m_o, n_rows, ws_lse_off,
                  HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, INTERPRET: tl.constexpr,
-                 REG: tl.constexpr = False):
-    """`_attend_block` at `start`; SPLIT: where a split ends (every `per` keys, and at
-    hi), store its partial (REG: merge it into the running r_m / r_den / r_acc, as
-    `_merge_rows` would merge the stored one) and start the next split from a fresh state."""
-    b_m, b_l, b_acc = _attend_block(b_q, k_base, v_base, stride_kl, stride_vl, start, hi, row_pos, b_m, b_l, b_acc,
-                                    qk_scale, kv_stride, kv_offset, o_d, m_d, BLOCK_N, INTERPRET)
+                 REG: tl.constexpr = False, b_k=0, b_v=0, LOADED: tl.constexpr = False):
+    """`_attend_block` at `start` (LOADED: on the given b_k / b_v, else loaded here);
+    SPLIT: where a split ends (every `per` keys, and at hi), store its partial (REG:
+    merge it into the running r_m / r_den / r_acc, as `_merge_rows` would merge the
+    stored one) and start the next split from a fresh state."""
+    if not LOADED:
+        b_k = _load_rows(k_base, stride_kl, start, hi, o_d, m_d, BLOCK_N)
+    b_m, b_l, b_acc = _attend_block(b_q, b_k, b_v, v_base, stride_vl, start, hi, row_pos, b_m, b_l, b_acc,
+                                    qk_scale, kv_stride, kv_offset, o_d, m_d, BLOCK_N, INTERPRET, LOADED)
     if SPLIT:
         end = start + BLOCK_N
         if (end % per == 0) | (end >= hi):
@@ -213,7 +223,7 @@ def attention_kernel(
     G: tl.constexpr, QB: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MAX_NS: tl.constexpr,
     SPLIT: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr = False, WAIT: tl.constexpr = False,
-    MERGE: tl.constexpr = False, REG: tl.constexpr = False,
+    MERGE: tl.constexpr = False, REG: tl.constexpr = False, PRELOAD: tl.constexpr = False,
 ):
     """q: [B, Q, Hq, D] bf16 (D contiguous); k, v: [S, L, KVH, D] bf16 (D contiguous);
     slots, q_pos: [B] int32; o: [B, Q, Hq, D] bf16 and lse: [B, Q, Hq] fp32, contiguous;
@@ -227,7 +237,9 @@ def attention_kernel(
     program to finish merges its partials (`_merge_rows`); cnt_ptr: int32 [B * KVH *
     n_q_blocks] zeros, a tile's count of finished programs, set back to 0 by its merge. REG
     (SPLIT, one program a tile: NS 1): the program merges each split as it ends, in
-    registers, and stores the merged rows; no workspace, no count (the same bits as MERGE)."""
+    registers, and stores the merged rows; no workspace, no count (the same bits as MERGE).
+    PRELOAD (with WAIT): the first step's keys and values are loaded before the wait when
+    no query of the tile can have written them (the same sums, the same bits)."""
     i_bhq = tl.program_id(0)
     i_split = tl.program_id(1)
     n_split = tl.num_programs(1)
@@ -235,29 +247,38 @@ def attention_kernel(
 
     slot = tl.load(slots_ptr + i_b).to(tl.int64)
     pos0 = tl.load(q_pos_ptr + i_b)
+    o_d = tl.arange(0, BLOCK_D)
+    m_d = o_d < HEAD_DIM
+    n_keys = _row_keys(pos0 + tl.minimum(i_qb * QB + QB, Q) - 1, L, kv_stride, kv_offset)
+    per = n_keys  # SPLIT: keys per split; a contiguous run of splits per program
+    lo = 0
+    hi = n_keys
+    n_act = 0
+    if SPLIT:
+        per, n_act = _split_plan(n_keys, n_split, split_keys, BLOCK_N, MAX_NS)
+        run = (n_act + n_split - 1) // n_split * per
+        lo = i_split * run
+        hi = tl.minimum(lo + run, n_keys)
+    k_base = k_ptr + slot * stride_ks + i_kvh * stride_kh
+    v_base = v_ptr + slot * stride_vs + i_kvh * stride_vh
+    b_k0 = 0  # PRELOAD: the first step's keys and values, when written before this step
+    b_v0 = 0
+    pre = False
+    if PRELOAD:
+        # positions before the row's first query were written by earlier steps; rope, which
+        # this kernel waits for, writes the row's own positions
+        pre = lo + BLOCK_N <= _row_keys(pos0 - 1, L, kv_stride, kv_offset)
+        b_k0 = _load_rows(k_base, stride_kl, lo, tl.where(pre, hi, lo), o_d, m_d, BLOCK_N)
+        b_v0 = _load_rows(v_base, stride_vl, lo, tl.where(pre, hi, lo), o_d, m_d, BLOCK_N)
     if WAIT:
         gdc_wait()
 
-    o_d = tl.arange(0, BLOCK_D)
-    m_d = o_d < HEAD_DIM
     row_pos = pos0 + o_qi  # global position of each row's query
 
     p_q = (q_ptr + i_b.to(tl.int64) * stride_qb + o_qi[:, None] * stride_qq
            + o_h[:, None] * stride_qh + o_d[None, :])
     b_q = _dot_operand(tl.load(p_q, mask=m_r[:, None] & m_d[None, :], other=0.0), INTERPRET)
 
-    n_keys = _row_keys(pos0 + tl.minimum(i_qb * QB + QB, Q) - 1, L, kv_stride, kv_offset)
-    per = n_keys  # SPLIT: keys per split; a contiguous run of splits per program
-    lo = 0
-    hi = n_keys
-    if SPLIT:
-        per, n_act = _split_plan(n_keys, n_split, split_keys, BLOCK_N, MAX_NS)
-        run = (n_act + n_split - 1) // n_split * per
-        lo = i_split * run
-        hi = tl.minimum(lo + run, n_keys)
-
-    k_base = k_ptr + slot * stride_ks + i_kvh * stride_kh
-    v_base = v_ptr + slot * stride_vs + i_kvh * stride_vh
     m_o = m_r[:, None] & m_d[None, :]
     b_m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     b_l = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -269,6 +290,13 @@ def attention_kernel(
         r_m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         r_den = tl.zeros([BLOCK_M], dtype=tl.float32)
         r_acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    if PRELOAD:
+        if pre:
+            b_m, b_l, b_acc, r_m, r_den, r_acc = _attend_step(
+                b_q, k_base, v_base, stride_kl, stride_vl, lo, hi, per, row_pos, b_m, b_l, b_acc, r_m, r_den,
+                r_acc, qk_scale, kv_stride, kv_offset, o_d, m_d, ws_ptr, o_row, m_r, m_o, n_rows, ws_lse_off,
+                HEAD_DIM, BLOCK_N, SPLIT, INTERPRET, REG, b_k0, b_v0, True)
+            lo += BLOCK_N
     if INTERPRET:
         # a while loop: the interpreter's range() takes int() of 1-element arrays,
         # which numpy >= 2.3 refuses; compiled, the for loop is software-pipelined

@@ -51,6 +51,10 @@ MERGE_IN_ATTENTION = True
 # running merge in registers as it ends (kernel REG) instead of storing its partials, counting
 # and re-reading them: the same bits (tests/attention/test_merge.py). Off until a GPU times it.
 MERGE_IN_REGISTERS = False
+# The attention kernel loads its first step's keys and values before it waits for rope
+# (kernel PRELOAD) where they precede the row's new positions: their HBM latency overlaps
+# rope's work. The same sums (tests/attention/test_merge.py). Off until a GPU times it.
+PRELOAD_FIRST_STEP = False
 # Split workspaces kept by the launcher when the caller passes none, keyed by
 # (device, fp32 elements); never freed, so a captured graph's buffer stays valid.
 _WORKSPACES: dict[tuple[torch.device, int], torch.Tensor] = {}
@@ -258,7 +262,8 @@ def decode_attention(q, k_cache, v_cache, slots, q_pos, *, sm_scale: float, kv_s
         Q, L, KVH, cfg.q_blocks, cfg.rows, ws_lse_off, float(sm_scale) * math.log2(math.e), kv_stride, kv_offset,
         cfg.split_keys, G=Hq // KVH, QB=cfg.queries_per_block, HEAD_DIM=D, BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, MAX_NS=MAX_SPLITS, SPLIT=ws is not None, INTERPRET=interpret,
-        PDL=pdl, WAIT=wait, MERGE=merge, REG=reg, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        PDL=pdl, WAIT=wait, MERGE=merge, REG=reg, PRELOAD=PRELOAD_FIRST_STEP, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
         **(dict(launch_pdl=True) if wait else {}))
     if ws is not None and not merge and not reg:
         attention_combine_kernel[(cfg.grid[0],)](

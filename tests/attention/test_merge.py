@@ -89,3 +89,20 @@ def test_merge_in_registers_gives_the_split_programs_bits(name, monkeypatch):
             out, lse, _ = _call(many, *inputs, merge=merge, monkeypatch=monkeypatch)
             assert torch.equal(out.view(torch.int16), r_out.view(torch.int16))
             assert torch.equal(lse.view(torch.int32), r_lse.view(torch.int32))
+
+
+@pytest.mark.parametrize("name", ["inv-decode-g4", "inv-decode-g2-kvh2", "inv-verify-q3", "heuristic-split3"])
+def test_first_step_loaded_before_the_wait_gives_the_same_bits(name, monkeypatch):
+    """PRELOAD_FIRST_STEP (a program's first keys and values loaded before it waits, where no
+    query of its tile wrote them): the same bits as the loop's own loads, at NS 1 and split."""
+    case = CASES[name]
+    inputs = make_inputs(case, seed=6)
+    for ns in (1, case.num_splits or 2):
+        run = dataclasses.replace(case, num_splits=ns)
+        got = {}
+        for pre in (False, True):
+            monkeypatch.setattr(attn_launch, "PRELOAD_FIRST_STEP", pre)
+            got[pre] = _call(run, *inputs, merge=True, monkeypatch=monkeypatch)[:2]
+        assert_matches(*got[True], *reference(*inputs, sm_scale=case.D ** -0.5))
+        assert torch.equal(got[True][0].view(torch.int16), got[False][0].view(torch.int16))
+        assert torch.equal(got[True][1].view(torch.int32), got[False][1].view(torch.int32))
