@@ -162,14 +162,17 @@ REG_MERGES = {  # one program a tile walking several splits
 }
 
 
+@pytest.mark.parametrize("preload", [False, True], ids=["loop-loads", "preload"])
 @pytest.mark.parametrize("case", REG_MERGES.values(), ids=REG_MERGES.keys())
-def test_gpu_merge_in_registers_gives_the_split_programs_bits(case, monkeypatch):
-    """`launch.MERGE_IN_REGISTERS` (NS 1: the program merges each split as it ends) against
-    the same splits over 4 programs a tile merged in the grid, on 10 fresh inputs eagerly and
-    10 graph replays: every call the same bits, and the reference."""
+def test_gpu_merge_in_registers_gives_the_split_programs_bits(case, preload, monkeypatch):
+    """`launch.MERGE_IN_REGISTERS` (NS 1: the program merges each split as it ends; with
+    `PRELOAD_FIRST_STEP` or not) against the same splits over 4 programs a tile merged in the
+    grid, on 10 fresh inputs eagerly and 10 graph replays: every call the same bits, and the
+    reference."""
     from sparkinfer.attention import launch as attn_launch
 
     monkeypatch.setattr(attn_launch, "MERGE_IN_REGISTERS", True)
+    monkeypatch.setattr(attn_launch, "PRELOAD_FIRST_STEP", preload)
     q, k, v, slots, q_pos = make_inputs(case, seed=0, device="cuda")
     out, lse = poisoned(case, "cuda")
     kw = dict(sm_scale=case.D ** -0.5, out=out, lse=lse, num_splits=1)
@@ -185,8 +188,10 @@ def test_gpu_merge_in_registers_gives_the_split_programs_bits(case, monkeypatch)
         else:
             decode_attention(q, k, v, slots, q_pos, **kw)
         monkeypatch.setattr(attn_launch, "MERGE_IN_REGISTERS", False)
+        monkeypatch.setattr(attn_launch, "PRELOAD_FIRST_STEP", False)
         s_out, s_lse = decode_attention(q, k, v, slots, q_pos, sm_scale=case.D ** -0.5, num_splits=4)
         monkeypatch.setattr(attn_launch, "MERGE_IN_REGISTERS", True)
+        monkeypatch.setattr(attn_launch, "PRELOAD_FIRST_STEP", preload)
         torch.cuda.synchronize()
         assert torch.equal(out, s_out) and torch.equal(lse, s_lse), f"trial {trial}"
         if trial < 3:
