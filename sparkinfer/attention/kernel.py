@@ -17,11 +17,7 @@ follow the batch while the results do not). The partials of a tile are merged
 in split order by `_merge_rows`: with MERGE, by the last of the tile's programs
 to finish (a counter per tile, taken atomically), so a split call is one launch;
 else by `attention_combine_kernel`, one program a tile after the attention grid.
-Both run the same code on the same rows, so the two give the same bits. REG (a
-grid of one program a tile, where B * KVH fills the SMs) merges each split into a
-running merge in registers as it ends, with the same operations in the same order
-(`_merge_weights`, `_merge_add`): the same bits again, without the partials'
-round trip through memory, the count and the tail merge.
+Both run the same code on the same rows, so the two give the same bits.
 """
 
 import triton
@@ -49,15 +45,15 @@ def _load_rows(base, stride, start, hi, o_d, m_d, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _attend_block(b_q, b_k, b_v, v_base, stride_vl, start, hi, row_pos, b_m, b_l, b_acc, qk_scale, kv_stride,
-                  kv_offset, o_d, m_d, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr, LOADED: tl.constexpr):
-    """One online-softmax step over cache positions [start, min(start + BLOCK_N, hi)), whose
-    keys are b_k (`_load_rows`) and values b_v (LOADED), else loaded here after the scores.
+def _attend_block(b_q, k_base, v_base, stride_kl, stride_vl, start, hi, row_pos, b_m, b_l, b_acc, qk_scale,
+                  kv_stride, kv_offset, o_d, m_d, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr):
+    """One online-softmax step over cache positions [start, min(start + BLOCK_N, hi)).
 
     b_q: [BLOCK_M, BLOCK_D] rows; row_pos: [BLOCK_M] global query positions;
     b_m / b_l: [BLOCK_M] running max (log2 units) / sum; b_acc: [BLOCK_M, BLOCK_D]."""
     o_n = start + tl.arange(0, BLOCK_N)
     m_n = o_n < hi
+    b_k = _load_rows(k_base, stride_kl, start, hi, o_d, m_d, BLOCK_N)
     b_s = tl.dot(b_q, tl.trans(_dot_operand(b_k, INTERPRET))) * qk_scale  # [BLOCK_M, BLOCK_N]
     key_pos = o_n * kv_stride + kv_offset
     b_s = tl.where(m_n[None, :] & (key_pos[None, :] <= row_pos[:, None]), b_s, float("-inf"))
@@ -67,39 +63,27 @@ def _attend_block(b_q, b_k, b_v, v_base, stride_vl, start, hi, row_pos, b_m, b_l
     alpha = tl.exp2(b_m - m_use)
     b_p = tl.exp2(b_s - m_use[:, None])
     b_l = b_l * alpha + tl.sum(b_p, 1)
-    if not LOADED:
-        b_v = _load_rows(v_base, stride_vl, start, hi, o_d, m_d, BLOCK_N)
+    b_v = _load_rows(v_base, stride_vl, start, hi, o_d, m_d, BLOCK_N)
     b_pv = tl.dot(_dot_operand(b_p.to(b_v.dtype), INTERPRET), _dot_operand(b_v, INTERPRET))
     return m_new, b_l, b_acc * alpha[:, None] + b_pv
 
 
 @triton.jit
-def _attend_step(b_q, k_base, v_base, stride_kl, stride_vl, start, hi, per, row_pos, b_m, b_l, b_acc, r_m, r_den,
-                 r_acc, qk_scale, kv_stride, kv_offset, o_d, m_d, ws_ptr, o_row, m_r, m_o, n_rows, ws_lse_off,
-                 HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, INTERPRET: tl.constexpr,
-                 REG: tl.constexpr = False, b_k=0, b_v=0, LOADED: tl.constexpr = False):
-    """`_attend_block` at `start` (LOADED: on the given b_k / b_v, else loaded here);
-    SPLIT: where a split ends (every `per` keys, and at hi), store its partial (REG:
-    merge it into the running r_m / r_den / r_acc, as `_merge_rows` would merge the
-    stored one) and start the next split from a fresh state."""
-    if not LOADED:
-        b_k = _load_rows(k_base, stride_kl, start, hi, o_d, m_d, BLOCK_N)
-    b_m, b_l, b_acc = _attend_block(b_q, b_k, b_v, v_base, stride_vl, start, hi, row_pos, b_m, b_l, b_acc,
-                                    qk_scale, kv_stride, kv_offset, o_d, m_d, BLOCK_N, INTERPRET, LOADED)
+def _attend_step(b_q, k_base, v_base, stride_kl, stride_vl, start, hi, per, row_pos, b_m, b_l, b_acc, qk_scale,
+                 kv_stride, kv_offset, o_d, m_d, ws_ptr, o_row, m_r, m_o, n_rows, ws_lse_off,
+                 HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, INTERPRET: tl.constexpr):
+    """`_attend_block` at `start`; SPLIT: where a split ends (every `per` keys, and at
+    hi), store its partial and start the next split from a fresh state."""
+    b_m, b_l, b_acc = _attend_block(b_q, k_base, v_base, stride_kl, stride_vl, start, hi, row_pos, b_m, b_l, b_acc,
+                                    qk_scale, kv_stride, kv_offset, o_d, m_d, BLOCK_N, INTERPRET)
     if SPLIT:
         end = start + BLOCK_N
         if (end % per == 0) | (end >= hi):
-            if REG:
-                b_o, b_lse = _split_result(b_m, b_l, b_acc)
-                r_m, b_a, b_w = _merge_weights(r_m, b_lse)
-                r_den, r_acc = _merge_add(r_den, r_acc, b_a, b_w, b_o)
-            else:
-                _store_split(ws_ptr, b_m, b_l, b_acc, start // per, o_row, m_r, m_o, o_d, n_rows, ws_lse_off,
-                             HEAD_DIM)
+            _store_split(ws_ptr, b_m, b_l, b_acc, start // per, o_row, m_r, m_o, o_d, n_rows, ws_lse_off, HEAD_DIM)
             b_m = tl.full(b_m.shape, float("-inf"), dtype=tl.float32)
             b_l = tl.zeros(b_l.shape, dtype=tl.float32)
             b_acc = tl.zeros(b_acc.shape, dtype=tl.float32)
-    return b_m, b_l, b_acc, r_m, r_den, r_acc
+    return b_m, b_l, b_acc
 
 
 @triton.jit
@@ -124,50 +108,15 @@ def _split_plan(n_keys, n_split, split_keys, BLOCK_N: tl.constexpr, MAX_NS: tl.c
 
 
 @triton.jit
-def _split_result(b_m, b_l, b_acc):
-    """A split's normalized fp32 partial [BLOCK_M, BLOCK_D] and its log2 lse (-inf, o = 0
-    for rows that saw no key)."""
-    has = b_l > 0.0
-    b_l1 = tl.where(has, b_l, 1.0)
-    return b_acc / b_l1[:, None], tl.where(has, b_m + tl.log2(b_l1), float("-inf"))
-
-
-@triton.jit
 def _store_split(ws_ptr, b_m, b_l, b_acc, i_s, o_row, m_r, m_o, o_d, n_rows, ws_lse_off,
                  HEAD_DIM: tl.constexpr):
-    """Split i_s's `_split_result` into the workspace."""
-    b_o, b_lse = _split_result(b_m, b_l, b_acc)
+    """Split i_s's normalized fp32 partial [BLOCK_M, BLOCK_D] and its log2 lse
+    (-inf, o = 0 for rows that saw no key) into the workspace."""
+    has = b_l > 0.0
+    b_l1 = tl.where(has, b_l, 1.0)
     o_ws = i_s.to(tl.int64) * n_rows + o_row
-    tl.store(ws_ptr + o_ws[:, None] * HEAD_DIM + o_d[None, :], b_o, mask=m_o)
-    tl.store(ws_ptr + ws_lse_off + o_ws, b_lse, mask=m_r)
-
-
-@triton.jit
-def _merge_weights(r_m, b_lse):
-    """One step of the split-order merge: the running max after split lse b_lse, and the
-    factors (a, w) of the running sums and of the split (0 while no row has a key)."""
-    m_new = tl.maximum(r_m, b_lse)
-    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    return m_new, tl.exp2(r_m - m_use), tl.exp2(b_lse - m_use)
-
-
-@triton.jit
-def _merge_add(r_den, r_acc, b_a, b_w, b_o):
-    """The running sums with a split of weight b_w added (a split of weight 0 adds exact
-    zeros, whatever its partial holds)."""
-    b_o = tl.where((b_w > 0.0)[:, None], b_o, 0.0)
-    return r_den * b_a + b_w, r_acc * b_a[:, None] + b_o * b_w[:, None]
-
-
-@triton.jit
-def _merge_store(o_ptr, lse_ptr, r_m, r_den, r_acc, o_row, m_r, m_o, o_d, HEAD_DIM: tl.constexpr):
-    """The merged rows: o = r_acc / r_den (bf16) and the natural-log lse (rows with no
-    key: o = 0, lse = -inf)."""
-    has = r_den > 0.0
-    b_den1 = tl.where(has, r_den, 1.0)
-    tl.store(o_ptr + o_row[:, None] * HEAD_DIM + o_d[None, :], (r_acc / b_den1[:, None]).to(o_ptr.dtype.element_ty),
-             mask=m_o)
-    tl.store(lse_ptr + o_row, tl.where(has, (r_m + tl.log2(b_den1)) * LN2, float("-inf")), mask=m_r)
+    tl.store(ws_ptr + o_ws[:, None] * HEAD_DIM + o_d[None, :], b_acc / b_l1[:, None], mask=m_o)
+    tl.store(ws_ptr + ws_lse_off + o_ws, tl.where(has, b_m + tl.log2(b_l1), float("-inf")), mask=m_r)
 
 
 @triton.jit
@@ -190,27 +139,35 @@ def _tile_rows(i_bhq, n_q_blocks, Q, KVH, G: tl.constexpr, QB: tl.constexpr, BLO
 @triton.jit
 def _merge_rows(ws_ptr, o_ptr, lse_ptr, o_row, m_r, o_d, n_act, n_rows, ws_lse_off, HEAD_DIM: tl.constexpr):
     """Merge the partials of output rows o_row (mask m_r) over their n_act splits, one
-    split at a time in split order with a running max (`_merge_weights`, `_merge_add`):
-    o = sum_s 2^(lse_s - m) o_s / sum_s 2^(lse_s - m). The bits do not depend on the
-    tile's layout or on which kernel runs it, and equal a REG attention kernel's merge
-    of the same splits in registers. A split with lse -inf (no key) adds zero; a row
-    with none gives o = 0, lse = -inf. Loads skip L1 (.cg):
-    with MERGE the partials were written by other programs of the same grid."""
+    split at a time in split order with a running max m: o = sum_s 2^(lse_s - m) o_s /
+    sum_s 2^(lse_s - m). The bits do not depend on the tile's layout or on which kernel
+    runs it. A split with lse -inf (no key) adds exact zeros; a row with none gives o = 0,
+    lse = -inf. Loads skip L1 (.cg): with MERGE the partials were written by other
+    programs of the same grid."""
     m_o = m_r[:, None] & (o_d < HEAD_DIM)[None, :]
-    r_m = tl.full(o_row.shape, float("-inf"), dtype=tl.float32)
-    r_den = tl.zeros(o_row.shape, dtype=tl.float32)
-    r_acc = tl.zeros(m_o.shape, dtype=tl.float32)
+    b_m = tl.full(o_row.shape, float("-inf"), dtype=tl.float32)
+    b_den = tl.zeros(o_row.shape, dtype=tl.float32)
+    b_acc = tl.zeros(m_o.shape, dtype=tl.float32)
     s = 0
     while s < n_act:  # a while loop: the interpreter's range() rejects tensor bounds (numpy >= 2.3)
+        # a split's lse and partial loaded together, one round trip a split (every split
+        # below n_act was stored); two passes (the max first) took three
         o_ws = s * n_rows + o_row
-        # both loads issued together, one round trip a split: every split below n_act was
-        # stored (`_merge_add` drops a weight-0 partial, whatever it holds)
         b_lse = tl.load(ws_ptr + ws_lse_off + o_ws, mask=m_r, other=float("-inf"), cache_modifier=".cg")
         b_o = tl.load(ws_ptr + o_ws[:, None] * HEAD_DIM + o_d[None, :], mask=m_o, other=0.0, cache_modifier=".cg")
-        r_m, b_a, b_w = _merge_weights(r_m, b_lse)
-        r_den, r_acc = _merge_add(r_den, r_acc, b_a, b_w, b_o)
+        m_new = tl.maximum(b_m, b_lse)
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        b_a = tl.exp2(b_m - m_use)
+        b_w = tl.exp2(b_lse - m_use)
+        b_den = b_den * b_a + b_w
+        b_acc = b_acc * b_a[:, None] + tl.where((b_w > 0.0)[:, None], b_o, 0.0) * b_w[:, None]
+        b_m = m_new
         s += 1
-    _merge_store(o_ptr, lse_ptr, r_m, r_den, r_acc, o_row, m_r, m_o, o_d, HEAD_DIM)
+    has = b_den > 0.0
+    b_den1 = tl.where(has, b_den, 1.0)
+    tl.store(o_ptr + o_row[:, None] * HEAD_DIM + o_d[None, :], (b_acc / b_den1[:, None]).to(o_ptr.dtype.element_ty),
+             mask=m_o)
+    tl.store(lse_ptr + o_row, tl.where(has, (b_m + tl.log2(b_den1)) * LN2, float("-inf")), mask=m_r)
 
 
 @triton.jit
@@ -223,7 +180,7 @@ def attention_kernel(
     G: tl.constexpr, QB: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MAX_NS: tl.constexpr,
     SPLIT: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr = False, WAIT: tl.constexpr = False,
-    MERGE: tl.constexpr = False, REG: tl.constexpr = False, PRELOAD: tl.constexpr = False,
+    MERGE: tl.constexpr = False,
 ):
     """q: [B, Q, Hq, D] bf16 (D contiguous); k, v: [S, L, KVH, D] bf16 (D contiguous);
     slots, q_pos: [B] int32; o: [B, Q, Hq, D] bf16 and lse: [B, Q, Hq] fp32, contiguous;
@@ -235,11 +192,7 @@ def attention_kernel(
     rope, which writes q and this step's keys): the row's slot and position are read,
     then it waits before reading q or the cache. MERGE (SPLIT only): the tile's last
     program to finish merges its partials (`_merge_rows`); cnt_ptr: int32 [B * KVH *
-    n_q_blocks] zeros, a tile's count of finished programs, set back to 0 by its merge. REG
-    (SPLIT, one program a tile: NS 1): the program merges each split as it ends, in
-    registers, and stores the merged rows; no workspace, no count (the same bits as MERGE).
-    PRELOAD (with WAIT): the first step's keys and values are loaded before the wait when
-    no query of the tile can have written them (the same sums, the same bits)."""
+    n_q_blocks] zeros, a tile's count of finished programs, set back to 0 by its merge."""
     i_bhq = tl.program_id(0)
     i_split = tl.program_id(1)
     n_split = tl.num_programs(1)
@@ -261,15 +214,6 @@ def attention_kernel(
         hi = tl.minimum(lo + run, n_keys)
     k_base = k_ptr + slot * stride_ks + i_kvh * stride_kh
     v_base = v_ptr + slot * stride_vs + i_kvh * stride_vh
-    b_k0 = 0  # PRELOAD: the first step's keys and values, when written before this step
-    b_v0 = 0
-    pre = False
-    if PRELOAD:
-        # positions before the row's first query were written by earlier steps; rope, which
-        # this kernel waits for, writes the row's own positions
-        pre = lo + BLOCK_N <= _row_keys(pos0 - 1, L, kv_stride, kv_offset)
-        b_k0 = _load_rows(k_base, stride_kl, lo, tl.where(pre, hi, lo), o_d, m_d, BLOCK_N)
-        b_v0 = _load_rows(v_base, stride_vl, lo, tl.where(pre, hi, lo), o_d, m_d, BLOCK_N)
     if WAIT:
         gdc_wait()
 
@@ -283,42 +227,26 @@ def attention_kernel(
     b_m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     b_l = tl.zeros([BLOCK_M], dtype=tl.float32)
     b_acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    r_m = 0.0  # REG: the running merge of the splits done (`_merge_rows`)
-    r_den = 0.0
-    r_acc = 0.0
-    if REG:
-        r_m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-        r_den = tl.zeros([BLOCK_M], dtype=tl.float32)
-        r_acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    if PRELOAD:
-        if pre:
-            b_m, b_l, b_acc, r_m, r_den, r_acc = _attend_step(
-                b_q, k_base, v_base, stride_kl, stride_vl, lo, hi, per, row_pos, b_m, b_l, b_acc, r_m, r_den,
-                r_acc, qk_scale, kv_stride, kv_offset, o_d, m_d, ws_ptr, o_row, m_r, m_o, n_rows, ws_lse_off,
-                HEAD_DIM, BLOCK_N, SPLIT, INTERPRET, REG, b_k0, b_v0, True)
-            lo += BLOCK_N
     if INTERPRET:
         # a while loop: the interpreter's range() takes int() of 1-element arrays,
         # which numpy >= 2.3 refuses; compiled, the for loop is software-pipelined
         start = lo
         while start < hi:
-            b_m, b_l, b_acc, r_m, r_den, r_acc = _attend_step(
-                b_q, k_base, v_base, stride_kl, stride_vl, start, hi, per, row_pos, b_m, b_l, b_acc, r_m, r_den,
-                r_acc, qk_scale, kv_stride, kv_offset, o_d, m_d, ws_ptr, o_row, m_r, m_o, n_rows, ws_lse_off,
-                HEAD_DIM, BLOCK_N, SPLIT, INTERPRET, REG)
+            b_m, b_l, b_acc = _attend_step(
+                b_q, k_base, v_base, stride_kl, stride_vl, start, hi, per, row_pos, b_m, b_l, b_acc, qk_scale,
+                kv_stride, kv_offset, o_d, m_d, ws_ptr, o_row, m_r, m_o, n_rows, ws_lse_off, HEAD_DIM, BLOCK_N,
+                SPLIT, INTERPRET)
             start += BLOCK_N
     else:
         for start in range(lo, hi, BLOCK_N):
-            b_m, b_l, b_acc, r_m, r_den, r_acc = _attend_step(
-                b_q, k_base, v_base, stride_kl, stride_vl, start, hi, per, row_pos, b_m, b_l, b_acc, r_m, r_den,
-                r_acc, qk_scale, kv_stride, kv_offset, o_d, m_d, ws_ptr, o_row, m_r, m_o, n_rows, ws_lse_off,
-                HEAD_DIM, BLOCK_N, SPLIT, INTERPRET, REG)
+            b_m, b_l, b_acc = _attend_step(
+                b_q, k_base, v_base, stride_kl, stride_vl, start, hi, per, row_pos, b_m, b_l, b_acc, qk_scale,
+                kv_stride, kv_offset, o_d, m_d, ws_ptr, o_row, m_r, m_o, n_rows, ws_lse_off, HEAD_DIM, BLOCK_N,
+                SPLIT, INTERPRET)
 
     if PDL:
         gdc_launch_dependents()
-    if REG:
-        _merge_store(o_ptr, lse_ptr, r_m, r_den, r_acc, o_row, m_r, m_o, o_d, HEAD_DIM)
-    elif SPLIT:
+    if SPLIT:
         if MERGE:
             # every thread's partial stored before the count: the barrier orders them before
             # the one thread's atomic, whose release (acq_rel, GPU scope) publishes them

@@ -47,14 +47,6 @@ COMBINE_LETS_NEXT = True
 # against 2,116.2-2,120.8, Mixtral 2,520.4 against 2,530.3-2,553.2, every run with it faster
 # than every run without; batch 8 within the runs' spread (Mixtral 6,515-7,000 over all).
 MERGE_IN_ATTENTION = True
-# A split call of one program a tile (NS 1: B * KVH fills the SMs) merges each split into a
-# running merge in registers as it ends (kernel REG) instead of storing its partials, counting
-# and re-reading them: the same bits (tests/attention/test_merge.py). Off until a GPU times it.
-MERGE_IN_REGISTERS = False
-# The attention kernel loads its first step's keys and values before it waits for rope
-# (kernel PRELOAD) where they precede the row's new positions: their HBM latency overlaps
-# rope's work. The same sums (tests/attention/test_merge.py). Off until a GPU times it.
-PRELOAD_FIRST_STEP = False
 # Split workspaces kept by the launcher when the caller passes none, keyed by
 # (device, fp32 elements); never freed, so a captured graph's buffer stays valid.
 _WORKSPACES: dict[tuple[torch.device, int], torch.Tensor] = {}
@@ -247,12 +239,11 @@ def decode_attention(q, k_cache, v_cache, slots, q_pos, *, sm_scale: float, kv_s
     wait = ATTENTION_PDL and not interpret
     S, L, KVH, _ = k_cache.shape
     ws_lse_off = cfg.split_slots * cfg.rows * D
-    reg = ws is not None and MERGE_IN_REGISTERS and cfg.num_splits == 1
-    counters = _counters(cfg, dev) if ws is not None and MERGE_IN_ATTENTION and not reg else None
+    counters = _counters(cfg, dev) if ws is not None and MERGE_IN_ATTENTION else None
     merge = counters is not None
     # the attention grid lets its successor launch once its loops end: the combine, or with
     # the merge in the grid the o projection (as the combine does with COMBINE_LETS_NEXT)
-    pdl = ws is not None and not interpret and (COMBINE_LETS_NEXT if merge or reg else COMBINE_PDL)
+    pdl = ws is not None and not interpret and (COMBINE_LETS_NEXT if merge else COMBINE_PDL)
     attention_kernel[cfg.grid](
         q, k_cache, v_cache, slots, q_pos, out, lse, ws if ws is not None else lse,
         counters if merge else slots,
@@ -262,10 +253,9 @@ def decode_attention(q, k_cache, v_cache, slots, q_pos, *, sm_scale: float, kv_s
         Q, L, KVH, cfg.q_blocks, cfg.rows, ws_lse_off, float(sm_scale) * math.log2(math.e), kv_stride, kv_offset,
         cfg.split_keys, G=Hq // KVH, QB=cfg.queries_per_block, HEAD_DIM=D, BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d, MAX_NS=MAX_SPLITS, SPLIT=ws is not None, INTERPRET=interpret,
-        PDL=pdl, WAIT=wait, MERGE=merge, REG=reg, PRELOAD=PRELOAD_FIRST_STEP, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        PDL=pdl, WAIT=wait, MERGE=merge, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **(dict(launch_pdl=True) if wait else {}))
-    if ws is not None and not merge and not reg:
+    if ws is not None and not merge:
         attention_combine_kernel[(cfg.grid[0],)](
             ws, out, lse, q_pos, cfg.q_blocks, cfg.rows, ws_lse_off, cfg.num_splits, cfg.split_keys, Q, KVH, L,
             kv_stride, kv_offset, G=Hq // KVH, QB=cfg.queries_per_block, HEAD_DIM=D, BLOCK_M=cfg.block_m,

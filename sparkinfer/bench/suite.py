@@ -119,18 +119,9 @@ ENTRIES = (
         "fine_qkv:sparkinfer.linear.config.COARSE_SMALL_SLICES=False"),
         "bench", "decode", "--presets", "qwen3-30b-a3b", "--layers", "8", *_DECODE, "--formats", "bf16,nvfp4",
         "--batches", "1,8,64"),), checkout="benchmarks"),
-    # decode attention alone against the copy rate and torch SDPA (never yet recorded on a GPU);
-    # its time is a guess
-    Entry("attention", 120, (_bench("attention", "--contexts", "512,4096", "--out", "{out}/attention_{m}.json"),)),
-    # the attention flags waiting on a timing (docs/decode.md): the merge in registers where one
-    # program walks a row's splits, and the first step's keys and values loaded before the wait
-    Entry("ab-attention", 300, (_ab("decode_attention_ab", (
-        "base:", "reg:sparkinfer.attention.launch.MERGE_IN_REGISTERS=True",
-        "pre:sparkinfer.attention.launch.PRELOAD_FIRST_STEP=True",
-        "both:sparkinfer.attention.launch.MERGE_IN_REGISTERS=True,"
-        "sparkinfer.attention.launch.PRELOAD_FIRST_STEP=True"),
-        "bench", "decode", "--presets", "qwen3-30b-a3b", "--layers", "8", *_DECODE, "--formats", "bf16",
-        "--batches", "1,8,64"),), checkout="benchmarks"),
+    # decode attention alone against the copy rate and torch SDPA: 40 s at batches 1, 8 and 64 on an
+    # H100 at e1ff944 (sweeps/attention_variants_h100.json's base rows)
+    Entry("attention", 60, (_bench("attention", "--contexts", "512,4096", "--out", "{out}/attention_{m}.json"),)),
 )
 
 

@@ -4,8 +4,6 @@ after the grid: the same bits, through the Triton interpreter. The per-tile coun
 back at zero after every call, so the next call (new inputs) merges right; during
 capture without counters the call launches the combine kernel, with the same bits."""
 
-import dataclasses
-
 import pytest
 import torch
 
@@ -67,42 +65,3 @@ def test_capture_without_counters_launches_the_combine(monkeypatch):
     assert dict(launches.counts) == {"triton: attention_kernel": 1, "triton: attention_combine_kernel": 1}
     assert attn_launch._COUNTERS == {}  # nothing allocated during capture (no torch op counted either)
     assert torch.equal(out.view(torch.int16), want.view(torch.int16)) and torch.equal(lse, want_lse)
-
-
-@pytest.mark.parametrize("name", ["inv-decode-g4", "inv-decode-g2-kvh2", "inv-verify-q3"])
-def test_merge_in_registers_gives_the_split_programs_bits(name, monkeypatch):
-    """One program a tile (NS 1) with MERGE_IN_REGISTERS merges each split as it ends, in
-    registers: the bits of the same splits walked by several programs and merged from the
-    workspace (in the grid and by the combine kernel), with one launch and no count."""
-    case = CASES[name]
-    for seed in (4, 5):
-        inputs = make_inputs(case, seed=seed)
-        monkeypatch.setattr(attn_launch, "MERGE_IN_REGISTERS", True)
-        one = dataclasses.replace(case, num_splits=1)
-        assert plan_call(inputs[0], inputs[1], num_splits=1).split_slots > 1, "the case must split"
-        r_out, r_lse, r_launches = _call(one, *inputs, merge=True, monkeypatch=monkeypatch)
-        assert r_launches == {"triton: attention_kernel": 1}
-        assert_matches(r_out, r_lse, *reference(*inputs, sm_scale=case.D ** -0.5))
-        monkeypatch.setattr(attn_launch, "MERGE_IN_REGISTERS", False)
-        many = dataclasses.replace(case, num_splits=3)
-        for merge in (True, False):
-            out, lse, _ = _call(many, *inputs, merge=merge, monkeypatch=monkeypatch)
-            assert torch.equal(out.view(torch.int16), r_out.view(torch.int16))
-            assert torch.equal(lse.view(torch.int32), r_lse.view(torch.int32))
-
-
-@pytest.mark.parametrize("name", ["inv-decode-g4", "inv-decode-g2-kvh2", "inv-verify-q3", "heuristic-split3"])
-def test_first_step_loaded_before_the_wait_gives_the_same_bits(name, monkeypatch):
-    """PRELOAD_FIRST_STEP (a program's first keys and values loaded before it waits, where no
-    query of its tile wrote them): the same bits as the loop's own loads, at NS 1 and split."""
-    case = CASES[name]
-    inputs = make_inputs(case, seed=6)
-    for ns in (1, case.num_splits or 2):
-        run = dataclasses.replace(case, num_splits=ns)
-        got = {}
-        for pre in (False, True):
-            monkeypatch.setattr(attn_launch, "PRELOAD_FIRST_STEP", pre)
-            got[pre] = _call(run, *inputs, merge=True, monkeypatch=monkeypatch)[:2]
-        assert_matches(*got[True], *reference(*inputs, sm_scale=case.D ** -0.5))
-        assert torch.equal(got[True][0].view(torch.int16), got[False][0].view(torch.int16))
-        assert torch.equal(got[True][1].view(torch.int32), got[False][1].view(torch.int32))
