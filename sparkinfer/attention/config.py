@@ -79,7 +79,7 @@ PREFILL_BLOCK_M = 64
 # row's bits with B. H100 at e1ff944 (sweeps/attention_variants_h100.json: Qwen3-30B-A3B and
 # GLM-4.5-Air heads, B 1 / 8 / 64, contexts 512 and 4096, one run each), geometric mean of the us a
 # call against these defaults: 8 warps 1.056 (every point but GLM B 64 C 4096 slower), 4 stages
-# 1.012; SPLIT_KEYS 128 1.081 (B 1 C 512 faster, 5.9 against 7.2 us for Qwen3, all else slower).
+# 1.012; SPLIT_KEYS 128 1.081 (B 1 C 512 faster, 5.9 against 7.3 us for Qwen3, all else slower).
 DECODE_WARPS = 4
 DECODE_STAGES = 3
 
