@@ -206,7 +206,6 @@ def attention_kernel(
     per = n_keys  # SPLIT: keys per split; a contiguous run of splits per program
     lo = 0
     hi = n_keys
-    n_act = 0
     if SPLIT:
         per, n_act = _split_plan(n_keys, n_split, split_keys, BLOCK_N, MAX_NS)
         run = (n_act + n_split - 1) // n_split * per
