@@ -94,7 +94,12 @@ def mixed_rows(model, cfg, args, dev, say) -> list[dict]:
 
 
 def _decoder_tokens(d: int, rows: int, q: int) -> int:
-    """Tokens the decoder must hold for D decode rows (padded to their power-of-two
-    bucket) beside `rows` chunks of q, and for a prefill forward of those chunks."""
+    """Tokens the decoder holds: a serving engine's (`EngineSession`: step_tokens' chunks
+    beside the decode bucket), so each MoE layer plans the buckets a served mixed step
+    runs in (beside 64 decode rows, four chunks of 256 are T = 1,088 of the 2,048-token
+    bucket, BM 128 tiles; a last bucket of 1,088 tokens would take BM 64), and at least
+    D decode rows (padded to their power-of-two bucket) beside `rows` chunks of q."""
+    from sparkinfer.engine.config import EngineConfig
+
     bucket = 1 << max(0, (d - 1).bit_length())
-    return bucket + rows * q
+    return max(bucket + rows * q, max(1, EngineConfig.step_tokens // q) * q + bucket)
