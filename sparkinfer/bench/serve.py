@@ -148,6 +148,14 @@ def _policy_steps(args, levels, conc: int, requests: int, mixed: bool) -> int:
                         prefill_wait_steps=_server_setting(args, "prefill_wait_steps"))
 
 
+def _whole_steady(row: dict, part: str) -> str:
+    """A TTFT part's mean ms over the level, and over the steady window's first tokens in brackets."""
+    from sparkinfer.bench.report import fmt
+
+    steady = row.get(f"steady_{part}_ms_mean")
+    return fmt(row.get(f"{part}_ms_mean"), 2) + ("" if steady is None else f" ({fmt(steady, 2)})")
+
+
 def _static_rows(args, meta) -> dict[int, dict]:
     """bench decode's newest row per batch for this preset, layers, experts, TP and context, of the
     batch-invariant decoder (the one `sparkinfer serve` runs)."""
@@ -167,6 +175,7 @@ def _static_rows(args, meta) -> dict[int, dict]:
 def _run_levels(args, url: str, model: str, levels, static, con) -> list[dict]:
     from sparkinfer.bench.report import progress
     from sparkinfer.bench.serve_load import (
+        TTFT_PARTS,
         LoadSpec,
         StepSampler,
         client_procs,
@@ -212,6 +221,10 @@ def _run_levels(args, url: str, model: str, levels, static, con) -> list[dict]:
                 row.update(steady_engine_steps=got[0], steady_ms_per_engine_step=span * 1e3 / got[0],
                            steady_tokens_per_engine_step=row["steady_output_tokens_per_s"] * span / got[0],
                            steady_mixed_step_frac=got[1] / got[0])
+                for k in TTFT_PARTS:  # the parts of first tokens that came in the window (no start burst)
+                    part = sampler.within(*window, keys=(f"{k}_sum", f"{k}_count"))
+                    if part is not None and part[1] >= 1:
+                        row[f"steady_{'server_ttft' if k == 'ttft' else k}_ms_mean"] = part[0] / part[1] * 1e3
             # CPU seconds a wall second of the HTTP and engine processes (near 1.0: a saturated core)
             for key, name in (("server_cpu_s", "server_cpu_frac"), ("engine_cpu_s", "engine_cpu_frac")):
                 if steps0[key] is not None and steps1[key] is not None:
@@ -288,10 +301,11 @@ def main(args) -> int:
     parts = ("pickup", "queue", "prefill", "return", "server_ttft")
     if any(r.get("server_ttft_ms_mean") is not None for r in rows):  # a server that exports the histograms
         print_table("mean TTFT and its parts (ms): the server's (its submit to the first token in hand) = into the "
-                    "engine process + queued + prefill + back to the handler; the client's adds the HTTP stacks",
+                    "engine process + queued + prefill + back to the handler; the client's adds the HTTP stacks; "
+                    "in brackets the steady window's first tokens (the start's burst left out)",
                     ["level", "client", *parts],
                     [[f"C={r['concurrency']}" if r["rate"] is None else f"{r['rate']:g}/s", fmt(r["ttft_ms_mean"], 2),
-                      *(fmt(r.get(f"{p}_ms_mean"), 2) for p in parts)] for r in rows])
+                      *(_whole_steady(r, p) for p in parts)] for r in rows])
     if any(r.get("steady_engine_steps") for r in rows):  # a server that exports its step count
         print_table("the steady window's engine steps: steady tok/s = tokens a step / ms a step",
                     ["level", "steady s", "steps", "tokens / step", "ms / step", "mixed"],

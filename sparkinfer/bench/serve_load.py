@@ -399,11 +399,12 @@ def steady_window(results: list[RequestResult], spec: LoadSpec) -> tuple[float, 
 
 
 class StepSampler:
-    """The server's engine step counters sampled on a thread every `period_s` while a level
-    runs, once more at its start and end: (perf_counter, steps, mixed steps) rows on the
-    clients' clock (perf_counter is one clock for every process of the host), so `within`
-    reads off the steps of a window, such as the steady one; `first` and `last`: the whole
-    `server_counters` at the start and the end. No rows (and None) from a server that
+    """The server's counters (`server_counters`) sampled on a thread every `period_s` while a
+    level runs, once more at its start and end: (perf_counter, counters) rows on the clients'
+    clock (perf_counter is one clock for every process of the host), so `within` reads off
+    what a window held, such as the steady one: its engine steps, or the sums and counts of
+    the TTFT parts' histograms (the start's burst of C prompts, queued for the step's prompt
+    budget, left out); `first` and `last`: the counters at the start and the end. No rows (and None) from a server that
     exports no step count. Each sample is one GET /metrics, served on the server's event
     loop beside the streams: four a second against the thousands of chunks it writes."""
 
@@ -433,21 +434,21 @@ class StepSampler:
         t0 = time.perf_counter()
         c = server_counters(self.url)
         if c is not None:  # stamped at the scrape's midpoint
-            self.samples.append(((t0 + time.perf_counter()) / 2, c["steps"], c["mixed_steps"]))
+            self.samples.append(((t0 + time.perf_counter()) / 2, c))
         return c
 
-    def within(self, lo: float, hi: float) -> tuple[float, float] | None:
-        """(steps, mixed steps) the engine ran between perf_counter lo and hi, each counter
-        interpolated linearly between the samples around it; None unless samples bracket
-        [lo, hi]."""
-        s = sorted(self.samples)
-        if len(s) < 2 or not s[0][0] <= lo < hi <= s[-1][0]:
+    def within(self, lo: float, hi: float, keys=("steps", "mixed_steps")) -> tuple[float, ...] | None:
+        """How much each counter of `keys` (default: steps, mixed steps) grew between
+        perf_counter lo and hi, interpolated linearly between the samples around lo and hi;
+        None unless samples bracket [lo, hi] and every sample holds the keys."""
+        s = sorted(self.samples, key=lambda x: x[0])
+        if len(s) < 2 or not s[0][0] <= lo < hi <= s[-1][0] or any(c.get(k) is None for _, c in s for k in keys):
             return None
         import numpy as np
 
-        t, steps, mixed = (np.array(c, dtype=float) for c in zip(*s))
-        return (float(np.interp(hi, t, steps) - np.interp(lo, t, steps)),
-                float(np.interp(hi, t, mixed) - np.interp(lo, t, mixed)))
+        t = np.array([x[0] for x in s])
+        return tuple(float(np.interp(hi, t, v) - np.interp(lo, t, v))
+                     for v in (np.array([c[k] for _, c in s], dtype=float) for k in keys))
 
 
 # The server's TTFT histogram and the histograms of its parts (serve/metrics.py)

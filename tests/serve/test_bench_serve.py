@@ -40,6 +40,7 @@ def test_bench_serve_against_a_url(fake_server, tmp_path, capsys):
     for r in steady:
         assert 0 < r["steady_engine_steps"] <= r["engine_steps"] and r["steady_ms_per_engine_step"] > 0, r
         assert r["steady_tokens_per_engine_step"] >= 0 and 0 <= r["steady_mixed_step_frac"] <= 1, r
+        assert all(r[k] >= 0 for k in r if k.startswith("steady_") and k.endswith("_ms_mean")), r
     # the server's CPU a wall second over the level (/proc's clock ticks: 0 is possible on a short level)
     assert all(r["server_cpu_frac"] >= 0 and r["engine_cpu_frac"] == 0 for r in rows)  # the fake: in-process
     # the server's TTFT (its handler's request in to first token out) lies inside the client's, request by request
@@ -66,11 +67,17 @@ def test_step_sampler_reads_off_a_window_between_its_samples():
     from sparkinfer.bench.serve_load import StepSampler
 
     s = StepSampler("http://unused")
-    s.samples = [(2.0, 300, 10), (0.0, 0, 0), (1.0, 100, 10)]  # taken in any order
+    c = lambda steps, mixed, q_sum, q_n: dict(steps=steps, mixed_steps=mixed, queue_sum=q_sum,  # noqa: E731
+                                              queue_count=q_n)
+    s.samples = [(2.0, c(300, 10, 0.5, 9)), (0.0, c(0, 0, 0.0, 0)), (1.0, c(100, 10, 0.2, 8))]  # in any order
     assert s.within(0.5, 1.5) == pytest.approx((150.0, 5.0))
     assert s.within(0.0, 2.0) == pytest.approx((300.0, 10.0))
     assert s.within(-0.1, 1.0) is None and s.within(1.0, 2.5) is None and s.within(1.5, 1.5) is None
     assert StepSampler("http://unused").within(0.0, 1.0) is None  # a server without step counters
+    # a histogram's sum and count: the first tokens of the window [1, 2] alone (one request, 0.3 s queued)
+    assert s.within(1.0, 2.0, keys=("queue_sum", "queue_count")) == pytest.approx((0.3, 1.0))
+    s.samples[1] = (0.0, c(0, 0, None, None))  # a server without the histograms
+    assert s.within(0.5, 1.5, keys=("queue_sum", "queue_count")) is None
 
 
 def test_summary_statistics():
