@@ -404,8 +404,8 @@ class StepSampler:
     clock (perf_counter is one clock for every process of the host), so `within` reads off
     what a window held, such as the steady one: its engine steps, or the sums and counts of
     the TTFT parts' histograms (the start's burst of C prompts, queued for the step's prompt
-    budget, left out); `first` and `last`: the counters at the start and the end. No rows (and None) from a server that
-    exports no step count. Each sample is one GET /metrics, served on the server's event
+    budget, left out); `first` and `last`: the counters at the start and the end. No rows
+    (and None) from a server that exports no step count. Each sample is one GET /metrics, served on the server's event
     loop beside the streams: four a second against the thousands of chunks it writes."""
 
     def __init__(self, url: str, period_s: float = 0.25):

@@ -66,9 +66,10 @@ def test_step_sampler_reads_off_a_window_between_its_samples():
     samples around lo and hi; None where the samples do not bracket the window."""
     from sparkinfer.bench.serve_load import StepSampler
 
+    def c(steps, mixed, q_sum, q_n):  # a sample's counters: steps, and the queue histogram's sum and count
+        return dict(steps=steps, mixed_steps=mixed, queue_sum=q_sum, queue_count=q_n)
+
     s = StepSampler("http://unused")
-    c = lambda steps, mixed, q_sum, q_n: dict(steps=steps, mixed_steps=mixed, queue_sum=q_sum,  # noqa: E731
-                                              queue_count=q_n)
     s.samples = [(2.0, c(300, 10, 0.5, 9)), (0.0, c(0, 0, 0.0, 0)), (1.0, c(100, 10, 0.2, 8))]  # in any order
     assert s.within(0.5, 1.5) == pytest.approx((150.0, 5.0))
     assert s.within(0.0, 2.0) == pytest.approx((300.0, 10.0))
