@@ -94,12 +94,13 @@ def mixed_rows(model, cfg, args, dev, say) -> list[dict]:
 
 
 def _decoder_tokens(d: int, rows: int, q: int) -> int:
-    """Tokens the decoder holds: a serving engine's (`EngineSession`: step_tokens' chunks
-    beside the decode bucket), so each MoE layer plans the buckets a served mixed step
-    runs in (beside 64 decode rows, four chunks of 256 are T = 1,088 of the 2,048-token
-    bucket, BM 128 tiles; a last bucket of 1,088 tokens would take BM 64), and at least
-    D decode rows (padded to their power-of-two bucket) beside `rows` chunks of q."""
+    """Tokens the decoder holds: a serving rank's (`session.decoder_tokens`, the decode
+    bucket beside step_tokens' chunks), so each MoE layer plans the buckets a served mixed
+    step runs in (beside 64 decode rows, four chunks of 256 are T = 1,088 of the
+    2,048-token bucket, BM 128 tiles; a last bucket of 1,088 tokens would take BM 64), and
+    at least D decode rows (padded to their power-of-two bucket) beside `rows` chunks of q."""
     from sparkinfer.engine.config import EngineConfig
+    from sparkinfer.engine.session import decoder_tokens
 
     bucket = 1 << max(0, (d - 1).bit_length())
-    return max(bucket + rows * q, max(1, EngineConfig.step_tokens // q) * q + bucket)
+    return max(bucket + rows * q, decoder_tokens(q, EngineConfig.step_tokens, bucket, mixed=True))

@@ -148,6 +148,12 @@ def _policy_steps(args, levels, conc: int, requests: int, mixed: bool) -> int:
                         prefill_wait_steps=_server_setting(args, "prefill_wait_steps"))
 
 
+# The server's TTFT histograms (serve_load.TTFT_PARTS) and their rows' names: <name>_ms_mean over
+# the level, steady_<name>_ms_mean over the steady window's first tokens
+_TTFT_ROWS = (("pickup", "pickup"), ("queue", "queue"), ("prefill", "prefill"), ("return", "return"),
+              ("ttft", "server_ttft"))
+
+
 def _whole_steady(row: dict, part: str) -> str:
     """A TTFT part's mean ms over the level, and over the steady window's first tokens in brackets."""
     from sparkinfer.bench.report import fmt
@@ -175,7 +181,6 @@ def _static_rows(args, meta) -> dict[int, dict]:
 def _run_levels(args, url: str, model: str, levels, static, con) -> list[dict]:
     from sparkinfer.bench.report import progress
     from sparkinfer.bench.serve_load import (
-        TTFT_PARTS,
         LoadSpec,
         StepSampler,
         client_procs,
@@ -221,10 +226,10 @@ def _run_levels(args, url: str, model: str, levels, static, con) -> list[dict]:
                 row.update(steady_engine_steps=got[0], steady_ms_per_engine_step=span * 1e3 / got[0],
                            steady_tokens_per_engine_step=row["steady_output_tokens_per_s"] * span / got[0],
                            steady_mixed_step_frac=got[1] / got[0])
-                for k in TTFT_PARTS:  # the parts of first tokens that came in the window (no start burst)
+                for k, name in _TTFT_ROWS:  # the parts of first tokens that came in the window (no start burst)
                     part = sampler.within(*window, keys=(f"{k}_sum", f"{k}_count"))
                     if part is not None and part[1] >= 1:
-                        row[f"steady_{'server_ttft' if k == 'ttft' else k}_ms_mean"] = part[0] / part[1] * 1e3
+                        row[f"steady_{name}_ms_mean"] = part[0] / part[1] * 1e3
             # CPU seconds a wall second of the HTTP and engine processes (near 1.0: a saturated core)
             for key, name in (("server_cpu_s", "server_cpu_frac"), ("engine_cpu_s", "engine_cpu_frac")):
                 if steps0[key] is not None and steps1[key] is not None:
@@ -235,11 +240,10 @@ def _run_levels(args, url: str, model: str, levels, static, con) -> list[dict]:
             # progress), queued in the engine (slot, budget), the prompt's steps, the first token's way
             # back to its handler; and the handler's TTFT (its submit to the first token in hand), so the
             # client's TTFT less it is the transport's and the HTTP stack's share
-            for k, name in (("pickup", "pickup_ms_mean"), ("queue", "queue_ms_mean"), ("prefill", "prefill_ms_mean"),
-                            ("return", "return_ms_mean"), ("ttft", "server_ttft_ms_mean")):
+            for k, name in _TTFT_ROWS:
                 count = (steps1[f"{k}_count"] or 0) - (steps0[f"{k}_count"] or 0)
                 if count > 0:
-                    row[name] = (steps1[f"{k}_sum"] - steps0[f"{k}_sum"]) / count * 1e3
+                    row[f"{name}_ms_mean"] = (steps1[f"{k}_sum"] - steps0[f"{k}_sum"]) / count * 1e3
         if rate is None and conc in static:
             s = static[conc]
             tok_s = s.get("tokens_per_s") or conc / s["us_per_step"] * 1e6
@@ -298,7 +302,7 @@ def main(args) -> int:
                   fmt(r.get("static_tokens_per_s"), 0), fmt(r.get("serve_vs_static")),
                   fmt(r.get("steady_vs_static")),
                   f"{fmt(r.get('server_cpu_frac'))} / {fmt(r.get('engine_cpu_frac'))}", r["ok"]] for r in rows])
-    parts = ("pickup", "queue", "prefill", "return", "server_ttft")
+    parts = [name for _, name in _TTFT_ROWS]
     if any(r.get("server_ttft_ms_mean") is not None for r in rows):  # a server that exports the histograms
         print_table("mean TTFT and its parts (ms): the server's (its submit to the first token in hand) = into the "
                     "engine process + queued + prefill + back to the handler; the client's adds the HTTP stacks; "

@@ -16,7 +16,7 @@ from sparkinfer.engine.core import GenerationResult
 from sparkinfer.engine.engine import Engine
 from sparkinfer.engine.sampling import SamplingParams
 
-__all__ = ["GenerateRequest", "ModelSession", "generate_on_rank"]
+__all__ = ["GenerateRequest", "ModelSession", "decoder_tokens", "generate_on_rank"]
 
 
 @dataclass(frozen=True)
@@ -77,11 +77,9 @@ class ModelSession:
         # serving: a prefill forward runs up to step_tokens // chunk rows of a chunk each,
         # padded to whole chunks, so the cache holds whole chunks (a padded row stays inside)
         self.chunk = chunk or PREFILL_CHUNK
-        rows = max(1, step_tokens // self.chunk)
         if chunk is not None:
             max_len = -(-max_len // self.chunk) * self.chunk
-        # a mixed step (`Engine.launch_mixed`) holds a decode bucket beside the rows of chunks
-        tokens = max(self.chunk * rows + (batch if mixed and not speculative else 0), batch * (spec_k + 1))
+        tokens = decoder_tokens(self.chunk, step_tokens, batch, mixed=mixed and not speculative, spec_k=spec_k)
         self.comm = None
         if w > 1:
             from sparkinfer.comm import Communicator
@@ -123,6 +121,13 @@ class ModelSession:
         if self.comm is not None:
             self.comm.close()
             self.comm = None
+
+
+def decoder_tokens(chunk: int, step_tokens: int, batch: int, *, mixed: bool, spec_k: int = 0) -> int:
+    """Tokens a serving rank's decoder holds (its largest step): a prefill forward of
+    step_tokens // chunk rows of a chunk (at least one), beside `batch` decode rows where
+    a mixed step (`Engine.launch_mixed`) holds both; and a verify of batch x (spec_k + 1)."""
+    return max(chunk * max(1, step_tokens // chunk) + (batch if mixed else 0), batch * (spec_k + 1))
 
 
 def _printer(path: str):
